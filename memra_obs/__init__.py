@@ -1,0 +1,93 @@
+"""memra_obs: make the time of a speculative-decoding serving loop visible.
+
+The seed's flags, records and legacy lines (``spec_phase.rs``, ported byte for byte), the
+observer a loop talks to, and the sinks that publish what it saw: the legacy stderr lines,
+OpenTelemetry spans, Prometheus histograms and NVTX ranges.
+
+    import memra_obs
+    obs = memra_obs.get_observer()   # no-op unless a flag or MEMRA_OBS_SINKS turns it on
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .flags import (
+    first_token_eager,
+    parse_level,
+    spec_prof_on,
+    spec_trace_level,
+    spec_trace_level_from,
+    spec_trace_on,
+)
+from .records import (
+    SPEC_PROF_ROUNDS,
+    SeqRows,
+    SpecFirstTokenProf,
+    SpecPhaseNs,
+    SpecRoundProf,
+    SpecRoundsLog,
+    VerifySplit,
+)
+
+__all__ = [
+    "SEQ_ROWS",
+    "SPEC_PROF_ROUNDS",
+    "VERIFY_SPLIT",
+    "SeqRows",
+    "SpecFirstTokenProf",
+    "SpecPhaseNs",
+    "SpecRoundProf",
+    "SpecRoundsLog",
+    "VerifySplit",
+    "configure",
+    "first_token_eager",
+    "get_observer",
+    "parse_level",
+    "spec_prof_on",
+    "spec_trace_level",
+    "spec_trace_level_from",
+    "spec_trace_on",
+]
+
+__version__ = "0.1.0"
+
+#: The process-wide level-2 verify accumulators (the seed's V_KDA_NS / V_KDA_SCAN_NS /
+#: V_MLA_NS / V_FFN_NS): the verify walk adds, the burst's level-2 line drains.
+VERIFY_SPLIT = VerifySplit()
+#: The process-wide per-row-arm verify row counter (the seed's V_SEQ_ROWS).
+SEQ_ROWS = SeqRows()
+
+_observer = None
+_lock = threading.Lock()
+
+
+def get_observer():  # type: ignore[no-untyped-def]
+    """The process observer, built once from the flags and ``MEMRA_OBS_*`` knobs.
+
+    Returns the no-op observer when nothing is on, so a loop can always call it.
+    """
+    global _observer
+    obs = _observer
+    if obs is None:
+        with _lock:
+            if _observer is None:
+                from .setup import build_observer
+
+                _observer = build_observer()
+            obs = _observer
+    return obs
+
+
+def configure(**kwargs):  # type: ignore[no-untyped-def]
+    """Build the process observer from arguments (argument > environment > default) and
+    make it the one :func:`get_observer` returns. See :func:`memra_obs.setup.build_observer`."""
+    global _observer
+    from .setup import build_observer
+
+    obs = build_observer(**kwargs)
+    with _lock:
+        old, _observer = _observer, obs
+    if old is not None and old is not obs:
+        old.shutdown()
+    return obs

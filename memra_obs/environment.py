@@ -1,0 +1,182 @@
+"""Every ``MEMRA_OBS_*`` knob, in one place, with the parser that reads it.
+
+Each knob has a constructor argument too: argument > environment > default. A bad value is
+a :class:`ConfigError` at start-up that names the variable; nothing falls back silently.
+(The seed's trace flags are the exception and live in :mod:`memra_obs.flags`: junk there
+means off, by the seed's law.)
+
+Exporter settings that the ecosystem already names (``OTEL_SERVICE_NAME``,
+``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_TRACES_EXPORTER``, ``OTEL_RESOURCE_ATTRIBUTES``, ...)
+are read where they are used, under those names.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = [
+    "MEMRA_OBS_AGENT",
+    "MEMRA_OBS_CLOCK",
+    "MEMRA_OBS_EXPORT_INTERVAL_MS",
+    "MEMRA_OBS_METRICS_ADDR",
+    "MEMRA_OBS_QUEUE_SIZE",
+    "MEMRA_OBS_ROUND_SPANS",
+    "MEMRA_OBS_SINKS",
+    "MEMRA_OBS_SPANS_FILE",
+    "MEMRA_OBS_WORKER",
+    "ConfigError",
+    "Settings",
+    "parse_addr",
+]
+
+
+class ConfigError(ValueError):
+    """A knob holds a value the project cannot use; the message names the variable."""
+
+
+MEMRA_OBS_SINKS = "MEMRA_OBS_SINKS"
+"""Which publication sinks are on: a comma list of ``otel``, ``prometheus``, ``nvtx``, or
+``all``; empty (the default) publishes nothing beyond the legacy lines the trace flags ask
+for. ``memra-obs demo`` turns all of them on."""
+
+MEMRA_OBS_METRICS_ADDR = "MEMRA_OBS_METRICS_ADDR"
+"""Where ``/metrics`` is served, ``host:port`` (default ``127.0.0.1:9464``; ``0.0.0.0:9464``
+to expose it, port ``0`` for any free port). Empty: not served."""
+
+MEMRA_OBS_SPANS_FILE = "MEMRA_OBS_SPANS_FILE"
+"""The embedded default span destination (OTLP-JSON, one ``ExportTraceServiceRequest`` per
+line) used when no ``OTEL_*`` exporter is configured. Default ``memra-obs-spans.jsonl``."""
+
+MEMRA_OBS_AGENT = "MEMRA_OBS_AGENT"
+"""Agent mode: the directory where this host's workers keep their shared-memory rings.
+Unset: publish in-process."""
+
+MEMRA_OBS_CLOCK = "MEMRA_OBS_CLOCK"
+"""``sync`` (default: drain the streams at every phase boundary, the seed's contract) or
+``event`` (record CUDA events at the boundaries; one drain per burst)."""
+
+MEMRA_OBS_ROUND_SPANS = "MEMRA_OBS_ROUND_SPANS"
+"""Per-session bound on ``spec.round`` spans (each with its phase children) so a long
+request stays viewable in Jaeger. Rounds past it are counted on their burst span
+(``memra.spec.rounds_unsampled``). Default 256; 0 = no round spans at all."""
+
+MEMRA_OBS_QUEUE_SIZE = "MEMRA_OBS_QUEUE_SIZE"
+"""Capacity, in records, of the in-process hand-off queue between the loop and the
+background exporter. A full queue drops the newest record and counts it. Default 8192."""
+
+MEMRA_OBS_EXPORT_INTERVAL_MS = "MEMRA_OBS_EXPORT_INTERVAL_MS"
+"""How often the in-process exporter wakes to drain the queue, in ms. Default 200."""
+
+MEMRA_OBS_WORKER = "MEMRA_OBS_WORKER"
+"""This worker's label on published metrics (``worker``), e.g. its rank. Default: ``RANK``
+if a launcher set it, else the process id."""
+
+
+def parse_addr(var: str, value: str) -> tuple[str, int] | None:
+    """``host:port`` / ``[v6]:port`` -> (host, port); empty -> None (not served)."""
+    v = value.strip()
+    if not v:
+        return None
+    host, sep, port = v.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"{var}={value!r}: expected host:port, e.g. 127.0.0.1:9464")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    p = int(port)
+    if p > 65535:
+        raise ConfigError(f"{var}={value!r}: port {p} is out of range 0..65535")
+    return host, p
+
+
+_SINK_NAMES = ("otel", "prometheus", "nvtx")
+
+
+def _parse_sinks(var: str, value: str) -> frozenset[str]:
+    names = {s.strip().lower() for s in value.split(",") if s.strip()}
+    if "all" in names:
+        return frozenset(_SINK_NAMES)
+    bad = sorted(names - set(_SINK_NAMES))
+    if bad:
+        raise ConfigError(f"{var}={value!r}: unknown sink {bad[0]!r}; choose from {', '.join(_SINK_NAMES)}, all")
+    return frozenset(names)
+
+
+def _parse_clock(var: str, value: str) -> str:
+    v = value.strip().lower()
+    if v not in ("sync", "event"):
+        raise ConfigError(f"{var}={value!r}: expected 'sync' or 'event'")
+    return v
+
+
+def _int_in(lo: int, hi: int) -> Callable[[str, str], int]:
+    def parse(var: str, value: str) -> int:
+        try:
+            n = int(value.strip())
+        except ValueError:
+            raise ConfigError(f"{var}={value!r}: expected an integer") from None
+        if not lo <= n <= hi:
+            raise ConfigError(f"{var}={value!r}: expected {lo}..{hi}")
+        return n
+
+    return parse
+
+
+def _text(var: str, value: str) -> str:
+    return value
+
+
+def _optional_text(var: str, value: str) -> str | None:
+    return value or None
+
+
+def _default_worker() -> str:
+    return os.environ.get("RANK") or str(os.getpid())
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved knobs of one observer. Build with :meth:`resolve`."""
+
+    sinks: frozenset[str] = frozenset()
+    metrics_addr: tuple[str, int] | None = ("127.0.0.1", 9464)
+    spans_file: str = "memra-obs-spans.jsonl"
+    agent: str | None = None
+    clock: str = "sync"
+    round_spans: int = 256
+    queue_size: int = 8192
+    export_interval_ms: int = 200
+    worker: str = ""
+
+    @classmethod
+    def resolve(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Arguments (non-None ``overrides``) > environment > default, validated."""
+        env = os.environ if env is None else env
+        unknown = set(overrides) - {f.name for f in fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown setting {sorted(unknown)[0]!r}")
+        values: dict[str, Any] = {}
+        for name, var, parse, default in _TABLE:
+            if overrides.get(name) is not None:
+                v = overrides[name]
+                values[name] = parse(f"{name}=", v) if isinstance(v, str) and name != "worker" else v
+            elif var in env:
+                values[name] = parse(var, env[var])
+            else:
+                values[name] = default() if callable(default) else default
+        return cls(**values)
+
+
+_TABLE: tuple[tuple[str, str, Callable[[str, str], Any], Any], ...] = (
+    ("sinks", MEMRA_OBS_SINKS, _parse_sinks, frozenset()),
+    ("metrics_addr", MEMRA_OBS_METRICS_ADDR, parse_addr, ("127.0.0.1", 9464)),
+    ("spans_file", MEMRA_OBS_SPANS_FILE, _text, "memra-obs-spans.jsonl"),
+    ("agent", MEMRA_OBS_AGENT, _optional_text, None),
+    ("clock", MEMRA_OBS_CLOCK, _parse_clock, "sync"),
+    ("round_spans", MEMRA_OBS_ROUND_SPANS, _int_in(0, 1 << 20), 256),
+    ("queue_size", MEMRA_OBS_QUEUE_SIZE, _int_in(16, 1 << 24), 8192),
+    ("export_interval_ms", MEMRA_OBS_EXPORT_INTERVAL_MS, _int_in(1, 60_000), 200),
+    ("worker", MEMRA_OBS_WORKER, _text, _default_worker),
+)

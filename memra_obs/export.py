@@ -1,0 +1,201 @@
+"""In-process publication: a bounded hand-off queue and a background exporter that works
+in short stretches.
+
+The loop's side (:class:`QueueSink`) is an append to a deque: it never blocks, and when the
+queue is full it drops the newest record and counts it. The other side (:class:`ExportWorker`)
+is one daemon thread that wakes every ``interval_ms`` (or on ``flush``), takes small batches,
+hands each batch to every :class:`RecordExporter` (span building, metric aggregation, ...) and
+then sleeps a little so the loop gets the GIL back: a background thread that runs longer than
+the interpreter's switch interval (5 ms) would add that much to the loop's p99. Production
+loads go to the out-of-process agent instead (``MEMRA_OBS_AGENT``), which shares no GIL.
+
+Exporters receive records in the order the loop produced them (per process), so they can keep
+per-session state; they must keep each ``export`` call short and never raise (the worker
+guards them anyway, counting the failure).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
+
+from .events import Record
+from .linewriter import stderr_writer
+from .sinks.base import Sink
+
+__all__ = ["ExportWorker", "QueueSink", "RecordExporter"]
+
+
+class RecordExporter(Protocol):
+    """Consumes records off the loop's thread (the export worker, or the agent)."""
+
+    def export(self, batch: Sequence[Record]) -> None: ...
+
+    def flush(self, timeout_s: float = 5.0) -> bool: ...
+
+    def shutdown(self, timeout_s: float = 5.0) -> None: ...
+
+
+class QueueSink(Sink):
+    """Hands every record to a bounded queue drained by an :class:`ExportWorker`."""
+
+    wants_trace_ids = True
+
+    def __init__(
+        self,
+        exporters: Sequence[RecordExporter],
+        *,
+        capacity: int = 8192,
+        interval_ms: int = 200,
+        batch: int = 16,
+        pause_s: float = 0.0002,
+        start: bool = True,
+    ) -> None:
+        self._q: deque[Record] = deque()
+        self._cap = capacity
+        self._drop_lock = threading.Lock()
+        self.dropped = 0
+        self.worker = ExportWorker(self, exporters, interval_ms=interval_ms, batch=batch, pause_s=pause_s)
+        self._closed = False
+        if start:
+            self.worker.start()
+
+    def _put(self, rec: Record) -> None:
+        q = self._q
+        if len(q) < self._cap and not self._closed:
+            q.append(rec)
+        else:
+            with self._drop_lock:
+                self.dropped += 1
+
+    on_session = _put  # type: ignore[assignment]
+    on_round = _put  # type: ignore[assignment]
+    on_burst = _put  # type: ignore[assignment]
+    on_first_token = _put  # type: ignore[assignment]
+    on_session_end = _put  # type: ignore[assignment]
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        return self.worker.flush(timeout_s)
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        self.worker.stop(timeout_s)
+        self._closed = True
+
+
+class ExportWorker:
+    """The daemon thread behind a :class:`QueueSink`."""
+
+    def __init__(
+        self,
+        sink: QueueSink,
+        exporters: Sequence[RecordExporter],
+        *,
+        interval_ms: int = 200,
+        batch: int = 16,
+        pause_s: float = 0.0002,
+    ) -> None:
+        self._sink = sink
+        self.exporters = tuple(exporters)
+        self._interval = interval_ms / 1000.0
+        self._batch = batch
+        self._pause = pause_s
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._stop = False
+        self.errors = 0
+        self.exported = 0
+        self._reported: set[int] = set()
+        self._thread = threading.Thread(target=self._run, name="memra-obs-export", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            self._drain()
+            if self._stop:
+                self._drain()
+                return
+
+    def _drain(self) -> None:
+        q = self._sink._q
+        pop = q.popleft
+        n = self._batch
+        self._idle.clear()
+        try:
+            while q:
+                batch = []
+                try:
+                    for _ in range(n):
+                        batch.append(pop())
+                except IndexError:
+                    pass
+                self._export(batch)
+                if self._pause:
+                    time.sleep(self._pause)  # give the loop the GIL between stretches
+            for i, ex in enumerate(self.exporters):
+                tick = getattr(ex, "tick", None)
+                if tick is not None:
+                    try:
+                        tick()
+                    except Exception as exc:
+                        self._fail(i, ex, exc)
+        finally:
+            self._idle.set()
+
+    def _export(self, batch: list[Record]) -> None:
+        for i, ex in enumerate(self.exporters):
+            try:
+                ex.export(batch)
+            except Exception as exc:
+                self._fail(i, ex, exc)
+        self.exported += len(batch)
+
+    def _fail(self, i: int, ex: object, exc: BaseException) -> None:
+        self.errors += 1
+        if i not in self._reported:
+            self._reported.add(i)
+            stderr_writer().write_lines(
+                [f"[memra-obs] exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)"]
+            )
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Drain the queue and flush every exporter; True when all of it got out in time."""
+        deadline = time.monotonic() + timeout_s
+        if self._thread.is_alive():
+            while self._sink._q and time.monotonic() < deadline:
+                self._idle.clear()
+                self._wake.set()
+                self._idle.wait(max(0.0, deadline - time.monotonic()))
+            self._idle.wait(max(0.0, deadline - time.monotonic()))
+        else:
+            self._drain()
+        ok = not self._sink._q
+        for i, ex in enumerate(self.exporters):
+            try:
+                ok = ex.flush(max(0.0, deadline - time.monotonic())) and ok
+            except Exception as exc:
+                self._fail(i, ex, exc)
+                ok = False
+        return ok
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.flush(timeout_s)
+        self._stop = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        for i, ex in enumerate(self.exporters):
+            try:
+                ex.shutdown(timeout_s)
+            except Exception as exc:
+                self._fail(i, ex, exc)

@@ -1,0 +1,133 @@
+"""The seed's trace flags: resolved by pure functions, read once per process.
+
+``MEMRA_SPEC_TRACE`` (alias ``MEMRA_GLM5_SPEC_TRACE``), ``MEMRA_SPEC_PROF`` and
+``MEMRA_SPEC_FIRST_TOKEN_EAGER``. These follow the seed's law, not the project's knob law:
+junk means off, never an error, because a typo in a diagnostic flag must not stop a worker.
+Everything else the project reads from the environment lives in :mod:`memra_obs.environment`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TextIO
+
+__all__ = [
+    "MEMRA_GLM5_SPEC_TRACE",
+    "MEMRA_SPEC_FIRST_TOKEN_EAGER",
+    "MEMRA_SPEC_PROF",
+    "MEMRA_SPEC_TRACE",
+    "first_token_eager",
+    "first_token_eager_from",
+    "override_line",
+    "parse_level",
+    "spec_prof_on",
+    "spec_prof_on_from",
+    "spec_trace_level",
+    "spec_trace_level_from",
+    "spec_trace_on",
+]
+
+#: Per-burst phase lines; ``2`` adds the level-2 verify sub-split. Anything else is off.
+MEMRA_SPEC_TRACE = "MEMRA_SPEC_TRACE"
+#: The glm5 loop's legacy name for MEMRA_SPEC_TRACE; honored alone, loses loudly on conflict.
+MEMRA_GLM5_SPEC_TRACE = "MEMRA_GLM5_SPEC_TRACE"
+#: Exactly ``1``: the once-per-request first-token profile and the per-round log.
+MEMRA_SPEC_PROF = "MEMRA_SPEC_PROF"
+#: Default on; ``0`` turns the round-cadence commit hook inside the first burst off.
+MEMRA_SPEC_FIRST_TOKEN_EAGER = "MEMRA_SPEC_FIRST_TOKEN_EAGER"
+
+
+def parse_level(v: str | None) -> int | None:
+    """``"1"`` -> 1, ``"2"`` -> 2, anything else (unset, ``"0"``, junk) -> None."""
+    if v == "1":
+        return 1
+    if v == "2":
+        return 2
+    return None
+
+
+def override_line(gv: int, av: int) -> str:
+    """The one stderr line printed when both names are set to different valid levels."""
+    return (
+        f"[spec-trace] MEMRA_SPEC_TRACE={gv} overrides MEMRA_GLM5_SPEC_TRACE={av} "
+        "(the general flag wins; unset one to silence this)"
+    )
+
+
+def spec_trace_level_from(
+    general: str | None, glm5_alias: str | None, err: TextIO | None = None
+) -> int:
+    """Pure resolution over the general name and the glm5 alias.
+
+    Either name alone is honored; both set and disagreeing, the general name wins and one
+    line naming both values goes to ``err`` (stderr by default). A junk general value never
+    masks a valid alias.
+    """
+    g = parse_level(general)
+    a = parse_level(glm5_alias)
+    if g is not None and a is not None and g != a:
+        out = sys.stderr if err is None else err
+        try:
+            out.write(override_line(g, a) + "\n")
+            out.flush()
+        except (OSError, ValueError):
+            pass  # a closed stderr must not take the flag down with it
+    if g is not None:
+        return g
+    if a is not None:
+        return a
+    return 0
+
+
+def spec_prof_on_from(v: str | None) -> bool:
+    """``MEMRA_SPEC_PROF`` is on only when it is exactly ``"1"``."""
+    return v == "1"
+
+
+def first_token_eager_from(v: str | None) -> bool:
+    """The eager first-token door: on unless the variable is exactly ``"0"``."""
+    return v != "0"
+
+
+# Read-once cells, like the seed's OnceLock statics. `_reset` (tests only) clears them.
+_level: int | None = None
+_prof: bool | None = None
+_eager: bool | None = None
+
+
+def spec_trace_level() -> int:
+    """Trace level (0, 1, 2), read once per process."""
+    global _level
+    if _level is None:
+        _level = spec_trace_level_from(
+            os.environ.get(MEMRA_SPEC_TRACE), os.environ.get(MEMRA_GLM5_SPEC_TRACE)
+        )
+    return _level
+
+
+def spec_trace_on() -> bool:
+    """``MEMRA_SPEC_TRACE=1`` (or the glm5 alias): per-burst phase attribution is on."""
+    return spec_trace_level() >= 1
+
+
+def spec_prof_on() -> bool:
+    """``MEMRA_SPEC_PROF=1``: the first-token profile and per-round log, read once."""
+    global _prof
+    if _prof is None:
+        _prof = spec_prof_on_from(os.environ.get(MEMRA_SPEC_PROF))
+    return _prof
+
+
+def first_token_eager() -> bool:
+    """``MEMRA_SPEC_FIRST_TOKEN_EAGER`` (default on), read once."""
+    global _eager
+    if _eager is None:
+        _eager = first_token_eager_from(os.environ.get(MEMRA_SPEC_FIRST_TOKEN_EAGER))
+    return _eager
+
+
+def _reset() -> None:
+    """Forget the read-once values (tests and the demo's own defaults use this)."""
+    global _level, _prof, _eager
+    _level = _prof = _eager = None

@@ -1,0 +1,505 @@
+"""The legacy tagged stderr lines: formatted byte for byte as the Rust worker prints them,
+and parsed back.
+
+Three formats are the seed's ``eprintln!`` strings (the per-burst phase line, the level-2
+verify line, the round-log summary); every number is computed with the seed's operations in
+the seed's order, so the same f64 reaches the same ``{:.N}`` and the bytes agree. Two formats
+the seed leaves open are defined here once (see the README's "Legacy lines"):
+
+``[spec-prof] <field>=<value> ...``
+    every field of :class:`SpecFirstTokenProf`, in declaration order. ms/MB values are the
+    shortest decimal that reads back to the same f64, always positional (``0.00005``, never
+    ``5e-05``); counts are integers; the arm is a bare word (empty when none ran); free-memory
+    lists are ``[ordinal:free_mb,...]`` (``[]`` when none was taken).
+``[spec-prof-rounds] row=<i> wall_ms=... draft_ms=... verify_ms=... accept_ms=... rest_ms=... k=.. j=.. ctx=.. seq_rows=..``
+    one line per :class:`SpecRoundProf` row, ``row`` its index in the session's log; ms values
+    are the shortest decimal that reads back to the same f32.
+
+``parse_line`` turns any of these back into a record; ``format_line(parse_line(l)) == l``
+for every line this module writes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import TextIO
+
+from .flags import override_line, spec_trace_level
+from .linewriter import LineWriter, stderr_writer
+from .records import (
+    FIRST_TOKEN_FIELDS,
+    FIRST_TOKEN_MS_FIELDS,
+    ROUND_PROF_FIELDS,
+    U64_MAX,
+    SpecFirstTokenProf,
+    SpecPhaseNs,
+    SpecRoundProf,
+    SpecRoundsLog,
+    VerifySplit,
+    f32,
+)
+
+__all__ = [
+    "PROF_ROUNDS_TAG",
+    "PROF_SUMMARY_TAG",
+    "PROF_TAG",
+    "FirstTokenLine",
+    "LegacyLine",
+    "LegacyParseError",
+    "OverrideLine",
+    "PhaseLine",
+    "RoundsLine",
+    "SummaryLine",
+    "VerifyLine",
+    "emit",
+    "format_line",
+    "parse_line",
+    "phase_lines",
+    "prof_line",
+    "prof_rounds_lines",
+    "prof_summary_line",
+]
+
+PROF_TAG = "spec-prof"
+PROF_ROUNDS_TAG = "spec-prof-rounds"
+PROF_SUMMARY_TAG = "spec-prof-summary"
+TRACE_TAG = "spec-trace"
+
+
+# ------------------------------------------------------------------------------ numbers
+
+
+def _positional(s: str) -> str:
+    if "e" in s or "E" in s:
+        s = format(Decimal(s), "f")
+    if "." not in s:
+        s += ".0"
+    return s
+
+
+def exact_f64(x: float) -> str:
+    """Shortest decimal that reads back to the same double, without an exponent."""
+    return _positional(repr(float(x)))
+
+
+def exact_f32(x: float) -> str:
+    """Shortest decimal that reads back to the same f32, without an exponent."""
+    for p in range(1, 10):
+        s = "%.*g" % (p, x)
+        if f32(float(s)) == x:
+            return _positional(s)
+    return _positional(repr(x))  # unreachable for a real f32; 9 digits always suffice
+
+
+# ------------------------------------------------------------------------------ writers
+
+
+def phase_lines(
+    p: SpecPhaseNs,
+    tag: str,
+    tag_v: str,
+    k: int,
+    level: int = 1,
+    split: VerifySplit | None = None,
+) -> list[str]:
+    """The per-burst line under ``tag`` and, at ``level >= 2``, the verify sub-split line
+    under ``tag_v``; ``[]`` when the burst ran no rounds.
+
+    Like the seed, the level-2 line drains ``split`` (reads and zeroes it); ``None`` stands
+    for a split that recorded nothing.
+    """
+    if p.rounds == 0:
+        return []
+    rounds = float(p.rounds)
+
+    def ms(ns: int) -> float:
+        return float(ns) / 1e6
+
+    def per(ns: int) -> float:
+        return float(ns) / 1e6 / rounds
+
+    total = p.total()
+    out = [
+        f"[{tag}] rounds={p.rounds} k={k} total={ms(total):.2f}ms | "
+        f"draft={ms(p.draft):.2f} verify={ms(p.verify):.2f} accept={ms(p.accept):.2f} "
+        f"roll={ms(p.roll):.2f} maint={ms(p.maint):.2f} | per-round ms: "
+        f"draft={per(p.draft):.3f} verify={per(p.verify):.3f} accept={per(p.accept):.3f} "
+        f"roll={per(p.roll):.3f} maint={per(p.maint):.3f} total={per(total):.3f}"
+    ]
+    if level >= 2:
+        vkda, scan, vmla, vffn = split.drain() if split is not None else (0, 0, 0, 0)
+        vrest = max(p.verify - ((vkda + vmla) & U64_MAX), 0)  # u64 saturating_sub
+        out.append(
+            f"[{tag_v}] rounds={p.rounds} k={k} | per-round ms: vkda={per(vkda):.3f} "
+            f"(scan={per(scan):.3f}) vmla={per(vmla):.3f} vrest={per(vrest):.3f} "
+            f"(vffn={per(vffn):.3f})"
+        )
+    return out
+
+
+def _fmt_free(v: Sequence[tuple[int, int]]) -> str:
+    return "[" + ",".join(f"{o}:{mb}" for o, mb in v) + "]"
+
+
+_FT_FLOAT = frozenset((*FIRST_TOKEN_MS_FIELDS, "draft_kv_mb"))
+_FT_FREE = frozenset(("free_mb_before", "free_mb_after"))
+
+
+def prof_line(prof: SpecFirstTokenProf) -> str:
+    """The ``[spec-prof]`` line: every field of the first-token profile, exact."""
+    parts = [f"[{PROF_TAG}]"]
+    for name in FIRST_TOKEN_FIELDS:
+        v = getattr(prof, name)
+        if name in _FT_FLOAT:
+            parts.append(f"{name}={exact_f64(v)}")
+        elif name in _FT_FREE:
+            parts.append(f"{name}={_fmt_free(v)}")
+        else:
+            parts.append(f"{name}={v}")
+    return " ".join(parts)
+
+
+def prof_rounds_lines(rows: Sequence[SpecRoundProf], start: int = 0) -> list[str]:
+    """One ``[spec-prof-rounds]`` line per row; ``start`` is the first row's log index."""
+    out = []
+    for i, r in enumerate(rows, start):
+        out.append(
+            f"[{PROF_ROUNDS_TAG}] row={i} wall_ms={exact_f32(r.wall_ms)} "
+            f"draft_ms={exact_f32(r.draft_ms)} verify_ms={exact_f32(r.verify_ms)} "
+            f"accept_ms={exact_f32(r.accept_ms)} rest_ms={exact_f32(r.rest_ms)} "
+            f"k={r.k} j={r.j} ctx={r.ctx} seq_rows={r.seq_rows}"
+        )
+    return out
+
+
+def prof_summary_line(log: SpecRoundsLog) -> str:
+    return f"[{PROF_SUMMARY_TAG}] {log.summary()}"
+
+
+def emit(
+    p: SpecPhaseNs,
+    tag: str,
+    tag_v: str,
+    k: int,
+    *,
+    level: int | None = None,
+    split: VerifySplit | None = None,
+    out: TextIO | LineWriter | None = None,
+) -> None:
+    """The seed's ``SpecPhaseNs::emit``: the burst's lines to stderr, never raising.
+
+    ``level`` defaults to the process trace level; ``split`` to the process-wide level-2
+    accumulators (:data:`memra_obs.VERIFY_SPLIT`), drained here as the seed drains its atomics.
+    """
+    try:
+        lvl = spec_trace_level() if level is None else level
+        if split is None and lvl >= 2:
+            from . import VERIFY_SPLIT as split  # the process-wide accumulators
+        lines = phase_lines(p, tag, tag_v, k, lvl, split)
+        writer = out if isinstance(out, LineWriter) else (
+            stderr_writer() if out is None else LineWriter(out)
+        )
+        writer.write_lines(lines)
+    except Exception as exc:  # instrumentation never takes the loop down
+        _report_once("emit", exc)
+
+
+_reported: set[str] = set()
+
+
+def _report_once(where: str, exc: BaseException) -> None:
+    if where in _reported:
+        return
+    _reported.add(where)
+    stderr_writer().write_lines([f"[memra-obs] {where} failed and is skipped from now on: {exc!r}"])
+
+
+# ------------------------------------------------------------------------------ records
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseLine:
+    """A parsed per-burst phase line (ms values as printed)."""
+
+    tag: str
+    rounds: int
+    k: int
+    total_ms: float
+    draft_ms: float
+    verify_ms: float
+    accept_ms: float
+    roll_ms: float
+    maint_ms: float
+    per_draft_ms: float
+    per_verify_ms: float
+    per_accept_ms: float
+    per_roll_ms: float
+    per_maint_ms: float
+    per_total_ms: float
+
+    def line(self) -> str:
+        return (
+            f"[{self.tag}] rounds={self.rounds} k={self.k} total={self.total_ms:.2f}ms | "
+            f"draft={self.draft_ms:.2f} verify={self.verify_ms:.2f} accept={self.accept_ms:.2f} "
+            f"roll={self.roll_ms:.2f} maint={self.maint_ms:.2f} | per-round ms: "
+            f"draft={self.per_draft_ms:.3f} verify={self.per_verify_ms:.3f} "
+            f"accept={self.per_accept_ms:.3f} roll={self.per_roll_ms:.3f} "
+            f"maint={self.per_maint_ms:.3f} total={self.per_total_ms:.3f}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyLine:
+    """A parsed level-2 verify sub-split line (per-round ms as printed)."""
+
+    tag: str
+    rounds: int
+    k: int
+    vkda_ms: float
+    scan_ms: float
+    vmla_ms: float
+    vrest_ms: float
+    vffn_ms: float
+
+    def line(self) -> str:
+        return (
+            f"[{self.tag}] rounds={self.rounds} k={self.k} | per-round ms: "
+            f"vkda={self.vkda_ms:.3f} (scan={self.scan_ms:.3f}) vmla={self.vmla_ms:.3f} "
+            f"vrest={self.vrest_ms:.3f} (vffn={self.vffn_ms:.3f})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FirstTokenLine:
+    """A parsed ``[spec-prof]`` line."""
+
+    prof: SpecFirstTokenProf
+
+    def line(self) -> str:
+        return prof_line(self.prof)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundsLine:
+    """A parsed ``[spec-prof-rounds]`` line: one row of the session's round log."""
+
+    row: int
+    prof: SpecRoundProf
+
+    def line(self) -> str:
+        return prof_rounds_lines([self.prof], self.row)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryLine:
+    """A parsed ``[spec-prof-summary]`` line (values as printed; ``rounds=0`` leaves the
+    rest ``None``)."""
+
+    rounds: int
+    k_mean: float | None = None
+    j_mean: float | None = None
+    accept: float | None = None
+    tok_per_round: float | None = None
+    wall_mean_ms: float | None = None
+    wall_min_ms: float | None = None
+    wall_med_ms: float | None = None
+    wall_max_ms: float | None = None
+    slow_rounds: int | None = None
+    draft_mean_ms: float | None = None
+    verify_mean_ms: float | None = None
+    seq_rows_total: int | None = None
+    ctx_first: int | None = None
+    ctx_last: int | None = None
+
+    def line(self) -> str:
+        if self.k_mean is None:
+            return f"[{PROF_SUMMARY_TAG}] rounds={self.rounds}"
+        return (
+            f"[{PROF_SUMMARY_TAG}] rounds={self.rounds} k_mean={self.k_mean:.2f} "
+            f"j_mean={self.j_mean:.2f} accept={self.accept:.3f} "
+            f"tok_per_round={self.tok_per_round:.2f} wall_ms mean={self.wall_mean_ms:.1f} "
+            f"min={self.wall_min_ms:.1f} med={self.wall_med_ms:.1f} max={self.wall_max_ms:.1f} "
+            f"slow_rounds(>1.5x med)={self.slow_rounds} draft_mean={self.draft_mean_ms:.1f} "
+            f"verify_mean={self.verify_mean_ms:.1f} seq_rows_total={self.seq_rows_total} "
+            f"ctx_first={self.ctx_first} ctx_last={self.ctx_last}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OverrideLine:
+    """The flag-override line (``[spec-trace] MEMRA_SPEC_TRACE=.. overrides ..``)."""
+
+    general: int
+    alias: int
+
+    def line(self) -> str:
+        return override_line(self.general, self.alias)
+
+
+LegacyLine = PhaseLine | VerifyLine | FirstTokenLine | RoundsLine | SummaryLine | OverrideLine
+
+
+def format_line(rec: LegacyLine) -> str:
+    """The line a parsed record came from (exactly, for every line this module writes)."""
+    return rec.line()
+
+
+# ------------------------------------------------------------------------------ parsing
+
+
+class LegacyParseError(ValueError):
+    """A line carries a legacy tag but not the shape that goes with it."""
+
+    def __init__(self, line: str, reason: str) -> None:
+        super().__init__(f"{reason}: {line[:200]!r}")
+        self.line = line
+        self.reason = reason
+
+
+_N = r"(0|[1-9][0-9]*)"
+_F = r"(-?[0-9]+\.[0-9]+)"
+_TAGGED = re.compile(r"\[([^\]\s]+)\] (.*)", re.S)
+_PHASE = re.compile(
+    rf"rounds={_N} k={_N} total={_F}ms \| draft={_F} verify={_F} accept={_F} roll={_F} "
+    rf"maint={_F} \| per-round ms: draft={_F} verify={_F} accept={_F} roll={_F} maint={_F} "
+    rf"total={_F}"
+)
+_VERIFY = re.compile(
+    rf"rounds={_N} k={_N} \| per-round ms: vkda={_F} \(scan={_F}\) vmla={_F} vrest={_F} "
+    rf"\(vffn={_F}\)"
+)
+_SUMMARY = re.compile(
+    rf"rounds={_N} k_mean={_F} j_mean={_F} accept={_F} tok_per_round={_F} "
+    rf"wall_ms mean={_F} min={_F} med={_F} max={_F} slow_rounds\(>1\.5x med\)={_N} "
+    rf"draft_mean={_F} verify_mean={_F} seq_rows_total={_N} ctx_first={_N} ctx_last={_N}"
+)
+_OVERRIDE = re.compile(
+    r"MEMRA_SPEC_TRACE=([12]) overrides MEMRA_GLM5_SPEC_TRACE=([12]) "
+    r"\(the general flag wins; unset one to silence this\)"
+)
+_ROW = re.compile(
+    rf"row={_N} wall_ms={_F} draft_ms={_F} verify_ms={_F} accept_ms={_F} rest_ms={_F} "
+    rf"k={_N} j={_N} ctx={_N} seq_rows={_N}"
+)
+_KV = re.compile(r"([a-z0-9_]+)=(\S*)")
+_FREE = re.compile(r"\[((?:[0-9]+:[0-9]+)(?:,[0-9]+:[0-9]+)*)?\]")
+_FLOAT = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+
+
+def parse_line(line: str) -> LegacyLine | None:
+    """Parse one line: a record for a legacy line, ``None`` for anyone else's line.
+
+    Raises :class:`LegacyParseError` (with the reason) for a line that carries one of the
+    legacy tags or shapes but is malformed or truncated.
+    """
+    text = line.rstrip("\r\n")
+    m = _TAGGED.fullmatch(text)
+    if m is None:
+        if text.startswith("[spec-prof") or text.startswith("[spec-trace]"):
+            raise LegacyParseError(line, "tag without a body")
+        return None
+    tag, body = m.group(1), m.group(2)
+    try:
+        if tag == PROF_TAG:
+            return FirstTokenLine(_parse_prof(line, body))
+        if tag == PROF_ROUNDS_TAG:
+            return _parse_row(line, body)
+        if tag == PROF_SUMMARY_TAG:
+            return _parse_summary(line, body)
+        if tag == TRACE_TAG:
+            o = _OVERRIDE.fullmatch(body)
+            if o is None:
+                raise LegacyParseError(line, "not the flag-override line")
+            return OverrideLine(int(o.group(1)), int(o.group(2)))
+        if not body.startswith("rounds="):
+            return None  # some other program's tagged line
+        if " total=" in body:
+            p = _PHASE.fullmatch(body)
+            if p is None:
+                raise LegacyParseError(line, "phase line truncated or malformed")
+            g = p.groups()
+            return PhaseLine(tag, _int(g[0]), _int(g[1]), *(float(x) for x in g[2:]))
+        if "| per-round ms: vkda=" in body:
+            v = _VERIFY.fullmatch(body)
+            if v is None:
+                raise LegacyParseError(line, "verify sub-split line truncated or malformed")
+            g = v.groups()
+            return VerifyLine(tag, _int(g[0]), _int(g[1]), *(float(x) for x in g[2:]))
+        raise LegacyParseError(line, "tagged rounds= line of no known shape")
+    except LegacyParseError:
+        raise
+    except (TypeError, ValueError) as exc:  # a record refused a parsed value
+        raise LegacyParseError(line, str(exc)) from None
+
+
+def _int(s: str) -> int:
+    return int(s)
+
+
+def _parse_prof(line: str, body: str) -> SpecFirstTokenProf:
+    pairs = body.split(" ")
+    names = [p.partition("=")[0] for p in pairs]
+    if names != list(FIRST_TOKEN_FIELDS):
+        missing = [n for n in FIRST_TOKEN_FIELDS if n not in names]
+        reason = f"missing {missing[0]}" if missing else "fields out of order or unknown"
+        raise LegacyParseError(line, f"[spec-prof] {reason}")
+    kw: dict[str, object] = {}
+    for name, pair in zip(FIRST_TOKEN_FIELDS, pairs, strict=True):
+        v = pair.partition("=")[2]
+        if name in _FT_FLOAT:
+            if not _FLOAT.fullmatch(v):
+                raise LegacyParseError(line, f"{name}={v!r} is not a number")
+            kw[name] = float(v)
+        elif name in _FT_FREE:
+            f = _FREE.fullmatch(v)
+            if f is None:
+                raise LegacyParseError(line, f"{name}={v!r} is not [ordinal:free_mb,...]")
+            kw[name] = [
+                (int(a), int(b)) for a, _, b in (x.partition(":") for x in filter(None, v[1:-1].split(",")))
+            ]
+        elif name == "draft_prime_arm":
+            kw[name] = v
+        else:
+            if not re.fullmatch(_N, v):
+                raise LegacyParseError(line, f"{name}={v!r} is not a count")
+            kw[name] = int(v)
+    return SpecFirstTokenProf(**kw)  # type: ignore[arg-type]
+
+
+def _parse_row(line: str, body: str) -> RoundsLine:
+    m = _ROW.fullmatch(body)
+    if m is None:
+        raise LegacyParseError(line, "[spec-prof-rounds] row truncated or malformed")
+    g = m.groups()
+    vals: list[object] = [float(x) for x in g[1:6]] + [int(x) for x in g[6:]]
+    prof = SpecRoundProf(**dict(zip(ROUND_PROF_FIELDS, vals, strict=True)))  # type: ignore[arg-type]
+    return RoundsLine(int(g[0]), prof)
+
+
+def _parse_summary(line: str, body: str) -> SummaryLine:
+    if body == "rounds=0":
+        return SummaryLine(0)
+    m = _SUMMARY.fullmatch(body)
+    if m is None:
+        raise LegacyParseError(line, "[spec-prof-summary] truncated or malformed")
+    g = m.groups()
+    return SummaryLine(
+        rounds=int(g[0]),
+        k_mean=float(g[1]),
+        j_mean=float(g[2]),
+        accept=float(g[3]),
+        tok_per_round=float(g[4]),
+        wall_mean_ms=float(g[5]),
+        wall_min_ms=float(g[6]),
+        wall_med_ms=float(g[7]),
+        wall_max_ms=float(g[8]),
+        slow_rounds=int(g[9]),
+        draft_mean_ms=float(g[10]),
+        verify_mean_ms=float(g[11]),
+        seq_rows_total=int(g[12]),
+        ctx_first=int(g[13]),
+        ctx_last=int(g[14]),
+    )

@@ -1,0 +1,455 @@
+"""The seed's records as plain data: what a spec loop measured, with no idea who reads it.
+
+Ported from ``spec_phase.rs``. Field names, defaults and storage widths are the seed's
+(u64 nanosecond counters that wrap like a release build, f32 per-round milliseconds,
+u16/u32 counts), because the legacy lines are formatted from exactly these values and must
+come out byte for byte as the Rust worker prints them. Bad input is refused at the door with
+an error that names the field; nothing here ever formats, prints or exports.
+
+This module imports nothing from the rest of the package.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+import threading
+from dataclasses import dataclass, field, fields
+
+__all__ = [
+    "SPEC_PROF_ROUNDS",
+    "U16_MAX",
+    "U32_MAX",
+    "U64_MAX",
+    "SeqRows",
+    "SpecFirstTokenProf",
+    "SpecPhaseNs",
+    "SpecRoundProf",
+    "SpecRoundsLog",
+    "VerifySplit",
+    "f32",
+]
+
+#: Rounds the per-round depth log keeps per session (lane/spec-route-depth-20260902).
+SPEC_PROF_ROUNDS = 64
+
+U16_MAX = (1 << 16) - 1
+U32_MAX = (1 << 32) - 1
+U64_MAX = (1 << 64) - 1
+
+_F32 = struct.Struct("<f")
+
+
+def f32(x: float) -> float:
+    """Round a double to the nearest f32 (as Rust's ``as f32`` does), overflow -> +-inf."""
+    try:
+        return _F32.unpack(_F32.pack(x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def _uint(name: str, v: object, top: int) -> int:
+    # bool is an int in Python; a True/False count is always a caller bug.
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
+    if v < 0 or v > top:
+        raise ValueError(f"{name}={v} is out of range 0..={top}")
+    return v
+
+
+def _ms(name: str, v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{name} must be a number of milliseconds, got {type(v).__name__} {v!r}")
+    x = float(v)
+    if not math.isfinite(x) or x < 0.0:
+        raise ValueError(f"{name}={v!r} must be a finite, non-negative duration")
+    return x
+
+
+# --------------------------------------------------------------------------- phase totals
+
+
+@dataclass(slots=True)
+class SpecPhaseNs:
+    """Per-burst phase counters (ns): the draft/verify/accept/rollback/maintenance split.
+
+    Counters are u64 and fold with wrapping adds, as the seed's release build does.
+    """
+
+    draft: int = 0
+    verify: int = 0
+    accept: int = 0
+    roll: int = 0
+    maint: int = 0
+    rounds: int = 0
+
+    def __post_init__(self) -> None:
+        for f in ("draft", "verify", "accept", "roll", "maint", "rounds"):
+            _uint(f"SpecPhaseNs.{f}", getattr(self, f), U64_MAX)
+
+    def add(self, o: SpecPhaseNs) -> None:
+        """Fold another accumulator in (the per-round log feeding the per-burst trace)."""
+        self.draft = (self.draft + o.draft) & U64_MAX
+        self.verify = (self.verify + o.verify) & U64_MAX
+        self.accept = (self.accept + o.accept) & U64_MAX
+        self.roll = (self.roll + o.roll) & U64_MAX
+        self.maint = (self.maint + o.maint) & U64_MAX
+        self.rounds = (self.rounds + o.rounds) & U64_MAX
+
+    def total(self) -> int:
+        """draft + verify + accept + roll + maint, wrapping like the seed's u64 sum."""
+        return (self.draft + self.verify + self.accept + self.roll + self.maint) & U64_MAX
+
+
+# --------------------------------------------------------------------- level-2 verify split
+
+
+class VerifySplit:
+    """Level-2 verify sub-split accumulators (ns): kda (with its in-kernel scan share), mla,
+    and the ffn share inside vrest.
+
+    The seed keeps these as module-level atomics so the layer walk can add to them without
+    plumbing; here one lock guards the four counters, so adds from several threads never
+    tear and ``drain`` reads-and-zeroes all four in one step, as the seed's swaps do.
+    """
+
+    __slots__ = ("_ffn", "_kda", "_kda_scan", "_lock", "_mla")
+
+    def __init__(self, kda: int = 0, kda_scan: int = 0, mla: int = 0, ffn: int = 0) -> None:
+        self._kda = _uint("VerifySplit.kda", kda, U64_MAX)
+        self._kda_scan = _uint("VerifySplit.kda_scan", kda_scan, U64_MAX)
+        self._mla = _uint("VerifySplit.mla", mla, U64_MAX)
+        self._ffn = _uint("VerifySplit.ffn", ffn, U64_MAX)
+        self._lock = threading.Lock()
+
+    def add(self, kda: int = 0, kda_scan: int = 0, mla: int = 0, ffn: int = 0) -> None:
+        """Add nanoseconds to any of the buckets (wrapping u64, like ``fetch_add``)."""
+        with self._lock:
+            self._kda = (self._kda + kda) & U64_MAX
+            self._kda_scan = (self._kda_scan + kda_scan) & U64_MAX
+            self._mla = (self._mla + mla) & U64_MAX
+            self._ffn = (self._ffn + ffn) & U64_MAX
+
+    def drain(self) -> tuple[int, int, int, int]:
+        """Read and zero all four buckets at once: ``(kda, kda_scan, mla, ffn)``."""
+        with self._lock:
+            out = (self._kda, self._kda_scan, self._mla, self._ffn)
+            self._kda = self._kda_scan = self._mla = self._ffn = 0
+        return out
+
+    def peek(self) -> tuple[int, int, int, int]:
+        """The current values, without zeroing."""
+        with self._lock:
+            return (self._kda, self._kda_scan, self._mla, self._ffn)
+
+    def __repr__(self) -> str:
+        kda, scan, mla, ffn = self.peek()
+        return f"VerifySplit(kda={kda}, kda_scan={scan}, mla={mla}, ffn={ffn})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, VerifySplit):
+            return NotImplemented
+        return self.peek() == other.peek()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class SeqRows:
+    """Verify rows that took the PER-ROW mixer arm; the walk adds, the round log takes.
+
+    The seed's ``V_SEQ_ROWS`` atomic: incremented by the sequential verify loop, sampled per
+    round. ``take`` reads and zeroes, so each round sees only its own rows.
+    """
+
+    __slots__ = ("_lock", "_n")
+
+    def __init__(self, n: int = 0) -> None:
+        self._n = _uint("SeqRows", n, U64_MAX)
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self._n = (self._n + n) & U64_MAX
+
+    def take(self) -> int:
+        with self._lock:
+            n, self._n = self._n, 0
+        return n
+
+    def peek(self) -> int:
+        return self._n
+
+
+# -------------------------------------------------------------------- first-token profile
+
+_ARM = re.compile(r"[A-Za-z0-9_.:+-]*")
+
+#: The ms buckets of :class:`SpecFirstTokenProf`, in the struct's field order.
+FIRST_TOKEN_MS_FIELDS = (
+    "cache_alloc_ms",
+    "prime_ms",
+    "capture_ms",
+    "anchor_ms",
+    "draft_alloc_ms",
+    "draft_prime_ms",
+    "first_draft_ms",
+    "first_verify_ms",
+    "first_accept_ms",
+    "first_roll_ms",
+    "first_maint_ms",
+    "first_burst_ms",
+    "first_burst_hook_ms",
+    "sink_alloc_ms",
+    "prime_tap_dtoh_ms",
+    "draft_prime_h2d_ms",
+    "draft_prime_feat_ms",
+    "draft_prime_kv_ms",
+)
+_FIRST_TOKEN_COUNT_FIELDS = (
+    "first_round_tokens",
+    "first_burst_rounds",
+    "first_burst_tokens",
+    "draft_prime_rows",
+    "draft_prime_chunks",
+)
+
+
+def _free_mb(name: str, v: object) -> list[tuple[int, int]]:
+    if not isinstance(v, (list, tuple)):
+        raise TypeError(f"{name} must be a list of (cuda_ordinal, free_mb) pairs, got {v!r}")
+    out: list[tuple[int, int]] = []
+    for i, pair in enumerate(v):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise TypeError(f"{name}[{i}] must be a (cuda_ordinal, free_mb) pair, got {pair!r}")
+        out.append(
+            (_uint(f"{name}[{i}].ordinal", pair[0], U64_MAX), _uint(f"{name}[{i}].free_mb", pair[1], U64_MAX))
+        )
+    return out
+
+
+@dataclass
+class SpecFirstTokenProf:
+    """The first-token phase buckets (ms) one served spec session carries until the worker
+    prints its ``[spec-prof]`` line after the first burst.
+
+    Every field is a wall interval bounded by stream drains on both sides, so the buckets are
+    device-inclusive and additive; a bucket the route never runs stays 0.0. Field docs are the
+    seed's (``SpecFirstTokenProf`` in spec_phase.rs); assignments are checked, so a bad value
+    fails where it is set, naming the field.
+    """
+
+    #: Session creation: the trunk cache allocation.
+    cache_alloc_ms: float = 0.0
+    #: Session creation: the target prime over the prompt, including the tap DtoHs.
+    prime_ms: float = 0.0
+    #: Session creation: the prompt-boundary prefix capture (0 with the prefix door shut).
+    capture_ms: float = 0.0
+    #: Session creation: the boundary token draw.
+    anchor_ms: float = 0.0
+    #: Session creation: the draft-source state build.
+    draft_alloc_ms: float = 0.0
+    #: Round 1: the drafter's ctx ingest of the whole prompt (0 on the native arm).
+    draft_prime_ms: float = 0.0
+    #: Round 1: draft production after the ingest.
+    first_draft_ms: float = 0.0
+    #: Round 1: the t=K+1 verify walk.
+    first_verify_ms: float = 0.0
+    #: Round 1: the accept walk.
+    first_accept_ms: float = 0.0
+    #: Round 1: the trunk rollback to the accepted prefix.
+    first_roll_ms: float = 0.0
+    #: Round 1: draft-source maintenance.
+    first_maint_ms: float = 0.0
+    #: Round 1: tokens the round committed (j accepted drafts + the bonus).
+    first_round_tokens: int = 0
+    #: First burst: wall from burst entry to return, no extra drains (hook included).
+    first_burst_ms: float = 0.0
+    #: First burst: time inside the caller's commit hook (0 with no hook).
+    first_burst_hook_ms: float = 0.0
+    #: First burst: rounds it ran.
+    first_burst_rounds: int = 0
+    #: First burst: tokens it returned (anchor included).
+    first_burst_tokens: int = 0
+    #: Session creation: the prime tap sink's host allocation (eager arm only).
+    sink_alloc_ms: float = 0.0
+    #: Inside the target prime: the host-staged tap DtoHs (a share of prime_ms).
+    prime_tap_dtoh_ms: float = 0.0
+    #: Drafter prime split: host->device movement of the tap rows.
+    draft_prime_h2d_ms: float = 0.0
+    #: Drafter prime split: the fc feature GEMM.
+    draft_prime_feat_ms: float = 0.0
+    #: Drafter prime split: the k/v ingest.
+    draft_prime_kv_ms: float = 0.0
+    #: Drafter prime geometry: rows ingested.
+    draft_prime_rows: int = 0
+    #: Drafter prime geometry: chunks.
+    draft_prime_chunks: int = 0
+    #: Drafter prime geometry: which arm ran (``eager`` / ``chunked``; "" when none).
+    draft_prime_arm: str = ""
+    #: The drafter ctx KV allocation at the session ctx, in MB.
+    draft_kv_mb: float = 0.0
+    #: Free device memory per CUDA ordinal before the trunk cache allocation.
+    free_mb_before: list[tuple[int, int]] = field(default_factory=list)
+    #: Free device memory per CUDA ordinal after the drafter KV allocation.
+    free_mb_after: list[tuple[int, int]] = field(default_factory=list)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, _check_first_token(name, value))
+
+    def total_ms(self) -> float:
+        """Session creation plus the first burst: the first-token latency this profile saw.
+
+        Shares (tap DtoH, drafter-prime split, hook) sit inside other buckets and are not
+        added again; round-1 buckets sit inside ``first_burst_ms``.
+        """
+        return (
+            self.cache_alloc_ms
+            + self.sink_alloc_ms
+            + self.prime_ms
+            + self.capture_ms
+            + self.anchor_ms
+            + self.draft_alloc_ms
+            + self.first_burst_ms
+        )
+
+
+def _check_first_token(name: str, value: object) -> object:
+    label = f"SpecFirstTokenProf.{name}"
+    if name in _FT_MS:
+        return _ms(label, value)
+    if name in _FT_COUNT:
+        return _uint(label, value, U64_MAX)
+    if name == "draft_prime_arm":
+        if not isinstance(value, str) or not _ARM.fullmatch(value):
+            raise ValueError(f"{label} must be a word like 'eager' or 'chunked', got {value!r}")
+        return value
+    if name in ("free_mb_before", "free_mb_after"):
+        return _free_mb(label, value)
+    if name == "draft_kv_mb":
+        return _ms(label, value)
+    raise AttributeError(f"SpecFirstTokenProf has no field {name!r}")
+
+
+_FT_MS = frozenset(FIRST_TOKEN_MS_FIELDS)
+_FT_COUNT = frozenset(_FIRST_TOKEN_COUNT_FIELDS)
+
+#: Every field of SpecFirstTokenProf in declaration order (the [spec-prof] line's order).
+FIRST_TOKEN_FIELDS = tuple(f.name for f in fields(SpecFirstTokenProf))
+
+
+# ------------------------------------------------------------------------- per-round row
+
+
+@dataclass(frozen=True, slots=True)
+class SpecRoundProf:
+    """One verify round's attribution row (``MEMRA_SPEC_PROF=1``, first SPEC_PROF_ROUNDS
+    rounds of a session).
+
+    Stored as the seed stores it: the ms fields are f32 (rounded on the way in), ``k``/``j``
+    u16, ``ctx``/``seq_rows`` u32. Out-of-range input raises naming the field; it never wraps.
+    """
+
+    wall_ms: float = 0.0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    accept_ms: float = 0.0
+    rest_ms: float = 0.0
+    k: int = 0
+    j: int = 0
+    ctx: int = 0
+    seq_rows: int = 0
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        for name in ("wall_ms", "draft_ms", "verify_ms", "accept_ms", "rest_ms"):
+            x = _ms(f"SpecRoundProf.{name}", getattr(self, name))
+            y = f32(x)
+            if math.isinf(y):
+                raise ValueError(f"SpecRoundProf.{name}={x!r} does not fit in an f32")
+            s(self, name, y)
+        _uint("SpecRoundProf.k", self.k, U16_MAX)
+        _uint("SpecRoundProf.j", self.j, U16_MAX)
+        _uint("SpecRoundProf.ctx", self.ctx, U32_MAX)
+        _uint("SpecRoundProf.seq_rows", self.seq_rows, U32_MAX)
+
+
+ROUND_PROF_FIELDS = tuple(f.name for f in fields(SpecRoundProf))
+
+
+# ---------------------------------------------------------------------------- round log
+
+
+@dataclass
+class SpecRoundsLog:
+    """The per-session round log behind ``[spec-prof-rounds]`` / ``[spec-prof-summary]``."""
+
+    rounds: list[SpecRoundProf] = field(default_factory=list)
+    #: Rows already handed to the printer (``fresh`` returns the tail past it).
+    printed: int = 0
+    summarized: bool = False
+
+    def wants_more(self) -> bool:
+        return len(self.rounds) < SPEC_PROF_ROUNDS
+
+    def push(self, r: SpecRoundProf) -> None:
+        if not isinstance(r, SpecRoundProf):
+            raise TypeError(f"SpecRoundsLog.push takes a SpecRoundProf, got {type(r).__name__}")
+        if self.wants_more():
+            self.rounds.append(r)
+
+    def fresh(self) -> list[SpecRoundProf]:
+        """Rows not yet printed; marks them printed."""
+        start = self.printed
+        self.printed = len(self.rounds)
+        return self.rounds[start:]
+
+    def summary(self) -> str:
+        """One-line summary over the logged rounds: acceptance, tokens per round, the wall
+        distribution (mean/min/median/max) and how many rounds sit past 1.5x the median, the
+        verify mean, and the per-row-arm row total.
+
+        Arithmetic follows the seed step by step: sums are plain left folds of f64 starting
+        from -0.0 (Rust's ``Sum for f64``), the mean runs over the *sorted* walls, and the
+        slow-round threshold ``1.5 * med`` is an f32 product.
+        """
+        n = len(self.rounds)
+        if n == 0:
+            return "rounds=0"
+        nf = float(n)
+        k = _fsum(float(r.k) for r in self.rounds)
+        j = _fsum(float(r.j) for r in self.rounds)
+        walls = sorted(r.wall_ms for r in self.rounds)  # stable, like slice::sort_by
+        med = walls[n // 2]
+        mean = _fsum(walls) / nf
+        threshold = f32(1.5 * med)
+        slow = sum(1 for w in walls if w > threshold)
+        verify_mean = _fsum(r.verify_ms for r in self.rounds) / nf
+        draft_mean = _fsum(r.draft_ms for r in self.rounds) / nf
+        seq = sum(r.seq_rows for r in self.rounds)
+        accept = j / k if k > 0.0 else 0.0
+        return (
+            f"rounds={n} k_mean={k / nf:.2f} j_mean={j / nf:.2f} accept={accept:.3f} "
+            f"tok_per_round={(j + nf) / nf:.2f} "
+            f"wall_ms mean={mean:.1f} min={walls[0]:.1f} med={med:.1f} max={walls[n - 1]:.1f} "
+            f"slow_rounds(>1.5x med)={slow} "
+            f"draft_mean={draft_mean:.1f} verify_mean={verify_mean:.1f} seq_rows_total={seq} "
+            f"ctx_first={self.rounds[0].ctx} ctx_last={self.rounds[n - 1].ctx}"
+        )
+
+    def slow_rounds(self) -> int:
+        """Rounds past 1.5x the median wall (the summary's bimodality count)."""
+        if not self.rounds:
+            return 0
+        walls = sorted(r.wall_ms for r in self.rounds)
+        threshold = f32(1.5 * walls[len(walls) // 2])
+        return sum(1 for w in walls if w > threshold)
+
+
+def _fsum(xs: object) -> float:
+    # A left fold from -0.0: Rust's `Iterator::sum::<f64>()`. Never builtins.sum, which
+    # compensates on Python >= 3.12 and would print different digits.
+    acc = -0.0
+    for x in xs:  # type: ignore[attr-defined]
+        acc += x
+    return acc
