@@ -88,7 +88,7 @@ def exact_f64(x: float) -> str:
 def exact_f32(x: float) -> str:
     """Shortest decimal that reads back to the same f32, without an exponent."""
     for p in range(1, 10):
-        s = "%.*g" % (p, x)
+        s = f"{x:.{p}g}"
         if f32(float(s)) == x:
             return _positional(s)
     return _positional(repr(x))  # unreachable for a real f32; 9 digits always suffice

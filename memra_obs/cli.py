@@ -1,0 +1,157 @@
+"""``memra-obs``: the command line.
+
+    memra-obs demo [--duration SECONDS | --requests N] [--gpu]   simulated worker, all sinks on
+    memra-obs tail [--follow] FILE|-                             legacy stderr -> metrics and spans
+    memra-obs agent                                              per-host publisher (agent mode)
+
+Imports everything; nothing imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from .environment import MEMRA_OBS_SINKS, ConfigError
+
+__all__ = ["main"]
+
+
+def _positive_float(v: str) -> float:
+    x = float(v)
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a positive number")
+    return x
+
+
+def _positive_int(v: str) -> int:
+    n = int(v)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a positive integer")
+    return n
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="memra-obs", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser(
+        "demo",
+        help="run a simulated spec-decode worker with every sink on",
+        description="A simulated speculative-decoding worker, instrumented end to end: legacy "
+        "lines on stderr (trace level 2 and the first-token profile unless MEMRA_SPEC_TRACE / "
+        "MEMRA_SPEC_PROF say otherwise), /metrics on MEMRA_OBS_METRICS_ADDR, spans to "
+        "MEMRA_OBS_SPANS_FILE or the OTEL_* exporter. Runs until Ctrl-C unless bounded.",
+    )
+    g = d.add_mutually_exclusive_group()
+    g.add_argument("--duration", type=_positive_float, metavar="SECONDS", help="stop after this long")
+    g.add_argument("--requests", type=_positive_int, metavar="N", help="stop after N requests")
+    d.add_argument("--gpu", action="store_true", help="real kernels on the GPU (cupy or torch)")
+    d.add_argument("--families", default="glm5", help="comma list of spec families (default glm5)")
+    d.add_argument("--k", type=_positive_int, default=4, help="drafted tokens per round (default 4)")
+    d.add_argument("--concurrency", type=_positive_int, default=1, help="loop threads (default 1)")
+    d.add_argument("--seed", type=int, default=None, help="random seed for a repeatable run")
+    d.add_argument("--speed", type=_positive_float, default=1.0, help="scale simulated times (default 1.0)")
+
+    t = sub.add_parser("tail", help="turn legacy stderr lines into metrics and spans")
+    t.add_argument("--follow", "-f", action="store_true", help="keep reading a growing file (follows rotation)")
+    t.add_argument("path", metavar="FILE|-", help="log file to read, or - for standard input")
+    t.add_argument("--worker", default=None, help="worker label for what this tail publishes")
+
+    sub.add_parser("agent", help="publish every local worker's ring (agent mode)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, rest = _parser().parse_known_args(argv)
+    try:
+        if args.command == "demo":
+            if rest:
+                _parser().error(f"unrecognized arguments: {' '.join(rest)}")
+            return _demo(args)
+        if args.command == "tail":
+            from .tail import main as tail_main
+
+            return tail_main(args, rest)
+        if args.command == "agent":
+            from .agent import main as agent_main
+
+            return agent_main(rest)
+    except ConfigError as exc:
+        print(f"memra-obs: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+def _demo(args: argparse.Namespace) -> int:
+    import threading
+
+    from . import flags
+    from .demo import DemoConfig, install_stop_handlers, run_demo
+    from .setup import build_observer
+
+    # The demo shows everything unless the environment says otherwise.
+    if flags.MEMRA_SPEC_TRACE not in os.environ and flags.MEMRA_GLM5_SPEC_TRACE not in os.environ:
+        os.environ[flags.MEMRA_SPEC_TRACE] = "2"
+    os.environ.setdefault(flags.MEMRA_SPEC_PROF, "1")
+    os.environ.setdefault(MEMRA_OBS_SINKS, "all")
+    flags._reset()
+
+    cfg = DemoConfig(
+        duration_s=args.duration,
+        requests=args.requests,
+        families=tuple(f.strip() for f in args.families.split(",") if f.strip()) or ("glm5",),
+        k=args.k,
+        concurrency=args.concurrency,
+        seed=args.seed,
+        speed=args.speed,
+        gpu=args.gpu,
+    )
+    from .demo import SimDevice
+
+    dev = SimDevice()
+    obs = build_observer(memory=None if cfg.gpu else dev.snapshot)
+    st = obs.settings
+    where = []
+    if st is not None:
+        if st.agent:
+            where.append(f"records -> agent rings in {st.agent}")
+        else:
+            if "prometheus" in st.sinks and st.metrics_addr is not None:
+                host, port = st.metrics_addr
+                server_port = port
+                for c in getattr(obs, "closers", []):
+                    srv = getattr(c, "__self__", None)
+                    server_port = getattr(srv, "port", server_port)
+                where.append(f"/metrics on http://{host}:{server_port}/metrics")
+            if "otel" in st.sinks:
+                exp = os.environ.get("OTEL_TRACES_EXPORTER", "")
+                if exp or any(k.startswith("OTEL_EXPORTER_OTLP") and k.endswith("ENDPOINT") for k in os.environ):
+                    where.append(f"spans -> OTEL_TRACES_EXPORTER={exp or 'otlp'}")
+                else:
+                    where.append(f"spans -> {st.spans_file}")
+    bound = f"{cfg.duration_s}s" if cfg.duration_s else (f"{cfg.requests} requests" if cfg.requests else "until Ctrl-C")
+    print(f"[memra-obs] demo: {'GPU' if cfg.gpu else 'simulated'} worker, {bound}; " + "; ".join(where),
+          file=sys.stderr, flush=True)
+    stop = threading.Event()
+    install_stop_handlers(stop)
+    try:
+        stats = run_demo(cfg, obs, stop=stop, device=dev)
+    finally:
+        obs.shutdown(10.0)
+    acc = stats.accepted / stats.drafted if stats.drafted else 0.0
+    print(
+        f"[memra-obs] demo done: sessions={stats.sessions} rounds={stats.rounds} tokens={stats.tokens} "
+        f"accept={acc:.3f}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

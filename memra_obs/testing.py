@@ -1,0 +1,114 @@
+"""Helpers for testing a loop that uses memra_obs: an in-memory sink and a capture block.
+
+    from memra_obs.testing import capture
+
+    with capture(level=2, prof=True) as cap:
+        my_loop(cap.observer)
+    assert cap.rounds[0].k == 4
+    assert cap.lines[0].startswith("[glm5-phase] ")
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .events import (
+    BurstRecord,
+    FirstTokenRecord,
+    ProfRowsRecord,
+    ProfSummaryRecord,
+    Record,
+    RoundRecord,
+    SessionEndRecord,
+    SessionRecord,
+)
+from .linewriter import LineWriter
+from .observer import Observer
+from .sinks.base import Sink
+from .sinks.stderr import StderrSink
+
+__all__ = ["Capture", "RecordingSink", "capture"]
+
+
+class RecordingSink(Sink):
+    """Keeps every record it is given, in order (thread-safe: list.append)."""
+
+    def __init__(self, wants_trace_ids: bool = False) -> None:
+        self.records: list[Record] = []
+        self.wants_trace_ids = wants_trace_ids
+
+    def _keep(self, rec: Any) -> None:
+        self.records.append(rec)
+
+    on_session = _keep  # type: ignore[assignment]
+    on_round = _keep  # type: ignore[assignment]
+    on_burst = _keep  # type: ignore[assignment]
+    on_first_token = _keep  # type: ignore[assignment]
+    on_prof_rows = _keep  # type: ignore[assignment]
+    on_prof_summary = _keep  # type: ignore[assignment]
+    on_session_end = _keep  # type: ignore[assignment]
+
+    def of(self, kind: type) -> list[Any]:
+        return [r for r in self.records if isinstance(r, kind)]
+
+
+class Capture:
+    """What :func:`capture` yields: the observer, its records and its legacy lines."""
+
+    def __init__(self, observer: Observer, sink: RecordingSink, stream: io.StringIO) -> None:
+        self.observer = observer
+        self.sink = sink
+        self._stream = stream
+
+    @property
+    def records(self) -> list[Record]:
+        return self.sink.records
+
+    @property
+    def sessions(self) -> list[SessionRecord]:
+        return self.sink.of(SessionRecord)
+
+    @property
+    def rounds(self) -> list[RoundRecord]:
+        return self.sink.of(RoundRecord)
+
+    @property
+    def bursts(self) -> list[BurstRecord]:
+        return self.sink.of(BurstRecord)
+
+    @property
+    def first_tokens(self) -> list[FirstTokenRecord]:
+        return self.sink.of(FirstTokenRecord)
+
+    @property
+    def prof_rows(self) -> list[ProfRowsRecord]:
+        return self.sink.of(ProfRowsRecord)
+
+    @property
+    def summaries(self) -> list[ProfSummaryRecord]:
+        return self.sink.of(ProfSummaryRecord)
+
+    @property
+    def ends(self) -> list[SessionEndRecord]:
+        return self.sink.of(SessionEndRecord)
+
+    @property
+    def lines(self) -> list[str]:
+        """The legacy lines the loop would have printed on stderr."""
+        return self._stream.getvalue().splitlines()
+
+
+@contextmanager
+def capture(level: int = 1, prof: bool = False, **observer_kw: Any) -> Iterator[Capture]:
+    """An observer whose records and legacy lines are kept in memory for assertions."""
+    stream = io.StringIO()
+    sink = RecordingSink(wants_trace_ids=observer_kw.pop("wants_trace_ids", False))
+    sinks = [StderrSink(level, prof, LineWriter(stream)), sink, *observer_kw.pop("sinks", ())]
+    obs = Observer(sinks, level=level, prof=prof, **observer_kw)
+    try:
+        yield Capture(obs, sink, stream)
+    finally:
+        obs.shutdown()

@@ -1,0 +1,198 @@
+"""Legacy lines: golden round trips, generated round trips, parse errors that say why."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from memra_obs import legacy
+from memra_obs.legacy import (
+    FirstTokenLine,
+    LegacyParseError,
+    PhaseLine,
+    RoundsLine,
+    SummaryLine,
+    VerifyLine,
+    format_line,
+    parse_line,
+    phase_lines,
+    prof_line,
+    prof_rounds_lines,
+)
+from memra_obs.records import (
+    SpecFirstTokenProf,
+    SpecPhaseNs,
+    SpecRoundProf,
+    SpecRoundsLog,
+    VerifySplit,
+)
+
+GOLDEN = Path(__file__).parent / "data" / "legacy_lines.txt"
+
+
+def test_golden_lines_round_trip():
+    """format(parse(line)) == line for every stored line."""
+    lines = GOLDEN.read_text().splitlines()
+    assert len(lines) >= 10
+    for line in lines:
+        rec = parse_line(line)
+        assert rec is not None, line
+        assert format_line(rec) == line
+
+
+def test_phase_line_known_bytes():
+    """A burst's two lines, checked by hand against the seed's format strings."""
+    p = SpecPhaseNs(draft=1_000_000, verify=2_000_000, accept=300_000, roll=400_000, maint=500_000, rounds=3)
+    split = VerifySplit(kda=100_000, kda_scan=5_000, mla=200_000, ffn=30_000)
+    assert phase_lines(p, "glm5-phase", "glm5-phase-v", 4, 2, split) == [
+        "[glm5-phase] rounds=3 k=4 total=4.20ms | draft=1.00 verify=2.00 accept=0.30 roll=0.40 "
+        "maint=0.50 | per-round ms: draft=0.333 verify=0.667 accept=0.100 roll=0.133 maint=0.167 "
+        "total=1.400",
+        "[glm5-phase-v] rounds=3 k=4 | per-round ms: vkda=0.033 (scan=0.002) vmla=0.067 "
+        "vrest=0.567 (vffn=0.010)",
+    ]
+    assert split.peek() == (0, 0, 0, 0), "the level-2 line drains the split"
+
+
+def test_emit_prints_nothing_for_zero_rounds_and_drains_only_at_level_2():
+    """rounds == 0 prints nothing; level 1 leaves the split alone."""
+    out = io.StringIO()
+    split = VerifySplit(kda=5)
+    legacy.emit(SpecPhaseNs(), "t", "tv", 4, level=2, split=split, out=out)
+    assert out.getvalue() == ""
+    legacy.emit(SpecPhaseNs(draft=1, rounds=1), "t", "tv", 4, level=1, split=split, out=out)
+    assert out.getvalue().count("\n") == 1
+    assert split.peek() == (5, 0, 0, 0)
+
+
+def test_emit_never_raises():
+    """A broken stream or bad record inside emit is reported, not raised."""
+
+    class Broken(io.StringIO):
+        def write(self, s):
+            raise OSError("EPIPE")
+
+    legacy.emit(SpecPhaseNs(draft=1, rounds=1), "t", "tv", 4, level=1, out=Broken())
+    legacy.emit("not a record", "t", "tv", 4, level=1, out=io.StringIO())  # type: ignore[arg-type]
+
+
+ms64 = st.one_of(
+    st.floats(min_value=0, max_value=1e9, allow_nan=False),
+    st.floats(min_value=0, max_value=1e-3, allow_nan=False),
+    st.floats(min_value=0, max_value=1.7e308, allow_nan=False, allow_infinity=False),
+)
+counts = st.integers(0, 2**64 - 1)
+profs = st.builds(
+    SpecFirstTokenProf,
+    **{f: ms64 for f in legacy.FIRST_TOKEN_MS_FIELDS},
+    draft_kv_mb=ms64,
+    first_round_tokens=counts,
+    first_burst_rounds=counts,
+    first_burst_tokens=counts,
+    draft_prime_rows=counts,
+    draft_prime_chunks=counts,
+    draft_prime_arm=st.sampled_from(["", "eager", "chunked", "v2.1"]),
+    free_mb_before=st.lists(st.tuples(st.integers(0, 16), st.integers(0, 2**40)), max_size=8),
+    free_mb_after=st.lists(st.tuples(st.integers(0, 16), st.integers(0, 2**40)), max_size=8),
+)
+
+
+@given(profs)
+def test_prof_line_round_trips_every_field(prof):
+    """Every SpecFirstTokenProf field comes back exactly, and the line re-formats identically."""
+    line = prof_line(prof)
+    rec = parse_line(line)
+    assert isinstance(rec, FirstTokenLine)
+    assert rec.prof == prof
+    assert format_line(rec) == line
+    assert "e-" not in line and "e+" not in line
+
+
+f32s = st.floats(min_value=0, max_value=3.3999999521443642e38, width=32)
+rows = st.builds(
+    SpecRoundProf,
+    wall_ms=f32s, draft_ms=f32s, verify_ms=f32s, accept_ms=f32s, rest_ms=f32s,
+    k=st.integers(0, 65535), j=st.integers(0, 65535),
+    ctx=st.integers(0, 2**32 - 1), seq_rows=st.integers(0, 2**32 - 1),
+)  # fmt: skip
+
+
+@given(st.lists(rows, max_size=5), st.integers(0, 10_000))
+def test_rounds_lines_round_trip_every_field(rs, start):
+    """Each [spec-prof-rounds] row comes back as the same f32/u16/u32 row at its index."""
+    lines = prof_rounds_lines(rs, start)
+    for i, (line, r) in enumerate(zip(lines, rs, strict=True)):
+        rec = parse_line(line)
+        assert isinstance(rec, RoundsLine)
+        assert rec.row == start + i
+        assert rec.prof == r
+        assert format_line(rec) == line
+
+
+@given(st.lists(rows, max_size=70))
+def test_summary_line_round_trips(rs):
+    """The summary line re-formats to itself."""
+    log = SpecRoundsLog()
+    for r in rs:
+        log.push(r)
+    line = legacy.prof_summary_line(log)
+    rec = parse_line(line)
+    assert isinstance(rec, SummaryLine)
+    assert rec.rounds == len(log.rounds)
+    assert format_line(rec) == line
+
+
+@given(
+    st.lists(st.integers(0, 10**15), min_size=5, max_size=5),
+    st.integers(1, 10**6),
+    st.integers(0, 64),
+    st.lists(st.integers(0, 10**12), min_size=4, max_size=4),
+)
+def test_phase_and_verify_lines_round_trip(ns, rounds, k, split):
+    """Seed-format lines parse to records that format back to the same bytes."""
+    lines = phase_lines(SpecPhaseNs(*ns, rounds=rounds), "glm5-phase", "glm5-phase-v", k, 2, VerifySplit(*split))
+    p, v = (parse_line(x) for x in lines)
+    assert isinstance(p, PhaseLine) and p.rounds == rounds and p.k == k
+    assert isinstance(v, VerifyLine)
+    assert [format_line(p), format_line(v)] == lines
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "hello world",
+        "[INFO] server started",
+        "[glm5] loaded 61 layers",
+        "",
+        "[x]",
+        "INFO [glm5-phase] rounds=1",
+    ],
+)
+def test_other_programs_lines_are_not_ours(line):
+    """Untagged or foreign-tagged lines parse to None."""
+    assert parse_line(line) is None
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("[glm5-phase] rounds=6 k=4 total=30.86ms | draft=9.73 verify=16.71 accept=2.32 roll=0.99", "phase line"),
+        ("[glm5-phase-v] rounds=6 k=4 | per-round ms: vkda=0.893 (scan=0.357) vmla=0.552", "verify"),
+        ("[spec-prof] cache_alloc_ms=0.1 prime_ms=1.0", "missing"),
+        ("[spec-prof-rounds] row=0 wall_ms=9.0 draft_ms=5.3", "row"),
+        ("[spec-prof-rounds] row=0 wall_ms=9.0 draft_ms=5.3 verify_ms=2.9 accept_ms=0.3 rest_ms=0.3 k=70000 j=4 ctx=1 seq_rows=0", "k"),
+        ("[spec-prof-summary] rounds=3 k_mean=", "summary"),
+        ("[spec-trace] MEMRA_SPEC_TRACE=1 overrides", "override"),
+        ("[spec-prof]", "tag without a body"),
+        ("[glm5-phase] rounds=3 k=4 garbage", "no known shape"),
+    ],
+)
+def test_malformed_tagged_lines_say_why(line, why):
+    """Truncated or malformed tagged lines raise LegacyParseError with a reason."""
+    with pytest.raises(LegacyParseError, match=why) as e:
+        parse_line(line)
+    assert e.value.line == line

@@ -1,0 +1,288 @@
+"""The observer: records in order, the seed's lines from live rounds, the no-op path,
+failing sinks, misuse, threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import memra_obs
+from memra_obs.demo import SimStream
+from memra_obs.events import (
+    BurstRecord,
+    FirstTokenRecord,
+    RoundRecord,
+    SessionEndRecord,
+    SessionRecord,
+)
+from memra_obs.export import QueueSink
+from memra_obs.legacy import (
+    FirstTokenLine,
+    PhaseLine,
+    RoundsLine,
+    SummaryLine,
+    VerifyLine,
+    parse_line,
+)
+from memra_obs.observer import NOOP_OBSERVER, Observer
+from memra_obs.records import VerifySplit
+from memra_obs.sinks.base import Sink
+from memra_obs.testing import RecordingSink, capture
+
+
+def run_rounds(s, n, k=4, j=2, prime=False, work=None):
+    b = s.burst(k)
+    for i in range(n):
+        b.begin_round()
+        if prime and i == 0:
+            s.lap("draft_prime")
+        for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+            if work:
+                work()
+            end()
+        b.end_round(k=k, j=j, ctx=100 + i)
+    b.end()
+    return b
+
+
+def test_get_observer_is_the_noop_when_everything_is_off(monkeypatch):
+    """No flags, no sinks: the process observer is the no-op and every call is free."""
+    monkeypatch.delenv("MEMRA_OBS_SINKS", raising=False)
+    monkeypatch.setattr(memra_obs, "_observer", None)
+    obs = memra_obs.get_observer()
+    assert obs is NOOP_OBSERVER and not obs.enabled
+    with obs.session("glm5") as s:
+        assert s.lap("prime") == 0.0
+        run_rounds(s, 3)
+
+
+def test_records_arrive_in_the_stream_contract_order():
+    """session, rounds, burst, first-token, rounds, burst, end — with consistent ids."""
+    with capture(level=1, prof=True, memory=lambda: [(0, 1234)]) as cap:
+        s = cap.observer.session("glm5")
+        s.free_memory("before")
+        s.lap("cache_alloc")
+        s.lap("prime")
+        s.free_memory("after")
+        run_rounds(s, 3, prime=True)
+        run_rounds(s, 2)
+        s.end()
+    kinds = [type(r).__name__ for r in cap.records if not type(r).__name__.startswith("Prof")]
+    assert kinds == [
+        "SessionRecord", "RoundRecord", "RoundRecord", "RoundRecord", "BurstRecord",
+        "FirstTokenRecord", "RoundRecord", "RoundRecord", "BurstRecord", "SessionEndRecord",
+    ]  # fmt: skip
+    assert [r.index for r in cap.rounds] == [0, 1, 2, 3, 4]
+    assert [r.burst for r in cap.rounds] == [0, 0, 0, 1, 1]
+    assert cap.ends[0].rounds == 5 and cap.ends[0].bursts == 2
+    ft = cap.first_tokens[0]
+    assert ft.prof.free_mb_before == [(0, 1234)] == ft.prof.free_mb_after
+    assert ft.prof.first_burst_rounds == 3
+    assert ft.prof.first_round_tokens == 3
+    assert [name for name, _, _ in ft.intervals] == [
+        "cache_alloc", "prime", "draft_prime", "first_draft", "first_verify", "first_accept",
+        "first_roll", "first_maint", "first_burst",
+    ]  # fmt: skip
+
+
+def test_stamps_are_back_to_back_and_phase_totals_match_the_rounds():
+    """Each round's six bounds are ordered; the burst's SpecPhaseNs is the sum of its rounds."""
+    with capture(level=1) as cap:
+        s = cap.observer.session("glm5")
+        run_rounds(s, 4, work=lambda: time.sleep(0.0005))
+        s.end()
+    b = cap.bursts[0]
+    for r in cap.rounds:
+        t = r.t_ns_mono
+        assert list(t) == sorted(t)
+        assert all(d >= 400_000 for d in r.phase_ns()[:4])
+    sums = [sum(r.phase_ns()[i] for r in cap.rounds) for i in range(5)]
+    p = b.phases
+    assert [p.draft, p.verify, p.accept, p.roll, p.maint] == sums and p.rounds == 4
+    assert b.start_ns_mono <= cap.rounds[0].t_ns_mono[0] and cap.rounds[-1].t_ns_mono[5] <= b.end_ns_mono
+
+
+def test_live_loop_prints_the_seed_lines_that_parse_back():
+    """A traced loop at level 2 with the profile on prints every legacy line kind."""
+    split = VerifySplit()
+    with capture(level=2, prof=True, verify_split=split, memory=lambda: []) as cap:
+        s = cap.observer.session("glm5")
+        s.lap("cache_alloc")
+
+        def verify_work():
+            split.add(kda=1000, kda_scan=100, mla=500, ffn=300)
+
+        run_rounds(s, 3, prime=True, work=verify_work)
+        s.end()
+    kinds = [type(parse_line(line)).__name__ for line in cap.lines]
+    assert kinds == ["PhaseLine", "VerifyLine", "FirstTokenLine", "RoundsLine", "RoundsLine", "RoundsLine", "SummaryLine"]
+    v = parse_line(cap.lines[1])
+    assert isinstance(v, VerifyLine) and v.vkda_ms == pytest.approx(0.004, abs=0.0006)
+    assert cap.lines[0].startswith("[glm5-phase] rounds=3 k=4 total=")
+    assert split.peek() == (0, 0, 0, 0)
+    ft = parse_line(cap.lines[2])
+    assert isinstance(ft, FirstTokenLine) and ft.prof == cap.first_tokens[0].prof
+    rows = [parse_line(x) for x in cap.lines[3:6]]
+    assert all(isinstance(r, RoundsLine) for r in rows)
+    assert [r.prof for r in rows] == s.log.rounds  # type: ignore[union-attr]
+    assert [r.row for r in rows] == [0, 1, 2]
+    assert isinstance(parse_line(cap.lines[6]), SummaryLine)
+    p = parse_line(cap.lines[0])
+    assert isinstance(p, PhaseLine) and p.rounds == 3
+
+
+def test_summary_is_printed_once_when_the_log_fills():
+    """64 rounds fill the log: the summary comes then, not again at session end."""
+    with capture(level=0, prof=True, memory=lambda: []) as cap:
+        s = cap.observer.session("glm5")
+        for _ in range(9):
+            run_rounds(s, 8)
+        s.end()
+    assert len(cap.summaries) == 1 and cap.summaries[0].summary.startswith("rounds=64 ")
+    assert sum(len(r.rows) for r in cap.prof_rows) == 64
+    assert [x.split(" ")[0] for x in cap.lines].count("[spec-prof-summary]") == 1
+    assert not any(x.startswith("[glm5-phase]") for x in cap.lines), "level 0 prints no phase lines"
+
+
+def test_sync_clock_drains_so_queued_work_lands_in_its_phase():
+    """Work queued on the stream in verify is charged to verify, not to the phase that drains."""
+    e = SimStream()
+    with capture(level=1) as cap:
+        s = cap.observer.session("glm5", e=e)
+        b = s.burst(4)
+        b.begin_round()
+        b.end_draft()
+        e.enqueue(0.02)  # verify queues 20 ms of device work and returns at once
+        b.end_verify()
+        b.end_accept()
+        b.end_rollback()
+        b.end_round(k=4, j=1)
+        b.end()
+        s.end()
+    _, v, a, _, _ = cap.rounds[0].phase_ns()
+    assert v >= 19_000_000 and a < 5_000_000
+
+
+class Boom(Sink):
+    def on_round(self, rec):
+        raise RuntimeError("exporter bug")
+
+
+def test_a_failing_sink_is_reported_once_and_others_still_get_records(capsys):
+    """A sink that raises never reaches the loop or the sinks after it."""
+    keep = RecordingSink()
+    obs = Observer([Boom(), keep], level=0, prof=False)
+    s = obs.session("glm5")
+    run_rounds(s, 5)
+    s.end()
+    assert len(keep.of(RoundRecord)) == 5
+    assert capsys.readouterr().err.count("Boom.on_round raised") == 1
+
+
+def test_misuse_is_reported_and_the_round_dropped(capsys):
+    """A round with missing boundaries is dropped with one message; the loop never sees an error."""
+    keep = RecordingSink()
+    obs = Observer([keep], level=0, prof=False)
+    s = obs.session("glm5")
+    b = s.burst(4)
+    b.begin_round()
+    b.end_draft()
+    b.end_round(k=4, j=1)  # forgot verify/accept/rollback
+    b.end_round(k=4, j=1)  # no begin_round at all
+    run_rounds(s, 1)
+    s.lap("not_a_bucket")
+    s.end()
+    assert len(keep.of(RoundRecord)) == 1
+    assert "end_round after" in capsys.readouterr().err
+
+
+def test_full_queue_drops_newest_and_counts_without_blocking():
+    """The hand-off never blocks: past capacity records are dropped and counted."""
+
+    class Slow:
+        def export(self, batch):
+            time.sleep(10)
+
+        def flush(self, timeout_s=5.0):
+            return True
+
+        def shutdown(self, timeout_s=5.0):
+            pass
+
+    q = QueueSink([Slow()], capacity=16, start=False)
+    obs = Observer([q], level=0, prof=False)
+    s = obs.session("glm5")
+    t0 = time.perf_counter()
+    run_rounds(s, 40)
+    s.end()
+    assert time.perf_counter() - t0 < 0.5
+    assert len(q) == 16 and q.dropped == 1 + 40 + 1 + 1 - 16
+
+
+def test_sessions_on_threads_keep_their_own_ids_and_records():
+    """Concurrent sessions: every record lands under its own session, none lost."""
+    keep = RecordingSink(wants_trace_ids=True)
+    obs = Observer([keep], level=0, prof=False)
+
+    def worker(n):
+        with obs.session("glm5") as s:
+            for _ in range(n):
+                run_rounds(s, 5)
+
+    threads = [threading.Thread(target=worker, args=(10,)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sessions = keep.of(SessionRecord)
+    assert len({x.session for x in sessions}) == 6
+    assert len({x.trace_id for x in sessions}) == 6 and all(x.trace_id for x in sessions)
+    for x in sessions:
+        rounds = [r for r in keep.of(RoundRecord) if r.session == x.session]
+        assert [r.index for r in rounds] == list(range(50))
+    assert len(keep.of(SessionEndRecord)) == 6
+    assert len(keep.of(BurstRecord)) == 60
+    assert not keep.of(FirstTokenRecord), "no profile, no first-token record"
+
+
+def test_adding_a_sink_swaps_the_tuple():
+    """add_sink takes effect from the next record of running sessions."""
+    obs = Observer([], level=0, prof=False)
+    s = obs.session("glm5")
+    run_rounds(s, 2)
+    late = RecordingSink()
+    obs.add_sink(late)
+    run_rounds(s, 3)
+    s.end()
+    assert len(late.of(RoundRecord)) == 3
+    obs.remove_sink(late)
+    assert obs.sinks == ()
+
+
+def test_process_observer_built_from_environment(monkeypatch, capsys):
+    """MEMRA_SPEC_TRACE=1 alone gives an observer that prints the phase line."""
+    monkeypatch.setenv("MEMRA_SPEC_TRACE", "1")
+    monkeypatch.delenv("MEMRA_OBS_SINKS", raising=False)
+    memra_obs.flags._reset()
+    monkeypatch.setattr(memra_obs, "_observer", None)
+    obs = memra_obs.get_observer()
+    assert obs.enabled and obs.level == 1
+    s = obs.session("glm5")
+    run_rounds(s, 2)
+    s.end()
+    err = capsys.readouterr().err
+    assert err.startswith("[glm5-phase] rounds=2 k=4 total=")
+    monkeypatch.setattr(memra_obs, "_observer", None)
+
+
+def test_bad_knob_is_a_clear_error_naming_the_variable(monkeypatch):
+    """A bad MEMRA_OBS_* value fails at start-up and names the variable."""
+    from memra_obs.environment import ConfigError
+    from memra_obs.setup import build_observer
+
+    for var, value in [("MEMRA_OBS_CLOCK", "fast"), ("MEMRA_OBS_SINKS", "otel,statsd"),
+                       ("MEMRA_OBS_METRICS_ADDR", "9464"), ("MEMRA_OBS_QUEUE_SIZE", "lots")]:
+        with pytest.raises(ConfigError, match=var):
+            build_observer(env={var: value}, level=1)
