@@ -85,9 +85,10 @@ def configure(**kwargs):  # type: ignore[no-untyped-def]
     global _observer
     from .setup import build_observer
 
-    obs = build_observer(**kwargs)
     with _lock:
-        old, _observer = _observer, obs
-    if old is not None and old is not obs:
-        old.shutdown()
-    return obs
+        # The old observer goes first: it holds resources the new one takes (the /metrics port).
+        old, _observer = _observer, None
+        if old is not None:
+            old.shutdown()
+        _observer = build_observer(**kwargs)
+        return _observer

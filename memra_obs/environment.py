@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = [
@@ -22,7 +22,11 @@ __all__ = [
     "MEMRA_OBS_CLOCK",
     "MEMRA_OBS_EXPORT_INTERVAL_MS",
     "MEMRA_OBS_METRICS_ADDR",
+    "MEMRA_OBS_METRICS_BASIC_AUTH_FILE",
+    "MEMRA_OBS_METRICS_TLS_CERT",
+    "MEMRA_OBS_METRICS_TLS_KEY",
     "MEMRA_OBS_QUEUE_SIZE",
+    "MEMRA_OBS_RING_SLOTS",
     "MEMRA_OBS_ROUND_SPANS",
     "MEMRA_OBS_SINKS",
     "MEMRA_OBS_SPANS_FILE",
@@ -54,6 +58,11 @@ MEMRA_OBS_AGENT = "MEMRA_OBS_AGENT"
 """Agent mode: the directory where this host's workers keep their shared-memory rings.
 Unset: publish in-process."""
 
+MEMRA_OBS_RING_SLOTS = "MEMRA_OBS_RING_SLOTS"
+"""Agent mode: slots (128 bytes each) in each worker's shared-memory ring, a power of two
+>= 64. Default 65536 (8 MiB): tens of seconds of rounds if the agent stalls; past that the
+oldest records are overwritten and the agent counts them as lost."""
+
 MEMRA_OBS_CLOCK = "MEMRA_OBS_CLOCK"
 """``sync`` (default: drain the streams at every phase boundary, the seed's contract) or
 ``event`` (record CUDA events at the boundaries; one drain per burst)."""
@@ -73,6 +82,18 @@ MEMRA_OBS_EXPORT_INTERVAL_MS = "MEMRA_OBS_EXPORT_INTERVAL_MS"
 MEMRA_OBS_WORKER = "MEMRA_OBS_WORKER"
 """This worker's label on published metrics (``worker``), e.g. its rank. Default: ``RANK``
 if a launcher set it, else the process id."""
+
+MEMRA_OBS_METRICS_TLS_CERT = "MEMRA_OBS_METRICS_TLS_CERT"
+"""PEM certificate (chain) for ``/metrics`` over HTTPS; needs ``MEMRA_OBS_METRICS_TLS_KEY``.
+Unset: plain HTTP. Set it (and basic auth) before exposing ``/metrics`` beyond loopback."""
+
+MEMRA_OBS_METRICS_TLS_KEY = "MEMRA_OBS_METRICS_TLS_KEY"
+"""PEM private key of ``MEMRA_OBS_METRICS_TLS_CERT``."""
+
+MEMRA_OBS_METRICS_BASIC_AUTH_FILE = "MEMRA_OBS_METRICS_BASIC_AUTH_FILE"
+"""A file holding ``user:password`` (one line): ``/metrics`` then requires those HTTP basic
+auth credentials. A file, not the secret itself, so it never shows in the environment
+(``/proc/*/environ``, ``ps e``); mount it from a secret. Unset: no auth."""
 
 
 def parse_addr(var: str, value: str) -> tuple[str, int] | None:
@@ -124,6 +145,13 @@ def _int_in(lo: int, hi: int) -> Callable[[str, str], int]:
     return parse
 
 
+def _ring_slots(var: str, value: str) -> int:
+    n = _int_in(64, 1 << 24)(var, value)
+    if n & (n - 1):
+        raise ConfigError(f"{var}={value!r}: expected a power of two (64, 128, ..., 65536, ...)")
+    return n
+
+
 def _text(var: str, value: str) -> str:
     return value
 
@@ -134,6 +162,33 @@ def _optional_text(var: str, value: str) -> str | None:
 
 def _default_worker() -> str:
     return os.environ.get("RANK") or str(os.getpid())
+
+
+def _readable_file(var: str, value: str) -> str | None:
+    path = value.strip()
+    if not path:
+        return None
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{var}={value!r}: cannot read it ({exc.strerror})") from None
+    return path
+
+
+def _basic_auth_file(var: str, value: str) -> tuple[str, str] | None:
+    path = _readable_file(var, value)
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            line = f.readline().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{var}={value!r}: cannot read it ({exc})") from None
+    user, sep, password = line.partition(":")
+    if not sep or not user:
+        raise ConfigError(f"{var}={value!r}: the file must hold one line 'user:password'")
+    return user, password
 
 
 @dataclass(frozen=True)
@@ -149,6 +204,11 @@ class Settings:
     queue_size: int = 8192
     export_interval_ms: int = 200
     worker: str = ""
+    ring_slots: int = 65536
+    metrics_tls_cert: str | None = None
+    metrics_tls_key: str | None = None
+    #: (user, password); an argument may also name a file, as the variable does.
+    metrics_basic_auth: tuple[str, str] | None = field(default=None, repr=False)
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -179,4 +239,8 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any], Any], ...] = (
     ("queue_size", MEMRA_OBS_QUEUE_SIZE, _int_in(16, 1 << 24), 8192),
     ("export_interval_ms", MEMRA_OBS_EXPORT_INTERVAL_MS, _int_in(1, 60_000), 200),
     ("worker", MEMRA_OBS_WORKER, _text, _default_worker),
+    ("ring_slots", MEMRA_OBS_RING_SLOTS, _ring_slots, 65536),
+    ("metrics_tls_cert", MEMRA_OBS_METRICS_TLS_CERT, _readable_file, None),
+    ("metrics_tls_key", MEMRA_OBS_METRICS_TLS_KEY, _readable_file, None),
+    ("metrics_basic_auth", MEMRA_OBS_METRICS_BASIC_AUTH_FILE, _basic_auth_file, None),
 )

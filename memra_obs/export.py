@@ -5,9 +5,19 @@ The loop's side (:class:`QueueSink`) is an append to a deque: it never blocks, a
 queue is full it drops the newest record and counts it. The other side (:class:`ExportWorker`)
 is one daemon thread that wakes every ``interval_ms`` (or on ``flush``), takes small batches,
 hands each batch to every :class:`RecordExporter` (span building, metric aggregation, ...) and
-then sleeps a little so the loop gets the GIL back: a background thread that runs longer than
-the interpreter's switch interval (5 ms) would add that much to the loop's p99. Production
-loads go to the out-of-process agent instead (``MEMRA_OBS_AGENT``), which shares no GIL.
+then sleeps a little so the loop gets the GIL back.
+
+Why stretches: the loop and this thread share one GIL. When the loop comes back from device
+work (GIL released) while this thread runs Python, the loop waits until this thread lets go
+— voluntarily (a sleep, I/O) or when the interpreter's switch interval (5 ms) forces it. So
+the loop's tail latency is this thread's longest stretch. The worker sizes its batches to
+keep each stretch near ``stretch_ms`` (0.3 ms by default; it measures and adapts, since
+the exporters' cost per record varies), then sleeps ``pause_s``: a real sleep, because
+``time.sleep(0)`` does not reliably hand the GIL over. Production loads go to the
+out-of-process agent instead (``MEMRA_OBS_AGENT``), which shares no GIL.
+
+At interpreter exit every started queue is shut down (bounded, ``EXIT_TIMEOUT_S`` for all
+of them), so sessions still open are flushed and what is queued gets out.
 
 Exporters receive records in the order the loop produced them (per process), so they can keep
 per-session state; they must keep each ``export`` call short and never raise (the worker
@@ -16,8 +26,10 @@ guards them anyway, counting the failure).
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
@@ -52,16 +64,25 @@ class QueueSink(Sink):
         interval_ms: int = 200,
         batch: int = 16,
         pause_s: float = 0.0002,
+        stretch_ms: float = 0.3,
         start: bool = True,
     ) -> None:
         self._q: deque[Record] = deque()
         self._cap = capacity
         self._drop_lock = threading.Lock()
         self.dropped = 0
-        self.worker = ExportWorker(self, exporters, interval_ms=interval_ms, batch=batch, pause_s=pause_s)
+        self.worker = ExportWorker(
+            self,
+            exporters,
+            interval_ms=interval_ms,
+            batch=batch,
+            pause_s=pause_s,
+            stretch_ms=stretch_ms,
+        )
         self._closed = False
         if start:
             self.worker.start()
+            _LIVE.add(self)
 
     def _put(self, rec: Record) -> None:
         q = self._q
@@ -84,12 +105,19 @@ class QueueSink(Sink):
         return self.worker.flush(timeout_s)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
+        if self._closed:
+            return
         self.worker.stop(timeout_s)
         self._closed = True
+        _LIVE.discard(self)
 
 
 class ExportWorker:
-    """The daemon thread behind a :class:`QueueSink`."""
+    """The daemon thread behind a :class:`QueueSink`.
+
+    ``batch`` is the first batch size; after each batch the size is scaled toward
+    ``stretch_ms`` of work (between 1 and ``max_batch`` records).
+    """
 
     def __init__(
         self,
@@ -99,11 +127,15 @@ class ExportWorker:
         interval_ms: int = 200,
         batch: int = 16,
         pause_s: float = 0.0002,
+        stretch_ms: float = 0.3,
+        max_batch: int = 256,
     ) -> None:
         self._sink = sink
         self.exporters = tuple(exporters)
         self._interval = interval_ms / 1000.0
-        self._batch = batch
+        self.batch = max(1, batch)
+        self._max_batch = max(self.batch, max_batch)
+        self._stretch = stretch_ms / 1000.0
         self._pause = pause_s
         self._wake = threading.Event()
         self._idle = threading.Event()
@@ -117,6 +149,10 @@ class ExportWorker:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
+
     def _run(self) -> None:
         while True:
             self._wake.wait(self._interval)
@@ -129,19 +165,29 @@ class ExportWorker:
     def _drain(self) -> None:
         q = self._sink._q
         pop = q.popleft
-        n = self._batch
+        clock = time.perf_counter
+        target = self._stretch
         self._idle.clear()
         try:
             while q:
+                n = self.batch
                 batch = []
                 try:
                     for _ in range(n):
                         batch.append(pop())
                 except IndexError:
                     pass
+                t0 = clock()
                 self._export(batch)
+                took = clock() - t0
+                if target > 0 and len(batch) == n:
+                    # Aim the next stretch at the target: shrink at once, grow gently.
+                    if took > target:
+                        self.batch = max(1, int(n * target / took))
+                    elif took < target / 2:
+                        self.batch = min(self._max_batch, n + (n >> 1) + 1)
                 if self._pause:
-                    time.sleep(self._pause)  # give the loop the GIL between stretches
+                    time.sleep(self._pause)  # a real sleep: the loop re-takes the GIL here
             for i, ex in enumerate(self.exporters):
                 tick = getattr(ex, "tick", None)
                 if tick is not None:
@@ -165,7 +211,9 @@ class ExportWorker:
         if i not in self._reported:
             self._reported.add(i)
             stderr_writer().write_lines(
-                [f"[memra-obs] exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)"]
+                [
+                    f"[memra-obs] exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)"
+                ]
             )
 
     def flush(self, timeout_s: float = 5.0) -> bool:
@@ -189,13 +237,36 @@ class ExportWorker:
         return ok
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """Drain, stop the thread and shut the exporters down, all within ``timeout_s``
+        (the exporters share what the drain left of it)."""
+        deadline = time.monotonic() + timeout_s
         self.flush(timeout_s)
         self._stop = True
         self._wake.set()
         if self._thread.is_alive():
-            self._thread.join(timeout_s)
+            self._thread.join(max(0.0, deadline - time.monotonic()))
         for i, ex in enumerate(self.exporters):
             try:
-                ex.shutdown(timeout_s)
+                ex.shutdown(max(0.05, deadline - time.monotonic()))
             except Exception as exc:
                 self._fail(i, ex, exc)
+
+
+#: Total time the interpreter-exit shutdown may take, for all queues together.
+EXIT_TIMEOUT_S = 3.0
+
+_LIVE: weakref.WeakSet[QueueSink] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_at_exit() -> None:
+    """Shut down every started queue still open (daemon threads would just stop)."""
+    deadline = time.monotonic() + EXIT_TIMEOUT_S
+    for qs in list(_LIVE):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            qs.shutdown(left)
+        except Exception:
+            pass

@@ -21,18 +21,21 @@ for every line this module writes.
 
 from __future__ import annotations
 
+import math
 import re
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TextIO
+from typing import Any, TextIO
 
 from .flags import override_line, spec_trace_level
 from .linewriter import LineWriter, stderr_writer
 from .records import (
     FIRST_TOKEN_FIELDS,
     FIRST_TOKEN_MS_FIELDS,
-    ROUND_PROF_FIELDS,
+    U16_MAX,
+    U32_MAX,
     U64_MAX,
     SpecFirstTokenProf,
     SpecPhaseNs,
@@ -43,9 +46,15 @@ from .records import (
 )
 
 __all__ = [
+    "OVERRIDE",
+    "PHASE",
+    "PROF",
+    "PROF_ROUNDS",
     "PROF_ROUNDS_TAG",
+    "PROF_SUMMARY",
     "PROF_SUMMARY_TAG",
     "PROF_TAG",
+    "VERIFY",
     "FirstTokenLine",
     "LegacyLine",
     "LegacyParseError",
@@ -61,6 +70,8 @@ __all__ = [
     "prof_line",
     "prof_rounds_lines",
     "prof_summary_line",
+    "round_prof",
+    "scan_line",
 ]
 
 PROF_TAG = "spec-prof"
@@ -348,6 +359,12 @@ def format_line(rec: LegacyLine) -> str:
 
 
 # ------------------------------------------------------------------------------ parsing
+#
+# Two layers: ``scan_line`` does every check and conversion and returns plain tuples (what
+# ``memra-obs tail`` consumes, hundreds of thousands of lines a second); ``parse_line`` wraps
+# them in the record classes above. Records built here skip their constructors' checks only
+# after the same checks ran here; any value those checks would refuse goes through the
+# constructor, so the refusal (and its message) is the record's own.
 
 
 class LegacyParseError(ValueError):
@@ -359,9 +376,18 @@ class LegacyParseError(ValueError):
         self.reason = reason
 
 
+#: ``scan_line`` kinds (the first element of its tuple).
+PHASE = "phase"
+VERIFY = "verify"
+PROF = "prof"
+PROF_ROUNDS = "prof_rounds"
+PROF_SUMMARY = "prof_summary"
+OVERRIDE = "override"
+
 _N = r"(0|[1-9][0-9]*)"
 _F = r"(-?[0-9]+\.[0-9]+)"
 _TAGGED = re.compile(r"\[([^\]\s]+)\] (.*)", re.S)
+_TAG_HEAD = re.compile(r"\[([^\]\s]+)\] ")
 _PHASE = re.compile(
     rf"rounds={_N} k={_N} total={_F}ms \| draft={_F} verify={_F} accept={_F} roll={_F} "
     rf"maint={_F} \| per-round ms: draft={_F} verify={_F} accept={_F} roll={_F} maint={_F} "
@@ -387,6 +413,80 @@ _ROW = re.compile(
 _KV = re.compile(r"([a-z0-9_]+)=(\S*)")
 _FREE = re.compile(r"\[((?:[0-9]+:[0-9]+)(?:,[0-9]+:[0-9]+)*)?\]")
 _FLOAT = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+_COUNT = re.compile(_N)
+_ARM_WORD = re.compile(r"[A-Za-z0-9_.:+-]*")
+
+_F32X5 = struct.Struct("<5f")
+_INF = math.inf
+_PHASE_MATCH = _PHASE.fullmatch
+_VERIFY_MATCH = _VERIFY.fullmatch
+_ROW_MATCH = _ROW.fullmatch
+_TAG_MATCH = _TAG_HEAD.match
+_new = object.__new__
+_set = object.__setattr__
+
+
+def scan_line(line: str) -> tuple[str, str, tuple[Any, ...]] | None:
+    """Parse one line into ``(kind, tag, values)``, ``None`` for anyone else's line.
+
+    The fast layer under :func:`parse_line`, with the same checks and the same
+    :class:`LegacyParseError` reasons. ``values`` per kind, in line order:
+    :data:`PHASE` the :class:`PhaseLine` fields after ``tag``; :data:`VERIFY` the
+    :class:`VerifyLine` fields after ``tag``; :data:`PROF` ``(SpecFirstTokenProf,)``;
+    :data:`PROF_ROUNDS` ``(row, wall_ms, draft_ms, verify_ms, accept_ms, rest_ms, k, j, ctx,
+    seq_rows)`` with the ms already rounded to f32; :data:`PROF_SUMMARY` the
+    :class:`SummaryLine` fields (just ``(0,)`` for ``rounds=0``); :data:`OVERRIDE`
+    ``(general, alias)``.
+    """
+    if line[:1] != "[":  # the common case for other programs' lines: one slice, no regex
+        return None
+    text = line.rstrip("\r\n")
+    if text[:19] == "[spec-prof-rounds] ":  # most legacy lines are rows: no tag regex
+        try:
+            return PROF_ROUNDS, PROF_ROUNDS_TAG, _scan_row(line, text[19:])
+        except LegacyParseError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise LegacyParseError(line, str(exc)) from None
+    m = _TAG_MATCH(text)
+    if m is None:
+        if text.startswith("[spec-prof") or text.startswith("[spec-trace]"):
+            raise LegacyParseError(line, "tag without a body")
+        return None
+    tag = m.group(1)
+    body = text[m.end() :]
+    try:
+        if tag[:5] == "spec-":
+            if tag == PROF_ROUNDS_TAG:
+                return PROF_ROUNDS, tag, _scan_row(line, body)
+            if tag == PROF_TAG:
+                return PROF, tag, (_parse_prof(line, body),)
+            if tag == PROF_SUMMARY_TAG:
+                return PROF_SUMMARY, tag, _scan_summary(line, body)
+            if tag == TRACE_TAG:
+                o = _OVERRIDE.fullmatch(body)
+                if o is None:
+                    raise LegacyParseError(line, "not the flag-override line")
+                return OVERRIDE, tag, (int(o.group(1)), int(o.group(2)))
+        if body[:7] != "rounds=":
+            return None  # some other program's tagged line
+        if " total=" in body:
+            p = _PHASE_MATCH(body)
+            if p is None:
+                raise LegacyParseError(line, "phase line truncated or malformed")
+            g = p.groups()
+            return PHASE, tag, (int(g[0]), int(g[1]), *map(float, g[2:]))
+        if "| per-round ms: vkda=" in body:
+            v = _VERIFY_MATCH(body)
+            if v is None:
+                raise LegacyParseError(line, "verify sub-split line truncated or malformed")
+            g = v.groups()
+            return VERIFY, tag, (int(g[0]), int(g[1]), *map(float, g[2:]))
+        raise LegacyParseError(line, "tagged rounds= line of no known shape")
+    except LegacyParseError:
+        raise
+    except (TypeError, ValueError) as exc:  # a record refused a parsed value
+        raise LegacyParseError(line, str(exc)) from None
 
 
 def parse_line(line: str) -> LegacyLine | None:
@@ -395,111 +495,152 @@ def parse_line(line: str) -> LegacyLine | None:
     Raises :class:`LegacyParseError` (with the reason) for a line that carries one of the
     legacy tags or shapes but is malformed or truncated.
     """
-    text = line.rstrip("\r\n")
-    m = _TAGGED.fullmatch(text)
-    if m is None:
-        if text.startswith("[spec-prof") or text.startswith("[spec-trace]"):
-            raise LegacyParseError(line, "tag without a body")
+    s = scan_line(line)
+    if s is None:
         return None
-    tag, body = m.group(1), m.group(2)
-    try:
-        if tag == PROF_TAG:
-            return FirstTokenLine(_parse_prof(line, body))
-        if tag == PROF_ROUNDS_TAG:
-            return _parse_row(line, body)
-        if tag == PROF_SUMMARY_TAG:
-            return _parse_summary(line, body)
-        if tag == TRACE_TAG:
-            o = _OVERRIDE.fullmatch(body)
-            if o is None:
-                raise LegacyParseError(line, "not the flag-override line")
-            return OverrideLine(int(o.group(1)), int(o.group(2)))
-        if not body.startswith("rounds="):
-            return None  # some other program's tagged line
-        if " total=" in body:
-            p = _PHASE.fullmatch(body)
-            if p is None:
-                raise LegacyParseError(line, "phase line truncated or malformed")
-            g = p.groups()
-            return PhaseLine(tag, _int(g[0]), _int(g[1]), *(float(x) for x in g[2:]))
-        if "| per-round ms: vkda=" in body:
-            v = _VERIFY.fullmatch(body)
-            if v is None:
-                raise LegacyParseError(line, "verify sub-split line truncated or malformed")
-            g = v.groups()
-            return VerifyLine(tag, _int(g[0]), _int(g[1]), *(float(x) for x in g[2:]))
-        raise LegacyParseError(line, "tagged rounds= line of no known shape")
-    except LegacyParseError:
-        raise
-    except (TypeError, ValueError) as exc:  # a record refused a parsed value
-        raise LegacyParseError(line, str(exc)) from None
+    kind, tag, v = s
+    if kind is PROF_ROUNDS:
+        return RoundsLine(v[0], round_prof(v))
+    if kind is PHASE:
+        return PhaseLine(tag, *v)
+    if kind is VERIFY:
+        return VerifyLine(tag, *v)
+    if kind is PROF:
+        return FirstTokenLine(v[0])
+    if kind is PROF_SUMMARY:
+        return SummaryLine(*v)
+    return OverrideLine(*v)
+
+
+def round_prof(v: Sequence[Any]) -> SpecRoundProf:
+    """The :class:`SpecRoundProf` of a scanned ``[spec-prof-rounds]`` row (values already
+    checked and f32-rounded by :func:`scan_line`, so the constructor's checks are skipped)."""
+    r = _new(SpecRoundProf)
+    _set(r, "wall_ms", v[1])
+    _set(r, "draft_ms", v[2])
+    _set(r, "verify_ms", v[3])
+    _set(r, "accept_ms", v[4])
+    _set(r, "rest_ms", v[5])
+    _set(r, "k", v[6])
+    _set(r, "j", v[7])
+    _set(r, "ctx", v[8])
+    _set(r, "seq_rows", v[9])
+    return r
 
 
 def _int(s: str) -> int:
     return int(s)
 
 
+def _scan_row(line: str, body: str) -> tuple[Any, ...]:
+    m = _ROW_MATCH(body)
+    if m is None:
+        raise LegacyParseError(line, "[spec-prof-rounds] row truncated or malformed")
+    g = m.groups()
+    k, j, ctx, seq = map(int, g[6:])
+    # No sign, no 300-digit number (an infinity), counts in range: round to f32 here. Anything
+    # else, or an f32 overflow, is the record's to take or refuse (naming the field).
+    if (
+        "-" in body
+        or len(body) > 300
+        or k > U16_MAX
+        or j > U16_MAX
+        or ctx > U32_MAX
+        or seq > U32_MAX
+    ):
+        return _row_by_record(g, k, j, ctx, seq)
+    try:
+        w, d, v, a, r = _F32X5.unpack(_F32X5.pack(*map(float, g[1:6])))
+    except OverflowError:
+        return _row_by_record(g, k, j, ctx, seq)
+    return (int(g[0]), w, d, v, a, r, k, j, ctx, seq)
+
+
+def _row_by_record(g: Sequence[str], k: int, j: int, ctx: int, seq: int) -> tuple[Any, ...]:
+    p = SpecRoundProf(*map(float, g[1:6]), k, j, ctx, seq)  # type: ignore[call-arg]
+    return (int(g[0]), p.wall_ms, p.draft_ms, p.verify_ms, p.accept_ms, p.rest_ms, k, j, ctx, seq)
+
+
 def _parse_prof(line: str, body: str) -> SpecFirstTokenProf:
     pairs = body.split(" ")
     names = [p.partition("=")[0] for p in pairs]
-    if names != list(FIRST_TOKEN_FIELDS):
+    if names != _FT_NAMES:
         missing = [n for n in FIRST_TOKEN_FIELDS if n not in names]
         reason = f"missing {missing[0]}" if missing else "fields out of order or unknown"
         raise LegacyParseError(line, f"[spec-prof] {reason}")
-    kw: dict[str, object] = {}
+    kw: dict[str, Any] = {}
+    fast = True
     for name, pair in zip(FIRST_TOKEN_FIELDS, pairs, strict=True):
         v = pair.partition("=")[2]
         if name in _FT_FLOAT:
             if not _FLOAT.fullmatch(v):
                 raise LegacyParseError(line, f"{name}={v!r} is not a number")
-            kw[name] = float(v)
+            x = float(v)
+            if not 0.0 <= x < _INF:
+                fast = False
+            kw[name] = x
         elif name in _FT_FREE:
             f = _FREE.fullmatch(v)
             if f is None:
                 raise LegacyParseError(line, f"{name}={v!r} is not [ordinal:free_mb,...]")
-            kw[name] = [
-                (int(a), int(b)) for a, _, b in (x.partition(":") for x in filter(None, v[1:-1].split(",")))
+            pairs_ = [
+                (int(a), int(b))
+                for a, _, b in (x.partition(":") for x in filter(None, v[1:-1].split(",")))
             ]
+            if any(a > U64_MAX or b > U64_MAX for a, b in pairs_):
+                fast = False
+            kw[name] = pairs_
         elif name == "draft_prime_arm":
+            if not _ARM_WORD.fullmatch(v):
+                fast = False
             kw[name] = v
         else:
-            if not re.fullmatch(_N, v):
+            if not _COUNT.fullmatch(v):
                 raise LegacyParseError(line, f"{name}={v!r} is not a count")
-            kw[name] = int(v)
-    return SpecFirstTokenProf(**kw)  # type: ignore[arg-type]
+            n = int(v)
+            if n > U64_MAX:
+                fast = False
+            kw[name] = n
+    if not fast:
+        return SpecFirstTokenProf(**kw)  # refuses the bad value, naming the field
+    prof = _new(SpecFirstTokenProf)
+    prof.__dict__.update(kw)  # every field, each checked above as the constructor would
+    return prof
+
+
+_FT_NAMES = list(FIRST_TOKEN_FIELDS)
 
 
 def _parse_row(line: str, body: str) -> RoundsLine:
-    m = _ROW.fullmatch(body)
-    if m is None:
-        raise LegacyParseError(line, "[spec-prof-rounds] row truncated or malformed")
-    g = m.groups()
-    vals: list[object] = [float(x) for x in g[1:6]] + [int(x) for x in g[6:]]
-    prof = SpecRoundProf(**dict(zip(ROUND_PROF_FIELDS, vals, strict=True)))  # type: ignore[arg-type]
-    return RoundsLine(int(g[0]), prof)
+    v = _scan_row(line, body)
+    return RoundsLine(v[0], round_prof(v))
 
 
-def _parse_summary(line: str, body: str) -> SummaryLine:
+def _scan_summary(line: str, body: str) -> tuple[Any, ...]:
     if body == "rounds=0":
-        return SummaryLine(0)
+        return (0,)
     m = _SUMMARY.fullmatch(body)
     if m is None:
         raise LegacyParseError(line, "[spec-prof-summary] truncated or malformed")
     g = m.groups()
-    return SummaryLine(
-        rounds=int(g[0]),
-        k_mean=float(g[1]),
-        j_mean=float(g[2]),
-        accept=float(g[3]),
-        tok_per_round=float(g[4]),
-        wall_mean_ms=float(g[5]),
-        wall_min_ms=float(g[6]),
-        wall_med_ms=float(g[7]),
-        wall_max_ms=float(g[8]),
-        slow_rounds=int(g[9]),
-        draft_mean_ms=float(g[10]),
-        verify_mean_ms=float(g[11]),
-        seq_rows_total=int(g[12]),
-        ctx_first=int(g[13]),
-        ctx_last=int(g[14]),
+    return (
+        int(g[0]),
+        float(g[1]),
+        float(g[2]),
+        float(g[3]),
+        float(g[4]),
+        float(g[5]),
+        float(g[6]),
+        float(g[7]),
+        float(g[8]),
+        int(g[9]),
+        float(g[10]),
+        float(g[11]),
+        int(g[12]),
+        int(g[13]),
+        int(g[14]),
     )
+
+
+def _parse_summary(line: str, body: str) -> SummaryLine:
+    return SummaryLine(*_scan_summary(line, body))

@@ -105,10 +105,13 @@ def _ms(ns: int) -> float:
 class _Fanout:
     """Per-hook tuples of the sinks that implement that hook. Replaced, never edited."""
 
-    __slots__ = ("all", "wants_trace_ids", *_HOOKS)
+    __slots__ = ("all", "ranges", "wants_trace_ids", *_HOOKS)
 
     def __init__(self, sinks: Sequence[Sink]) -> None:
         self.all = tuple(sinks)
+        #: Boundary-time range hooks (``push(name)``/``pop()``, e.g. NVTX): bursts get them only
+        #: when there are any, so without them a boundary stays one clock mark.
+        self.ranges = tuple(h for s in sinks if (h := getattr(s, "range_hook", None)) is not None)
         for hook in _HOOKS:
             base = getattr(Sink, hook)
             setattr(
@@ -402,7 +405,8 @@ class Session:
 
     def burst(self, k: int) -> Burst:
         """Enter a burst drafting ``k`` tokens per round (the ``k=`` of the phase line)."""
-        return Burst(self, k)
+        ranges = self._obs._fan.ranges
+        return _RangedBurst(self, k, ranges) if ranges else Burst(self, k)
 
     def end(self, error: BaseException | str | None = None) -> None:
         """End the session: the round-log summary (with the profile on), then the end record."""
@@ -676,6 +680,73 @@ class Burst:
             "rounds with missing boundaries are dropped",
         )
         self._r0 = -1
+
+
+class _RangedBurst(Burst):
+    """A :class:`Burst` that also opens and closes named ranges (NVTX) at each boundary, right
+    after the clock's mark: ``spec.burst`` > ``spec.round`` > one range per phase. Chosen per
+    burst only when a sink offers a ``range_hook``; the plain Burst's hot path is untouched.
+    Tracks its own depth so a misused round never leaves ranges unbalanced."""
+
+    __slots__ = ("_depth", "_ranges")
+
+    def __init__(self, s: Session, k: int, ranges: tuple[Any, ...]) -> None:
+        super().__init__(s, k)
+        self._ranges = ranges
+        self._depth = 0
+        self._push("spec.burst")
+
+    def _push(self, name: str) -> None:
+        self._depth += 1
+        for h in self._ranges:
+            try:
+                h.push(name)
+            except Exception as exc:
+                _report_once(f"{id(h)}:push", f"range hook {type(h).__name__}.push raised {exc!r}")
+
+    def _pop_to(self, depth: int) -> None:
+        while self._depth > depth:
+            self._depth -= 1
+            for h in self._ranges:
+                try:
+                    h.pop()
+                except Exception as exc:
+                    _report_once(f"{id(h)}:pop", f"range hook {type(h).__name__}.pop raised {exc!r}")
+
+    def _next(self, name: str) -> None:
+        if self._depth == 3:
+            self._pop_to(2)
+            self._push(name)
+
+    def begin_round(self) -> None:
+        super().begin_round()
+        self._pop_to(1)
+        self._push("spec.round")
+        self._push("spec.draft")
+
+    def end_draft(self) -> None:
+        super().end_draft()
+        self._next("spec.verify")
+
+    def end_verify(self) -> None:
+        super().end_verify()
+        self._next("spec.accept")
+
+    def end_accept(self) -> None:
+        super().end_accept()
+        self._next("spec.rollback")
+
+    def end_rollback(self) -> None:
+        super().end_rollback()
+        self._next("spec.maint")
+
+    def end_round(self, k: int, j: int, ctx: int = 0, seq_rows: int | None = None) -> None:
+        super().end_round(k, j, ctx, seq_rows)
+        self._pop_to(1)
+
+    def end(self, tokens: int | None = None) -> None:
+        self._pop_to(0)
+        super().end(tokens)
 
 
 # ================================================================================== no-op

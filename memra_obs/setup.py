@@ -10,7 +10,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import flags
-from .environment import Settings
+from .environment import (
+    MEMRA_OBS_METRICS_TLS_CERT,
+    MEMRA_OBS_METRICS_TLS_KEY,
+    ConfigError,
+    Settings,
+)
 from .export import QueueSink, RecordExporter
 from .observer import NOOP_OBSERVER, NoOpObserver, Observer
 from .sinks.base import Sink
@@ -65,10 +70,23 @@ def build_observer(
             if "prometheus" in st.sinks:
                 from .prom import PrometheusExporter, serve_metrics
 
-                prom = PrometheusExporter(registry=registry, worker=st.worker)
+                prom = PrometheusExporter(
+                    registry=registry, worker=st.worker, round_span_id=_round_span_ids(st)
+                )
                 consumers.append(prom)
                 if st.metrics_addr is not None:
-                    server = serve_metrics(st.metrics_addr, registry=prom.registry)
+                    if bool(st.metrics_tls_cert) != bool(st.metrics_tls_key):
+                        raise ConfigError(
+                            f"{MEMRA_OBS_METRICS_TLS_CERT} and {MEMRA_OBS_METRICS_TLS_KEY} go "
+                            "together: set both (HTTPS) or neither"
+                        )
+                    server = serve_metrics(
+                        st.metrics_addr,
+                        registry=prom.registry,
+                        certfile=st.metrics_tls_cert,
+                        keyfile=st.metrics_tls_key,
+                        basic_auth=st.metrics_basic_auth,
+                    )
                     closers.append(server.close)
     qsink: QueueSink | None = None
     if consumers:
@@ -86,3 +104,17 @@ def build_observer(
     obs.queue = qsink
     obs.closers = closers
     return obs
+
+
+def _round_span_ids(st: Settings) -> Callable[[Any, Any], int] | None:
+    """Round exemplars name the round's span when spans are on and the round has one."""
+    if "otel" not in st.sinks or st.round_spans == 0:
+        return None
+    from .otel.spans import round_span_id
+
+    cap = st.round_spans
+
+    def span_of(s: Any, r: Any) -> int:
+        return round_span_id(s.span_id, r.index) if r.index < cap else 0
+
+    return span_of

@@ -18,6 +18,8 @@ Two things live here:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 from ..clock import Stream
@@ -120,17 +122,19 @@ def pair(e: Stream | None, eh: Stream | None) -> tuple[Stream | None, Stream | N
 
 
 class EventOps(Protocol):
-    """Timing events for one kind of stream. ``new`` may be slow (it allocates); ``record``
-    is on the loop's hot path and must not block; ``wait`` and ``elapsed_ns`` run at settle."""
+    """Timing events for one kind of stream. ``new`` may be slow (it allocates); ``recorder``
+    pre-binds the hot-path call (record ``ev`` on ``stream``, never blocking) so a boundary is
+    one call per stream; ``wait`` and ``elapsed_ns`` run only at settle."""
 
     def new(self, stream: Any) -> Any: ...
+    def recorder(self, ev: Any, stream: Any) -> Callable[[], Any]: ...
     def record(self, ev: Any, stream: Any) -> None: ...
     def wait(self, ev: Any) -> None: ...
     def elapsed_ns(self, start: Any, end: Any) -> int: ...
 
 
 def _ms_to_ns(ms: float) -> int:
-    return int(round(ms * 1e6))
+    return round(ms * 1e6)
 
 
 class CupyEvents:
@@ -148,6 +152,9 @@ class CupyEvents:
             return cp.cuda.Event()
         with cp.cuda.Device(dev):
             return cp.cuda.Event()
+
+    def recorder(self, ev: Any, stream: Any) -> Callable[[], Any]:
+        return partial(ev.record, stream)
 
     def record(self, ev: Any, stream: Any) -> None:
         ev.record(stream)
@@ -170,6 +177,9 @@ class TorchEvents:
     def new(self, stream: Any) -> Any:
         return self._torch.cuda.Event(enable_timing=True)
 
+    def recorder(self, ev: Any, stream: Any) -> Callable[[], Any]:
+        return partial(ev.record, stream)
+
     def record(self, ev: Any, stream: Any) -> None:
         ev.record(stream)
 
@@ -186,6 +196,9 @@ class DuckEvents:
 
     def new(self, stream: Any) -> Any:
         return stream.record_event()
+
+    def recorder(self, ev: Any, stream: Any) -> Callable[[], Any]:
+        return partial(stream.record_event, ev)
 
     def record(self, ev: Any, stream: Any) -> None:
         stream.record_event(ev)

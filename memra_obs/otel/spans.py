@@ -68,6 +68,7 @@ _GAMMA = 0x9E3779B97F4A7C15
 
 # n = 8 * index + kind; kind 0 is the first-token family (index >= 1), so n is never 0.
 _K_FT, _K_BURST, _K_ROUND = 0, 1, 2  # phases are kinds 3..7
+_G = tuple(k * _GAMMA for k in range(8))
 _FT_SPAN, _FT_BURST, _FT_BUCKET0 = 1, 2, 3
 
 SESSION_SPAN = "spec.session"
@@ -245,6 +246,13 @@ class SpanBuilder:
         self._open.clear()
         return n
 
+    def forget_open(self) -> int:
+        """Drop every open session without publishing it (the agent hands them to the next
+        agent, which ends them). Returns how many there were."""
+        n = len(self._open)
+        self._open.clear()
+        return n
+
     # -- per record ----------------------------------------------------------------------
 
     def _round(self, s: _Session, rec: RoundRecord, cap: int, out: list[Span]) -> None:
@@ -265,8 +273,8 @@ class SpanBuilder:
         sid = s.sid
         tid = s.tid
         off = s.off
-        n = 8 * idx
-        rid = (sid ^ (((n + 2) * _GAMMA) & _M64)) or 1
+        g = 8 * idx * _GAMMA  # ids n = 8*idx + kind: g + kind*GAMMA (one multiply a round)
+        rid = (sid ^ ((g + _G[2]) & _M64)) or 1
         bid = (sid ^ (((8 * b + 1) * _GAMMA) & _M64)) or 1
         e0 = t0 + off
         e1 = t1 + off
@@ -297,12 +305,12 @@ class SpanBuilder:
             )
         )
         split = rec.split_ns
-        out.append(("spec.draft", tid, (sid ^ (((n + 3) * _GAMMA) & _M64)) or 1, rid, e0, e1, (), None))
+        out.append(("spec.draft", tid, (sid ^ ((g + _G[3]) & _M64)) or 1, rid, e0, e1, (), None))
         out.append(
             (
                 "spec.verify",
                 tid,
-                (sid ^ (((n + 4) * _GAMMA) & _M64)) or 1,
+                (sid ^ ((g + _G[4]) & _M64)) or 1,
                 rid,
                 e1,
                 e2,
@@ -310,9 +318,9 @@ class SpanBuilder:
                 None,
             )
         )
-        out.append(("spec.accept", tid, (sid ^ (((n + 5) * _GAMMA) & _M64)) or 1, rid, e2, e3, (), None))
-        out.append(("spec.rollback", tid, (sid ^ (((n + 6) * _GAMMA) & _M64)) or 1, rid, e3, e4, (), None))
-        out.append(("spec.maint", tid, (sid ^ (((n + 7) * _GAMMA) & _M64)) or 1, rid, e4, e5, (), None))
+        out.append(("spec.accept", tid, (sid ^ ((g + _G[5]) & _M64)) or 1, rid, e2, e3, (), None))
+        out.append(("spec.rollback", tid, (sid ^ ((g + _G[6]) & _M64)) or 1, rid, e3, e4, (), None))
+        out.append(("spec.maint", tid, (sid ^ ((g + _G[7]) & _M64)) or 1, rid, e4, e5, (), None))
 
     def _burst(self, s: _Session, rec: BurstRecord, cap: int, out: list[Span]) -> None:
         if rec.end_ns_mono > s.last:
@@ -425,7 +433,16 @@ class SpanBuilder:
             status = (STATUS_ERROR, rec.error)
         end = rec.end_ns_mono if rec.end_ns_mono > s.last else s.last
         out.append(
-            (SESSION_SPAN, s.tid, s.sid, r.parent_span_id, r.start_ns_mono + s.off, end + s.off, attrs, status)
+            (
+                SESSION_SPAN,
+                s.tid,
+                s.sid,
+                r.parent_span_id,
+                r.start_ns_mono + s.off,
+                end + s.off,
+                attrs,
+                status,
+            )
         )
 
     def _unfinished(self, s: _Session, out: list[Span]) -> None:

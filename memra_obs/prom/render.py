@@ -43,7 +43,7 @@ def header(fam: Family, openmetrics: bool) -> str:
 
 
 def _hist_prefixes(fam: Family, lv: tuple[str, ...]) -> tuple[str, ...]:
-    base = list(zip(fam.labelnames, lv))
+    base = list(zip(fam.labelnames, lv, strict=True))
     out = [f"{fam.name}_bucket{labelstr([*base, ('le', le)])} " for le in fam.les]
     lbl = labelstr(base)
     out.append(f"{fam.name}_count{lbl} ")
@@ -85,13 +85,15 @@ def _value_text(fam: Family, lv: tuple[str, ...], c: Value, v: float, openmetric
         return memo[1]
     if not c.prefixes:
         name = fam.name + "_total" if fam.kind == "counter" else fam.name
-        c.prefixes = (f"{name}{labelstr(list(zip(fam.labelnames, lv)))} ",)
+        c.prefixes = (f"{name}{labelstr(list(zip(fam.labelnames, lv, strict=True)))} ",)
     text = f"{c.prefixes[0]}{floatToGoString(v)}\n"
     c.render_cache[openmetrics] = (v, text)
     return text
 
 
-def family_text(fam: Family, snap: list[tuple[tuple[str, ...], Any, Any]], openmetrics: bool) -> str:
+def family_text(
+    fam: Family, snap: list[tuple[tuple[str, ...], Any, Any]], openmetrics: bool
+) -> str:
     """One family's exposition (header and samples) from a :meth:`Family.snapshot`."""
     parts = [header(fam, openmetrics)]
     if fam.kind == "histogram":

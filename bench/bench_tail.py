@@ -1,0 +1,205 @@
+"""How many tagged lines a second ``memra-obs tail`` parses and publishes on one core.
+
+    python bench/bench_tail.py [--sessions N] [--repeat R] [--profile]
+
+The input is a realistic worker's stderr at trace level 2 with the profile on: per burst of
+6 rounds a phase line and its level-2 line, one ``[spec-prof-rounds]`` row per logged round
+(the first 64 of a session), and per session one ``[spec-prof]`` and one
+``[spec-prof-summary]`` line; sessions of 20-120 rounds, so later bursts have no rows (as in
+production). Lines are formatted by :mod:`memra_obs.legacy` itself from random records, so
+they are byte-identical to a worker's.
+
+Everything runs on the calling thread (the tail's publisher thread is bypassed: its handoff
+is one ``deque.append`` per 64 KiB chunk, and on one core it would only interleave the same
+work), in 64 KiB chunks as the tail reads them. Stages, each timed over the whole input:
+
+``scan``        ``legacy.scan_line`` on every line (the parser alone)
+``rebuild``     ``Tail.feed``: split, scan, rebuild records; records discarded
+``+prom``       the same, records exported to a ``PrometheusExporter`` (the /metrics state)
+``+prom+spans`` and to the span exporter writing OTLP-JSON to a file (the full tail)
+
+The goal is 200,000 tagged lines/s for ``+prom`` (metrics are the tail's main product);
+``+prom+spans`` is quoted for what a span per round and phase costs on top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from memra_obs.legacy import (
+    phase_lines,
+    prof_line,
+    prof_rounds_lines,
+    prof_summary_line,
+    scan_line,
+)
+from memra_obs.records import (
+    SPEC_PROF_ROUNDS,
+    SpecFirstTokenProf,
+    SpecPhaseNs,
+    SpecRoundProf,
+    SpecRoundsLog,
+    VerifySplit,
+)
+from memra_obs.tail import Rebuilder, Tail
+
+GOAL = 200_000
+BURST = 6
+
+
+def worker_stderr(sessions: int, seed: int = 7) -> list[str]:
+    """The legacy lines of ``sessions`` profiled sessions, in a worker's print order."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    for _ in range(sessions):
+        n_rounds = rng.randint(20, 120)
+        log = SpecRoundsLog()
+        done = 0
+        first = True
+        while done < n_rounds:
+            n = min(BURST, n_rounds - done)
+            p = SpecPhaseNs()
+            rows = []
+            for _ in range(n):
+                d, v, a, r, m = (rng.randint(200_000, 1_200_000), rng.randint(2_000_000, 7_000_000),
+                                 rng.randint(200_000, 400_000), rng.randint(100_000, 200_000),
+                                 rng.randint(100_000, 200_000))  # fmt: skip
+                p.add(SpecPhaseNs(d, v, a, r, m, 1))
+                k = 4
+                j = rng.randint(0, 4)
+                rows.append(SpecRoundProf(wall_ms=(d + v + a + r + m) / 1e6, draft_ms=d / 1e6, verify_ms=v / 1e6,
+                                          accept_ms=a / 1e6, rest_ms=(r + m) / 1e6, k=k, j=j,
+                                          ctx=2000 + done, seq_rows=0))  # fmt: skip
+            split = VerifySplit(kda=p.verify // 3, kda_scan=p.verify // 8, mla=p.verify // 5, ffn=p.verify // 4)
+            out.extend(phase_lines(p, "glm5-phase", "glm5-phase-v", 4, 2, split))
+            if first:
+                prof = SpecFirstTokenProf(
+                    cache_alloc_ms=0.4, prime_ms=35.9, capture_ms=0.2, anchor_ms=0.2, draft_alloc_ms=0.19,
+                    draft_prime_ms=4.27, first_draft_ms=1.0, first_verify_ms=2.9, first_accept_ms=0.34,
+                    first_roll_ms=0.14, first_maint_ms=0.18, first_round_tokens=rows[0].j + 1,
+                    first_burst_ms=rows[0].wall_ms + 30.0, first_burst_hook_ms=0.7, first_burst_rounds=n,
+                    first_burst_tokens=sum(r.j + 1 for r in rows) + 1, draft_prime_rows=2591,
+                    draft_prime_chunks=11, draft_prime_arm="eager", draft_kv_mb=181.938,
+                    free_mb_before=[(0, 79511)], free_mb_after=[(0, 79285)],
+                )  # fmt: skip
+                out.append(prof_line(prof))
+                first = False
+            for r in rows:
+                log.push(r)
+            fresh = log.fresh()
+            out.extend(prof_rounds_lines(fresh, log.printed - len(fresh)))
+            if not log.wants_more() and not log.summarized:
+                log.summarized = True
+                out.append(prof_summary_line(log))
+            done += n
+        if not log.summarized:
+            out.append(prof_summary_line(log))
+    return out
+
+
+def chunks(data: bytes, size: int = 1 << 16) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def run_tail(blob_chunks: list[bytes], publish: Callable[[list[Any]], None]) -> Tail:
+    tail = Tail(Rebuilder("bench"), publish, out=None)
+    t = time.perf_counter_ns()
+    for c in blob_chunks:
+        tail.feed(c, t)
+        t += 1_000_000
+    tail.close(t)
+    return tail
+
+
+def stage(name: str, n_lines: int, fn: Callable[[], None], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    rate = n_lines / best
+    print(f"{name:14s} {rate:>12,.0f} tagged lines/s   ({best * 1e3:8.1f} ms for {n_lines:,} lines)")
+    return rate
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sessions", type=int, default=2000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="cProfile the +prom stage")
+    a = ap.parse_args(argv)
+
+    lines = worker_stderr(a.sessions)
+    blob = ("\n".join(lines) + "\n").encode()
+    parts = chunks(blob)
+    n = len(lines)
+    kinds: dict[str, int] = {}
+    for line in lines:
+        tag = line[1 : line.index("]")]
+        kinds[tag] = kinds.get(tag, 0) + 1
+    rounds = sum(int(line.split()[1][7:]) for line in lines if line.startswith("[glm5-phase] "))
+    print(f"python {sys.version.split()[0]}, input: {n:,} tagged lines, {rounds:,} rounds, "
+          f"{len(blob) / 1e6:.1f} MB; mix: " + ", ".join(f"{k} {v / n:.0%}" for k, v in kinds.items()))  # fmt: skip
+    print(f"rows cover the first {SPEC_PROF_ROUNDS} rounds of each session")
+
+    def scan_all() -> None:
+        for line in lines:
+            scan_line(line)
+
+    stage("scan", n, scan_all, a.repeat)
+    stage("rebuild", n, lambda: run_tail(parts, lambda b: None), a.repeat)
+
+    def with_prom() -> None:
+        from memra_obs.prom import PrometheusExporter
+
+        prom = PrometheusExporter(registry=CollectorRegistry(), worker="bench", worker_label=True)
+        run_tail(parts, prom.export)
+
+    rate = stage("+prom", n, with_prom, a.repeat)
+
+    def with_spans() -> None:
+        from memra_obs.environment import Settings
+        from memra_obs.otel import build_span_exporter
+        from memra_obs.prom import PrometheusExporter
+
+        with tempfile.TemporaryDirectory() as d:
+            st = Settings.resolve({}, spans_file=os.path.join(d, "spans.jsonl"))
+            sx = build_span_exporter(st, env={})
+            assert sx is not None
+            prom = PrometheusExporter(registry=CollectorRegistry(), worker="bench", worker_label=True)
+
+            def both(batch: list[Any]) -> None:
+                prom.export(batch)
+                sx.export(batch)
+                sx.tick()
+
+            run_tail(parts, both)
+            sx.shutdown(30.0)
+
+    stage("+prom+spans", n, with_spans, max(1, a.repeat - 1))
+    verdict = "meets" if rate >= GOAL else "misses"
+    print(f"+prom {verdict} the goal of {GOAL:,} tagged lines/s ({rate / GOAL:.2f}x)")
+
+    if a.profile:
+        from memra_obs.prom import PrometheusExporter
+
+        prom = PrometheusExporter(registry=CollectorRegistry(), worker="bench", worker_label=True)
+        cProfile.runctx("run_tail(parts, prom.export)", globals(), {"parts": parts, "prom": prom,
+                        "run_tail": run_tail}, "/tmp/bench_tail.prof")  # fmt: skip
+        pstats.Stats("/tmp/bench_tail.prof").sort_stats("tottime").print_stats(18)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

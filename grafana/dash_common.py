@@ -1,0 +1,207 @@
+"""Building blocks shared by the memra dashboards: selectors, PromQL helpers, panel factories.
+
+Every panel and target goes through here so that the datasource, refIds, panel ids and the
+template-variable selectors are set in one place (the SDK leaves refId "" and id 0 otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from grafana_foundation_sdk.builders import bargauge, heatmap, prometheus, stat, timeseries
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models import heatmap as hm
+
+DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+
+# Selectors. Spec metrics carry `family`; device and exporter metrics do not (filtering them
+# on family would hide them). In agent mode every series also has `worker`; panels sum it away
+# unless they are about one worker.
+SPEC = 'job=~"$job", instance=~"$instance", family=~"$family"'
+HOST = 'job=~"$job", instance=~"$instance"'
+RI = "$__rate_interval"
+# First tokens come once per request: a rate window of a few scrapes is mostly empty, so their
+# panels look back further.
+SPARSE = "5m"
+
+
+def rate(metric: str, sel: str = SPEC, window: str = RI) -> str:
+    return f"rate({metric}{{{sel}}}[{window}])"
+
+
+def sum_rate(metric: str, by: Sequence[str] = (), sel: str = SPEC, window: str = RI) -> str:
+    grouping = f" by ({', '.join(by)}) " if by else ""
+    return f"sum{grouping}({rate(metric, sel, window)})"
+
+
+def quantile(q: float, hist: str, by: Sequence[str] = (), sel: str = SPEC, window: str = RI) -> str:
+    """histogram_quantile over the rate of a classic histogram's buckets."""
+    return f"histogram_quantile({q}, {sum_rate(hist + '_bucket', ('le', *by), sel, window)})"
+
+
+def mean(hist: str, by: Sequence[str] = (), sel: str = SPEC, window: str = RI) -> str:
+    """Mean observation over the window: rate(sum) / rate(count)."""
+    return (
+        f"{sum_rate(hist + '_sum', by, sel, window)} / {sum_rate(hist + '_count', by, sel, window)}"
+    )
+
+
+def target(
+    expr: str,
+    legend: str = "__auto",
+    *,
+    exemplar: bool = False,
+    instant: bool = False,
+    fmt: str | None = None,
+) -> prometheus.Dataquery:
+    t = prometheus.Dataquery().expr(expr).legend_format(legend).datasource(DS)
+    t = t.instant() if instant else t.range()
+    if exemplar:
+        t = t.exemplar(True)
+    if fmt:
+        t = t.format(fmt)
+    return t
+
+
+class Ids:
+    """Hands out panel ids in build order, so the JSON is stable run to run."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def next(self) -> int:
+        self.n += 1
+        return self.n
+
+
+def _finish(
+    panel, ids: Ids, title: str, desc: str, targets: Iterable[prometheus.Dataquery], w: int, h: int
+):
+    panel = panel.id(ids.next()).title(title).description(desc).datasource(DS).span(w).height(h)
+    for i, t in enumerate(targets):
+        panel = panel.with_target(t.ref_id(chr(ord("A") + i)))
+    return panel
+
+
+def legend_table(calcs: Sequence[str] = ("mean", "max", "lastNotNull")) -> cb.VizLegendOptions:
+    return (
+        cb.VizLegendOptions()
+        .display_mode(common.LegendDisplayMode.TABLE)
+        .placement(common.LegendPlacement.BOTTOM)
+        .show_legend(True)
+        .calcs(list(calcs))
+    )
+
+
+def ts(
+    ids: Ids,
+    title: str,
+    desc: str,
+    targets: Sequence[prometheus.Dataquery],
+    *,
+    unit: str = "s",
+    w: int = 12,
+    h: int = 8,
+    stacking: common.StackingMode | None = None,
+    fill: float = 0,
+    min_val: float | None = None,
+    max_val: float | None = None,
+) -> timeseries.Panel:
+    p = (
+        timeseries.Panel()
+        .unit(unit)
+        .line_width(1)
+        .fill_opacity(fill)
+        .legend(legend_table())
+        .tooltip(
+            cb.VizTooltipOptions()
+            .mode(common.TooltipDisplayMode.MULTI)
+            .sort(common.SortOrder.DESCENDING)
+        )
+    )
+    if stacking is not None:
+        p = p.stacking(cb.StackingConfig().mode(stacking))
+    if min_val is not None:
+        p = p.min(min_val)
+    if max_val is not None:
+        p = p.max(max_val)
+    return _finish(p, ids, title, desc, targets, w, h)
+
+
+def stat_panel(
+    ids: Ids,
+    title: str,
+    desc: str,
+    t: prometheus.Dataquery,
+    *,
+    unit: str,
+    decimals: int = 2,
+    w: int = 4,
+) -> stat.Panel:
+    p = (
+        stat.Panel()
+        .unit(unit)
+        .decimals(decimals)
+        .graph_mode(common.BigValueGraphMode.AREA)
+        .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+    )
+    return _finish(p, ids, title, desc, [t], w, 4)
+
+
+def heatmap_panel(
+    ids: Ids,
+    title: str,
+    desc: str,
+    t: prometheus.Dataquery,
+    *,
+    unit: str = "s",
+    w: int = 12,
+    h: int = 9,
+) -> heatmap.Panel:
+    # calculate(False): Prometheus already bucketed the data; the `le` layout tells Grafana the
+    # buckets are upper bounds, so it de-accumulates them instead of re-binning.
+    p = (
+        heatmap.Panel()
+        .calculate(False)
+        .rows_frame(heatmap.RowsHeatmapOptions().layout(common.HeatmapCellLayout.LE))
+        .y_axis(heatmap.YAxisConfig().unit(unit))
+        .color(
+            heatmap.HeatmapColorOptions()
+            .mode(hm.HeatmapColorMode.SCHEME)
+            .scheme("Spectral")
+            .scale(hm.HeatmapColorScale.EXPONENTIAL)
+            .exponent(0.5)
+            .steps(64)
+        )
+        .cell_gap(1)
+        .show_value(common.VisibilityMode.NEVER)
+        .show_y_histogram()
+        .exemplars_color("rgba(255,0,255,0.7)")
+    )
+    return _finish(p, ids, title, desc, [t], w, h)
+
+
+def bars(
+    ids: Ids,
+    title: str,
+    desc: str,
+    t: prometheus.Dataquery,
+    *,
+    unit: str,
+    transformations: Sequence[dm.DataTransformerConfig] = (),
+    w: int = 12,
+    h: int = 9,
+) -> bargauge.Panel:
+    p = (
+        bargauge.Panel()
+        .unit(unit)
+        .orientation(common.VizOrientation.HORIZONTAL)
+        .display_mode(common.BarGaugeDisplayMode.GRADIENT)
+        .show_unfilled(True)
+        .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+    )
+    for tr in transformations:
+        p = p.with_transformation(tr)
+    return _finish(p, ids, title, desc, [t], w, h)

@@ -1,0 +1,440 @@
+"""The "memra · speculative decoding" dashboard: one worker or a fleet of them.
+
+Metric names are the public interface of docs/DESIGN §5; the live test
+(tests/test_stack_live.py) runs every expression below against a Prometheus that scraped
+`memra-obs demo`, so a renamed metric or label fails there, not in front of a user.
+"""
+
+from __future__ import annotations
+
+from dash_common import (
+    DS,
+    HOST,
+    RI,
+    SPARSE,
+    SPEC,
+    Ids,
+    bars,
+    heatmap_panel,
+    mean,
+    quantile,
+    stat_panel,
+    sum_rate,
+    target,
+    ts,
+)
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as dm
+
+UID = "memra-spec"
+
+# The first-token profile (SpecFirstTokenProf) in session order; a share sits under the phase
+# that contains it (prime_tap_dtoh is part of prime; draft_prime and the round-1 phases run
+# inside first_burst; the hook is first_burst's host-side share), so only top-level bars add up.
+FIRST_TOKEN_WATERFALL: tuple[tuple[str, str], ...] = (
+    ("cache_alloc", "cache alloc"),
+    ("sink_alloc", "tap sink alloc"),
+    ("prime", "target prime"),
+    ("prime_tap_dtoh", "  prime › tap DtoH"),
+    ("capture", "prefix capture"),
+    ("anchor", "boundary token"),
+    ("draft_alloc", "draft state build"),
+    ("first_burst", "first burst"),
+    ("draft_prime", "  burst › drafter prime"),
+    ("draft_prime_h2d", "    prime › h2d"),
+    ("draft_prime_feat", "    prime › features"),
+    ("draft_prime_kv", "    prime › k/v ingest"),
+    ("first_draft", "  burst › round-1 draft"),
+    ("first_verify", "  burst › round-1 verify"),
+    ("first_accept", "  burst › round-1 accept"),
+    ("first_roll", "  burst › round-1 rollback"),
+    ("first_maint", "  burst › round-1 maint"),
+    ("first_burst_hook", "  burst › commit hook"),
+)
+
+_ALL = dm.VariableOption(text="All", value="$__all", selected=True)
+
+
+def _query_var(name: str, label: str, query: str) -> db.QueryVariable:
+    # ".*" rather than Grafana's default of listing every value: a fleet has many instances
+    # and a long regex alternation makes every panel query slow.
+    return (
+        db.QueryVariable(name)
+        .label(label)
+        .datasource(DS)
+        .query(query)
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(dm.VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .current(_ALL)
+    )
+
+
+def variables() -> list:
+    return [
+        db.DatasourceVariable("datasource").label("Prometheus").type("prometheus"),
+        _query_var("job", "job", "label_values(memra_spec_rounds_total, job)"),
+        _query_var(
+            "instance", "instance", 'label_values(memra_spec_rounds_total{job=~"$job"}, instance)'
+        ),
+        _query_var(
+            "family",
+            "family",
+            'label_values(memra_spec_rounds_total{job=~"$job", instance=~"$instance"}, family)',
+        ),
+    ]
+
+
+Section = tuple[str, list]
+
+
+def overview(ids: Ids) -> Section:
+    acc, dr, rd = (
+        "memra_spec_accepted_tokens_total",
+        "memra_spec_drafted_tokens_total",
+        "memra_spec_rounds_total",
+    )
+    return "Overview", [
+        stat_panel(
+            ids,
+            "Rounds / s",
+            "Verify rounds per second, all selected workers.",
+            target(sum_rate(rd)),
+            unit="ops",
+        ),
+        stat_panel(
+            ids,
+            "Tokens / s",
+            "Committed tokens per second: accepted drafts plus the one bonus "
+            "token every round commits.",
+            target(f"{sum_rate(acc)} + {sum_rate(rd)}"),
+            unit="ops",
+        ),
+        stat_panel(
+            ids,
+            "Acceptance",
+            "Accepted / drafted tokens.",
+            target(f"{sum_rate(acc)} / {sum_rate(dr)}"),
+            unit="percentunit",
+        ),
+        stat_panel(
+            ids,
+            "Round p99",
+            "99th percentile of the per-round wall.",
+            target(quantile(0.99, "memra_spec_round_seconds")),
+            unit="s",
+            decimals=4,
+        ),
+        stat_panel(
+            ids,
+            "First token p50",
+            f"Median first-token latency over the last {SPARSE} (one observation per request).",
+            target(quantile(0.5, "memra_spec_first_token_seconds", sel=HOST, window=SPARSE)),
+            unit="s",
+            decimals=3,
+        ),
+        stat_panel(
+            ids,
+            "Slow-round share",
+            "Share of rounds slower than 1.5x the median of their session's last 64.",
+            target(f"{sum_rate('memra_spec_slow_rounds_total')} / {sum_rate(rd)}"),
+            unit="percentunit",
+        ),
+    ]
+
+
+def round_latency(ids: Ids) -> Section:
+    b = "memra_spec_round_seconds"
+    return "Round wall", [
+        heatmap_panel(
+            ids,
+            "Per-round wall distribution",
+            "Rounds per bucket of memra_spec_round_seconds. Exemplars (dots) carry the round's trace_id: "
+            "click one to open the trace in Jaeger.",
+            target(
+                f"sum by (le) (increase({b}_bucket{{{SPEC}}}[{RI}]))",
+                "{{le}}",
+                exemplar=True,
+                fmt="heatmap",
+            ),
+        ),
+        ts(
+            ids,
+            "Round wall p50 / p90 / p99",
+            "Quantiles of the per-round wall from the histogram buckets (bucket-interpolated). Exemplars "
+            "are on the p99 query only: the same exemplars serve all three lines, so they are drawn once.",
+            [
+                target(quantile(0.5, b), "p50"),
+                target(quantile(0.9, b), "p90"),
+                target(quantile(0.99, b), "p99", exemplar=True),
+            ],
+            h=9,
+        ),
+        ts(
+            ids,
+            "Round wall p99 by worker",
+            "One line per instance and worker (agent mode adds the worker label): spots the one slow rank.",
+            [
+                target(
+                    quantile(0.99, b, ("instance", "worker")),
+                    "{{instance}} {{worker}}",
+                    exemplar=True,
+                )
+            ],
+            w=24,
+            h=7,
+        ),
+    ]
+
+
+def phases(ids: Ids) -> Section:
+    h, v = "memra_spec_phase_seconds", "memra_spec_verify_split_seconds"
+    return "Phases", [
+        ts(
+            ids,
+            "Phase share of round wall",
+            "Where the round's time goes: draft / verify / accept / rollback / maint, stacked to 100%.",
+            [target(sum_rate(f"{h}_sum", ("phase",)), "{{phase}}")],
+            unit="percentunit",
+            stacking=common.StackingMode.PERCENT,
+            fill=60,
+        ),
+        ts(
+            ids,
+            "Mean phase time per round",
+            "Mean seconds per round in each phase, stacked: the top of the stack is the mean round wall.",
+            [target(mean(h, ("phase",)), "{{phase}}")],
+            stacking=common.StackingMode.NORMAL,
+            fill=40,
+        ),
+        ts(
+            ids,
+            "Phase p99",
+            "99th percentile per phase.",
+            [target(quantile(0.99, h, ("phase",)), "{{phase}}", exemplar=True)],
+        ),
+        ts(
+            ids,
+            "Verify sub-split (level 2)",
+            "Mean seconds per round of the verify parts (MEMRA_SPEC_TRACE=2). Nested, not additive: "
+            "kda_scan is part of kda and ffn part of rest; kda + mla + rest = verify.",
+            [
+                target(mean(v, ("part",)), "{{part}}"),
+                target(mean(h, sel=f'{SPEC}, phase="verify"'), "verify (total)"),
+            ],
+        ),
+    ]
+
+
+def acceptance(ids: Ids) -> Section:
+    acc, dr, rd = (
+        "memra_spec_accepted_tokens_total",
+        "memra_spec_drafted_tokens_total",
+        "memra_spec_rounds_total",
+    )
+    by = ("family",)
+    return "Acceptance", [
+        ts(
+            ids,
+            "Acceptance rate",
+            "Accepted / drafted tokens per family. A collapse here is the MemraSpecAcceptanceCollapse alert.",
+            [target(f"{sum_rate(acc, by)} / {sum_rate(dr, by)}", "{{family}}")],
+            unit="percentunit",
+            min_val=0,
+            max_val=1,
+        ),
+        ts(
+            ids,
+            "Drafted, accepted and committed tokens per round",
+            "Mean k (drafted), mean j (the accepted length) and j+1 (tokens a round commits: the "
+            "accepted drafts plus the bonus token).",
+            [
+                target(f"{sum_rate(dr, by)} / {sum_rate(rd, by)}", "drafted k {{family}}"),
+                target(f"{sum_rate(acc, by)} / {sum_rate(rd, by)}", "accepted j {{family}}"),
+                target(
+                    f"({sum_rate(acc, by)} + {sum_rate(rd, by)}) / {sum_rate(rd, by)}",
+                    "tokens/round {{family}}",
+                ),
+            ],
+            unit="short",
+        ),
+        bars(
+            ids,
+            "Accepted length distribution",
+            "Rounds by accepted tokens j over the dashboard range.",
+            target(
+                f"sum by (le) (increase(memra_spec_accepted_tokens_per_round_bucket{{{SPEC}}}[$__range]))",
+                "{{le}}",
+                instant=True,
+                fmt="heatmap",
+            ),
+            unit="short",
+            w=24,
+            h=7,
+        ),
+    ]
+
+
+def slow_rounds(ids: Ids) -> Section:
+    slow, rd = "memra_spec_slow_rounds_total", "memra_spec_rounds_total"
+    return "Slow rounds", [
+        ts(
+            ids,
+            "Slow-round share",
+            "Slow rounds / all rounds per family; a round is slow when its wall exceeds 1.5x the median "
+            "of its session's last 64 rounds. A rise here is the "
+            "MemraSpecSlowRoundShareRising alert.",
+            [target(f"{sum_rate(slow, ('family',))} / {sum_rate(rd, ('family',))}", "{{family}}")],
+            unit="percentunit",
+            min_val=0,
+        ),
+        ts(
+            ids,
+            "Slow rounds / s by worker",
+            "Which worker the slow rounds come from.",
+            [target(sum_rate(slow, ("instance", "worker")), "{{instance}} {{worker}}")],
+            unit="ops",
+        ),
+        ts(
+            ids,
+            "Per-row verify rows per round",
+            "Mean verify rows per round that took the per-row (sequential) mixer arm instead of the "
+            "batched one (seq_rows): the usual cause of a slow round at depth.",
+            [
+                target(
+                    f"{sum_rate('memra_spec_verify_seq_rows_total', ('family',))} / {sum_rate(rd, ('family',))}",
+                    "{{family}}",
+                )
+            ],
+            unit="short",
+            w=24,
+            h=7,
+        ),
+    ]
+
+
+def _waterfall_transforms() -> list[dm.DataTransformerConfig]:
+    order = {name: i + 1 for i, (name, _) in enumerate(FIRST_TOKEN_WATERFALL)}
+    return [
+        # One frame per phase -> one frame with a field per phase; then put the fields in session
+        # order (PromQL returns them sorted by label) and give them readable names.
+        dm.DataTransformerConfig(
+            id_val="joinByField", options={"byField": "Time", "mode": "outer"}
+        ),
+        dm.DataTransformerConfig(
+            id_val="organize",
+            options={
+                "excludeByName": {"Time": True},
+                "indexByName": {"Time": 0, **order},
+                "renameByName": dict(FIRST_TOKEN_WATERFALL),
+            },
+        ),
+    ]
+
+
+def first_token(ids: Ids) -> Section:
+    f, p = "memra_spec_first_token_seconds", "memra_spec_first_token_phase_seconds"
+    return "First token", [
+        ts(
+            ids,
+            "First-token latency",
+            f"Quantiles over {SPARSE} windows (one observation per request).",
+            [
+                target(quantile(0.5, f, sel=HOST, window=SPARSE), "p50"),
+                target(quantile(0.99, f, sel=HOST, window=SPARSE), "p99", exemplar=True),
+            ],
+            w=10,
+            h=9,
+        ),
+        bars(
+            ids,
+            "First-token waterfall (mean per request)",
+            "Mean seconds per phase of the first-token profile over the dashboard range, in session "
+            "order. Indented bars are shares of the bar above them; only unindented bars add up to the "
+            "first-token wall.",
+            target(
+                f"sum by (phase) (increase({p}_sum{{{HOST}}}[$__range])) / "
+                f"sum by (phase) (increase({p}_count{{{HOST}}}[$__range]))",
+                "{{phase}}",
+                instant=True,
+            ),
+            unit="s",
+            transformations=_waterfall_transforms(),
+            w=14,
+            h=9,
+        ),
+    ]
+
+
+def device_and_exporter(ids: Ids) -> Section:
+    return "Device memory and exporter health", [
+        ts(
+            ids,
+            "Free GPU memory before / after session setup",
+            "NVML free bytes per device before the trunk cache allocation and after the drafter KV "
+            "allocation; a per-boot bimodality shows up here first.",
+            [
+                target(
+                    f"max by (instance, worker, device, point) (memra_gpu_free_bytes{{{HOST}}})",
+                    "{{instance}} {{worker}} gpu{{device}} {{point}}",
+                )
+            ],
+            unit="bytes",
+        ),
+        ts(
+            ids,
+            "Exporter drops and errors",
+            "Records dropped by a full queue or ring, and failed exports, per signal. Above zero for "
+            "minutes is the MemraObsExporterDropping / MemraObsExportErrors alert.",
+            [
+                target(
+                    sum_rate("memra_obs_dropped_total", ("instance", "signal"), sel=HOST),
+                    "dropped {{signal}} {{instance}}",
+                ),
+                target(
+                    sum_rate("memra_obs_export_errors_total", ("instance", "signal"), sel=HOST),
+                    "export errors {{signal}} {{instance}}",
+                ),
+            ],
+            unit="ops",
+            min_val=0,
+        ),
+    ]
+
+
+def build() -> db.Dashboard:
+    ids = Ids()
+    d = (
+        db.Dashboard("memra · speculative decoding")
+        .uid(UID)
+        .description(
+            "Per-round wall, phase attribution, acceptance and first-token profile of "
+            "memra_obs-instrumented speculative-decoding workers."
+        )
+        .tags(["memra", "spec-decode"])
+        .editable()
+        .time("now-30m", "now")
+        .refresh("10s")
+        .timezone("browser")
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .variables(variables())
+    )
+    # Expanded rows with their panels at the top level, after the row: Grafana only reads a
+    # row's own `panels` list when the row is collapsed.
+    for section in (
+        overview,
+        round_latency,
+        phases,
+        acceptance,
+        slow_rounds,
+        first_token,
+        device_and_exporter,
+    ):
+        title, panels = section(ids)
+        d = d.with_row(db.Row(title).id(ids.next()))
+        for panel in panels:
+            d = d.with_panel(panel)
+    return d

@@ -1,0 +1,195 @@
+"""Agent mode: workers write records into shared-memory rings; one ``memra-obs agent`` per
+host publishes them (spans, one ``/metrics`` with a ``worker`` label and exemplars).
+
+    MEMRA_OBS_AGENT=/dev/shm/memra-obs MEMRA_OBS_SINKS=otel,prometheus  <worker ...>   # each rank
+    MEMRA_OBS_AGENT=/dev/shm/memra-obs memra-obs agent                                  # once per host
+
+Modules: :mod:`.format` (file layout, record codec), :mod:`.ring` (``RingSink``, the
+worker's side), :mod:`.reader` (one ring, the agent's side), :mod:`.stream` (session ids
+and context per ring), :mod:`.loop` (the ``Agent``), :mod:`.metrics` (its own health).
+See docs/agent.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..environment import MEMRA_OBS_AGENT, MEMRA_OBS_SINKS, ConfigError, Settings
+from ..export import RecordExporter
+from .loop import Agent, AgentBusy
+from .ring import RingSink
+
+__all__ = ["Agent", "AgentBusy", "RingSink", "build_agent", "default_directory", "main"]
+
+
+def default_directory() -> str:
+    """``/dev/shm/memra-obs`` (RAM-backed, like a k8s ``emptyDir: {medium: Memory}``), or
+    the temp directory where there is no /dev/shm."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    return os.path.join(base, "memra-obs")
+
+
+def _round_span_ids(st: Settings) -> Callable[[Any, Any], int] | None:
+    # Round exemplars name the round's span when spans are on (as in-process, setup.py).
+    if "otel" not in st.sinks or st.round_spans == 0:
+        return None
+    from ..otel.spans import round_span_id
+
+    cap = st.round_spans
+    return lambda s, r: round_span_id(s.span_id, r.index) if r.index < cap else 0
+
+
+def build_agent(
+    directory: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    registry: Any = None,
+    exporters: Sequence[RecordExporter] = (),
+    serve: bool = True,
+    **agent_kw: Any,
+) -> tuple[Agent, list[Callable[[], None]], Any]:
+    """The agent the environment asks for: ``(agent, closers, metrics_server_or_None)``.
+
+    Sinks: ``MEMRA_OBS_SINKS`` (``otel``/``prometheus``; unset = both). Spans go where the
+    in-process observer would send them (``build_span_exporter``); metrics to a fresh
+    registry served on ``MEMRA_OBS_METRICS_ADDR``, every series labelled ``worker``.
+    """
+    env = os.environ if env is None else env
+    st = Settings.resolve(env)
+    if MEMRA_OBS_SINKS not in env or not env[MEMRA_OBS_SINKS].strip():
+        st = Settings.resolve(env, sinks="otel,prometheus")
+    directory = directory or st.agent or default_directory()
+    consumers: list[RecordExporter] = list(exporters)
+    span_ex = prom = None
+    closers: list[Callable[[], None]] = []
+    if "otel" in st.sinks:
+        from ..otel import build_span_exporter
+
+        span_ex = build_span_exporter(st, env=env)
+        if span_ex is not None:
+            consumers.append(span_ex)
+    if "prometheus" in st.sinks:
+        from prometheus_client import CollectorRegistry
+
+        from ..prom import PrometheusExporter
+
+        registry = CollectorRegistry() if registry is None else registry
+        prom = PrometheusExporter(
+            registry=registry, worker="", worker_label=True, round_span_id=_round_span_ids(st)
+        )
+        consumers.append(prom)
+    try:
+        agent = Agent(directory, consumers, **agent_kw)
+    except BaseException:
+        for c in consumers:
+            c.shutdown(1.0)
+        raise
+    server = None
+    if prom is not None:
+        wire_metrics(agent, prom, span_ex)
+        from .metrics import AgentCollector
+
+        registry.register(AgentCollector(agent))
+        if serve and st.metrics_addr is not None:
+            from ..prom import serve_metrics
+
+            server = serve_metrics(
+                st.metrics_addr,
+                registry=registry,
+                certfile=st.metrics_tls_cert,
+                keyfile=st.metrics_tls_key,
+                basic_auth=st.metrics_basic_auth,
+            )
+            closers.append(server.close)
+    return agent, closers, server
+
+
+def wire_metrics(agent: Agent, prom: Any, span_ex: Any = None) -> None:
+    """The instrument's own health, as in-process: ring losses are ``dropped{signal="ring"}``."""
+    prom.watch("dropped", "ring", agent.lost_total)
+    prom.watch("errors", "records", lambda: agent.export_errors)
+    prom.watch("errors", "metrics", lambda: prom.export_errors)
+    if span_ex is not None:
+        prom.watch("dropped", "spans", lambda: span_ex.dropped_spans)
+        prom.watch("errors", "spans", lambda: span_ex.export_errors)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="memra-obs agent",
+        description="Publish every local worker's ring (agent mode): spans as configured by "
+        "OTEL_* / MEMRA_OBS_SPANS_FILE, one /metrics on MEMRA_OBS_METRICS_ADDR. SIGTERM "
+        "drains, flushes and exits.",
+    )
+    p.add_argument(
+        "--dir",
+        default=None,
+        help=f"ring directory (default ${MEMRA_OBS_AGENT}, else {default_directory()})",
+    )
+    p.add_argument(
+        "--poll-ms",
+        type=float,
+        default=20.0,
+        help="sleep between passes once every ring is read (default 20)",
+    )
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=10,
+        help="lower this process's CPU priority by N so loop threads win a contended core "
+        "(default 10; 0 = leave it)",
+    )
+    p.add_argument("--once", action="store_true", help="publish what the rings hold now, then exit")
+    p.add_argument("--keep", action="store_true", help="do not remove rings of exited workers")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``memra-obs agent``: runs until SIGTERM/SIGINT (or ``--once``); 0 on a clean exit."""
+    args = _parser().parse_args(argv)
+    if args.poll_ms <= 0:
+        raise ConfigError(f"--poll-ms={args.poll_ms}: expected a positive number")
+    if args.nice > 0:
+        os.nice(args.nice)
+    try:
+        agent, closers, server = build_agent(
+            args.dir, poll_s=args.poll_ms / 1000.0, cleanup=not args.keep
+        )
+    except AgentBusy as exc:
+        print(f"memra-obs agent: {exc}", file=sys.stderr)
+        return 2
+    where = [f"rings in {agent.directory}"]
+    if server is not None:
+        where.append(f"/metrics on {server.url}")
+    print(f"[memra-obs agent] publishing {'; '.join(where)}", file=sys.stderr, flush=True)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        if args.once:
+            agent.drain()
+        else:
+            agent.run(stop)
+    finally:
+        agent.close()
+        for close in closers:
+            close()
+        for s, h in old.items():
+            signal.signal(s, h)
+    print(
+        f"[memra-obs agent] done: published={agent.published} lost={agent.lost_total()} "
+        f"rings_removed={agent.rings_removed}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 0

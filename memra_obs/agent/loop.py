@@ -1,0 +1,294 @@
+"""``memra-obs agent``'s engine: find every ring in the directory, read them in batches,
+publish through the RecordExporters, persist each cursor after its batch is published.
+
+Delivery: at-least-once per record, exactly-once across a graceful restart (SIGTERM drains,
+publishes, commits, exits). A crash between an export and its commit republishes at most
+that one batch. Sessions open across a restart have their SessionRecord replayed to the
+new agent's exporters (context, not a second session: the metrics count rounds, not
+sessions). Records lost in a ring (overwritten before the agent read them, or refused by the
+writer) are counted exactly and published as ``memra_obs_dropped_total{signal="ring"}``.
+
+One agent per directory: it holds ``flock`` on ``<dir>/.agent.lock``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..events import Record
+from ..export import RecordExporter
+from ..linewriter import stderr_writer
+from .reader import FormatError, RingReader
+from .stream import RingStream
+
+__all__ = ["Agent", "AgentBusy"]
+
+LOCK_NAME = ".agent.lock"
+
+
+class AgentBusy(RuntimeError):
+    """Another agent already publishes this directory."""
+
+
+def _say(msg: str) -> None:
+    stderr_writer().write_lines([f"[memra-obs agent] {msg}"])
+
+
+class Agent:
+    """Publishes every ring in ``directory`` to ``exporters``.
+
+    ``batch_slots``: slots read per ring per pass (a pass exports one batch for all rings);
+    ``poll_s``: sleep after a pass that caught up; ``scan_s``: how often to look for new rings
+    and dead writers; ``cleanup``: remove a ring once its writer is gone and it is read;
+    ``exclusive``: take the directory's agent lock.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        exporters: Sequence[RecordExporter],
+        *,
+        batch_slots: int = 4096,
+        poll_s: float = 0.02,
+        scan_s: float = 0.25,
+        tick_s: float = 0.2,
+        cleanup: bool = True,
+        exclusive: bool = True,
+    ) -> None:
+        self.directory = directory
+        self.exporters = tuple(exporters)
+        self.batch_slots = batch_slots
+        self.poll_s = poll_s
+        self.scan_s = scan_s
+        self.tick_s = tick_s
+        self.cleanup = cleanup
+        self._ids = itertools.count(1)
+        self._streams: dict[str, RingStream] = {}
+        self._bad: set[str] = set()
+        #: Rings read to the end (kept only with cleanup off, or when removal failed).
+        self._done: set[str] = set()
+        self._lock_fd = -1
+        os.makedirs(directory, exist_ok=True)
+        if exclusive:
+            self._take_lock()
+        self._next_scan = 0.0
+        self._next_tick = 0.0
+        # Totals over every ring this agent has read, including rings already removed.
+        self.published = 0
+        self.lost_removed = 0
+        self.published_by_worker: dict[str, int] = {}
+        self.lost_by_worker: dict[str, int] = {}
+        self.export_errors = 0
+        self.rings_removed = 0
+        self._reported: set[int] = set()
+        self._closed = False
+        #: Guards the totals against a scrape while a ring moves from live to removed.
+        self._count_lock = threading.Lock()
+
+    def _take_lock(self) -> None:
+        path = os.path.join(self.directory, LOCK_NAME)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise AgentBusy(f"another memra-obs agent is publishing {self.directory}") from None
+        self._lock_fd = fd
+
+    # -- counts --------------------------------------------------------------------------
+
+    @property
+    def rings(self) -> int:
+        return len(self._streams)
+
+    def lost_total(self) -> int:
+        """Records that never reached the exporters, over every ring (the dropped counter)."""
+        with self._count_lock:
+            return self.lost_removed + sum(s.lost for s in self._streams.values())
+
+    def worker_counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(published, lost) per worker label, over rings read so far."""
+        with self._count_lock:
+            pub = dict(self.published_by_worker)
+            lost = dict(self.lost_by_worker)
+            streams = tuple(self._streams.values())
+        for s in streams:
+            pub[s.worker] = pub.get(s.worker, 0) + s.published
+            lost[s.worker] = lost.get(s.worker, 0) + s.lost
+        return pub, lost
+
+    # -- rings ---------------------------------------------------------------------------
+
+    def discover(self) -> int:
+        """Attach to rings not seen yet; returns how many were added."""
+        added = 0
+        try:
+            names = [
+                e.name
+                for e in os.scandir(self.directory)
+                if e.name.endswith(".ring") and not e.name.startswith(".")
+            ]
+        except FileNotFoundError:
+            return 0
+        for name in names:
+            path = os.path.join(self.directory, name)
+            if path in self._streams or path in self._bad or path in self._done:
+                continue
+            try:
+                reader = RingReader(path)
+            except FileNotFoundError:
+                continue  # removed meanwhile
+            except (FormatError, OSError) as exc:
+                self._bad.add(path)
+                _say(f"skipping {path}: {exc}")
+                continue
+            stream = RingStream(reader, self._ids)
+            with self._count_lock:
+                self._streams[path] = stream
+            added += 1
+        return added
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def step(self) -> int:
+        """One pass: maybe discover, read every ring once, export, commit; retire rings
+        whose writer is gone and that are fully read. Returns records published."""
+        now = time.monotonic()
+        housekeeping = now >= self._next_scan
+        if housekeeping:
+            self._next_scan = now + self.scan_s
+            self.discover()
+        batch: list[Record] = []
+        done: list[RingStream] = []
+        polled: list[RingStream] = []
+        for s in list(self._streams.values()):
+            if housekeeping and not s.reader.gone:
+                s.reader.writer_gone()  # sticky; read to the end below before retiring
+            s.poll(batch, self.batch_slots)
+            polled.append(s)
+            if s.reader.gone and s.reader.caught_up():
+                s.reader.finish()
+                s.close_open(batch)
+                done.append(s)
+        if batch:
+            self._export(batch)
+        for s in polled:
+            s.reader.commit()
+        for s in done:
+            self._retire(s)
+        if now >= self._next_tick:
+            self._next_tick = now + self.tick_s
+            self._each("tick")
+        self.published += len(batch)
+        return len(batch)
+
+    def _retire(self, s: RingStream, unlink: bool = True) -> None:
+        with self._count_lock:
+            del self._streams[s.reader.path]
+            pub, lost = self.published_by_worker, self.lost_by_worker
+            pub[s.worker] = pub.get(s.worker, 0) + s.published
+            n_lost = s.lost
+            lost[s.worker] = lost.get(s.worker, 0) + n_lost
+            self.lost_removed += n_lost
+            self.rings_removed += 1
+        s.reader.close(unlink=unlink and self.cleanup)
+        if unlink and (not self.cleanup or os.path.exists(s.reader.path)):
+            self._done.add(s.reader.path)
+
+    def _export(self, batch: list[Record]) -> None:
+        for i, ex in enumerate(self.exporters):
+            try:
+                ex.export(batch)
+            except Exception as exc:
+                self._fail(i, ex, exc)
+
+    def _each(self, method: str, *args: Any) -> bool:
+        ok = True
+        for i, ex in enumerate(self.exporters):
+            fn: Callable[..., Any] | None = getattr(ex, method, None)
+            if fn is None:
+                continue
+            try:
+                r = fn(*args)
+                ok = (r is not False) and ok
+            except Exception as exc:
+                self._fail(i, ex, exc)
+                ok = False
+        return ok
+
+    def _fail(self, i: int, ex: object, exc: BaseException) -> None:
+        self.export_errors += 1
+        if i not in self._reported:
+            self._reported.add(i)
+            _say(f"exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)")
+
+    def drain(self, timeout_s: float = 10.0) -> bool:
+        """Read until every ring is caught up (and retire finished ones); True if done in time."""
+        deadline = time.monotonic() + timeout_s
+        self._next_scan = 0.0
+        while time.monotonic() < deadline:
+            n = self.step()
+            if n == 0 and all(s.reader.caught_up() for s in self._streams.values()):
+                return True
+        return False
+
+    def run(self, stop: threading.Event, *, drain_timeout_s: float = 10.0) -> None:
+        """Until ``stop`` is set: read everything there is, then sleep ``poll_s`` (at once
+        again only while a ring has more than one batch waiting). Few wake-ups, big
+        batches: on a host where the loop's threads want every core, each wake-up of this
+        process can delay a loop thread's."""
+        while not stop.is_set():
+            self.step()
+            if not self.behind():
+                stop.wait(self.poll_s)
+        self.drain(drain_timeout_s)
+
+    def behind(self) -> bool:
+        """Some ring has records past what the last pass read (its batch limit was hit)."""
+        return any(not s.reader.caught_up() for s in self._streams.values())
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Flush and shut the exporters down, and release the directory. Sessions still
+        open in a live worker are not closed: the next agent resumes them."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + timeout_s
+        for s in self._streams.values():
+            s.reader.commit()
+        self._each("flush", max(0.1, deadline - time.monotonic()))
+        for ex in self.exporters:
+            _forget_open_sessions(ex)
+        for i, ex in enumerate(self.exporters):
+            try:
+                ex.shutdown(max(0.1, deadline - time.monotonic()))
+            except Exception as exc:
+                self._fail(i, ex, exc)
+        for s in list(self._streams.values()):
+            self._retire(s, unlink=False)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [s.stats() for s in self._streams.values()]
+
+
+def _forget_open_sessions(ex: object) -> None:
+    """A span exporter closes sessions still open at shutdown as 'unfinished'; in the agent
+    they are not finished — the next agent resumes them and ends their spans — so the
+    spans would appear twice. Drop that state first."""
+    forget = getattr(ex, "forget_open", None)
+    if callable(forget):
+        forget()
+        return
+    builder = getattr(ex, "builder", None)
+    open_ = getattr(builder, "_open", None)  # SpanBuilder before it had forget_open()
+    if isinstance(open_, dict):
+        open_.clear()

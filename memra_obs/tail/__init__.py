@@ -1,0 +1,301 @@
+"""``memra-obs tail``: a worker's legacy stderr lines -> the same metrics and spans.
+
+    memra-obs tail --follow /var/log/worker0.err --worker rank0
+    worker 2>&1 >/dev/null | memra-obs tail - --worker rank0
+
+Every byte read goes on to the tail's own stderr unchanged (grep keeps working); the legacy
+lines are parsed (:func:`memra_obs.legacy.scan_line`), turned back into the observer's
+records (:mod:`.rebuild`) and published through the same exporters a worker uses in-process:
+``/metrics`` on ``MEMRA_OBS_METRICS_ADDR`` (every series labelled ``worker``), spans to the
+``OTEL_*`` exporter or ``MEMRA_OBS_SPANS_FILE``. ``MEMRA_OBS_SINKS`` picks them as for a
+worker; unset, the tail publishes both (publishing is what it is for).
+
+Modules: :mod:`.source` (pipe / followed file with rotation), :mod:`.core` (bytes ->
+pass-through + records), :mod:`.rebuild` (lines -> records), :mod:`.publish` (records ->
+exporters, off the reading thread), :mod:`.stats` (the tail's own counters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import stat
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..environment import (
+    MEMRA_OBS_METRICS_TLS_CERT,
+    MEMRA_OBS_METRICS_TLS_KEY,
+    MEMRA_OBS_SINKS,
+    ConfigError,
+    Settings,
+)
+from ..export import RecordExporter
+from .core import Tail
+from .publish import Publisher
+from .rebuild import Rebuilder
+from .source import FollowSource, PipeSource
+from .stats import TailCollector, TailStats
+
+__all__ = [
+    "Publisher",
+    "Rebuilder",
+    "Tail",
+    "TailCollector",
+    "TailStats",
+    "Wiring",
+    "build_wiring",
+    "main",
+]
+
+
+class Wiring:
+    """The exporters a tail publishes through, and what to close at the end."""
+
+    def __init__(self) -> None:
+        self.exporters: list[RecordExporter] = []
+        self.prom: Any = None
+        self.server: Any = None
+        self.collector: TailCollector | None = None
+        self.where: list[str] = []
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if self.collector is not None and self.prom is not None:
+            try:
+                self.prom.registry.unregister(self.collector)
+            except KeyError:
+                pass
+
+
+def build_wiring(
+    settings: Settings,
+    worker: str,
+    *,
+    registry: Any = None,
+    env: Mapping[str, str] | None = None,
+) -> Wiring:
+    """Exporters for ``settings.sinks`` (``prometheus``: a worker-labelled
+    PrometheusExporter, its ``/metrics`` server and the tail's own counters; ``otel``: the
+    span exporter the ``OTEL_*`` environment asks for), as :func:`memra_obs.setup` wires a
+    worker's. Raises :class:`ConfigError` on a knob it cannot use."""
+    w = Wiring()
+    st = settings
+    if "otel" in st.sinks:
+        from ..otel import build_span_exporter
+
+        sx = build_span_exporter(st, env=env)
+        if sx is not None:
+            w.exporters.append(sx)
+            urls = [getattr(o.sender, "url", "?") for o in getattr(sx, "outputs", ())]
+            w.where.append("spans -> " + ", ".join(urls))
+    if "prometheus" in st.sinks:
+        from ..prom import PrometheusExporter, serve_metrics
+
+        prom = PrometheusExporter(
+            registry=registry, worker=worker, worker_label=True, round_span_id=_round_span_ids(st)
+        )
+        w.prom = prom
+        w.exporters.append(prom)
+        w.collector = TailCollector()
+        prom.registry.register(w.collector)
+        if st.metrics_addr is not None:
+            if bool(st.metrics_tls_cert) != bool(st.metrics_tls_key):
+                w.close()
+                raise ConfigError(
+                    f"{MEMRA_OBS_METRICS_TLS_CERT} and {MEMRA_OBS_METRICS_TLS_KEY} go together: "
+                    "set both (HTTPS) or neither"
+                )
+            w.server = serve_metrics(
+                st.metrics_addr,
+                registry=prom.registry,
+                certfile=st.metrics_tls_cert,
+                keyfile=st.metrics_tls_key,
+                basic_auth=st.metrics_basic_auth,
+            )
+            w.where.append(f"/metrics on {w.server.url}")
+    return w
+
+
+def _round_span_ids(st: Settings) -> Callable[[Any, Any], int] | None:
+    """Round exemplars name the round's span when spans are on (as a worker's do)."""
+    if "otel" not in st.sinks or st.round_spans == 0:
+        return None
+    from ..otel.spans import round_span_id
+
+    cap = st.round_spans
+
+    def span_of(s: Any, r: Any) -> int:
+        return round_span_id(s.span_id, r.index) if r.index < cap else 0
+
+    return span_of
+
+
+def _options(rest: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="memra-obs tail", add_help=False)
+    p.add_argument(
+        "--from-start",
+        action="store_true",
+        help="--follow: read what the file already holds first (default: its end)",
+    )
+    p.add_argument(
+        "--poll",
+        type=float,
+        default=0.1,
+        metavar="S",
+        help="--follow: seconds between checks of a file at its end (default 0.1)",
+    )
+    p.add_argument(
+        "--linger",
+        type=float,
+        default=0.5,
+        metavar="S",
+        help="seconds a burst waits for its level-2 line, profile and rows (0.5)",
+    )
+    p.add_argument(
+        "--session-gap",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds without a line that end a session (default 1.0)",
+    )
+    p.add_argument(
+        "--max-bursts",
+        type=int,
+        default=64,
+        metavar="N",
+        help="bursts per session when no [spec-prof] line marks requests (64)",
+    )
+    p.add_argument(
+        "--quiet", "-q", action="store_true", help="no start/end lines of the tail's own"
+    )
+    ns, unknown = p.parse_known_args(list(rest))
+    if unknown:
+        p.error(f"unrecognized arguments: {' '.join(unknown)}")
+    for name in ("poll", "linger", "session_gap"):
+        if not getattr(ns, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    if ns.max_bursts < 1:
+        p.error("--max-bursts must be at least 1")
+    return ns
+
+
+def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
+    """``memra-obs tail [--follow] FILE|- [--worker W] [options]`` (see ``_options``)."""
+    opts = _options(rest)
+    path: str = args.path
+    worker = args.worker or ("stdin" if path == "-" else os.path.basename(path) or path)
+    knobs: dict[str, Any] = {"worker": worker}
+    if MEMRA_OBS_SINKS not in os.environ:
+        knobs["sinks"] = "otel,prometheus"
+    st = Settings.resolve(None, **knobs)
+
+    stats = TailStats()
+    early: list[str] = []
+    source: Any
+    if path == "-":
+        source = PipeSource(sys.stdin.fileno(), "stdin")
+        block = stat.S_ISREG(os.fstat(source.fd).st_mode)
+    elif args.follow:
+        source = FollowSource(
+            path, from_start=opts.from_start, poll_s=opts.poll, on_wait=early.append
+        )
+        block = True
+    else:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            print(f"memra-obs tail: {path}: {exc.strerror}", file=sys.stderr)
+            return 2
+        source = PipeSource(fd, path)
+        block = True
+
+    wiring = build_wiring(st, worker)
+
+    def report(msg: str) -> None:  # from the publisher's thread: exporter failures
+        print(f"[memra-obs] tail: {msg}", file=sys.stderr, flush=True)
+
+    publisher = (
+        Publisher(wiring.exporters, capacity=st.queue_size, block=block, report=report)
+        if wiring.exporters
+        else None
+    )
+    if publisher is not None:
+        for ex in wiring.exporters:
+            attach = getattr(ex, "attach_queue", None)
+            if attach is not None:
+                attach(publisher)
+    rb = Rebuilder(
+        worker,
+        linger_ns=int(opts.linger * 1e9),
+        session_gap_ns=int(opts.session_gap * 1e9),
+        max_bursts=opts.max_bursts,
+    )
+    tail = Tail(
+        rb,
+        publisher.put if publisher is not None else _discard,
+        out=2,
+        name=source.name,
+        stats=stats,
+    )
+    if wiring.collector is not None:
+        wiring.collector.add(worker, stats)
+    if isinstance(source, FollowSource):
+
+        def rotated(style: str) -> None:
+            stats.rotations[style] += 1
+            tail.settle(time.perf_counter_ns())
+            tail.note(f"{path} rotated ({style}); reading the new content from its start")
+
+        source.on_rotate = rotated
+
+    mode = "following" if args.follow and path != "-" else "reading"
+    if not opts.quiet:
+        tail.note(
+            f"{mode} {source.name} as worker {worker!r}; "
+            + ("; ".join(wiring.where) or "publishing nothing (MEMRA_OBS_SINKS)")
+        )
+    for msg in early:
+        tail.note(msg)
+
+    stop: list[int] = []
+    old = {
+        s: signal.signal(s, lambda signum, frame: stop.append(signum))
+        for s in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        while not stop:
+            data = source.read(0.1)
+            now = time.perf_counter_ns()
+            if data is None:
+                break
+            if data:
+                tail.feed(data, now)
+            tail.tick(now)
+        tail.close(time.perf_counter_ns())
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if publisher is not None:
+            publisher.close(10.0)
+        wiring.close()
+        source.close()
+    if not opts.quiet:
+        rows, means = rb.rounds_from_rows, rb.rounds_from_means
+        dropped = publisher.dropped if publisher is not None else 0
+        tail.note(
+            f"{'stopped' if stop else 'end of input'}: {tail.lineno} lines "
+            f"({stats.total_lines - stats.lines['other']} legacy, {stats.total_malformed} malformed, "
+            f"{stats.total_orphans} unplaced), {rb.sessions} sessions, {rows + means} rounds "
+            f"({rows} from rows), {dropped} records dropped"
+        )
+    return 0
+
+
+def _discard(batch: list[Any]) -> None:
+    pass

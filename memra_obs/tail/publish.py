@@ -1,0 +1,158 @@
+"""Record batches to the exporters, on a thread of their own.
+
+The tail's reading thread must keep passing lines through while an exporter waits on the
+network, so exporting happens here, behind a bounded queue of batches. When the queue is full
+the policy depends on who would wait: reading a pipe, the writer is a live worker whose
+stderr must never block, so the newest batch is dropped and counted (``dropped``, published
+as ``memra_obs_dropped_total{signal="records"}``); reading a file (replay, ``--follow``),
+nobody waits on us, so the reader waits for room instead and nothing is lost.
+
+Shaped like :class:`memra_obs.export.QueueSink` + ``ExportWorker`` (``dropped``, ``errors``,
+``exporters``), so an exporter's ``attach_queue`` can publish its counts the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from ..events import Record
+from ..export import RecordExporter
+
+__all__ = ["Publisher"]
+
+
+class Publisher:
+    """A bounded queue of record batches and the daemon thread that exports them."""
+
+    def __init__(
+        self,
+        exporters: Sequence[RecordExporter],
+        *,
+        capacity: int = 65536,
+        block: bool = False,
+        tick_s: float = 0.2,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        self.exporters = tuple(exporters)
+        self.capacity = capacity
+        self.block = block
+        self.tick_s = tick_s
+        self._report = report
+        self._q: deque[list[Record]] = deque()
+        self._queued = 0
+        self._cond = threading.Condition()
+        self._busy = False
+        self._stop = False
+        self.dropped = 0
+        self.errors = 0
+        self.exported = 0
+        self._reported: set[int] = set()
+        #: ``attach_queue`` looks for ``qsink.worker.errors`` / ``.exporters``: this is both.
+        self.worker = self
+        self._thread = threading.Thread(target=self._run, name="memra-obs-tail-export", daemon=True)
+        self._thread.start()
+
+    def __len__(self) -> int:
+        return self._queued
+
+    def put(self, batch: list[Record]) -> None:
+        """Queue one batch (in order); drops it, or waits for room, when the queue is full."""
+        n = len(batch)
+        with self._cond:
+            if self._queued + n > self.capacity and self._queued:
+                if not self.block:
+                    self.dropped += n
+                    return
+                while self._queued + n > self.capacity and self._queued and not self._stop:
+                    self._cond.wait(0.5)
+            if self._stop:
+                self.dropped += n
+                return
+            self._q.append(batch)
+            self._queued += n
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        last_tick = time.monotonic()
+        while True:
+            with self._cond:
+                while not self._q and not self._stop:
+                    if not self._cond.wait(self.tick_s):
+                        break
+                batches = list(self._q)
+                self._q.clear()
+                self._busy = bool(batches)
+                stop = self._stop
+            if batches:
+                merged: list[Record] = (
+                    batches[0] if len(batches) == 1 else [r for b in batches for r in b]
+                )
+                self._export(merged)
+                with self._cond:
+                    self._queued -= len(merged)
+                    self._busy = False
+                    self._cond.notify_all()
+            now = time.monotonic()
+            if now - last_tick >= self.tick_s or stop:
+                last_tick = now
+                self._tick()
+            if stop:
+                with self._cond:
+                    if not self._q:
+                        return
+
+    def _export(self, batch: list[Record]) -> None:
+        for i, ex in enumerate(self.exporters):
+            try:
+                ex.export(batch)
+            except Exception as exc:
+                self._fail(i, ex, exc)
+        self.exported += len(batch)
+
+    def _tick(self) -> None:
+        for i, ex in enumerate(self.exporters):
+            tick = getattr(ex, "tick", None)
+            if tick is not None:
+                try:
+                    tick()
+                except Exception as exc:
+                    self._fail(i, ex, exc)
+
+    def _fail(self, i: int, ex: object, exc: BaseException) -> None:
+        self.errors += 1
+        if i not in self._reported and self._report is not None:
+            self._reported.add(i)
+            self._report(f"exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)")
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every queued batch is exported, then flush the exporters."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while (self._q or self._busy) and time.monotonic() < deadline:
+                self._cond.notify_all()
+                self._cond.wait(max(0.0, min(0.05, deadline - time.monotonic())))
+            ok = not self._q and not self._busy
+        for i, ex in enumerate(self.exporters):
+            try:
+                ok = ex.flush(max(0.0, deadline - time.monotonic())) and ok
+            except Exception as exc:
+                self._fail(i, ex, exc)
+                ok = False
+        return ok
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Export what is queued (within ``timeout_s``), stop the thread, shut exporters down."""
+        deadline = time.monotonic() + timeout_s
+        self.flush(timeout_s)
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        for i, ex in enumerate(self.exporters):
+            try:
+                ex.shutdown(max(0.1, deadline - time.monotonic()))
+            except Exception as exc:
+                self._fail(i, ex, exc)

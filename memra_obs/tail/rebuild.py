@@ -1,0 +1,561 @@
+"""Legacy lines back into the observer's records: what the lines say, laid out in time.
+
+The lines carry no session ids and no timestamps, so the :class:`Rebuilder` derives only what
+they support (docs/tail.md has the full table):
+
+* **Bursts** come from phase lines (``[tag] rounds=n k=k ...``): n rounds whose phase times
+  are the burst's per-round *means*, known to the tighter of the line's two printed
+  precisions (totals at 0.01 ms, per-round at 0.001 ms). The level-2 line that follows its
+  phase line gives each of those rounds the burst's mean verify split.
+* **Rounds** with a ``[spec-prof-rounds]`` row (the first 64 of a session) are exact: wall,
+  draft, verify, accept, k, j, ctx, seq_rows; only ``rest_ms`` (rollback + maint) is split in
+  the burst's rollback:maint ratio. Round 0 of a profiled session is exact to the ns from
+  the ``[spec-prof]`` line (f64 buckets). Rounds without a row carry ``k = j = 0`` (the lines
+  say nothing of their drafts; acceptance is never invented) and ``ctx = seq_rows = 0``.
+* **Sessions** start at a ``[spec-prof]`` line (the session's first burst is the phase line
+  just before it) and end at a ``[spec-prof-summary]`` of fewer than 64 rounds, at the next
+  session's start, after ``session_gap_ns`` without a line, or (without the profile, when
+  nothing marks requests) after ``max_bursts`` bursts.
+* **Time**: a burst ends when its phase line arrived (or, when lines arrive faster than the
+  bursts could have run — a backlog, a replayed file — right after the previous burst), and
+  everything else is laid out backwards from there: rounds back to back from the burst's
+  start, the first-token buckets back to back before the first burst.
+
+Records come out in the contract's order (session, its rounds, burst, first-token, ...,
+session end) through :meth:`Rebuilder.take`. Nothing here reads the clock: every method
+takes the line's arrival stamp (``time.perf_counter_ns``, the package's monotonic clock).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..events import (
+    BurstRecord,
+    FirstTokenRecord,
+    Record,
+    RoundRecord,
+    SessionEndRecord,
+    SessionRecord,
+)
+from ..legacy import OVERRIDE, PHASE, PROF, PROF_ROUNDS, PROF_SUMMARY, VERIFY
+from ..records import SPEC_PROF_ROUNDS, SpecFirstTokenProf, SpecPhaseNs
+
+__all__ = ["UNKNOWN_FAMILY", "Rebuilder", "family_of"]
+
+#: ``family`` (and empty tag) of sessions whose lines never named one (profile-only streams).
+UNKNOWN_FAMILY = "unknown"
+
+#: Session-creation buckets of the first-token profile, in the loop's order (they precede
+#: the first burst); ``draft_prime`` and the ``first_*`` buckets sit inside round 0.
+_CREATION = ("cache_alloc", "sink_alloc", "prime", "capture", "anchor", "draft_alloc")
+_ROUND0 = ("first_draft", "first_verify", "first_accept", "first_roll", "first_maint")
+
+_tuple_new = tuple.__new__  # a NamedTuple without its Python-level __new__ (same object)
+_new = object.__new__
+
+#: Session ids are unique per process, whichever rebuilder made them (exporters key on them).
+_session_ids = itertools.count(1)
+
+
+def family_of(tag: str) -> str:
+    """``glm5-phase`` -> ``glm5``: the family a caller's tag names (the observer's default
+    tag is ``{family}-phase``); any other tag is its own family."""
+    if tag.endswith("-phase") and len(tag) > 6:
+        return tag[:-6]
+    return tag or UNKNOWN_FAMILY
+
+
+class _Burst:
+    """A burst being assembled: its phase line, then its level-2 line, its first-token
+    profile (a session's first burst) and its rows, until the next burst or a timeout."""
+
+    __slots__ = (
+        "arrival",
+        "k",
+        "last",
+        "phase",
+        "prof",
+        "rounds",
+        "rows",
+        "tag",
+        "tag_v",
+        "verify",
+    )
+
+    def __init__(
+        self, tag: str, rounds: int | None, k: int, phase: tuple[Any, ...] | None, t: int
+    ) -> None:
+        self.tag = tag
+        #: None: as many rounds as rows arrive (a burst seen only through its rows).
+        self.rounds = rounds
+        self.k = k
+        self.phase = phase
+        self.verify: tuple[Any, ...] | None = None
+        self.tag_v = ""
+        self.prof: SpecFirstTokenProf | None = None
+        self.rows: list[tuple[Any, ...]] = []
+        self.arrival = t
+        self.last = t
+
+
+class _Session:
+    __slots__ = (
+        "bursts",
+        "id",
+        "last_end",
+        "last_line",
+        "prof",
+        "rec",
+        "rounds",
+        "summarized",
+        "tag",
+        "tokens",
+    )
+
+    def __init__(self, sid: int, tag: str, prof: bool) -> None:
+        self.id = sid
+        self.tag = tag
+        self.prof = prof
+        self.rec: SessionRecord | None = None
+        self.rounds = 0
+        self.bursts = 0
+        self.tokens = 0
+        self.last_end = 0
+        self.last_line = 0
+        self.summarized = False
+
+
+class Rebuilder:
+    """Feeds on scanned legacy lines (:func:`memra_obs.legacy.scan_line`), hands out records.
+
+    One rebuilder per stream (one worker's stderr): it assumes the stream's sessions run one
+    after another, as a worker with one loop thread prints them. Lines of concurrent
+    sessions interleave without ids; they are attributed by adjacency, and whatever does not
+    fit is reported back as an orphan (the caller counts it) rather than guessed.
+    """
+
+    def __init__(
+        self,
+        worker: str = "",
+        *,
+        linger_ns: int = 500_000_000,
+        session_gap_ns: int = 1_000_000_000,
+        max_bursts: int = 64,
+        rng: random.Random | None = None,
+        epoch_ns: Callable[[], int] = time.time_ns,
+        mono_ns: Callable[[], int] = time.perf_counter_ns,
+    ) -> None:
+        self.worker = worker
+        self.linger_ns = linger_ns
+        self.session_gap_ns = session_gap_ns
+        self.max_bursts = max_bursts
+        self._rng = rng or random.Random()
+        self._epoch = epoch_ns
+        self._mono = mono_ns
+        self._out: list[Record] = []
+        self._pending: _Burst | None = None
+        self._session: _Session | None = None
+        self._last_kind = ""
+        self._last_end = 0  # end of the latest burst laid out, over all sessions
+        self._seen_phase = False
+        self._roll_share = 0.5  # rollback's share of rest_ms, from the latest phase line
+        #: Rounds published with a row's exact values / with the burst's per-round means.
+        self.rounds_from_rows = 0
+        self.rounds_from_means = 0
+        self.sessions = 0
+
+    # -- input ---------------------------------------------------------------------------
+
+    def feed(self, kind: str, tag: str, v: tuple[Any, ...], t: int) -> str | None:
+        """One scanned line that arrived at ``t`` (ns, monotonic). Returns why the line
+        could not be placed (it is then ignored), else None."""
+        why: str | None = None
+        if kind is PROF_ROUNDS:
+            why = self._row(v, t)
+        elif kind is PHASE:
+            self._phase(tag, v, t)
+        elif kind is VERIFY:
+            why = self._verify(tag, v, t)
+        elif kind is PROF:
+            why = self._prof(v[0], t)
+        elif kind is PROF_SUMMARY:
+            why = self._summary(v, t)
+        elif kind is not OVERRIDE:
+            why = f"unknown kind {kind!r}"
+        self._last_kind = kind
+        return why
+
+    def tick(self, now: int) -> None:
+        """Time passed without lines: settle a burst whose lines stopped ``linger_ns`` ago,
+        end a session idle for ``session_gap_ns``."""
+        b = self._pending
+        if b is not None and now - b.last >= self.linger_ns:
+            self._finish(b)
+        s = self._session
+        if (
+            s is not None
+            and self._pending is None
+            and (not s.prof or s.summarized)
+            and now - s.last_line >= self.session_gap_ns
+        ):
+            self._end(s)
+
+    def close(self) -> None:
+        """End of input: settle everything still open."""
+        if self._pending is not None:
+            self._finish(self._pending)
+        if self._session is not None:
+            self._end(self._session)
+
+    def take(self) -> list[Record]:
+        """The records completed since the last call, in order."""
+        out = self._out
+        if out:
+            self._out = []
+        return out
+
+    @property
+    def busy(self) -> bool:
+        """Something is still open (a burst being assembled, or a session)."""
+        return self._pending is not None or self._session is not None
+
+    # -- per kind --------------------------------------------------------------------------
+
+    def _phase(self, tag: str, v: tuple[Any, ...], t: int) -> None:
+        self._seen_phase = True
+        if self._pending is not None:
+            self._finish(self._pending)
+        self._pending = _Burst(tag, v[0], v[1], v, t)
+
+    def _verify(self, tag: str, v: tuple[Any, ...], t: int) -> str | None:
+        b = self._pending
+        if (
+            b is None
+            or b.phase is None
+            or b.verify is not None
+            or self._last_kind is not PHASE
+            or b.rounds != v[0]
+            or b.k != v[1]
+        ):
+            return "level-2 line without its phase line just before it"
+        b.verify = v
+        b.tag_v = tag
+        b.last = t
+        return None
+
+    def _prof(self, prof: SpecFirstTokenProf, t: int) -> str | None:
+        b = self._pending
+        n = prof.first_burst_rounds
+        if (
+            b is not None
+            and b.prof is None
+            and not b.rows
+            and b.phase is not None
+            and b.rounds == n
+        ):
+            b.prof = prof  # the session's first burst: the phase line just before
+            b.last = t
+            return None
+        if b is not None:
+            self._finish(b)
+        # No phase line for it (profile-only stream, or lost): the burst is what the
+        # profile and the rows that follow say.
+        b = self._pending = _Burst("", n, 0, None, t)
+        b.prof = prof
+        if n == 0:
+            self._finish(b)
+        return "[spec-prof] without its first burst's phase line" if self._seen_phase else None
+
+    def _row(self, v: tuple[Any, ...], t: int) -> str | None:
+        idx = v[0]
+        b = self._pending
+        s = self._session
+        if b is not None:
+            base = 0 if b.prof is not None else (s.rounds if s is not None else 0)
+            room = b.rounds is None or len(b.rows) < min(b.rounds, SPEC_PROF_ROUNDS - base)
+            if room and idx == base + len(b.rows):
+                b.rows.append(v)
+                b.last = t
+                return None
+        if not self._seen_phase:
+            # Profile-only stream: rows past the known burst form a burst of their own.
+            nxt = s.rounds if s is not None else 0
+            if b is not None:
+                nxt = (0 if b.prof is not None else nxt) + (
+                    b.rounds if b.rounds is not None else len(b.rows)
+                )
+                self._finish(b)
+            if idx == nxt and self._session is not None:
+                b = self._pending = _Burst(self._session.tag, None, 0, None, t)
+                b.rows.append(v)
+                return None
+        return f"row={idx} out of sequence (no burst of this session expects it)"
+
+    def _summary(self, v: tuple[Any, ...], t: int) -> str | None:
+        if self._pending is not None:
+            self._finish(self._pending)
+        s = self._session
+        if s is None:
+            if v[0] == 0:  # a session that ran no round at all: no other line marked it
+                s = self._open("", False, t, t)
+                self._end(s)
+                return None
+            return "[spec-prof-summary] with no session open"
+        s.last_line = t
+        if v[0] < SPEC_PROF_ROUNDS:
+            self._end(s)
+        else:
+            s.summarized = True  # the log is full; the session may go on
+        return None
+
+    # -- sessions --------------------------------------------------------------------------
+
+    def _open(self, tag: str, prof: bool, start: int, t: int, b: _Burst | None = None) -> _Session:
+        s = self._session = _Session(next(_session_ids), tag, prof)
+        s.last_line = t
+        rng = self._rng
+        mono = self._mono()
+        epoch = self._epoch()
+        level = 0 if b is None or b.phase is None else (2 if b.verify is not None else 1)
+        s.rec = SessionRecord(
+            session=s.id,
+            family=family_of(tag),
+            tag=tag,
+            tag_v=(b.tag_v if b is not None and b.tag_v else (f"{tag}-v" if tag else "")),
+            worker=self.worker,
+            start_ns_mono=start,
+            anchor_ns_mono=mono,
+            anchor_ns_epoch=epoch,
+            trace_id=rng.getrandbits(128) or 1,
+            span_id=rng.getrandbits(64) or 1,
+            parent_span_id=0,
+            level=level,
+            prof=prof,
+        )
+        self._out.append(s.rec)
+        self.sessions += 1
+        return s
+
+    def _end(self, s: _Session) -> None:
+        self._session = None
+        self._out.append(SessionEndRecord(s.id, s.last_end, s.rounds, s.bursts, s.tokens, ""))
+
+    # -- bursts ----------------------------------------------------------------------------
+
+    def _finish(self, b: _Burst) -> None:
+        """Lay the burst out in time and emit its session (when new), rounds and burst."""
+        self._pending = None
+        s = self._session
+        prof = b.prof
+        if s is not None and (
+            prof is not None
+            or (b.tag and s.tag and b.tag != s.tag)
+            or b.arrival - s.last_line > self.session_gap_ns
+            or (not s.prof and s.bursts >= self.max_bursts)
+        ):
+            self._end(s)
+            s = None
+        first_round = 0 if s is None else s.rounds
+        durs = self._round_phases(b)
+        wall = 0
+        for d in durs:
+            wall += d[0] + d[1] + d[2] + d[3] + d[4]
+        creation: list[tuple[str, int]] = []
+        if prof is not None:
+            wall = max(wall, round(prof.first_burst_ms * 1e6))
+            for name in _CREATION:
+                ns = round(getattr(prof, name + "_ms") * 1e6)
+                if ns > 0:
+                    creation.append((name, ns))
+        lead = sum(ns for _, ns in creation)
+        end = max(b.arrival, self._last_end + lead + wall)
+        start = end - wall
+        self._last_end = end
+        if s is None:
+            s = self._open(b.tag, prof is not None, start - lead, b.arrival, b)
+        out = self._out
+        append = out.append
+        sid = s.id
+        bidx = s.bursts
+        split = None
+        vv = b.verify
+        if vv is not None:
+            split = (round(vv[2] * 1e6), round(vv[3] * 1e6), round(vv[4] * 1e6), round(vv[6] * 1e6))
+        rows = b.rows
+        nrows = len(rows)
+        n = len(durs)
+        t0 = start
+        dr = ve = ac = ro = ma = 0
+        tokens = 0
+        idx = first_round
+        for i in range(n):
+            d = durs[i]
+            t1 = t0 + d[0]
+            t2 = t1 + d[1]
+            t3 = t2 + d[2]
+            t4 = t3 + d[3]
+            t5 = t4 + d[4]
+            if i < nrows:
+                r = rows[i]
+                j = r[7]
+                append(
+                    _tuple_new(
+                        RoundRecord,
+                        (sid, bidx, idx, (t0, t1, t2, t3, t4, t5), r[6], j, r[8], r[9], split),
+                    )
+                )
+                tokens += j + 1
+            else:
+                append(
+                    _tuple_new(
+                        RoundRecord, (sid, bidx, idx, (t0, t1, t2, t3, t4, t5), 0, 0, 0, 0, split)
+                    )
+                )
+                tokens += 1
+            dr += d[0]
+            ve += d[1]
+            ac += d[2]
+            ro += d[3]
+            ma += d[4]
+            idx += 1
+            t0 = t5
+        nrows = min(nrows, n)
+        self.rounds_from_rows += nrows
+        self.rounds_from_means += n - nrows
+        hook = 0
+        if prof is not None:
+            tokens = prof.first_burst_tokens
+            hook = round(prof.first_burst_hook_ms * 1e6)
+        phases = _new(SpecPhaseNs)  # the sums above are valid u64 counts: skip the checks
+        phases.draft, phases.verify, phases.accept, phases.roll, phases.maint = dr, ve, ac, ro, ma
+        phases.rounds = n
+        append(
+            _tuple_new(
+                BurstRecord,
+                (
+                    sid,
+                    bidx,
+                    b.k if b.phase is not None else max((r[6] for r in rows), default=0),
+                    start,
+                    end,
+                    phases,
+                    None
+                    if split is None
+                    else (split[0] * n, split[1] * n, split[2] * n, split[3] * n),
+                    tokens,
+                    hook,
+                    first_round,
+                ),
+            )
+        )
+        if prof is not None:
+            append(FirstTokenRecord(sid, prof, self._intervals(prof, creation, start, end)))
+        s.rounds += n
+        s.bursts += 1
+        s.tokens += tokens
+        s.last_end = end
+        if b.last > s.last_line:
+            s.last_line = b.last
+
+    def _round_phases(self, b: _Burst) -> list[tuple[int, int, int, int, int]]:
+        """Each round's five phase durations (ns): the rows' own, then the burst's means."""
+        rows = b.rows
+        ph = b.phase
+        prof = b.prof
+        n = b.rounds if (b.rounds is not None and ph is not None) else len(rows)
+        if prof is not None and n == 0 and b.rounds:
+            n = 1  # no phase line and no rows: round 0 is still known from the profile
+        if ph is not None:
+            rounds = ph[0]
+            roll_t = _burst_total_ns(ph[6], ph[11], rounds)
+            maint_t = _burst_total_ns(ph[7], ph[12], rounds)
+            if roll_t + maint_t > 0:
+                self._roll_share = roll_t / (roll_t + maint_t)
+        share = self._roll_share
+        out: list[tuple[int, int, int, int, int]] = []
+        append = out.append
+        for r in rows[:n] if len(rows) > n else rows:
+            d = round(r[2] * 1e6)
+            v = round(r[3] * 1e6)
+            a = round(r[4] * 1e6)
+            roll = round(round(r[5] * 1e6) * share)
+            m = round(r[1] * 1e6) - d - v - a - roll
+            # The wall is the row's own; maint takes what the f32 roundings leave of it.
+            append((d, v, a, roll, m if m > 0 else 0))
+        if prof is not None and n:
+            r0 = (
+                round(prof.draft_prime_ms * 1e6) + round(prof.first_draft_ms * 1e6),
+                round(prof.first_verify_ms * 1e6),
+                round(prof.first_accept_ms * 1e6),
+                round(prof.first_roll_ms * 1e6),
+                round(prof.first_maint_ms * 1e6),
+            )
+            if out:
+                out[0] = r0
+            else:
+                append(r0)
+        m = n - len(out)
+        if m > 0 and ph is not None:
+            totals = (
+                _burst_total_ns(ph[3], ph[8], rounds),
+                _burst_total_ns(ph[4], ph[9], rounds),
+                _burst_total_ns(ph[5], ph[10], rounds),
+                roll_t,
+                maint_t,
+            )
+            if not out:
+                each = [divmod(t, m) for t in totals]
+                if all(x[1] == 0 for x in each):  # the common case: all rounds alike
+                    one = (each[0][0], each[1][0], each[2][0], each[3][0], each[4][0])
+                    out.extend([one] * m)
+                    return out
+            fill = [_spread(max(totals[p] - sum(x[p] for x in out), 0), m) for p in range(5)]
+            out.extend(zip(*fill, strict=True))  # type: ignore[arg-type]
+        return out
+
+    def _intervals(
+        self, prof: SpecFirstTokenProf, creation: list[tuple[str, int]], start: int, end: int
+    ) -> tuple[tuple[str, int, int], ...]:
+        """The profile's buckets laid out: creation back to back before the first burst,
+        round 0's buckets from the burst's start, the burst itself."""
+        iv: list[tuple[str, int, int]] = []
+        t = start - sum(ns for _, ns in creation)
+        for name, ns in creation:
+            iv.append((name, t, t + ns))
+            t += ns
+        t = start
+        dp = round(prof.draft_prime_ms * 1e6)
+        if dp > 0:
+            iv.append(("draft_prime", t, t + dp))
+            t += dp
+        for name in _ROUND0:
+            ns = round(getattr(prof, name + "_ms") * 1e6)
+            iv.append((name, t, t + ns))
+            t += ns
+        iv.append(("first_burst", start, end))
+        return tuple(iv)
+
+
+def _burst_total_ns(total_ms: float, per_ms: float, rounds: int) -> int:
+    """A phase's burst total from its two printed forms: ``total`` is exact to 0.005 ms,
+    ``per-round`` to 0.0005 ms per round; the truth lies in both intervals, so take the
+    middle of their intersection (per-round alone when rounding left them disjoint)."""
+    if rounds <= 0:
+        return 0
+    lo_t, hi_t = total_ms * 1e6 - 5000.0, total_ms * 1e6 + 5000.0
+    lo_p, hi_p = (per_ms * 1e6 - 500.0) * rounds, (per_ms * 1e6 + 500.0) * rounds
+    lo, hi = max(lo_t, lo_p, 0.0), min(hi_t, hi_p)
+    if lo > hi:
+        return max(round(per_ms * 1e6 * rounds), 0)
+    return round((lo + hi) / 2)
+
+
+def _spread(total: int, m: int) -> list[int]:
+    """``total`` ns over ``m`` rounds as evenly as integers allow (sums back exactly)."""
+    base, extra = divmod(total, m)
+    return [base + 1] * extra + [base] * (m - extra)

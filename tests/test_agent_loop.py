@@ -1,0 +1,279 @@
+"""The agent in-process, fed by RingSinks in this process: host-unique session ids, the
+stream contract per session, restart without double counting, losses and dead writers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter, defaultdict
+
+import pytest
+
+from memra_obs.agent import build_agent
+from memra_obs.agent.loop import Agent, AgentBusy
+from memra_obs.agent.ring import RingSink
+from memra_obs.events import (
+    BurstRecord,
+    FirstTokenRecord,
+    RoundRecord,
+    SessionEndRecord,
+    SessionRecord,
+)
+from memra_obs.observer import Observer
+
+
+class Collect:
+    """A RecordExporter that keeps everything."""
+
+    def __init__(self) -> None:
+        self.records: list = []
+        self.shut = False
+
+    def export(self, batch):
+        self.records.extend(batch)
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        return True
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        self.shut = True
+
+    def of(self, t):
+        return [r for r in self.records if type(r) is t]
+
+
+def rounds(s, n, k=4, j=2):
+    b = s.burst(k)
+    for i in range(n):
+        b.begin_round()
+        for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+            end()
+        b.end_round(k=k, j=j, ctx=10 + i)
+    b.end()
+
+
+def observer(d, worker, slots=4096, **kw):
+    sink = RingSink(str(d), worker=worker, slots=slots, **kw)
+    return Observer([sink], level=2, prof=True, memory=lambda: [(0, 100)], worker=worker), sink
+
+
+def check_contract(records) -> dict[int, list]:
+    """Per session: SessionRecord first, SessionEndRecord last (if any), nothing after it,
+    and FirstTokenRecord right after the first BurstRecord."""
+    by = defaultdict(list)
+    for r in records:
+        by[r.session].append(r)
+    for recs in by.values():
+        assert type(recs[0]) is SessionRecord
+        assert all(type(r) is not SessionEndRecord for r in recs[:-1])
+        kinds = [type(r) for r in recs]
+        if FirstTokenRecord in kinds:
+            i = kinds.index(FirstTokenRecord)
+            assert kinds[i - 1] is BurstRecord and kinds.index(BurstRecord) == i - 1
+    return by
+
+
+def test_sessions_of_every_worker_get_host_unique_ids(tmp_path):
+    """Two workers with the same local ids: the agent's ids are unique, workers labelled."""
+    (o1, s1), (o2, s2) = observer(tmp_path, "w1"), observer(tmp_path, "w2")
+    for o in (o1, o2, o1):
+        with o.session("glm5") as s:
+            rounds(s, 3)
+            rounds(s, 2)
+    cap = Collect()
+    a = Agent(str(tmp_path), [cap])
+    assert a.drain(5)
+    by = check_contract(cap.records)
+    assert len(by) == 3
+    assert sorted(r.worker for r in cap.of(SessionRecord)) == ["w1", "w1", "w2"]
+    assert len(cap.of(RoundRecord)) == 15 and len(cap.of(FirstTokenRecord)) == 3
+    pub, lost = a.worker_counts()
+    assert pub == {"w1": 2 * 10, "w2": 10} and lost == {"w1": 0, "w2": 0}
+    s1.shutdown()
+    s2.shutdown()
+    a.close()
+    assert cap.shut
+
+
+def test_restart_resumes_without_double_counting(tmp_path):
+    """Agent 1 stops mid-session; agent 2 publishes exactly the rest, with each session's
+    context (the SessionRecord) replayed first, whether it is still open or has ended."""
+    obs, sink = observer(tmp_path, "w")
+    a_open = obs.session("glm5")
+    rounds(a_open, 4)
+    with obs.session("glm5") as done_later:
+        rounds(done_later, 3)
+        cap1 = Collect()
+        agent1 = Agent(str(tmp_path), [cap1], batch_slots=12)
+        agent1.step()  # part of what is there
+        agent1.close()
+        rounds(done_later, 2)  # after the cursor; ends before agent 2 starts
+    rounds(a_open, 5)
+    a_open.end()
+    with obs.session("glm5") as new:
+        rounds(new, 2)
+    cap2 = Collect()
+    agent2 = Agent(str(tmp_path), [cap2])
+    assert agent2.drain(5)
+    total_rounds = 4 + 3 + 2 + 5 + 2
+    r1, r2 = cap1.of(RoundRecord), cap2.of(RoundRecord)
+    assert 0 < len(r1) < total_rounds
+    assert len(r1) + len(r2) == total_rounds
+    assert not {x.t_ns_mono for x in r1} & {x.t_ns_mono for x in r2}
+    check_contract(cap2.records)
+    assert len(cap1.of(SessionEndRecord)) + len(cap2.of(SessionEndRecord)) == 3
+    assert agent2.stats()[0]["replayed"] >= 1 and agent2.lost_total() == 0
+    sink.shutdown()
+    agent2.close()
+
+
+def test_graceful_close_leaves_open_sessions_to_the_next_agent(tmp_path):
+    """close() does not end sessions of a live worker (spans would appear twice)."""
+    obs, sink = observer(tmp_path, "w")
+    s = obs.session("glm5")
+    rounds(s, 2)
+    cap = Collect()
+    a = Agent(str(tmp_path), [cap])
+    a.drain(5)
+    a.close()
+    assert not cap.of(SessionEndRecord)
+    s.end()
+    cap2 = Collect()
+    a2 = Agent(str(tmp_path), [cap2])
+    a2.drain(5)
+    assert [type(r) for r in cap2.records] == [SessionRecord, SessionEndRecord]
+    assert cap2.records[1].rounds == 2
+    a2.close()
+    sink.shutdown()
+
+
+def test_lost_end_records_are_synthesized_and_counted(tmp_path):
+    """A reader lapped by a tiny ring loses session ends; the agent closes those sessions
+    (RingOverrun) once the writer's table shows they ended, and counts every lost record."""
+    obs, sink = observer(tmp_path, "w", slots=64)
+    cap = Collect()
+    a = Agent(str(tmp_path), [cap])
+    with obs.session("glm5") as s:
+        rounds(s, 2)
+        a.step()  # the agent knows the session
+        rounds(s, 80)  # laps the ring
+    with obs.session("glm5") as s2:  # its SessionRecord is overwritten too: an orphan
+        rounds(s2, 80)
+    with obs.session("glm5") as s3:
+        rounds(s3, 1)
+    a.drain(5)
+    ends = sorted(e.error for e in cap.of(SessionEndRecord))
+    assert ends == ["", "", "RingOverrun"]  # s2's end made it: it closes its stand-in
+    st = a.stats()[0]
+    assert st["orphaned"] > 0 and st["open_sessions"] == 0
+    # The orphan's rounds are still published, behind a stand-in session without trace ids.
+    stand_in = [r for r in cap.of(SessionRecord) if r.family == "unknown"]
+    assert len(stand_in) == 1 and stand_in[0].trace_id == 0 and stand_in[0].worker == "w"
+    delivered = len(cap.records) - a.stats()[0]["synthesized"] - a.stats()[0]["replayed"]
+    assert delivered + a.lost_total() == sink.written
+    check_contract(cap.records)
+    sink.shutdown()
+    a.close()
+
+
+def test_a_killed_writer_is_read_to_the_end_and_cleaned_up(tmp_path):
+    """A worker SIGKILLed mid-session: every record it wrote is published, the session is
+    ended as WorkerGone, and the ring file is removed."""
+    code = (
+        "import sys, os, signal\n"
+        "from memra_obs.agent.ring import RingSink\n"
+        "from memra_obs.observer import Observer\n"
+        "sys.path.insert(0, os.path.dirname(sys.argv[1]))\n"
+        "from test_agent_loop import rounds\n"
+        f"sink = RingSink({str(tmp_path)!r}, worker='k', slots=4096)\n"
+        "obs = Observer([sink], level=2, prof=False, worker='k')\n"
+        "s = obs.session('glm5'); rounds(s, 7)\n"
+        "b = s.burst(4); b.begin_round(); b.end_draft(); b.end_verify(); b.end_accept();"
+        " b.end_rollback(); b.end_round(k=4, j=1)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code, __file__], timeout=60)
+    assert p.returncode == -9
+    cap = Collect()
+    a = Agent(str(tmp_path), [cap])
+    assert a.drain(5)
+    assert [type(r) for r in cap.records] == [SessionRecord, *[RoundRecord] * 7, BurstRecord,
+                                              RoundRecord, SessionEndRecord]  # fmt: skip
+    end = cap.records[-1]
+    assert (
+        end.error == "WorkerGone"
+        and end.rounds == 8
+        and end.end_ns_mono == cap.records[-2].t_ns_mono[5]
+    )
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".ring")]
+    assert a.rings_removed == 1 and a.rings == 0
+    a.close()
+
+
+def test_one_agent_per_directory(tmp_path):
+    """A second agent on the same directory is refused until the first one closes."""
+    a = Agent(str(tmp_path), [])
+    with pytest.raises(AgentBusy):
+        Agent(str(tmp_path), [])
+    a.close()
+    Agent(str(tmp_path), []).close()
+
+
+def test_agent_metrics_carry_worker_labels_and_ring_drops(tmp_path):
+    """build_agent: one registry with the spec metrics labelled by worker, the agent's own
+    health and memra_obs_dropped_total{signal="ring"}; promtool finds nothing to report."""
+    from prometheus_client import CollectorRegistry
+
+    from memra_obs.prom import encode
+
+    obs, sink = observer(tmp_path, "rank3", slots=64)
+    s = obs.session("glm5")
+    rounds(s, 100)  # laps the ring before the agent starts; the table has the session
+    env = {"MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": ""}
+    reg = CollectorRegistry()
+    agent, closers, server = build_agent(str(tmp_path), env=env, registry=reg)
+    assert server is None
+    agent.drain(5)
+    body, _ = encode(reg, "application/openmetrics-text; version=1.0.0")
+    text = body.decode()
+    lost = agent.lost_total()
+    assert lost > 0
+    assert f'memra_obs_dropped_total{{signal="ring"}} {lost}.0' in text
+    assert 'memra_spec_rounds_total{family="glm5",worker="rank3"}' in text
+    assert f'memra_obs_agent_lost_records_total{{worker="rank3"}} {lost}.0' in text
+    assert "memra_obs_agent_rings 1.0" in text
+    s.end()
+    promtool = shutil.which("promtool")
+    if promtool:
+        plain, _ = encode(reg, "text/plain")
+        r = subprocess.run(
+            [promtool, "check", "metrics"], input=plain, capture_output=True, timeout=30
+        )
+        assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
+    sink.shutdown()
+    agent.close()
+    for c in closers:
+        c()
+
+
+def test_records_reach_exporters_in_batches_not_one_by_one(tmp_path):
+    """One pass hands every ring's news to each exporter as one batch."""
+    (o1, s1), (o2, s2) = observer(tmp_path, "a"), observer(tmp_path, "b")
+    for o in (o1, o2):
+        with o.session("glm5") as s:
+            rounds(s, 20)
+    sizes: list[int] = []
+
+    class Sizes(Collect):
+        def export(self, batch):
+            sizes.append(len(batch))
+
+    a = Agent(str(tmp_path), [Sizes()])
+    a.step()
+    assert sizes == [2 * (1 + 20 + 1 + 1 + 1)]
+    assert Counter(sizes)
+    s1.shutdown()
+    s2.shutdown()
+    a.close()

@@ -1,0 +1,336 @@
+"""The ring: every record type round-trips bit for bit, losses are counted exactly, a
+reader never sees a torn record, the cursor persists, and liveness follows the writer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from memra_obs.agent import format as F
+from memra_obs.agent.reader import FormatError, RingReader
+from memra_obs.agent.ring import RingSink
+from memra_obs.events import (
+    BurstRecord,
+    FirstTokenRecord,
+    RoundRecord,
+    SessionEndRecord,
+    SessionRecord,
+)
+from memra_obs.observer import Observer
+from memra_obs.records import FIRST_TOKEN_MS_FIELDS, SpecFirstTokenProf, SpecPhaseNs
+
+U64 = st.integers(0, (1 << 64) - 1)
+U32 = st.integers(0, (1 << 32) - 1)
+MS = st.floats(0, 1e9, allow_nan=False, allow_infinity=False)
+WORD = st.text("abcdefghijklmnopqrstuvwxyz_-.0123456789", max_size=12)
+TEXT = st.text(max_size=20)
+
+sessions = st.builds(
+    SessionRecord,
+    session=U64, family=TEXT, tag=TEXT, tag_v=TEXT, worker=TEXT,
+    start_ns_mono=U64, anchor_ns_mono=U64, anchor_ns_epoch=U64,
+    trace_id=st.integers(0, (1 << 128) - 1), span_id=U64, parent_span_id=U64,
+    level=st.integers(0, 2), prof=st.booleans(),
+)  # fmt: skip
+rounds = st.builds(
+    RoundRecord,
+    session=U64, burst=U32, index=U32, t_ns_mono=st.tuples(U64, U64, U64, U64, U64, U64),
+    k=U32, j=U32, ctx=U32, seq_rows=U32, split_ns=st.none() | st.tuples(U64, U64, U64, U64),
+)  # fmt: skip
+bursts = st.builds(
+    BurstRecord,
+    session=U64, index=U32, k=U32, start_ns_mono=U64, end_ns_mono=U64,
+    phases=st.builds(SpecPhaseNs, U64, U64, U64, U64, U64, U64),
+    split_ns=st.none() | st.tuples(U64, U64, U64, U64),
+    tokens=U64, hook_ns=U64, first_round=U64,
+)  # fmt: skip
+pairs = st.lists(st.tuples(U64, U64), max_size=16)
+
+
+@st.composite
+def first_tokens(draw: st.DrawFn) -> FirstTokenRecord:
+    p = SpecFirstTokenProf()
+    for f in FIRST_TOKEN_MS_FIELDS:
+        setattr(p, f, draw(MS))
+    for f in ("first_round_tokens", "first_burst_rounds", "first_burst_tokens", "draft_prime_rows",
+              "draft_prime_chunks"):  # fmt: skip
+        setattr(p, f, draw(U64))
+    p.draft_prime_arm = draw(st.sampled_from(["", "eager", "chunked"]))
+    p.draft_kv_mb = draw(MS)
+    p.free_mb_before = draw(pairs)
+    p.free_mb_after = draw(pairs)
+    ivs = draw(st.lists(st.tuples(WORD, U64, U64), max_size=14))
+    return FirstTokenRecord(draw(U64), p, tuple(ivs))
+
+
+ends = st.builds(SessionEndRecord, U64, U64, U64, U64, U64, TEXT)
+records = st.one_of(sessions, rounds, bursts, first_tokens(), ends)
+
+
+def _read_all(path: str) -> list:
+    r = RingReader(path)
+    out = []
+    while True:
+        items = r.poll(1 << 20)
+        if not items:
+            break
+        out.extend(items)
+    r.close()
+    return out
+
+
+def _plain(item):
+    return item.rec[0] if item.kind == F.KIND_SESSION else item.rec
+
+
+@given(records)
+def test_codec_round_trips_every_record(rec):
+    """encode -> decode gives back an equal record, every field, every type."""
+    kind, payload = F.encode(rec)
+    back = F.decode(kind, payload)
+    if kind == F.KIND_SESSION:
+        back = back[0]
+    assert back == rec
+
+
+@given(st.lists(records, max_size=30))
+def test_records_round_trip_through_a_ring(tmp_path_factory, recs):
+    """What the sink writes, the reader reads back equal and in order (multi-slot included)."""
+    d = tmp_path_factory.mktemp("ring")
+    sink = RingSink(str(d), worker="w", slots=1024, table_entries=8)
+    hooks = {SessionRecord: sink.on_session, RoundRecord: sink.on_round, BurstRecord: sink.on_burst,
+             FirstTokenRecord: sink.on_first_token, SessionEndRecord: sink.on_session_end}  # fmt: skip
+    for r in recs:
+        hooks[type(r)](r)
+    assert sink.refused == 0
+    got = [_plain(i) for i in _read_all(sink.path)]
+    sink.shutdown()
+    assert got == recs
+
+
+def test_values_the_format_cannot_hold_are_refused_and_counted(tmp_path):
+    """A negative count or a huge profile is refused (counted), never raised into the loop."""
+    sink = RingSink(str(tmp_path), slots=64)
+    sink.on_round(RoundRecord(1, 0, 0, (0,) * 6, -1, 0, 0, 0, None))
+    p = SpecFirstTokenProf()
+    p.free_mb_before = [(i, i) for i in 200 * [0]]
+    sink.on_first_token(FirstTokenRecord(1, p, ()))
+    sink.on_round(RoundRecord(1, 0, 1, (1,) * 6, 4, 2, 10, 0, None))
+    assert sink.refused == 2 and sink.written == 1
+    items = _read_all(sink.path)
+    assert [i.rec.index for i in items] == [1]
+    assert RingReader(sink.path).writer_stats()[0] == 2
+
+
+def _round(i: int) -> RoundRecord:
+    # Every field derives from i: a torn copy cannot look consistent.
+    t = tuple(i * 1000 + n for n in range(6))
+    return RoundRecord(
+        i, i & 0xFFFF, i, t, i % 7, i % 5, i * 3 % 1000, i % 11, (i, i + 1, i + 2, i + 3)
+    )
+
+
+def _check_round(r: RoundRecord) -> None:
+    assert r == _round(r.session)
+
+
+def test_a_reader_that_falls_behind_counts_exactly_what_it_lost(tmp_path):
+    """A tiny ring, lapped many times: delivered + lost == written, delivered are the newest."""
+    sink = RingSink(str(tmp_path), slots=64)
+    reader = RingReader(sink.path)
+    n = 1000
+    delivered = []
+    for i in range(n):
+        sink.on_round(_round(i))
+        if i % 300 == 0:  # read now and then, far too rarely
+            delivered += [it.rec for it in reader.poll(4096)]
+    delivered += [it.rec for it in reader.poll(4096)]
+    for r in delivered:
+        _check_round(r)
+    idx = [r.index for r in delivered]
+    assert idx == sorted(idx) and idx[-1] == n - 1
+    assert reader.lost == n - len(delivered) > 0
+    assert reader.rec == n
+    # A record spanning several slots is lost once, not once per slot.
+    sink2 = RingSink(str(tmp_path), slots=64)
+    p = SpecFirstTokenProf()
+    p.free_mb_before = [(i, 1000) for i in range(16)]
+    big = FirstTokenRecord(7, p, tuple((f"b{i}", i, i + 1) for i in range(12)))
+    assert len(F.encode(big)[1]) > 5 * F.PAYLOAD
+    r2 = RingReader(sink2.path)
+    for _ in range(40):
+        sink2.on_first_token(big)
+    got = r2.poll(4096)
+    assert all(it.rec == big for it in got)
+    assert r2.lost + len(got) == 40 and r2.lost > 0
+    sink.shutdown()
+    sink2.shutdown()
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from memra_obs.agent.ring import RingSink
+    from memra_obs.events import FirstTokenRecord
+    from memra_obs.records import SpecFirstTokenProf
+    sys.path.insert(0, {tests!r})
+    from test_agent_ring import _round
+    sink = RingSink({d!r}, worker="stress", slots=128)
+    print(sink.path, flush=True)
+    sys.stdin.readline()
+    p = SpecFirstTokenProf(); p.free_mb_before = [(i, i) for i in range(8)]
+    for i in range({n}):
+        if i % 97 == 0:
+            sink.on_first_token(FirstTokenRecord(i, p, (("x", i, i),) * 5))
+        else:
+            sink.on_round(_round(i))
+    print(sink.written, flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_a_concurrent_reader_never_sees_a_torn_record(tmp_path):
+    """A writer process laps a small ring flat out while the reader copies: every record read
+    is intact, in order, and delivered + lost == written."""
+    n = 200_000
+    code = _WRITER.format(d=str(tmp_path), n=n, tests=os.path.dirname(__file__))
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        path = p.stdout.readline().strip()
+        reader = RingReader(path)
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        got = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            got += reader.poll(96)
+            if reader.rec >= n:
+                break
+        written = int(p.stdout.readline())
+        got += reader.poll(4096)
+        p.stdin.write("bye\n")
+        p.stdin.flush()
+        assert p.wait(10) == 0
+    finally:
+        p.kill()
+        p.wait()
+    assert written == n
+    last = -1
+    for it in got:
+        r = it.rec
+        if isinstance(r, RoundRecord):
+            _check_round(r)
+            key = r.index
+        else:
+            assert (
+                r.prof.free_mb_before == [(i, i) for i in range(8)]
+                and r.intervals[0][1] == r.session
+            )
+            key = r.session
+        assert key > last
+        last = key
+    assert len(got) + reader.lost == n
+    assert reader.corrupt == 0
+    assert len(got) > n // 50  # it did read along, not just the last lap
+
+
+def test_cursor_persists_and_a_new_reader_resumes(tmp_path):
+    """commit() stores the cursor in the ring; the next reader starts after it."""
+    sink = RingSink(str(tmp_path), slots=256)
+    for i in range(10):
+        sink.on_round(_round(i))
+    r1 = RingReader(sink.path)
+    assert [it.rec.index for it in r1.poll(5)] == [0, 1, 2, 3, 4]
+    r1.commit()
+    r1.close()
+    for i in range(10, 12):
+        sink.on_round(_round(i))
+    r2 = RingReader(sink.path)
+    assert [it.rec.index for it in r2.poll(4096)] == list(range(5, 12))
+    assert r2.lost == 0
+    sink.shutdown()
+
+
+def test_writer_gone_follows_the_process_and_shutdown(tmp_path):
+    """The liveness lock is held while the writer lives and released by exit or shutdown."""
+    sink = RingSink(str(tmp_path), slots=64)
+    r = RingReader(sink.path)
+    assert not r.writer_gone()
+    sink.shutdown()
+    assert r.writer_gone() and r.writer_stats()[2]
+    code = f"from memra_obs.agent.ring import RingSink; import sys; print(RingSink({str(tmp_path)!r}, slots=64).path, flush=True); sys.stdin.readline()"
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        r2 = RingReader(p.stdout.readline().strip())
+        assert not r2.writer_gone()
+        p.kill()
+        p.wait(10)
+        assert r2.writer_gone() and not r2.writer_stats()[2]
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_forked_child_writes_its_own_ring(tmp_path):
+    """After fork the child gets a fresh ring; the parent's stays the parent's."""
+    sink = RingSink(str(tmp_path), worker="fork", slots=64)
+    parent_path = sink.path
+    sink.on_round(_round(1))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        code = 0
+        try:
+            code = 0 if sink.path != parent_path else 3
+            sink.on_round(_round(2))
+            sink.shutdown()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    rings = sorted(p for p in os.listdir(tmp_path) if p.endswith(".ring"))
+    assert len(rings) == 2
+    assert [i.rec.index for i in _read_all(parent_path)] == [1]
+    other = next(str(tmp_path / p) for p in rings if str(tmp_path / p) != parent_path)
+    assert [i.rec.index for i in _read_all(other)] == [2]
+    assert not RingReader(parent_path).writer_gone()
+    sink.shutdown()
+
+
+def test_a_file_that_is_not_a_ring_is_refused(tmp_path):
+    """Junk in the directory is a FormatError, not a crash."""
+    p = tmp_path / "junk.ring"
+    p.write_bytes(b"x" * 8192)
+    with pytest.raises(FormatError):
+        RingReader(str(p))
+
+
+def test_observer_records_reach_the_ring_with_trace_ids(tmp_path):
+    """RingSink asks for trace ids, so sessions carry them into the ring."""
+    sink = RingSink(str(tmp_path), slots=256)
+    obs = Observer([sink], level=0, prof=False)
+    with obs.session("glm5") as s:
+        b = s.burst(4)
+        b.begin_round()
+        for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+            end()
+        b.end_round(k=4, j=1, ctx=3)
+        b.end()
+    items = _read_all(sink.path)
+    srec = items[0].rec[0]
+    assert srec.trace_id and srec.span_id
+    assert [type(_plain(i)).__name__ for i in items] == [
+        "SessionRecord", "RoundRecord", "BurstRecord", "SessionEndRecord",
+    ]  # fmt: skip
+    sink.shutdown()

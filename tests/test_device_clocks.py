@@ -1,0 +1,393 @@
+"""Clock attribution without a GPU: a simulated asynchronous stream whose queued work completes
+only with time (and is waited for only by ``.synchronize()``), with torch-style timing events
+on a device clock of its own. The same loop is run under the sync clock, a no-drain control
+and the event clock, and the buckets say where the queued device time landed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from memra_obs.clock import SyncClock
+from memra_obs.device import events as events_mod
+from memra_obs.device.events import EventClock
+from memra_obs.observer import Burst
+from memra_obs.testing import capture
+
+MS = 1_000_000
+#: The pretend device's clock runs on its own base, like a GPU's: the anchor must map it.
+DEVICE_OFFSET_NS = 987_654_321_000
+
+
+class SimEvent:
+    """A timing event on :class:`SimStream`'s device clock (torch's duck API)."""
+
+    def __init__(self, stream: SimStream) -> None:
+        self.stream = stream
+        self.t_dev = 0
+
+    def synchronize(self) -> None:
+        wait = (self.t_dev - DEVICE_OFFSET_NS) - time.perf_counter_ns()
+        if wait > 0:
+            time.sleep(wait / 1e9)
+
+    def elapsed_time(self, end: SimEvent) -> float:
+        return (end.t_dev - self.t_dev) / 1e6
+
+
+class SimStream:
+    """Queued work runs back to back from when it is queued; ``synchronize`` sleeps until the
+    queue is empty. Counts drains and events made, so tests can see what a clock did."""
+
+    def __init__(self) -> None:
+        self.busy_until_ns = 0
+        self.syncs = 0
+        self.events_made = 0
+
+    def enqueue(self, ms: float) -> None:
+        now = time.perf_counter_ns()
+        self.busy_until_ns = max(self.busy_until_ns, now) + int(ms * MS)
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+        wait = self.busy_until_ns - time.perf_counter_ns()
+        if wait > 0:
+            time.sleep(wait / 1e9)
+
+    def wait_for(self, other: SimStream) -> None:
+        """Later work here starts after what is queued on ``other`` (cudaStreamWaitEvent)."""
+        self.busy_until_ns = max(self.busy_until_ns, other.busy_until_ns)
+
+    def record_event(self, ev: SimEvent | None = None) -> SimEvent:
+        if ev is None:
+            ev = SimEvent(self)
+            self.events_made += 1
+        ev.t_dev = max(time.perf_counter_ns(), self.busy_until_ns) + DEVICE_OFFSET_NS
+        return ev
+
+
+def run_rounds(
+    obs: Any,
+    e: SimStream,
+    eh: SimStream | None = None,
+    *,
+    rounds: int = 3,
+    bursts: int = 1,
+    phases: dict[str, Callable[[], None]] | None = None,
+) -> None:
+    """A spec loop on the simulated streams: draft 5 ms, verify 40 ms (queued, not waited),
+    accept = a readback (drains e), rollback/maint 1 ms each."""
+    ph = {
+        "draft": lambda: e.enqueue(5),
+        "verify": lambda: e.enqueue(40),
+        "accept": e.synchronize,
+        "rollback": lambda: e.enqueue(1),
+        "maint": lambda: e.enqueue(1),
+    }
+    ph.update(phases or {})
+    with obs.session("t", e=e, eh=eh) as s:
+        for _ in range(bursts):
+            b = s.burst(4)
+            for _ in range(rounds):
+                b.begin_round()
+                ph["draft"]()
+                b.end_draft()
+                ph["verify"]()
+                b.end_verify()
+                ph["accept"]()
+                b.end_accept()
+                ph["rollback"]()
+                b.end_rollback()
+                ph["maint"]()
+                b.end_round(k=4, j=2, ctx=100)
+            b.end()
+        e.synchronize()
+
+
+def per_round_ms(cap: Any) -> dict[str, float]:
+    names = ("draft", "verify", "accept", "rollback", "maint")
+    rs = cap.rounds
+    return {n: sum(r.phase_ns()[i] for r in rs) / len(rs) / MS for i, n in enumerate(names)}
+
+
+def no_drain(e: Any, eh: Any) -> SyncClock:
+    return SyncClock(None, None)
+
+
+def test_sync_clock_puts_queued_verify_work_in_verify() -> None:
+    """The seed's contract: the boundary after verify drains, so verify's 40 ms land there."""
+    e = SimStream()
+    with capture(level=1, clock="sync") as cap:
+        run_rounds(cap.observer, e)
+    ms = per_round_ms(cap)
+    assert 38 <= ms["verify"] <= 60, ms
+    assert ms["accept"] < 3, ms
+    assert 4.5 <= ms["draft"] <= 15, ms
+
+
+def test_no_drain_control_moves_verify_work_to_the_next_phase() -> None:
+    """Without drains the same work shows up where the loop next waits (accept's readback):
+    the control that proves the sync test can fail."""
+    e = SimStream()
+    with capture(level=1, clock=no_drain) as cap:
+        run_rounds(cap.observer, e)
+    ms = per_round_ms(cap)
+    assert ms["verify"] < 3, ms
+    assert ms["accept"] >= 40, ms
+
+
+def test_event_clock_matches_sync_without_draining_inside_rounds() -> None:
+    """Events resolve to the same buckets; the only drains are the loop's own readbacks and
+    one per burst."""
+    e_sync, e_ev = SimStream(), SimStream()
+    with capture(level=1, clock="sync") as cs:
+        run_rounds(cs.observer, e_sync, rounds=4)
+    with capture(level=1, clock="event") as ce:
+        run_rounds(ce.observer, e_ev, rounds=4)
+    sync, ev = per_round_ms(cs), per_round_ms(ce)
+    for name in ("draft", "verify", "accept", "rollback", "maint"):
+        assert abs(ev[name] - sync[name]) <= max(1.5, 0.08 * sync[name]), (name, sync, ev)
+    assert 38 <= ev["verify"] <= 60, ev
+    # 4 rounds x 1 readback + the burst's one drain + the session's final one.
+    assert e_ev.syncs == 4 + 1 + 1
+    assert e_sync.syncs > 4 * 6
+
+
+def test_event_clock_pools_events_across_bursts() -> None:
+    """Steady state allocates no events: the pool made for the first burst is reused."""
+    e = SimStream()
+    with capture(level=1, clock="event") as cap:
+        run_rounds(cap.observer, e, rounds=2, bursts=1)
+        made = e.events_made
+        run_rounds(cap.observer, e, rounds=2, bursts=4)
+    assert made > 0
+    assert e.events_made == made
+    assert len(cap.rounds) == 10
+
+
+def test_host_only_work_hides_under_the_device_tail_with_events() -> None:
+    """A host-only phase after queued device work: the sync clock serializes (host time adds
+    on top), the event clock charges only what sticks out past the device tail."""
+
+    def host_10ms() -> None:
+        time.sleep(0.010)
+
+    phases = {"draft": lambda: e.enqueue(20), "verify": host_10ms, "accept": lambda: None}
+    e = SimStream()
+    with capture(level=1, clock="sync") as cs:
+        run_rounds(cs.observer, e, rounds=2, phases=phases)
+    sync = per_round_ms(cs)
+    e = SimStream()
+    phases = {"draft": lambda: e.enqueue(20), "verify": host_10ms, "accept": lambda: None}
+    with capture(level=1, clock="event") as ce:
+        run_rounds(ce.observer, e, rounds=2, phases=phases)
+    ev = per_round_ms(ce)
+    assert sync["draft"] >= 19 and sync["verify"] >= 9.5, sync
+    assert ev["draft"] >= 19 and ev["verify"] < 3, ev
+
+
+def _head_verify(e: SimStream, eh: SimStream, dependent: bool) -> Callable[[], None]:
+    def verify() -> None:
+        if dependent:
+            eh.wait_for(e)  # the head's pass reads what the draft wrote on e
+        eh.enqueue(30)
+
+    return verify
+
+
+def test_event_clock_takes_the_later_of_both_streams() -> None:
+    """Work queued on the head stream in verify closes verify under both clocks."""
+    for clock in ("sync", "event"):
+        e, eh = SimStream(), SimStream()
+        phases = {"verify": _head_verify(e, eh, True), "accept": eh.synchronize}
+        with capture(level=1, clock=clock) as cap:
+            run_rounds(cap.observer, e, eh, rounds=2, phases=phases)
+        ms = per_round_ms(cap)
+        assert 28 <= ms["verify"] <= 45, (clock, ms)
+        assert 4.5 <= ms["draft"] <= 10, (clock, ms)
+        assert ms["accept"] < 3, (clock, ms)
+
+
+def test_event_clock_charges_cross_stream_overlap_to_the_earlier_phase() -> None:
+    """Independent head work runs beside the draft's tail on e: the sync clock serializes it
+    (verify = all 30 ms), the event clock leaves the overlap in draft (verify = 30 - 5 ms) and
+    its buckets add up to the real, overlapped wall (docs/device.md, "e / eh overlap")."""
+    out = {}
+    for clock in ("sync", "event"):
+        e, eh = SimStream(), SimStream()
+        phases = {"verify": _head_verify(e, eh, False), "accept": eh.synchronize}
+        with capture(level=1, clock=clock) as cap:
+            run_rounds(cap.observer, e, eh, rounds=2, phases=phases)
+        out[clock] = per_round_ms(cap)
+    assert 28 <= out["sync"]["verify"] <= 45, out
+    assert 22 <= out["event"]["verify"] <= 27.5, out
+    assert 4.5 <= out["event"]["draft"] <= 10, out
+
+
+def test_same_stream_as_e_and_eh_drains_once() -> None:
+    """e and eh given as one object: one drain per boundary (sync), one lane (event)."""
+    e = SimStream()
+    with capture(level=1, clock="sync") as cap, cap.observer.session("t", e=e, eh=e) as s:
+        b = s.burst(1)
+        b.begin_round()
+        b.end_draft()
+        b.end_verify()
+        b.end_accept()
+        b.end_rollback()
+        b.end_round(k=1, j=0)
+        b.end()
+    assert e.syncs == 6
+    clock = EventClock(e, e)
+    assert len(clock._lanes) == 1
+
+
+class FakeEv:
+    def __init__(self) -> None:
+        self.t = 0
+
+
+class ScriptedOps:
+    """EventOps whose records take device times from a script: exact settle arithmetic."""
+
+    def __init__(self, times: list[int]) -> None:
+        self.times = iter(times)
+        self.made = 0
+
+    def new(self, stream: Any) -> FakeEv:
+        self.made += 1
+        return FakeEv()
+
+    def recorder(self, ev: FakeEv, stream: Any) -> Callable[[], None]:
+        return lambda: self.record(ev, stream)
+
+    def record(self, ev: FakeEv, stream: Any) -> None:
+        ev.t = next(self.times)
+
+    def wait(self, ev: FakeEv) -> None:
+        pass
+
+    def elapsed_ns(self, a: FakeEv, b: FakeEv) -> int:
+        return b.t - a.t
+
+
+class NullStream:
+    def synchronize(self) -> None:
+        pass
+
+
+def scripted_clock(
+    monkeypatch: pytest.MonkeyPatch, host: list[int], dev: list[int]
+) -> tuple[EventClock, list[int]]:
+    """An EventClock on one stream whose host clock and device event times are scripted."""
+    host_it = iter(host)
+    monkeypatch.setattr(events_mod, "now_ns", lambda: next(host_it))
+    ops = ScriptedOps(dev)
+    clock = EventClock(NullStream(), events=lambda s: ops)
+    return clock, [clock.mark() for _ in range(len(dev) - 1)]
+
+
+def test_settle_maps_device_time_through_the_anchor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """boundary = max(host, anchor_host - elapsed(event, anchor)), kept monotonic."""
+    # Host marks at 0,10,20,30,40,50 (then the anchor bracket 95, 100); device events on a
+    # clock offset by 5000: the device is busy until 5035 by boundary 2, idle after.
+    host = [0, 10, 20, 30, 40, 50, 95, 100]
+    dev = [5001, 5012, 5035, 5036, 5041, 5051, 5090]  # last = the anchor
+    clock, stamps = scripted_clock(monkeypatch, host, dev)
+    assert stamps == [0, 10, 20, 30, 40, 50]
+    out = clock.settle(stamps)
+    # anchor 5090 <-> host 100: device t maps to t - 4990.
+    assert out == [11, 22, 45, 46, 51, 61]
+    assert clock.anchor_window_ns == 5
+
+
+def test_settle_keeps_boundaries_monotonic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rounding between two event readings can never make a phase negative."""
+    host = [0, 1, 2, 3, 10, 10]
+    dev = [100, 108, 104, 105, 110]
+    clock, stamps = scripted_clock(monkeypatch, host, dev)
+    out = clock.settle(stamps)
+    assert out == sorted(out)
+    assert out == [0, 8, 8, 8]
+
+
+def test_settle_uses_the_last_marks_when_earlier_ones_were_never_settled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A burst that never settles (no complete round) does not shift the next burst's events."""
+    host = [0, 1, 2, 10, 20, 30, 35, 40]
+    dev = [900, 901, 902, 1010, 1020, 1030, 1040]
+    host_it = iter(host)
+    monkeypatch.setattr(events_mod, "now_ns", lambda: next(host_it))
+    ops = ScriptedOps(dev)
+    clock = EventClock(NullStream(), events=lambda s: ops)
+    for _ in range(3):
+        clock.mark()  # the stray burst
+    stamps = [clock.mark() for _ in range(3)]
+    out = clock.settle(stamps)
+    assert out == [10, 20, 30]  # events 1010.. with anchor 1040 <-> host 40
+
+
+def test_a_failed_record_keeps_host_stamps_and_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recording an event that fails is not the loop's problem: that burst keeps host stamps."""
+
+    class Boom(ScriptedOps):
+        def recorder(self, ev: FakeEv, stream: Any) -> Callable[[], None]:
+            def rec() -> None:
+                raise RuntimeError("cudaErrorStreamCaptureUnsupported")
+
+            return rec
+
+    clock = EventClock(NullStream(), events=lambda s: Boom([]))
+    stamps = [clock.mark() for _ in range(6)]
+    assert clock.settle(stamps) == stamps
+
+
+def test_event_clock_without_streams_is_the_host_clock() -> None:
+    """No device: stamps are final at once, like the sync clock with no streams."""
+    clock = EventClock(None, None)
+    assert clock.immediate is True
+    a = clock.mark()
+    assert clock.mark() >= a
+
+
+def test_event_clock_on_a_stream_without_events_drains_instead(capsys: pytest.CaptureFixture[str]) -> None:
+    """A stream with only .synchronize() cannot be event-timed: drain per boundary, said once."""
+    events_mod._said.discard("noevents:Plain")
+
+    class Plain:
+        syncs = 0
+
+        def synchronize(self) -> None:
+            self.syncs += 1
+
+    p = Plain()
+    clock = EventClock(p)
+    clock.mark()
+    clock.mark()
+    assert clock.immediate is True
+    assert p.syncs == 2
+    EventClock(Plain())
+    err = capsys.readouterr().err
+    assert err.count("has no CUDA events") == 1
+
+
+def test_event_clock_records_are_the_only_hot_path_work() -> None:
+    """A mark on a pooled lane is one pre-bound record call per stream, no drain."""
+    e = SimStream()
+    clock = EventClock(e)
+    for _ in range(6):
+        clock.mark()
+    clock.settle([0] * 6)
+    made, syncs = e.events_made, e.syncs
+    for _ in range(6):
+        clock.mark()
+    assert e.syncs == syncs and e.events_made == made
+
+
+def test_burst_type_is_plain_without_range_hooks() -> None:
+    """No NVTX sink: bursts are the plain Burst, whose boundary is one clock mark."""
+    with capture(level=1) as cap, cap.observer.session("t") as s:
+        assert type(s.burst(4)) is Burst

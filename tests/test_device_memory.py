@@ -1,0 +1,286 @@
+"""Free-memory snapshots with a fake NVML and fake CUDA runtimes: bus-id matching across the two
+spellings, CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER parsing, and every fallback."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from memra_obs.device.memory import (
+    MIB,
+    FreeMemory,
+    NvmlDevice,
+    format_bus_id,
+    parse_bus_id,
+    visible_devices,
+)
+from memra_obs.testing import capture
+
+
+class FakeNvmlError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+NO_PERMISSION, NOT_SUPPORTED, LIBRARY_NOT_FOUND = 4, 3, 12
+
+
+class FakeNvml:
+    """pynvml's surface as the snapshot uses it. ``cards``: NVML's enumeration order, each a
+    dict of bus (NVML spelling), uuid, name, free_mb, and optionally mig / refuse."""
+
+    def __init__(self, cards: list[dict[str, Any]]) -> None:
+        self.cards = cards
+        self.memory_reads = 0
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.cards)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
+        return SimpleNamespace(busId=self.cards[h]["bus"])
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return self.cards[h]["uuid"]
+
+    def nvmlDeviceGetName(self, h: int) -> str:
+        return self.cards[h].get("name", "NVIDIA H200")
+
+    def nvmlDeviceGetMigMode(self, h: int) -> list[int]:
+        if "mig" not in self.cards[h]:
+            raise FakeNvmlError(NOT_SUPPORTED)
+        m = int(self.cards[h]["mig"])
+        return [m, m]
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        self.memory_reads += 1
+        c = self.cards[h]
+        if c.get("refuse"):
+            raise FakeNvmlError(NO_PERMISSION)
+        return SimpleNamespace(free=c["free_mb"] * MIB + 123, total=143_771 * MIB, used=0)
+
+
+class FakeCuda:
+    """The CUDA runtime's view: its ordinals' bus ids (CUDA spelling) and cudaMemGetInfo."""
+
+    name = "fakecuda"
+
+    def __init__(self, buses: list[object], free_mb: list[int] | None = None) -> None:
+        self.buses = buses
+        self.free_mb = free_mb or [0] * len(buses)
+        self.reads = 0
+
+    def count(self) -> int:
+        return len(self.buses)
+
+    def bus_id(self, i: int) -> object:
+        return self.buses[i]
+
+    def free_bytes(self, i: int) -> int:
+        self.reads += 1
+        return self.free_mb[i] * MIB + MIB // 2
+
+
+# Four cards; NVML enumerates them out of bus order to prove nothing relies on NVML's order.
+CARDS = [
+    {"bus": "00000000:9A:00.0", "uuid": "GPU-cccc3333-0000", "free_mb": 3000},
+    {"bus": "00000000:1B:00.0", "uuid": "GPU-aaaa1111-0000", "free_mb": 1000},
+    {"bus": "00000000:43:00.0", "uuid": "GPU-bbbb2222-0000", "free_mb": 2000},
+    {"bus": "00000000:C3:00.0", "uuid": "GPU-dddd4444-0000", "free_mb": 4000},
+]
+# The same cards as CUDA spells them (4-digit domain, lower case), in bus order.
+CUDA_BUS = ["0000:1b:00.0", "0000:43:00.0", "0000:9a:00.0", "0000:c3:00.0"]
+
+
+def fm(nvml: Any, cuda: Any, env: dict[str, str] | None = None) -> tuple[FreeMemory, list[str]]:
+    said: list[str] = []
+
+    def nvml_loader() -> Any:
+        if isinstance(nvml, BaseException):
+            raise nvml
+        return nvml
+
+    m = FreeMemory(nvml=nvml_loader, cuda=lambda: cuda, environ=env or {}, report=lambda k, msg: said.append(msg))
+    return m, said
+
+
+def test_bus_ids_in_both_spellings_are_the_same_device() -> None:
+    """NVML's 8-digit upper-case domain and CUDA's 4-digit lower-case one compare equal."""
+    assert parse_bus_id("00000000:1B:00.0") == parse_bus_id("0000:1b:00.0") == (0, 0x1B, 0, 0)
+    assert parse_bus_id(b"00000000:1B:00.0\x00\x00") == (0, 0x1B, 0, 0)
+    assert parse_bus_id((0, 0x1B, 0)) == (0, 0x1B, 0, 0)  # torch's (domain, bus, device)
+    assert parse_bus_id("1b:00.0") == (0, 0x1B, 0, 0)
+    assert parse_bus_id("00010000:01:02.3") == (0x10000, 1, 2, 3)
+    assert parse_bus_id("garbage") is None
+    assert parse_bus_id(None) is None
+    assert format_bus_id(parse_bus_id("00000000:9A:00.0")) == "0000:9a:00.0"
+
+
+def nv_devices() -> list[NvmlDevice]:
+    return [NvmlDevice(i, i, parse_bus_id(c["bus"]), c["uuid"], "NVIDIA H200", False) for i, c in enumerate(CARDS)]
+
+
+def buses(devs: list[Any]) -> list[str]:
+    return [d if isinstance(d, str) else format_bus_id(d.bus) for d in devs]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, CUDA_BUS),  # unset: every device, in PCI bus order
+        ("1", ["0000:43:00.0"]),
+        ("2,0", ["0000:9a:00.0", "0000:1b:00.0"]),
+        (" 3 , 1 ", ["0000:c3:00.0", "0000:43:00.0"]),
+        ("GPU-dddd", ["0000:c3:00.0"]),  # a unique UUID prefix
+        ("GPU-aaaa1111-0000,0", ["0000:1b:00.0"]),  # 0 is the same card again: the list ends
+        ("0,7,1", ["0000:1b:00.0"]),  # the first bad entry ends the list
+        ("0,,1", ["0000:1b:00.0"]),
+        ("GPU-", []),  # ambiguous prefix
+        ("", []),
+        ("-1", []),
+        ("all", []),
+        ("MIG-5f2a1c2e-aaaa,1", ["MIG-5f2a1c2e-aaaa", "0000:43:00.0"]),
+    ],
+)
+def test_cuda_visible_devices_is_read_the_way_the_runtime_reads_it(value: str | None, expected: list[str]) -> None:
+    """Indices count in PCI bus order, UUIDs by prefix, and parsing stops at the first bad entry."""
+    assert buses(visible_devices(value, nv_devices(), "PCI_BUS_ID")) == expected
+
+
+def test_ordinals_map_by_bus_id_not_by_nvml_index() -> None:
+    """CUDA_VISIBLE_DEVICES=2,0 as the runtime reports it: ordinal 0 is the 0x9a card."""
+    nv = FakeNvml(CARDS)
+    m, said = fm(nv, FakeCuda(["0000:9a:00.0", "0000:1b:00.0"]))
+    assert m.snapshot() == [(0, 3000), (1, 1000)]
+    assert [(s.ordinal, s.nvml_index, s.source) for s in m.slots()] == [(0, 0, "nvml"), (1, 1, "nvml")]
+    assert said == []
+
+
+def test_torch_style_bus_triples_match_too() -> None:
+    """torch gives (domain, bus, device) integers: they match NVML's string."""
+    m, said = fm(FakeNvml(CARDS), FakeCuda([(0, 0x43, 0), (0, 0xC3, 0)]))
+    assert m.snapshot() == [(0, 2000), (1, 4000)]
+    assert said == []
+
+
+def test_without_nvml_falls_back_to_cudamemgetinfo_and_says_so_once() -> None:
+    """pynvml missing: cudaMemGetInfo for every ordinal, one line on stderr."""
+    cuda = FakeCuda(CUDA_BUS[:2], [111, 222])
+    m, said = fm(ModuleNotFoundError("No module named 'pynvml'"), cuda)
+    assert m.snapshot() == [(0, 111), (1, 222)]
+    assert m.snapshot() == [(0, 111), (1, 222)]
+    assert len(said) == 1 and "pynvml" in said[0] and "cudaMemGetInfo" in said[0]
+
+
+def test_nvml_refusing_a_device_falls_back_for_that_ordinal_only() -> None:
+    """A container's NVML refusing memory info: that ordinal moves to cudaMemGetInfo, for good."""
+    cards = [dict(c) for c in CARDS]
+    cards[1]["refuse"] = True  # the 0x1b card
+    nv = FakeNvml(cards)
+    cuda = FakeCuda(CUDA_BUS[:2], [999, 998])
+    m, said = fm(nv, cuda)
+    assert m.snapshot() == [(0, 999), (1, 2000)]
+    assert m.snapshot() == [(0, 999), (1, 2000)]
+    assert len(said) == 1 and "refused ordinal 0" in said[0]
+    assert m.slots()[0].source == "cuda"
+    assert cuda.reads == 2
+
+
+def test_mig_cards_are_read_with_cudamemgetinfo() -> None:
+    """NVML's parent handle reports the whole card under MIG: the instance is read by CUDA."""
+    cards = [dict(c) for c in CARDS]
+    cards[1]["mig"] = True
+    m, said = fm(FakeNvml(cards), FakeCuda(["0000:1b:00.0", "0000:43:00.0"], [500, 0]))
+    assert m.snapshot() == [(0, 500), (1, 2000)]
+    assert len(said) == 1 and "MIG" in said[0]
+
+
+def test_two_ordinals_on_one_card_are_mig_instances() -> None:
+    """Several CUDA ordinals on one bus id can only be MIG instances: cudaMemGetInfo for them."""
+    m, said = fm(FakeNvml(CARDS), FakeCuda(["0000:1b:00.0", "0000:1b:00.0"], [10, 20]))
+    assert m.snapshot() == [(0, 10), (1, 20)]
+    assert said and "MIG" in said[0]
+
+
+def test_a_bus_id_nvml_does_not_know_falls_back() -> None:
+    m, said = fm(FakeNvml(CARDS), FakeCuda(["0000:05:00.0"], [77]))
+    assert m.snapshot() == [(0, 77)]
+    assert "no device at bus id 0000:05:00.0" in said[0]
+
+
+def test_no_gpu_at_all_is_quiet() -> None:
+    """No driver, no framework: [] and not a word."""
+    m, said = fm(FakeNvmlError(LIBRARY_NOT_FOUND), None)
+    assert m.snapshot() == []
+    m, said2 = fm(ModuleNotFoundError("pynvml"), None)
+    assert m.snapshot() == []
+    m, said3 = fm(FakeNvmlError(LIBRARY_NOT_FOUND), FakeCuda([]))
+    assert m.snapshot() == []
+    assert said == said2 == said3 == []
+
+
+def test_environment_mapping_when_neither_cupy_nor_torch_is_there() -> None:
+    """No CUDA framework: CUDA_VISIBLE_DEVICES is parsed over NVML's devices in bus order."""
+    m, said = fm(FakeNvml(CARDS), None, {"CUDA_VISIBLE_DEVICES": "2,GPU-aaaa", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    assert m.snapshot() == [(0, 3000), (1, 1000)]
+    assert [s.bus_id for s in m.slots()] == ["0000:9a:00.0", "0000:1b:00.0"]
+    assert said == []
+
+
+def test_environment_mapping_warns_on_mixed_cards_without_pci_order() -> None:
+    """FASTEST_FIRST on mixed cards is the driver's call: assume bus order, and say so."""
+    cards = [dict(c) for c in CARDS]
+    cards[0]["name"] = "NVIDIA H100"
+    m, said = fm(FakeNvml(cards), None, {"CUDA_VISIBLE_DEVICES": "0"})
+    assert m.snapshot() == [(0, 1000)]
+    assert len(said) == 1 and "CUDA_DEVICE_ORDER" in said[0]
+
+
+def test_environment_mapping_skips_mig_entries() -> None:
+    m, said = fm(FakeNvml(CARDS), None, {"CUDA_VISIBLE_DEVICES": "MIG-1234,1"})
+    assert m.snapshot() == [(1, 2000)]
+    assert "MIG" in said[0]
+
+
+def test_snapshot_never_raises() -> None:
+    """A runtime that throws everywhere costs a line, never the loop."""
+
+    class Broken(FakeCuda):
+        def bus_id(self, i: int) -> object:
+            raise RuntimeError("cudaErrorInitializationError")
+
+        def free_bytes(self, i: int) -> int:
+            raise RuntimeError("cudaErrorInitializationError")
+
+    m, said = fm(ModuleNotFoundError("pynvml"), Broken(["x"]))
+    assert m.snapshot() == []
+    assert said
+
+    class Exploding(FakeNvml):
+        def nvmlDeviceGetCount(self) -> int:
+            raise FakeNvmlError(999)
+
+    m, said = fm(Exploding(CARDS), FakeCuda(CUDA_BUS[:1], [5]))
+    assert m.snapshot() == [(0, 5)]
+
+
+def test_values_are_whole_mib_rounded_down() -> None:
+    """free_mb is MiB, floored like an integer division of bytes."""
+    m, _ = fm(ModuleNotFoundError("pynvml"), FakeCuda(["0000:1b:00.0"], [10]))
+    assert m.snapshot() == [(0, 10)]  # 10.5 MiB -> 10
+
+
+def test_the_observer_records_snapshots_into_the_profile() -> None:
+    """Session.free_memory fills free_mb_before / free_mb_after through the snapshot."""
+    m, _ = fm(FakeNvml(CARDS), FakeCuda(CUDA_BUS[:2]))
+    with capture(level=0, prof=True, memory=m) as cap, cap.observer.session("t") as s:
+        s.free_memory("before")
+        s.free_memory("after")
+        assert s.prof is not None
+        assert s.prof.free_mb_before == [(0, 1000), (1, 2000)]
+        assert s.prof.free_mb_after == [(0, 1000), (1, 2000)]

@@ -1,0 +1,131 @@
+"""The NVTX sink: ranges pushed and popped at the boundaries, on a fake domain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from memra_obs.observer import Burst
+from memra_obs.sinks import nvtx as nvtx_mod
+from memra_obs.sinks.nvtx import RANGE_NAMES, NvtxSink
+from memra_obs.testing import capture
+
+
+class FakeDomain:
+    """Stands in for ``nvtx.get_domain('memra')``: keeps the push/pop sequence."""
+
+    def __init__(self) -> None:
+        self.ops: list[str] = []
+        self.attrs_built: list[str] = []
+
+    def get_event_attributes(self, message: str | None = None, color: Any = None, **kw: Any) -> Any:
+        self.attrs_built.append(str(message))
+        return ("attrs", message, color)
+
+    def push_range(self, attributes: Any) -> None:
+        self.ops.append("+" + attributes[1])
+
+    def pop_range(self) -> None:
+        self.ops.append("-")
+
+
+def one_round(b: Any) -> None:
+    b.begin_round()
+    b.end_draft()
+    b.end_verify()
+    b.end_accept()
+    b.end_rollback()
+    b.end_round(k=4, j=2)
+
+
+def test_ranges_nest_burst_round_phase_at_the_boundaries() -> None:
+    """A burst of two rounds: spec.burst > spec.round > the five phases, balanced."""
+    d = FakeDomain()
+    sink = NvtxSink(domain=d)
+    assert sink.backend == "nvtx"
+    assert sorted(d.attrs_built) == sorted(RANGE_NAMES)  # built once, up front
+    with capture(level=1, sinks=[sink]) as cap, cap.observer.session("t") as s:
+        b = s.burst(4)
+        assert type(b) is not Burst
+        assert d.ops == ["+spec.burst"]
+        b.begin_round()
+        assert d.ops[-2:] == ["+spec.round", "+spec.draft"]  # pushed at the boundary itself
+        b.end_draft()
+        assert d.ops[-2:] == ["-", "+spec.verify"]
+        b.end_verify()
+        b.end_accept()
+        b.end_rollback()
+        b.end_round(k=4, j=2)
+        one_round(b)
+        b.end()
+    phases = ["+spec.draft", "-", "+spec.verify", "-", "+spec.accept", "-", "+spec.rollback", "-", "+spec.maint", "-"]
+    rnd = ["+spec.round", *phases, "-"]
+    assert d.ops == ["+spec.burst", *rnd, *rnd, "-"]
+    assert len(cap.rounds) == 2
+
+
+def test_misuse_never_unbalances_the_ranges() -> None:
+    """A round begun twice, or a burst ended mid-round, still pops everything it pushed."""
+    d = FakeDomain()
+    with capture(level=1, sinks=[NvtxSink(domain=d)]) as cap, cap.observer.session("t") as s:
+        b = s.burst(4)
+        b.begin_round()
+        b.end_draft()
+        b.begin_round()  # the loop restarted the round
+        one_round(b)
+        b.begin_round()
+        b.end_draft()
+        b.end()  # returned mid-round
+        b.end_verify()  # late boundary after the end: no range opened
+    pushes = sum(op.startswith("+") for op in d.ops)
+    assert pushes == d.ops.count("-")
+    depth = 0
+    for op in d.ops:
+        depth += 1 if op.startswith("+") else -1
+        assert depth >= 0
+
+
+def test_a_raising_domain_never_reaches_the_loop() -> None:
+    """NVTX failures are reported once and the loop's rounds still come out."""
+
+    class Bad(FakeDomain):
+        def push_range(self, attributes: Any) -> None:
+            raise RuntimeError("nvtx broke")
+
+    with capture(level=1, sinks=[NvtxSink(domain=Bad())]) as cap, cap.observer.session("t") as s:
+        b = s.burst(4)
+        one_round(b)
+        b.end()
+    assert len(cap.rounds) == 1
+
+
+def test_no_nvtx_anywhere_is_a_noop_said_once(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Neither nvtx nor torch: no range hook (bursts stay plain) and one stderr line."""
+    monkeypatch.setattr(nvtx_mod, "_importable", lambda name: False)
+    nvtx_mod._said.clear()
+    a, b2 = NvtxSink(), NvtxSink()
+    assert a.range_hook is None and b2.range_hook is None and a.backend == "off"
+    assert capsys.readouterr().err.count("no NVTX ranges") == 1
+    with capture(level=1, sinks=[a]) as cap, cap.observer.session("t") as s:
+        assert type(s.burst(4)) is Burst
+
+
+def test_the_real_nvtx_package_without_a_profiler_is_off() -> None:
+    """With nvtx installed but no tool attached, nvtx hands back its dummy domain: off, no hook."""
+    nvtx = pytest.importorskip("nvtx")
+    if type(nvtx.get_domain("memra")).__name__ != "DummyDomain":
+        pytest.skip("a profiler is attached")
+    sink = NvtxSink()
+    assert sink.range_hook is None and sink.backend == "off"
+
+
+def test_setup_wires_the_sink_by_name() -> None:
+    """MEMRA_OBS_SINKS=nvtx builds an observer with an NvtxSink."""
+    from memra_obs.setup import build_observer
+
+    obs = build_observer(level=1, prof=False, env={"MEMRA_OBS_SINKS": "nvtx", "MEMRA_OBS_METRICS_ADDR": ""})
+    try:
+        assert any(isinstance(s, NvtxSink) for s in obs.sinks)
+    finally:
+        obs.shutdown()

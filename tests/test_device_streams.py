@@ -1,0 +1,124 @@
+"""Stream adapters and import hygiene: frameworks are told apart by module name, the same
+stream given twice is one stream, and a CPU-only use never imports cupy / torch / pynvml."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memra_obs.device import streams
+from memra_obs.device.streams import DuckEvents, as_stream, event_ops, framework, pair, same_stream
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def fake_stream(module: str, handle: int, device: int = 0, attr: str = "ptr") -> Any:
+    """An object whose type claims to live in ``module`` (as cupy/torch stream types do)."""
+    cls = type("Stream", (), {"__module__": module, "synchronize": lambda self: None})
+    s = cls()
+    setattr(s, attr, handle)
+    if module.startswith("cupy"):
+        s.device_id = device
+    else:
+        s.device = type("Dev", (), {"index": device})()
+    return s
+
+
+def test_framework_is_read_off_the_type_module() -> None:
+    """cupy.cuda.stream.Stream / torch.cuda.streams.Stream, without importing either."""
+    assert framework(fake_stream("cupy.cuda.stream", 1)) == "cupy"
+    assert framework(fake_stream("torch.cuda.streams", 1, attr="cuda_stream")) == "torch"
+    assert framework(object()) is None
+    assert framework(None) is None
+
+
+def test_two_wrappers_of_one_cuda_stream_are_one_stream() -> None:
+    """torch.cuda.current_stream() hands out a new wrapper each call: same handle = same stream."""
+    a = fake_stream("torch.cuda.streams", 0xABC, attr="cuda_stream")
+    b = fake_stream("torch.cuda.streams", 0xABC, attr="cuda_stream")
+    c = fake_stream("torch.cuda.streams", 0xABC, device=1, attr="cuda_stream")
+    assert same_stream(a, b)
+    assert not same_stream(a, c)  # handle 0x.. on another device is another stream
+    assert pair(a, b) == (a, a)
+    assert pair(a, c) == (a, c)
+    assert pair(a, None) == (a, a)
+    plain1, plain2 = object(), object()
+    assert not same_stream(plain1, plain2)
+
+
+def test_as_stream_accepts_synchronizers_and_none_only() -> None:
+    assert as_stream(None) is None
+    s = fake_stream("cupy.cuda.stream", 3)
+    assert as_stream(s) is s
+    with pytest.raises(TypeError, match="synchronize"):
+        as_stream(object())
+
+
+def test_event_ops_for_duck_streams_and_none_for_plain_ones() -> None:
+    """torch-style record_event() streams are event-timed; bare synchronizers are not."""
+
+    class Duck:
+        def synchronize(self) -> None:
+            pass
+
+        def record_event(self, ev: Any = None) -> Any:
+            return ev
+
+    assert isinstance(event_ops(Duck()), DuckEvents)
+    assert event_ops(fake_stream("mylib", 1)) is None
+    assert streams.stream_handle(object()) is None
+
+
+POISON = """
+import sys
+raise ImportError("memra_obs imported {name} on a CPU-only path")
+"""
+
+
+def test_cpu_only_use_never_imports_gpu_libraries(tmp_path: Path) -> None:
+    """import memra_obs, a traced session on the sync and event clocks with no device, the NVTX
+    sink's absence, and the memory snapshot without a GPU: none imports cupy, torch, pynvml or
+    nvtx. Poisoned stand-ins on the path make any such import fail loudly."""
+    for name in ("cupy", "torch", "pynvml", "nvtx"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(POISON.format(name=name))
+    script = textwrap.dedent(
+        """
+        import sys
+        import memra_obs
+        import memra_obs.device, memra_obs.device.streams, memra_obs.device.events
+        import memra_obs.device.memory, memra_obs.device.workload, memra_obs.sinks.nvtx
+        from memra_obs.testing import capture
+        for clock in ("sync", "event"):
+            with capture(level=2, prof=True, clock=clock, memory=lambda: []) as cap:
+                with cap.observer.session("t") as s:
+                    b = s.burst(4)
+                    b.begin_round(); b.end_draft(); b.end_verify(); b.end_accept(); b.end_rollback()
+                    b.end_round(k=4, j=1)
+                    b.end()
+        bad = sorted(m for m in ("cupy", "torch", "pynvml", "nvtx") if m in sys.modules)
+        print("LOADED", bad)
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)]))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "LOADED []" in out.stdout
+
+
+def test_memory_snapshot_with_poisoned_libraries_is_empty_and_quiet(tmp_path: Path) -> None:
+    """free_mb_snapshot where pynvml/cupy/torch fail to import: [] and no traceback."""
+    for name in ("cupy", "torch", "pynvml"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('no {name} here')\n")
+    script = "from memra_obs.device.memory import free_mb_snapshot; print('SNAP', free_mb_snapshot())"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "SNAP []" in out.stdout

@@ -1,0 +1,147 @@
+"""The GPU demo workload without a GPU: its kernel sequence run on numpy through the same ops
+interface, so shapes, slicing and the demo's call order are checked in CI."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from memra_obs.device import workload as wl
+from memra_obs.device.workload import GpuWorkload
+
+np = pytest.importorskip("numpy", reason="numpy stands in for the GPU here")
+
+
+class NumpyStream:
+    def __init__(self) -> None:
+        self.syncs = 0
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+
+
+class NumpyOps:
+    """``_CupyOps``' surface on numpy: every 'kernel' runs at once on the host."""
+
+    name = "cupy"  # take the CuPy code paths (concatenate)
+
+    def __init__(self) -> None:
+        self.cp = SimpleNamespace(concatenate=np.concatenate)
+        self.rng = np.random.default_rng(0)
+        self.host_reads = 0
+        self.released = 0
+
+    def stream(self) -> NumpyStream:
+        return NumpyStream()
+
+    @contextlib.contextmanager
+    def on(self, s: Any) -> Iterator[None]:
+        yield
+
+    def empty(self, shape: tuple[int, ...]) -> Any:
+        return np.full(shape, np.nan, dtype=np.float32)
+
+    raw_empty = empty
+
+    def randn(self, shape: tuple[int, ...], scale: float) -> Any:
+        return (self.rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def mm(self, a: Any, b: Any, out: Any = None) -> Any:
+        return np.matmul(a, b, out=out)
+
+    def argmax(self, x: Any) -> Any:
+        return np.argmax(x, axis=-1)
+
+    def take(self, w: Any, idx: Any) -> Any:
+        return np.take(w, np.asarray(idx).reshape(-1), axis=0)
+
+    def copy(self, dst: Any, src: Any) -> None:
+        np.copyto(dst, src)
+
+    def host(self, x: Any, s: Any) -> Any:
+        self.host_reads += 1
+        return np.asarray(x)
+
+    def wait(self, dst: Any, src: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def release(self) -> None:
+        self.released += 1
+
+
+@pytest.fixture
+def small(monkeypatch: pytest.MonkeyPatch) -> NumpyOps:
+    """Shrink the model so numpy runs it in milliseconds; hand out the numpy ops."""
+    ops = NumpyOps()
+    monkeypatch.setattr(wl, "_ops", lambda backend, device: ops)
+    for name, v in dict(HIDDEN=64, FFN=128, LAYERS=3, KV_DIM=16, VOCAB=97, D_HIDDEN=32, D_KV=8, CHUNK=16).items():
+        monkeypatch.setattr(GpuWorkload, name, v)
+    return ops
+
+
+@pytest.mark.parametrize("two_streams", [False, True])
+def test_a_session_runs_in_the_demo_order(small: NumpyOps, two_streams: bool) -> None:
+    """Session creation, rounds and teardown: the cache fills, ctx advances by j+1 per round,
+    accept reads back once per round and j stays within k."""
+    w = GpuWorkload(two_streams=two_streams)
+    assert (w.eh is w.e) is not two_streams
+    w.cache_alloc(200)
+    w.prime(40)
+    assert w.ctx == 40
+    assert not np.isnan(w._cache[:, :, :40]).any()
+    w.capture()
+    w.anchor()
+    w.draft_alloc(200)
+    w.draft_prime(40)
+    assert not np.isnan(w._dkv[:, :, :40]).any()
+    reads = small.host_reads
+    for k in (4, 1, 4, 3):
+        ctx = w.ctx
+        w.draft(k)
+        w.verify(k)
+        j = w.accept(k)
+        assert 0 <= j <= k
+        w.rollback(k, j)
+        assert w.ctx == ctx + j + 1
+        assert not np.isnan(w._cache[:, :, ctx : w.ctx]).any()
+        w.maint()
+    assert small.host_reads == reads + 4
+    w.end_session()
+    assert w._cache is None and small.released == 1
+
+
+def test_a_full_cache_wraps_instead_of_overflowing(small: NumpyOps) -> None:
+    w = GpuWorkload()
+    w.cache_alloc(64)
+    w.prime(10_000)  # longer than the cache: clipped
+    assert w.ctx <= 64
+    w.draft_alloc(64)
+    w.draft_prime(10_000)
+    for _ in range(40):
+        w.draft(4)
+        w.verify(4)
+        w.rollback(4, w.accept(4))
+        w.maint()
+        assert w.ctx <= w._cap
+
+
+def test_the_demo_loop_runs_it_under_the_observer(small: NumpyOps) -> None:
+    """memra_obs.demo.serve_one drives the workload with every phase boundary in place."""
+    from memra_obs.demo import DemoConfig, DemoStats, serve_one
+    from memra_obs.testing import capture
+
+    w = GpuWorkload()
+    cfg = DemoConfig(requests=1, max_tokens=24, k=4)
+    with capture(level=1, prof=True, memory=lambda: [(0, 1)]) as cap:
+        serve_one(cap.observer, w, random.Random(1), cfg, "glm5", DemoStats(lock=threading.Lock()), eager=True)
+    assert cap.rounds and cap.first_tokens
+    assert cap.first_tokens[0].prof.prime_ms > 0

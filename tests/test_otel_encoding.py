@@ -1,0 +1,173 @@
+"""The hand-written OTLP writers against opentelemetry-proto: every shape we emit decodes to
+the span we meant, and the JSON lines are the same requests in OTLP/JSON."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+
+from google.protobuf import json_format
+from hypothesis import given
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from memra_obs.otel.otlp_json import JsonEncoder
+from memra_obs.otel.otlp_proto import ProtoEncoder, varint
+from memra_obs.otel.transport import rejected_spans
+
+RESOURCE = {"service.name": "memra-test", "host.name": "h1", "pid": 42}
+
+texts = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=40)
+int64s = st.integers(-(2**63), 2**63 - 1)
+scalars = st.one_of(
+    st.booleans(),
+    int64s,
+    st.integers(0, 300),  # the small-int cache
+    st.floats(allow_nan=True, allow_infinity=True),
+    texts,
+)
+values = st.one_of(
+    scalars,
+    st.lists(int64s, max_size=4).map(tuple),
+    st.lists(texts, max_size=4).map(tuple),
+    st.lists(st.floats(allow_nan=False), max_size=3).map(tuple),
+)
+keys = st.text(alphabet=st.characters(exclude_categories=("Cs",)), min_size=1, max_size=30)
+spans = st.tuples(
+    st.sampled_from(["spec.round", "spec.draft", "spec.session", "x" * 200, "ünï"]),
+    st.integers(1, 2**128 - 1),
+    st.integers(1, 2**64 - 1),
+    st.one_of(st.just(0), st.integers(1, 2**64 - 1)),
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 2**64 - 1),
+    st.lists(st.tuples(keys, values), max_size=12).map(tuple),
+    st.one_of(st.none(), st.tuples(st.sampled_from([1, 2]), texts)),
+)
+
+
+def _proto(spans_, resource=RESOURCE) -> ExportTraceServiceRequest:
+    enc = ProtoEncoder(resource, "memra_obs", "9.9")
+    frags: list[bytes] = []
+    size = enc.spans(spans_, frags)
+    msg = ExportTraceServiceRequest()
+    msg.ParseFromString(enc.request(frags, size))
+    return msg
+
+
+def _value(av):
+    which = av.WhichOneof("value")
+    if which == "array_value":
+        return tuple(_value(x) for x in av.array_value.values)
+    return getattr(av, which)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or a == b
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def _check(sp, got) -> None:
+    name, tid, sid, pid, start, end, attrs, status = sp
+    assert got.name == name
+    assert got.trace_id == tid.to_bytes(16, "big")
+    assert got.span_id == sid.to_bytes(8, "big")
+    assert got.parent_span_id == (pid.to_bytes(8, "big") if pid else b"")
+    assert got.kind == 1  # SPAN_KIND_INTERNAL
+    assert (got.start_time_unix_nano, got.end_time_unix_nano) == (start, end)
+    assert got.flags == 0x101
+    assert [a.key for a in got.attributes] == [k for k, _ in attrs]
+    for (_, v), a in zip(attrs, got.attributes, strict=True):
+        assert _same(v, _value(a.value)), (v, a)
+    if status is None:
+        assert not got.HasField("status")
+    else:
+        assert (got.status.code, got.status.message) == status
+
+
+@given(st.lists(spans, min_size=1, max_size=6))
+def test_proto_spans_decode_to_what_was_encoded(spans_):
+    """Ids, names, times, every attribute type and status round-trip through protobuf."""
+    msg = _proto(spans_)
+    (rs,) = msg.resource_spans
+    (ss,) = rs.scope_spans
+    assert (ss.scope.name, ss.scope.version) == ("memra_obs", "9.9")
+    assert {a.key: _value(a.value) for a in rs.resource.attributes} == RESOURCE
+    assert len(ss.spans) == len(spans_)
+    for sp, got in zip(spans_, ss.spans, strict=True):
+        _check(sp, got)
+
+
+def _json_to_proto(line: str) -> ExportTraceServiceRequest:
+    """OTLP/JSON carries ids as hex; protobuf's JSON mapping wants base64. Convert, parse."""
+    doc = json.loads(line)
+    for rs in doc["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for sp in ss["spans"]:
+                for k in ("traceId", "spanId", "parentSpanId"):
+                    if k in sp:
+                        sp[k] = base64.b64encode(bytes.fromhex(sp[k])).decode()
+    return json_format.Parse(json.dumps(doc), ExportTraceServiceRequest())
+
+
+@given(st.lists(spans, min_size=1, max_size=6))
+def test_json_line_is_the_same_request_as_the_protobuf(spans_):
+    """The JSON writer says exactly what the protobuf writer says (OTLP/JSON rules)."""
+    enc = JsonEncoder(RESOURCE, "memra_obs", "9.9")
+    frags: list[str] = []
+    enc.spans(spans_, frags)
+    line = enc.request(frags)
+    assert "\n" not in line
+    json_format.Parse(line, ExportTraceServiceRequest())  # accepted as it is
+    # Compared as dicts, where NaN == NaN ("NaN").
+    assert json_format.MessageToDict(_json_to_proto(line)) == json_format.MessageToDict(
+        _proto(spans_)
+    )
+
+
+def test_json_uses_hex_ids_string_int64s_and_camel_case():
+    """The OTLP/JSON specifics a file receiver depends on."""
+    enc = JsonEncoder({"service.name": "s"}, "memra_obs")
+    sp = ("spec.round", 0xAB, 0xCD, 0xEF, 10, 20, (("memra.spec.k", 4), ("r", 0.5)), (2, "boom"))
+    doc = json.loads(enc.request([enc.span(sp)]))
+    (s,) = doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    assert s["traceId"] == f"{0xAB:032x}" and s["spanId"] == f"{0xCD:016x}"
+    assert s["parentSpanId"] == f"{0xEF:016x}"
+    assert s["startTimeUnixNano"] == "10" and s["endTimeUnixNano"] == "20"
+    assert s["attributes"][0] == {"key": "memra.spec.k", "value": {"intValue": "4"}}
+    assert s["attributes"][1] == {"key": "r", "value": {"doubleValue": 0.5}}
+    assert s["status"] == {"message": "boom", "code": 2} and s["kind"] == 1
+
+
+def test_root_span_has_no_parent_and_big_requests_keep_their_length_prefix():
+    """A root span omits parent_span_id; a request over 16 KiB (multi-byte lengths) decodes."""
+    big = [("spec.maint", 7, i + 1, 0, i, i + 1, (("k", "v" * 200),), None) for i in range(300)]
+    msg = _proto(big)
+    ss = msg.resource_spans[0].scope_spans[0]
+    assert len(ss.spans) == 300 and ss.spans[0].parent_span_id == b""
+    assert ss.spans[299].attributes[0].value.string_value == "v" * 200
+
+
+@given(st.integers(0, 2**64 - 1))
+def test_varint_matches_protobuf(n):
+    """Our varint is protobuf's (checked through a uint64 field)."""
+    m = ExportTraceServiceResponse()
+    m.partial_success.rejected_spans = n & (2**63 - 1)
+    raw = m.SerializeToString()
+    assert varint(n & (2**63 - 1)) in raw
+
+
+def test_partial_success_is_read_without_opentelemetry_proto():
+    """rejected_spans comes out of a real ExportTraceServiceResponse; junk reads as 0."""
+    m = ExportTraceServiceResponse()
+    m.partial_success.rejected_spans = 7
+    m.partial_success.error_message = "too old"
+    assert rejected_spans(m.SerializeToString()) == 7
+    assert rejected_spans(b"") == 0
+    assert rejected_spans(b"\xff\xff") == 0

@@ -1,0 +1,608 @@
+"""The span exporter against real receivers on 127.0.0.1: OTLP/HTTP (protobuf and JSON) and
+OTLP/gRPC decoded with opentelemetry-proto, the file default, a closed port, threads, and
+the OTEL_* selection rules."""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import itertools
+import json
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+
+import pytest
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.sdk.trace import TracerProvider
+
+from memra_obs.environment import ConfigError, Settings
+from memra_obs.export import QueueSink
+from memra_obs.observer import Observer
+from memra_obs.otel import SpanExporter, build_span_exporter
+from memra_obs.otel.exporter import Output
+from memra_obs.otel.spans import PHASE_SPAN_NAMES
+from memra_obs.otel.transport import SendError
+
+pytestmark = pytest.mark.integration
+
+# -------------------------------------------------------------------------------- receivers
+
+
+class Receiver:
+    """An OTLP/HTTP receiver on 127.0.0.1:0 that decodes every request it gets."""
+
+    def __init__(self, statuses: list[int] | None = None, response: bytes = b"") -> None:
+        self.requests: list[ExportTraceServiceRequest] = []
+        self.headers: list[dict[str, str]] = []
+        self.statuses = list(statuses or [])
+        self.response = response
+        self.lock = threading.Lock()
+        rx = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                with rx.lock:
+                    status = rx.statuses.pop(0) if rx.statuses else 200
+                    rx.headers.append({k.lower(): v for k, v in self.headers.items()})
+                if status == 200:
+                    if self.headers.get("Content-Encoding") == "gzip":
+                        body = gzip.decompress(body)
+                    msg = ExportTraceServiceRequest()
+                    if self.headers["Content-Type"] == "application/json":
+                        json_format.Parse(body, msg)
+                    else:
+                        msg.ParseFromString(body)
+                    with rx.lock:
+                        rx.requests.append(msg)
+                self.send_response(status)
+                if status != 200:
+                    self.send_header("Retry-After", "0")
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(rx.response)))
+                self.end_headers()
+                self.wfile.write(rx.response)
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def spans(self) -> list:
+        with self.lock:
+            return [
+                sp
+                for m in self.requests
+                for rs in m.resource_spans
+                for ss in rs.scope_spans
+                for sp in ss.spans
+            ]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    rx = Receiver()
+    yield rx
+    rx.close()
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+# ---------------------------------------------------------------------------------- driving
+
+
+def run_session(
+    obs: Observer, bursts=(3, 2), prof: bool = True, end: bool = True, work=None
+) -> None:
+    s = obs.session("glm5")
+    if prof:
+        s.free_memory("before")
+        s.lap("cache_alloc")
+        s.lap("prime")
+        s.lap("anchor")
+    for bi, n in enumerate(bursts):
+        b = s.burst(4)
+        for i in range(n):
+            b.begin_round()
+            if prof and bi == 0 and i == 0:
+                s.lap("draft_prime")
+            b.end_draft()
+            if work:
+                work()
+            obs.verify_split.add(kda=30, kda_scan=10, mla=20, ffn=5)
+            b.end_verify()
+            b.end_accept()
+            b.end_rollback()
+            b.end_round(k=4, j=i % 5, ctx=500 + i)
+        b.end()
+    if end:
+        s.end()
+
+
+def make(
+    env: dict[str, str], round_spans: int = 256, prof: bool = True, **settings
+) -> tuple[Observer, QueueSink, SpanExporter]:
+    ex = build_span_exporter(Settings(round_spans=round_spans, **settings), env=env)
+    assert isinstance(ex, SpanExporter)
+    q = QueueSink([ex], interval_ms=20)
+    obs = Observer([q], level=2, prof=prof, memory=lambda: [(0, 4096)])
+    return obs, q, ex
+
+
+def tree(spans) -> dict[bytes, object]:
+    return {sp.span_id: sp for sp in spans}
+
+
+def attrs(sp) -> dict[str, object]:
+    out = {}
+    for a in sp.attributes:
+        v = a.value
+        which = v.WhichOneof("value")
+        out[a.key] = (
+            tuple(getattr(x, x.WhichOneof("value")) for x in v.array_value.values)
+            if which == "array_value"
+            else getattr(v, which)
+        )
+    return out
+
+
+# -------------------------------------------------------------------------------------- tests
+
+
+def test_otlp_http_delivers_the_tree_under_the_callers_span(receiver):
+    """Real OTLP/HTTP (gzip, headers, resource from OTEL_*): the decoded tree has the
+    caller's span as parent, phases back to back in rounds, rounds in bursts, bursts in
+    the session, the level-2 split on verify and the round cap on the bursts."""
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+        "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
+        "OTEL_EXPORTER_OTLP_HEADERS": "x-team=spec%20loop,authorization=Bearer t",
+        "OTEL_SERVICE_NAME": "worker-7",
+        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test",
+    }
+    obs, _q, ex = make(env, round_spans=4)
+    tracer = TracerProvider().get_tracer("framework")
+    with tracer.start_as_current_span("POST /generate") as req:
+        run_session(obs)
+    assert obs.flush(10)
+    obs.shutdown(5)
+    caller = req.get_span_context()
+    spans = receiver.spans
+    assert ex.exported_spans == len(spans) and ex.dropped_spans == 0 and ex.export_errors == 0
+    m = receiver.requests[0]
+    res = attrs(m.resource_spans[0].resource)
+    assert res["service.name"] == "worker-7" and res["deployment.environment"] == "test"
+    assert m.resource_spans[0].scope_spans[0].scope.name == "memra_obs"
+    h = receiver.headers[0]
+    assert h["x-team"] == "spec loop" and h["authorization"] == "Bearer t"
+    assert h["content-encoding"] == "gzip" and h["content-type"] == "application/x-protobuf"
+
+    by_id = tree(spans)
+    assert {sp.trace_id for sp in spans} == {caller.trace_id.to_bytes(16, "big")}
+    (session,) = [sp for sp in spans if sp.name == "spec.session"]
+    assert session.parent_span_id == caller.span_id.to_bytes(8, "big")
+    bursts = [sp for sp in spans if sp.name == "spec.burst"]
+    rounds = [sp for sp in spans if sp.name == "spec.round"]
+    assert len(bursts) == 2 and len(rounds) == 4  # capped at 4 of 5
+    assert [attrs(b)["memra.spec.rounds_unsampled"] for b in bursts] == [0, 1]
+    for b in bursts:
+        assert b.parent_span_id == session.span_id
+        assert session.start_time_unix_nano <= b.start_time_unix_nano <= b.end_time_unix_nano
+        assert b.end_time_unix_nano <= session.end_time_unix_nano
+    for r in rounds:
+        parent = by_id[r.parent_span_id]
+        assert parent.name == "spec.burst"
+        assert parent.start_time_unix_nano <= r.start_time_unix_nano <= r.end_time_unix_nano
+        assert r.end_time_unix_nano <= parent.end_time_unix_nano
+        phases = sorted(
+            (sp for sp in spans if sp.parent_span_id == r.span_id),
+            key=lambda s: s.start_time_unix_nano,
+        )
+        assert [p.name for p in phases] == list(PHASE_SPAN_NAMES)
+        assert phases[0].start_time_unix_nano == r.start_time_unix_nano
+        assert phases[-1].end_time_unix_nano == r.end_time_unix_nano
+        for a, b in itertools.pairwise(phases):
+            assert a.end_time_unix_nano == b.start_time_unix_nano
+        ra = attrs(r)
+        assert {"memra.spec.k", "memra.spec.j", "memra.spec.ctx", "memra.spec.seq_rows"} <= set(ra)
+        assert ra["memra.spec.wall_ns"] == r.end_time_unix_nano - r.start_time_unix_nano
+        assert attrs(phases[1])["memra.spec.verify.kda_ns"] == 30
+    (ft,) = [sp for sp in spans if sp.name == "spec.first_token"]
+    fa = attrs(ft)
+    assert ft.parent_span_id == session.span_id and fa["memra.spec.first_token.free_mb_before"] == (
+        4096,
+    )
+    assert fa["memra.spec.first_token.first_burst_rounds"] == 3
+    assert now_ns_epoch() - 60e9 < session.start_time_unix_nano < now_ns_epoch()
+
+
+def now_ns_epoch() -> int:
+    return time.time_ns()
+
+
+def test_otlp_http_json_protocol(receiver):
+    """OTEL_EXPORTER_OTLP_PROTOCOL=http/json posts OTLP/JSON that protobuf's parser reads."""
+    env = {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.url + "/v1/traces",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
+    }
+    obs, _q, ex = make(env, prof=False)
+    run_session(obs, prof=False)
+    obs.shutdown(5)
+    assert receiver.headers[0]["content-type"] == "application/json"
+    assert ex.exported_spans == len(receiver.spans) == 1 + 2 + 5 * 6
+
+
+def test_otlp_grpc_generic_call():
+    """OTEL_EXPORTER_OTLP_PROTOCOL=grpc: our bytes through grpcio's generic unary call, with
+    headers as metadata, decoded by a real gRPC server."""
+    grpc = pytest.importorskip("grpc")
+    got: list[ExportTraceServiceRequest] = []
+    meta: list[dict[str, str]] = []
+
+    def export(req: ExportTraceServiceRequest, ctx) -> ExportTraceServiceResponse:
+        got.append(req)
+        meta.append(dict(ctx.invocation_metadata()))
+        return ExportTraceServiceResponse()
+
+    handler = grpc.method_handlers_generic_handler(
+        "opentelemetry.proto.collector.trace.v1.TraceService",
+        {
+            "Export": grpc.unary_unary_rpc_method_handler(
+                export,
+                request_deserializer=ExportTraceServiceRequest.FromString,
+                response_serializer=ExportTraceServiceResponse.SerializeToString,
+            )
+        },
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        env = {
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=a",
+            "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
+        }
+        obs, _q, ex = make(env)
+        run_session(obs)
+        obs.shutdown(5)
+    finally:
+        server.stop(0)
+    spans = [sp for m in got for sp in m.resource_spans[0].scope_spans[0].spans]
+    assert ex.exported_spans == len(spans) > 30 and ex.export_errors == 0
+    assert meta[0]["x-tenant"] == "a"
+    names = {sp.name for sp in spans}
+    assert {
+        "spec.session",
+        "spec.burst",
+        "spec.round",
+        "spec.first_token",
+        *PHASE_SPAN_NAMES,
+    } <= names
+
+
+def loop_us_per_round(obs: Observer, rounds: int = 400) -> float:
+    """Median per-round loop time (µs) over blocks of 50 rounds."""
+    s = obs.session("glm5")
+    per = []
+    for _ in range(rounds // 50):
+        b = s.burst(4)
+        t0 = time.perf_counter_ns()
+        for _ in range(50):
+            b.begin_round()
+            b.end_draft()
+            b.end_verify()
+            b.end_accept()
+            b.end_rollback()
+            b.end_round(k=4, j=2, ctx=10)
+        per.append((time.perf_counter_ns() - t0) / 50 / 1000)
+        b.end()
+        time.sleep(0.002)  # device time: the export worker runs here
+    s.end()
+    return statistics.median(per)
+
+
+def test_closed_port_costs_the_loop_nothing_and_counts_every_drop(receiver):
+    """Exporter aimed at a closed port: per-round loop time as with a live receiver, nothing
+    raises, every span counted dropped, failures counted, shutdown bounded."""
+    live, _, live_ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}, round_spans=10_000)
+    dead, _, dead_ex = make(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port()}"}, round_spans=10_000
+    )
+    loop_us_per_round(live, 100)  # warm up
+    loop_us_per_round(dead, 100)
+    t_live = min(loop_us_per_round(live) for _ in range(3))
+    t_dead = min(loop_us_per_round(dead) for _ in range(3))
+    assert t_dead < t_live * 1.5 + 3.0, (t_live, t_dead)
+    t0 = time.monotonic()
+    dead.shutdown(2.0)
+    assert time.monotonic() - t0 < 3.0
+    live.shutdown(5)
+    assert dead_ex.exported_spans == 0 and dead_ex.export_errors > 0
+    assert dead_ex.dropped_spans == live_ex.exported_spans > 0
+
+
+def test_sessions_on_threads_land_in_their_own_traces(receiver):
+    """Six sessions at once on six threads: six traces, every span delivered."""
+    obs, q, ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}, prof=False)
+    threads = [threading.Thread(target=run_session, args=(obs, (4, 3, 2), False)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    obs.shutdown(10)
+    spans = receiver.spans
+    per_session = 1 + 3 + 9 * 6
+    assert len(spans) == 6 * per_session == ex.exported_spans and q.dropped == 0
+    traces: dict[bytes, list] = {}
+    for sp in spans:
+        traces.setdefault(sp.trace_id, []).append(sp)
+    assert len(traces) == 6
+    for tspans in traces.values():
+        assert len(tspans) == per_session
+        assert sum(sp.name == "spec.session" for sp in tspans) == 1
+        ids = {sp.span_id for sp in tspans}
+        assert len(ids) == per_session
+        assert all(sp.parent_span_id in ids for sp in tspans if sp.name != "spec.session")
+
+
+def test_file_default_writes_otlp_json_lines(tmp_path):
+    """No OTEL_* exporter set: OTLP/JSON lines in MEMRA_OBS_SPANS_FILE, each one parsed by
+    protobuf's JSON parser, with hex ids that agree across spans."""
+    path = tmp_path / "spans.jsonl"
+    obs, _q, ex = make({}, spans_file=str(path))
+    run_session(obs)
+    run_session(obs, bursts=(1,), prof=False)
+    obs.shutdown(5)
+    lines = path.read_text().splitlines()
+    assert lines
+    n = 0
+    for line in lines:
+        json_format.Parse(line, ExportTraceServiceRequest())
+        doc = json.loads(line)
+        for sp in doc["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+            n += 1
+            assert len(sp["traceId"]) == 32 and len(sp["spanId"]) == 16
+            int(sp["traceId"], 16)
+            assert sp["startTimeUnixNano"].isdigit()
+    assert n == ex.exported_spans and doc["resourceSpans"][0]["resource"]["attributes"]
+
+
+def test_retryable_status_is_retried_and_partial_success_counts_rejects():
+    """503 then 200: delivered after a retry. A partial-success answer: the rejected spans
+    are counted as dropped."""
+    resp = ExportTraceServiceResponse()
+    resp.partial_success.rejected_spans = 2
+    rx = Receiver(statuses=[503], response=resp.SerializeToString())
+    try:
+        obs, _q, ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url})
+        run_session(obs, bursts=(1,), prof=False)
+        obs.shutdown(5)
+        assert len(rx.headers) == 2 and len(rx.requests) == 1
+        assert ex.export_errors == 0 and ex.dropped_spans == 2
+        assert ex.exported_spans == len(rx.spans) - 2
+    finally:
+        rx.close()
+
+
+def test_unretryable_status_drops_without_retry():
+    """A 400 is not retried: one attempt, counted as an error and a drop."""
+    rx = Receiver(statuses=[400])
+    try:
+        obs, _q, ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url}, prof=False)
+        run_session(obs, bursts=(1,), prof=False)
+        obs.shutdown(5)
+        assert len(rx.headers) == 1 and ex.export_errors == 1 and ex.exported_spans == 0
+        assert ex.dropped_spans == 1 + 1 + 6
+    finally:
+        rx.close()
+
+
+def test_shutdown_flushes_a_session_that_never_ended(receiver):
+    """Process exit mid-request: the session and its open burst still arrive, unfinished."""
+    obs, _q, _ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url})
+    run_session(obs, bursts=(2,), prof=False, end=False)
+    obs.shutdown(5)
+    names = [sp.name for sp in receiver.spans]
+    assert names.count("spec.session") == 1 and names.count("spec.burst") == 1
+    session = next(sp for sp in receiver.spans if sp.name == "spec.session")
+    assert attrs(session)["memra.spec.unfinished"] is True
+
+
+class BlockingSender:
+    url = "blocking://"
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.sent = 0
+
+    def send(self, payload) -> int:
+        self.gate.wait(10)
+        if not self.gate.is_set():
+            raise SendError("gate closed")
+        self.sent += 1
+        return 0
+
+    def abort(self) -> None:
+        self.gate.set()
+
+    close = abort
+
+
+def test_full_request_queue_drops_and_counts_and_never_blocks():
+    """A stuck sender: requests past the queue bound are dropped and counted at once, export
+    never waits; a bounded shutdown cuts the stuck send off."""
+    from memra_obs.testing import RecordingSink
+
+    keep = RecordingSink(wants_trace_ids=True)
+    run_session(Observer([keep], level=1, prof=False), bursts=(4,), prof=False)
+    sender = BlockingSender()
+    ex = SpanExporter([Output("t", None, sender, max_spans=1, queue_requests=2)])
+    t0 = time.monotonic()
+    for rec in keep.records:  # one request per record that completes spans
+        ex.export([rec])
+    assert time.monotonic() - t0 < 0.5
+    total = 1 + 1 + 4 * 6
+    # At most one request in flight and two queued (6 spans each at most); the rest dropped.
+    assert ex.dropped_spans >= total - 3 * 6
+    assert ex.flush(0.2) is False
+    t0 = time.monotonic()
+    ex.shutdown(0.5)
+    assert time.monotonic() - t0 < 1.5
+    assert ex.exported_spans + ex.dropped_spans == total
+
+
+# ------------------------------------------------------------------------------- selection
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318"},
+        {"OTEL_TRACES_EXPORTER": "none"},
+    ],
+)
+def test_spans_off(env):
+    """OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none: no exporter at all."""
+    assert build_span_exporter(Settings(), env=env) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "var"),
+    [
+        (
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ),
+        (
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "soon"},
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        ),
+        (
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_COMPRESSION": "br"},
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+        ),
+        (
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_HEADERS": "novalue"},
+            "OTEL_EXPORTER_OTLP_HEADERS",
+        ),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "ftp://x"}, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+        (
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nope.pem"},
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        ),
+        ({"OTEL_TRACES_EXPORTER": "jaeger-thrift-nope"}, "OTEL_TRACES_EXPORTER"),
+        ({"OTEL_TRACES_EXPORTER": "none,otlp"}, "OTEL_TRACES_EXPORTER"),
+        ({"OTEL_SDK_DISABLED": "maybe"}, "OTEL_SDK_DISABLED"),
+        ({"OTEL_RESOURCE_ATTRIBUTES": "a"}, "OTEL_RESOURCE_ATTRIBUTES"),
+    ],
+)
+def test_bad_values_fail_at_start_up_naming_the_variable(env, var):
+    """A value we cannot use is a ConfigError that names its variable."""
+    with pytest.raises(ConfigError, match=var):
+        build_span_exporter(Settings(), env=env)
+
+
+def test_endpoint_rules():
+    """Base endpoint + /v1/traces; the traces endpoint as given; gRPC host:port and TLS."""
+    from memra_obs.otel.config import OtlpConfig
+
+    assert OtlpConfig.from_env({}).endpoint == "http://localhost:4318/v1/traces"
+    assert (
+        OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"}).endpoint
+        == "http://c:4318/v1/traces"
+    )
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://t/x",
+    }
+    assert OtlpConfig.from_env(env).endpoint == "https://t/x"
+    g = OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    assert (g.endpoint, g.secure) == ("localhost:4317", False)
+    g = OtlpConfig.from_env(
+        {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": "c:4317"}
+    )
+    assert (g.endpoint, g.secure) == ("c:4317", True)
+    env = {
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "c:4317",
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+    }
+    g = OtlpConfig.from_env(env)
+    assert (g.protocol, g.endpoint, g.secure) == ("grpc", "c:4317", False)
+    assert OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_TIMEOUT": "2500"}).timeout_s == 2.5
+
+
+def test_sdk_exporter_by_entry_point_gets_readable_spans(capfd):
+    """OTEL_TRACES_EXPORTER=console: the SDK's ConsoleSpanExporter, loaded by entry point,
+    prints the spans built from our tuples (the slow, universal path)."""
+    obs, _q, ex = make({"OTEL_TRACES_EXPORTER": "console"}, prof=False)
+    run_session(obs, bursts=(1,), prof=False)
+    obs.shutdown(5)
+    out = capfd.readouterr().out
+    assert ex.exported_spans == 1 + 1 + 6 and ex.export_errors == 0
+    assert '"name": "spec.round"' in out and '"memra.spec.k": 4' in out
+    assert '"service.name": "memra-obs"' in out
+
+
+def test_process_exit_without_shutdown_still_writes_the_open_session(tmp_path):
+    """A worker that exits mid-request without calling shutdown: the at-exit hook flushes
+    the queue and closes the open session as unfinished, in bounded time."""
+    import subprocess
+    import sys
+    import textwrap
+
+    path = tmp_path / "exit.jsonl"
+    script = textwrap.dedent(
+        f"""
+        from memra_obs.environment import Settings
+        from memra_obs.export import QueueSink
+        from memra_obs.observer import Observer
+        from memra_obs.otel import build_span_exporter
+        ex = build_span_exporter(Settings(spans_file={str(path)!r}), env={{}})
+        obs = Observer([QueueSink([ex])], level=1, prof=False)
+        s = obs.session("glm5")
+        b = s.burst(4)
+        for _ in range(3):
+            b.begin_round(); b.end_draft(); b.end_verify(); b.end_accept(); b.end_rollback()
+            b.end_round(k=4, j=2)
+        """
+    )
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=30)
+    assert time.monotonic() - t0 < 20
+    names = [
+        sp["name"]
+        for line in path.read_text().splitlines()
+        for sp in json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    ]
+    assert names.count("spec.session") == 1 and names.count("spec.round") == 3
+    assert names.count("spec.burst") == 1

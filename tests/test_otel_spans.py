@@ -1,0 +1,238 @@
+"""The span builder: the DESIGN §4 tree from live observer records, the round cap, derived
+ids, and sessions that never ended."""
+
+from __future__ import annotations
+
+import itertools
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from memra_obs.events import SessionRecord, to_epoch_ns
+from memra_obs.observer import Observer
+from memra_obs.otel.spans import PHASE_SPAN_NAMES, SpanBuilder, burst_span_id, round_span_id
+from memra_obs.testing import RecordingSink
+
+NAME, TID, SID, PID, START, END, ATTRS, STATUS = range(8)
+
+
+def drive(obs, bursts=(3, 2), prof=True, error=None):
+    """One session: first-token laps, then bursts of the given sizes."""
+    s = obs.session("glm5")
+    if prof:
+        s.free_memory("before")
+        s.lap("cache_alloc")
+        s.lap("prime")
+        s.lap("anchor")
+        s.free_memory("after")
+    for bi, n in enumerate(bursts):
+        b = s.burst(4)
+        for i in range(n):
+            b.begin_round()
+            if prof and bi == 0 and i == 0:
+                s.lap("draft_prime")
+            b.end_draft()
+            obs.verify_split.add(kda=300, kda_scan=100, mla=200, ffn=50)
+            b.end_verify()
+            b.end_accept()
+            b.end_rollback()
+            b.end_round(k=4, j=i % 5, ctx=1000 + i, seq_rows=i)
+        b.end()
+    s.end(error)
+    return s
+
+
+def build(records, round_spans=256):
+    out = []
+    SpanBuilder(round_spans).add(records, out)
+    return out
+
+
+def observer(level=2, prof=True):
+    keep = RecordingSink(wants_trace_ids=True)
+    return Observer([keep], level=level, prof=prof, memory=lambda: [(0, 5000), (1, 6000)]), keep
+
+
+def test_tree_parentage_and_timestamps_follow_the_records():
+    """session > burst > round > five phases back to back; ids derived, all in one trace."""
+    obs, keep = observer()
+    drive(obs)
+    spans = build(keep.records)
+    (sess_rec,) = keep.of(SessionRecord)
+    by_id = {sp[SID]: sp for sp in spans}
+    assert len(by_id) == len(spans)  # unique ids
+    assert {sp[TID] for sp in spans} == {sess_rec.trace_id}
+    (session,) = [sp for sp in spans if sp[NAME] == "spec.session"]
+    assert session[SID] == sess_rec.span_id and session[PID] == 0
+    assert session[START] == to_epoch_ns(sess_rec, sess_rec.start_ns_mono)
+    bursts = [sp for sp in spans if sp[NAME] == "spec.burst"]
+    assert [sp[SID] for sp in bursts] == [burst_span_id(sess_rec.span_id, i) for i in range(2)]
+    rounds = [sp for sp in spans if sp[NAME] == "spec.round"]
+    assert [sp[SID] for sp in rounds] == [round_span_id(sess_rec.span_id, i) for i in range(5)]
+    for b in bursts:
+        assert b[PID] == session[SID]
+        assert session[START] <= b[START] <= b[END] <= session[END]
+    for r in rounds:
+        parent = by_id[r[PID]]
+        assert parent[NAME] == "spec.burst" and parent[START] <= r[START] <= r[END] <= parent[END]
+        phases = [sp for sp in spans if sp[PID] == r[SID]]
+        assert [p[NAME] for p in phases] == list(PHASE_SPAN_NAMES)
+        assert phases[0][START] == r[START] and phases[-1][END] == r[END]
+        for a, b in itertools.pairwise(phases):
+            assert a[END] == b[START]  # back to back
+    rec0 = keep.records[1]
+    a = dict(rounds[0][ATTRS])
+    assert a["memra.spec.k"] == rec0.k and a["memra.spec.j"] == rec0.j
+    assert a["memra.spec.ctx"] == 1000 and a["memra.spec.wall_ns"] == rec0.wall_ns
+    assert a["memra.spec.tokens"] == rec0.j + 1 and a["memra.spec.seq_rows"] == 0
+    verify = dict(next(sp for sp in spans if sp[NAME] == "spec.verify")[ATTRS])
+    assert verify["memra.spec.verify.kda_ns"] == 300 and verify["memra.spec.verify.mla_ns"] == 200
+    assert (
+        verify["memra.spec.verify.kda_scan_ns"] == 100 and verify["memra.spec.verify.ffn_ns"] == 50
+    )
+    assert verify["memra.spec.verify.rest_ns"] == max(0, rec0.phase_ns()[1] - 500)
+    ba = dict(bursts[0][ATTRS])
+    assert ba["memra.spec.rounds"] == 3 and ba["memra.spec.k"] == 4
+    assert ba["memra.spec.family"] == "glm5" and ba["memra.spec.rounds_unsampled"] == 0
+    assert ba["memra.spec.verify.kda_ns"] == 900
+    sa = dict(session[ATTRS])
+    assert (
+        sa["memra.spec.rounds"] == 5 and sa["gen_ai.usage.output_tokens"] == sa["memra.spec.tokens"]
+    )
+    assert session[STATUS] is None
+
+
+def test_first_token_span_has_every_field_and_ordered_bucket_children():
+    """spec.first_token: all SpecFirstTokenProf fields; buckets in order, round 1 nested."""
+    obs, keep = observer()
+    drive(obs)
+    spans = build(keep.records)
+    (ft,) = [sp for sp in spans if sp[NAME] == "spec.first_token"]
+    session = next(sp for sp in spans if sp[NAME] == "spec.session")
+    assert ft[PID] == session[SID]
+    a = dict(ft[ATTRS])
+    for f in (
+        "cache_alloc_ms",
+        "prime_ms",
+        "first_verify_ms",
+        "first_burst_rounds",
+        "draft_prime_arm",
+    ):
+        assert "memra.spec.first_token." + f in a
+    assert a["memra.spec.first_token.free_mb_before"] == (5000, 6000)
+    assert a["memra.spec.first_token.free_mb_before_devices"] == (0, 1)
+    assert a["memra.spec.first_token.first_burst_rounds"] == 3
+    kids = [sp for sp in spans if sp[PID] == ft[SID]]
+    assert [k[NAME] for k in kids] == [
+        "spec.first_token.cache_alloc",
+        "spec.first_token.prime",
+        "spec.first_token.anchor",
+        "spec.first_token.first_burst",
+    ]
+    fb = kids[-1]
+    inner = [sp[NAME].rsplit(".", 1)[1] for sp in spans if sp[PID] == fb[SID]]
+    assert inner == [
+        "draft_prime",
+        "first_draft",
+        "first_verify",
+        "first_accept",
+        "first_roll",
+        "first_maint",
+    ]
+    for k in kids[:-1]:
+        assert ft[START] <= k[START] <= k[END] <= ft[END]
+    for a_, b_ in itertools.pairwise(kids):
+        assert a_[END] <= b_[START]
+
+
+def test_round_cap_drops_round_spans_and_says_so_on_the_burst():
+    """Past round_spans per session: no round/phase spans; bursts count what they left out."""
+    obs, keep = observer(level=1, prof=False)
+    drive(obs, bursts=(2, 4, 3), prof=False)
+    spans = build(keep.records, round_spans=3)
+    assert sum(sp[NAME] == "spec.round" for sp in spans) == 3
+    assert sum(sp[NAME] in PHASE_SPAN_NAMES for sp in spans) == 15
+    unsampled = [
+        dict(sp[ATTRS])["memra.spec.rounds_unsampled"] for sp in spans if sp[NAME] == "spec.burst"
+    ]
+    assert unsampled == [0, 3, 3]
+    assert not [sp for sp in build(keep.records, round_spans=0) if sp[NAME] == "spec.round"]
+
+
+def test_caller_span_becomes_the_session_parent():
+    """A current SDK span when the session starts: same trace, spec.session is its child."""
+    obs, keep = observer(prof=False)
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("http.request") as req:
+        drive(obs, prof=False)
+    ctx = req.get_span_context()
+    spans = build(keep.records)
+    session = next(sp for sp in spans if sp[NAME] == "spec.session")
+    assert session[PID] == ctx.span_id
+    assert {sp[TID] for sp in spans} == {ctx.trace_id}
+    assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+def test_error_sets_status_and_unfinished_sessions_close_at_the_last_stamp():
+    """An error ends the session span with status ERROR; a session with no end record (and
+    an open burst) is closed by finish_open, every round keeping a parent."""
+    obs, keep = observer(prof=False)
+    drive(obs, bursts=(1,), prof=False, error=RuntimeError("x"))
+    spans = build(keep.records)
+    session = next(sp for sp in spans if sp[NAME] == "spec.session")
+    assert (
+        session[STATUS] == (2, "RuntimeError")
+        and dict(session[ATTRS])["error.type"] == "RuntimeError"
+    )
+
+    obs, keep = observer(prof=False)
+    s = obs.session("glm5")
+    b = s.burst(4)
+    for _ in range(2):
+        b.begin_round()
+        b.end_draft()
+        b.end_verify()
+        b.end_accept()
+        b.end_rollback()
+        b.end_round(k=4, j=1)
+    builder = SpanBuilder()
+    out: list = []
+    builder.add(keep.records, out)
+    assert builder.open_sessions == 1 and not [sp for sp in out if sp[NAME] == "spec.session"]
+    assert builder.finish_open(out) == 1
+    ids = {sp[SID] for sp in out}
+    assert all(sp[PID] in ids for sp in out if sp[NAME] != "spec.session")
+    session = next(sp for sp in out if sp[NAME] == "spec.session")
+    last_round = keep.records[-1]
+    assert session[END] == to_epoch_ns(keep.records[0], last_round.t_ns_mono[5])
+    assert session[STATUS] is None and dict(session[ATTRS])["memra.spec.unfinished"] is True
+    burst = next(sp for sp in out if sp[NAME] == "spec.burst")
+    assert dict(burst[ATTRS])["memra.spec.rounds"] == 2
+
+
+def test_orphan_records_and_untraced_sessions_are_skipped():
+    """Records whose session record was dropped upstream produce nothing and are counted."""
+    obs, keep = observer(prof=False)
+    drive(obs, prof=False)
+    builder = SpanBuilder()
+    out: list = []
+    builder.add(keep.records[1:], out)
+    assert out == [] and builder.orphans == len(keep.records) - 1
+
+
+def test_forget_open_drops_state_without_publishing():
+    """The agent's hand-over: open sessions are forgotten, not closed as unfinished."""
+    obs, keep = observer(prof=False)
+    s = obs.session("glm5")
+    b = s.burst(4)
+    b.begin_round()
+    b.end_draft()
+    b.end_verify()
+    b.end_accept()
+    b.end_rollback()
+    b.end_round(k=4, j=1)
+    builder = SpanBuilder()
+    out: list = []
+    builder.add(keep.records, out)
+    assert builder.forget_open() == 1
+    assert builder.finish_open(out) == 0

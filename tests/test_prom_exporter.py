@@ -1,0 +1,339 @@
+"""PrometheusExporter: records in, DESIGN §5 series out (asserted with get_sample_value on a
+fresh registry per test)."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from memra_obs.events import (
+    BurstRecord,
+    FirstTokenRecord,
+    RoundRecord,
+    SessionEndRecord,
+    SessionRecord,
+)
+from memra_obs.export import QueueSink
+from memra_obs.observer import Observer
+from memra_obs.prom import FIRST_TOKEN_PHASES, PrometheusExporter
+from memra_obs.prom.exposition import encode
+from memra_obs.records import SpecFirstTokenProf, SpecPhaseNs, VerifySplit
+
+MS = 1_000_000
+TRACE = 0x0AF7651916CD43DD8448EB211C80319C
+OM = "application/openmetrics-text; version=1.0.0"
+
+
+def session(
+    sid: int = 1, family: str = "glm5", trace: int = TRACE, worker: str = "w0"
+) -> SessionRecord:
+    return SessionRecord(
+        sid, family, "t", "tv", worker, 0, 0, 1_700_000_000 * 10**9, trace, 7, 0, 1, False
+    )
+
+
+def rnd(
+    sid: int, i: int, phases_ms: tuple[float, ...], k: int = 4, j: int = 2, seq: int = 0, split=None
+) -> RoundRecord:
+    t = [10**9 + i * 100 * MS]
+    for p in phases_ms:
+        t.append(t[-1] + round(p * MS))
+    return RoundRecord(sid, 0, i, tuple(t), k, j, 100, seq, split)  # type: ignore[arg-type]
+
+
+def val(reg: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return reg.get_sample_value(name, labels)
+
+
+@pytest.fixture
+def reg() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+def test_round_histograms_and_counters(reg):
+    """One round lands in the round, phase and token histograms and bumps every counter."""
+    ex = PrometheusExporter(reg)
+    ex.export([session(), rnd(1, 0, (1.5, 7.0, 0.12, 0.04, 0.3), k=4, j=3, seq=2)])
+    assert val(reg, "memra_spec_round_seconds_count", family="glm5") == 1
+    assert val(reg, "memra_spec_round_seconds_sum", family="glm5") == pytest.approx(0.00896)
+    assert val(reg, "memra_spec_round_seconds_bucket", family="glm5", le="0.008") == 0
+    assert val(reg, "memra_spec_round_seconds_bucket", family="glm5", le="0.012") == 1
+    for phase, le_in, le_out in (
+        ("draft", "0.002", "0.001"),
+        ("verify", "0.008", "0.004"),
+        ("accept", "0.00025", "0.0001"),
+        ("rollback", "5e-05", None),
+        ("maint", "0.0005", "0.00025"),
+    ):
+        assert (
+            val(reg, "memra_spec_phase_seconds_bucket", family="glm5", phase=phase, le=le_in) == 1
+        )
+        if le_out:
+            assert (
+                val(reg, "memra_spec_phase_seconds_bucket", family="glm5", phase=phase, le=le_out)
+                == 0
+            )
+    assert val(reg, "memra_spec_drafted_tokens_per_round_bucket", family="glm5", le="3.0") == 0
+    assert val(reg, "memra_spec_drafted_tokens_per_round_bucket", family="glm5", le="4.0") == 1
+    assert val(reg, "memra_spec_accepted_tokens_per_round_sum", family="glm5") == 3
+    assert val(reg, "memra_spec_rounds_total", family="glm5") == 1
+    assert val(reg, "memra_spec_drafted_tokens_total", family="glm5") == 4
+    assert val(reg, "memra_spec_accepted_tokens_total", family="glm5") == 3
+    assert val(reg, "memra_spec_verify_seq_rows_total", family="glm5") == 2
+    assert val(reg, "memra_spec_slow_rounds_total", family="glm5") == 0
+
+
+def test_an_exact_bound_belongs_to_its_bucket(reg):
+    """le is inclusive: a 1 ms draft counts in le="0.001" (ns compared as integers)."""
+    ex = PrometheusExporter(reg)
+    ex.export([session(), rnd(1, 0, (1.0, 8.0, 0, 0, 0))])
+    assert (
+        val(reg, "memra_spec_phase_seconds_bucket", family="glm5", phase="draft", le="0.001") == 1
+    )
+    assert (
+        val(reg, "memra_spec_phase_seconds_bucket", family="glm5", phase="verify", le="0.008") == 1
+    )
+
+
+def test_series_exist_from_the_session_start(reg):
+    """Children are bound at the family's first session, so rate() works from the first round."""
+    PrometheusExporter(reg).export([session(family="qwen")])
+    assert val(reg, "memra_spec_rounds_total", family="qwen") == 0
+    assert val(reg, "memra_spec_phase_seconds_count", family="qwen", phase="maint") == 0
+    assert val(reg, "memra_spec_verify_split_seconds_count", family="qwen", part="kda") is None
+
+
+def test_level2_split_with_saturating_rest(reg):
+    """The verify split gets its five parts; rest = verify - (kda + mla), floored at 0."""
+    ex = PrometheusExporter(reg)
+    ex.export(
+        [
+            session(),
+            rnd(1, 0, (1, 10, 0, 0, 0), split=(4 * MS, MS, 3 * MS, 2 * MS)),
+            rnd(1, 1, (1, 5, 0, 0, 0), split=(4 * MS, MS, 3 * MS, 0)),  # kda+mla > verify
+        ]
+    )
+    s = "memra_spec_verify_split_seconds_sum"
+    assert val(reg, s, family="glm5", part="kda") == pytest.approx(0.008)
+    assert val(reg, s, family="glm5", part="kda_scan") == pytest.approx(0.002)
+    assert val(reg, s, family="glm5", part="mla") == pytest.approx(0.006)
+    assert val(reg, s, family="glm5", part="rest") == pytest.approx(0.003)  # 3 ms + 0
+    assert val(reg, s, family="glm5", part="ffn") == pytest.approx(0.002)
+    assert (
+        val(reg, "memra_spec_verify_split_seconds_bucket", family="glm5", part="rest", le="5e-05")
+        == 1
+    )
+
+
+def test_slow_rounds_follow_the_seed_rule_on_a_window(reg):
+    """Slow = wall > 1.5x the median of the session's recent rounds (itself included)."""
+    ex = PrometheusExporter(reg, slow_window=8)
+    walls = [10, 10, 40, 10, 10, 14, 16, 10, 10, 10, 10, 10, 10, 10, 31]
+    ex.export([session(), *(rnd(1, i, (w, 0, 0, 0, 0)) for i, w in enumerate(walls))])
+    # 40 at i=2 (median of [10,10,40] is 10): slow. 14, 16: not (<= 15 / median 10 -> 16 > 15!).
+    # i=6: window [10,10,40,10,10,14,16] sorted -> median 10 -> 16 > 15: slow.
+    # i=14: window (last 8) all 10 but 31 -> median 10 -> slow.
+    assert val(reg, "memra_spec_slow_rounds_total", family="glm5") == 3
+
+
+def test_first_token_phases_total_and_gpu_gauges(reg):
+    """Non-zero first-token buckets, the TTFT and the free-memory gauges (MB x 2^20)."""
+    ex = PrometheusExporter(reg)
+    prof = SpecFirstTokenProf(
+        cache_alloc_ms=2.0,
+        prime_ms=40.0,
+        anchor_ms=0.2,
+        first_burst_ms=30.0,
+        free_mb_before=[(0, 80_000), (1, 79_000)],
+        free_mb_after=[(0, 60_000)],
+    )
+    ex.export([session(), FirstTokenRecord(1, prof, (("prime", 10, 20),))])
+    ph = "memra_spec_first_token_phase_seconds"
+    assert val(reg, ph + "_sum", phase="prime") == pytest.approx(0.040)
+    assert val(reg, ph + "_bucket", phase="anchor", le="0.00025") == 1
+    assert val(reg, ph + "_count", phase="capture") is None  # never ran: no series
+    assert val(reg, "memra_spec_first_token_seconds_sum") == pytest.approx(0.0722)
+    assert val(reg, "memra_spec_first_token_seconds_bucket", le="0.08") == 1
+    assert val(reg, "memra_gpu_free_bytes", device="0", point="before") == 80_000 * 2**20
+    assert val(reg, "memra_gpu_free_bytes", device="1", point="before") == 79_000 * 2**20
+    assert val(reg, "memra_gpu_free_bytes", device="0", point="after") == 60_000 * 2**20
+    assert len(FIRST_TOKEN_PHASES) == 18 and "first_burst_hook" in FIRST_TOKEN_PHASES
+
+
+def test_worker_label(reg):
+    """worker_label=True labels every loop series with SessionRecord.worker."""
+    ex = PrometheusExporter(reg, worker_label=True, worker="fallback")
+    ex.export(
+        [
+            session(1, worker="r0"),
+            session(2, worker=""),
+            rnd(1, 0, (1, 1, 0, 0, 0)),
+            rnd(2, 0, (1, 1, 0, 0, 0)),
+            FirstTokenRecord(1, SpecFirstTokenProf(prime_ms=1.0, free_mb_before=[(0, 1)]), ()),
+        ]
+    )
+    assert val(reg, "memra_spec_rounds_total", family="glm5", worker="r0") == 1
+    assert val(reg, "memra_spec_rounds_total", family="glm5", worker="fallback") == 1
+    assert val(reg, "memra_spec_first_token_seconds_count", worker="r0") == 1
+    assert val(reg, "memra_gpu_free_bytes", worker="r0", device="0", point="before") == 2**20
+
+
+def test_rounds_of_an_unknown_session_are_kept(reg):
+    """A session record lost to a full queue: its rounds count under family="unknown"."""
+    ex = PrometheusExporter(reg)
+    ex.export([rnd(9, 0, (1, 1, 0, 0, 0)), rnd(9, 1, (1, 1, 0, 0, 0))])
+    assert val(reg, "memra_spec_rounds_total", family="unknown") == 2
+
+
+def test_exemplars_carry_the_session_trace_id(reg):
+    """OpenMetrics bucket lines carry {trace_id} of the session; none without a trace id."""
+    ex = PrometheusExporter(reg)
+    ex.export(
+        [
+            session(1, "a", TRACE),
+            rnd(1, 0, (1, 7, 0, 0, 0)),
+            session(2, "b", 0),
+            rnd(2, 0, (1, 7, 0, 0, 0)),
+        ]
+    )
+    body = encode(reg, OM)[0].decode()
+    line = next(
+        ln
+        for ln in body.splitlines()
+        if ln.startswith('memra_spec_round_seconds_bucket{family="a",le="0.008"}')
+    )
+    assert line.endswith(f' # {{trace_id="{TRACE:032x}"}} 0.008 1700000001.008')
+    assert '{family="b"' in body and all(
+        " # " not in ln for ln in body.splitlines() if 'family="b"' in ln
+    )
+    assert " # " not in encode(reg, "text/plain")[0].decode()
+
+
+def test_round_span_id_hook(reg):
+    """With a round_span_id hook, round exemplars also name the round's span (0 = none)."""
+    ex = PrometheusExporter(reg, round_span_id=lambda s, r: 0 if r.index else s.span_id + 1)
+    ex.export([session(), rnd(1, 0, (1, 7, 0, 0, 0)), rnd(1, 1, (1, 30, 0, 0, 0))])
+    body = encode(reg, OM)[0].decode()
+    assert f'{{span_id="0000000000000008",trace_id="{TRACE:032x}"}}' in body
+    assert f' # {{trace_id="{TRACE:032x}"}} 0.031' in body
+
+
+def test_session_end_frees_state_and_other_records_are_ignored(reg):
+    """SessionEnd drops the session's state; burst records add nothing; nothing raises."""
+    ex = PrometheusExporter(reg)
+    ex.export(
+        [
+            session(),
+            BurstRecord(1, 0, 4, 0, 1, SpecPhaseNs(), None, 3, 0, 0),
+            SessionEndRecord(1, 5, 0, 1, 3, ""),
+        ]
+    )
+    assert not ex._sessions
+    assert ex.export_errors == 0
+
+
+def test_a_bad_record_is_counted_not_raised(reg):
+    """A record the exporter cannot use bumps export_errors (signal="metrics") and the batch goes on."""
+    ex = PrometheusExporter(reg)
+    bad = RoundRecord(1, 0, 0, (1, 2, 3), 4, 2, 0, 0, None)  # type: ignore[arg-type]
+    ex.export([session(), bad, rnd(1, 1, (1, 1, 0, 0, 0))])
+    assert ex.export_errors == 1
+    assert val(reg, "memra_spec_rounds_total", family="glm5") == 1
+
+
+def test_self_metrics_read_the_queue_and_its_exporters(reg):
+    """dropped/errors per signal come from the QueueSink, its worker and its exporters."""
+
+    class SpanEx:
+        signal = "spans"
+        dropped_spans = 5
+        export_errors = 2
+
+        def export(self, batch): ...
+        def flush(self, timeout_s=5.0):
+            return True
+
+        def shutdown(self, timeout_s=5.0): ...
+
+    ex = PrometheusExporter(reg)
+    q = QueueSink([ex, SpanEx()], start=False)
+    ex.attach_queue(q)
+    q.dropped = 3
+    q.worker.errors = 1
+    ex.export_errors = 4
+    assert val(reg, "memra_obs_dropped_total", signal="records") == 3
+    assert val(reg, "memra_obs_dropped_total", signal="spans") == 5
+    assert val(reg, "memra_obs_export_errors_total", signal="records") == 1
+    assert val(reg, "memra_obs_export_errors_total", signal="spans") == 2
+    assert val(reg, "memra_obs_export_errors_total", signal="metrics") == 4
+    ex.watch("dropped", "ring", lambda: 7)
+    assert val(reg, "memra_obs_dropped_total", signal="ring") == 7
+
+
+def test_a_new_exporter_takes_over_the_registry(reg):
+    """configure() builds the new observer before shutting the old one: names move over."""
+    old = PrometheusExporter(reg)
+    old.export([session(), rnd(1, 0, (1, 1, 0, 0, 0))])
+    new = PrometheusExporter(reg)
+    assert val(reg, "memra_spec_rounds_total", family="glm5") is None
+    old.shutdown()  # must not unregister the new one
+    new.export([session(), rnd(1, 0, (1, 1, 0, 0, 0)), rnd(1, 1, (1, 1, 0, 0, 0))])
+    assert val(reg, "memra_spec_rounds_total", family="glm5") == 2
+    new.shutdown()
+    assert val(reg, "memra_spec_rounds_total", family="glm5") == 2  # kept for a last scrape
+    new.unregister()
+    assert val(reg, "memra_spec_rounds_total", family="glm5") is None
+    PrometheusExporter(reg)  # the names are free again
+
+
+def test_a_foreign_name_clash_still_raises(reg):
+    """Only our own exporters are taken over; someone else's metric of the same name is a bug."""
+    from prometheus_client import Counter
+
+    Counter("memra_spec_rounds", "someone else's", registry=reg)
+    with pytest.raises(ValueError):
+        PrometheusExporter(reg)
+
+
+def test_observer_to_exporter_through_the_queue(reg):
+    """A live observer with QueueSink([PrometheusExporter]): rounds, split and first token."""
+    ex = PrometheusExporter(reg)
+    q = QueueSink([ex], interval_ms=5)
+    ex.attach_queue(q)
+    vs = VerifySplit()
+    obs = Observer([q], level=2, prof=True, verify_split=vs, memory=lambda: [(0, 1000)])
+    with obs.session("glm5") as s:
+        s.free_memory("before")
+        s.lap("cache_alloc")
+        b = s.burst(4)
+        for i in range(5):
+            b.begin_round()
+            b.end_draft()
+            vs.add(kda=1000, mla=2000)
+            b.end_verify()
+            b.end_accept()
+            b.end_rollback()
+            b.end_round(k=4, j=i % 5, ctx=10, seq_rows=1)
+        b.end()
+    assert obs.flush(5.0)
+    obs.shutdown()
+    assert val(reg, "memra_spec_rounds_total", family="glm5") == 5
+    assert val(reg, "memra_spec_accepted_tokens_total", family="glm5") == 10
+    assert val(reg, "memra_spec_verify_split_seconds_count", family="glm5", part="mla") == 5
+    assert val(reg, "memra_spec_first_token_seconds_count") == 1
+    assert val(reg, "memra_gpu_free_bytes", device="0", point="before") == 1000 * 2**20
+    assert val(reg, "memra_obs_dropped_total", signal="records") == 0
+
+
+def test_openmetrics_exposition_parses_strictly(reg):
+    """prometheus_client's OpenMetrics parser takes the whole exposition: no clashing family
+    names (the per-round token histograms are *_per_round, the counters own the base names)."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    ex = PrometheusExporter(reg)
+    ex.export([session(), rnd(1, 0, (1.5, 7.0, 0.12, 0.04, 0.3), k=4, j=3)])
+    body, _ = encode(reg, OM)
+    text = body.decode() if isinstance(body, bytes) else body
+    names = [f.name for f in text_string_to_metric_families(text)]
+    assert "memra_spec_drafted_tokens" in names and "memra_spec_drafted_tokens_per_round" in names
+    assert len(names) == len(set(names))

@@ -1,0 +1,199 @@
+"""``/metrics`` over HTTP: content negotiation, methods, basic auth, TLS, the setup wiring."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import shutil
+import socket
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from memra_obs.environment import ConfigError, Settings
+from memra_obs.events import RoundRecord, SessionRecord
+from memra_obs.prom import PrometheusExporter, serve_metrics
+
+TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)  # what Prometheus 2.42 sends
+
+
+@pytest.fixture
+def reg() -> CollectorRegistry:
+    r = CollectorRegistry()
+    ex = PrometheusExporter(r)
+    t = [
+        10**9,
+        10**9 + 10**6,
+        10**9 + 8 * 10**6,
+        10**9 + 9 * 10**6,
+        10**9 + 9 * 10**6,
+        10**9 + 10**7,
+    ]
+    ex.export(
+        [
+            SessionRecord(
+                1, "glm5", "t", "tv", "w", 0, 0, 1_700_000_000 * 10**9, TRACE, 1, 0, 1, False
+            ),
+            RoundRecord(1, 0, 0, tuple(t), 4, 2, 10, 0, None),  # type: ignore[arg-type]
+        ]
+    )
+    return r
+
+
+def get(url: str, headers: dict[str, str] | None = None, method: str = "GET", ctx=None):
+    req = urllib.request.Request(url, headers=headers or {}, method=method)
+    with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+        return r.status, dict(r.headers), r.read()
+
+
+def test_content_negotiation(reg):
+    """Prometheus' Accept gets OpenMetrics with exemplars; a plain client gets text 0.0.4."""
+    with serve_metrics(("127.0.0.1", 0), registry=reg) as srv:
+        assert srv.port > 0 and srv.url == f"http://127.0.0.1:{srv.port}/metrics"
+        status, h, body = get(srv.url, {"Accept": PROMETHEUS_ACCEPT})
+        assert status == 200 and h["Content-Type"].startswith(
+            "application/openmetrics-text; version=1.0.0"
+        )
+        assert body.endswith(b"# EOF\n") and f'# {{trace_id="{TRACE:032x}"}}'.encode() in body
+        status, h, body = get(srv.url)
+        assert h["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        assert b"memra_spec_rounds_total" in body and b" # {" not in body and b"# EOF" not in body
+
+
+def test_gzip_methods_and_string_address(reg):
+    """gzip on request; OPTIONS/405 like prometheus_client; "host:port" accepted."""
+    with serve_metrics("127.0.0.1:0", registry=reg) as srv:
+        _, h, body = get(srv.url, {"Accept-Encoding": "gzip"})
+        assert h[
+            "Content-Encoding"
+        ] == "gzip" and b"memra_spec_round_seconds_bucket" in gzip.decompress(body)
+        assert get(srv.url, method="OPTIONS")[1]["Allow"] == "OPTIONS,GET"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            get(srv.url, method="POST")
+        assert e.value.code == 405
+
+
+def test_close_frees_the_port(reg):
+    """close() stops the thread and releases the socket."""
+    srv = serve_metrics(("127.0.0.1", 0), registry=reg)
+    port = srv.port
+    srv.close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_basic_auth(reg):
+    """401 with a challenge unless the right credentials come; then the metrics."""
+    with serve_metrics(("127.0.0.1", 0), registry=reg, basic_auth=("prom", "s3cret:x")) as srv:
+        for auth in (None, "Basic " + base64.b64encode(b"prom:wrong").decode(), "Bearer abc"):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                get(srv.url, {"Authorization": auth} if auth else {})
+            assert e.value.code == 401 and e.value.headers["WWW-Authenticate"].startswith(
+                'Basic realm="memra-obs"'
+            )
+        good = "basic " + base64.b64encode(b"prom:s3cret:x").decode()
+        assert b"memra_spec_rounds_total" in get(srv.url, {"Authorization": good})[2]
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory) -> tuple[str, str]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not found: cannot make a self-signed certificate for the TLS test")
+    d = tmp_path_factory.mktemp("tls")
+    crt, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(crt)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return str(crt), str(key)
+
+
+def test_tls_and_basic_auth(reg, cert):
+    """HTTPS with a certificate the client trusts, and auth on top; plain HTTP is refused."""
+    crt, key = cert
+    with serve_metrics(
+        ("127.0.0.1", 0), registry=reg, certfile=crt, keyfile=key, basic_auth=("u", "p")
+    ) as srv:
+        assert srv.url.startswith("https://127.0.0.1:")
+        ctx = ssl.create_default_context(cafile=crt)
+        auth = {
+            "Authorization": "Basic " + base64.b64encode(b"u:p").decode(),
+            "Accept": PROMETHEUS_ACCEPT,
+        }
+        status, _, body = get(srv.url, auth, ctx=ctx)
+        assert status == 200 and body.endswith(b"# EOF\n")
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            get(srv.url.replace("https", "http"), auth)
+        with pytest.raises(urllib.error.URLError):  # an untrusted certificate
+            get(srv.url, auth, ctx=ssl.create_default_context())
+        assert get(srv.url, auth, ctx=ctx)[0] == 200  # failed handshakes left it serving
+
+
+def test_tls_needs_cert_and_key(reg, cert):
+    """A certificate without its key is refused at start-up."""
+    with pytest.raises(ValueError, match="certfile and keyfile"):
+        serve_metrics(("127.0.0.1", 0), registry=reg, certfile=cert[0])
+
+
+def test_knobs(tmp_path: Path, cert):
+    """MEMRA_OBS_METRICS_TLS_* and MEMRA_OBS_METRICS_BASIC_AUTH_FILE parse, or fail naming the variable."""
+    auth = tmp_path / "auth"
+    auth.write_text("prom:pa:ss\n")
+    st = Settings.resolve(
+        {
+            "MEMRA_OBS_METRICS_TLS_CERT": cert[0],
+            "MEMRA_OBS_METRICS_TLS_KEY": cert[1],
+            "MEMRA_OBS_METRICS_BASIC_AUTH_FILE": str(auth),
+        }
+    )
+    assert (st.metrics_tls_cert, st.metrics_tls_key, st.metrics_basic_auth) == (
+        cert[0],
+        cert[1],
+        ("prom", "pa:ss"),
+    )
+    assert "pa:ss" not in repr(st)
+    with pytest.raises(ConfigError, match="MEMRA_OBS_METRICS_TLS_CERT"):
+        Settings.resolve({"MEMRA_OBS_METRICS_TLS_CERT": str(tmp_path / "missing.pem")})
+    auth.write_text("no-colon\n")
+    with pytest.raises(ConfigError, match="MEMRA_OBS_METRICS_BASIC_AUTH_FILE"):
+        Settings.resolve({"MEMRA_OBS_METRICS_BASIC_AUTH_FILE": str(auth)})
+
+
+def test_build_observer_serves_and_attaches_the_queue(tmp_path: Path, cert):
+    """setup wiring: sinks=prometheus serves /metrics (TLS + auth from knobs) with self-metrics."""
+    from memra_obs.setup import build_observer
+
+    auth = tmp_path / "auth"
+    auth.write_text("u:p\n")
+    reg = CollectorRegistry()
+    env = {
+        "MEMRA_OBS_METRICS_TLS_CERT": cert[0],
+        "MEMRA_OBS_METRICS_TLS_KEY": cert[1],
+        "MEMRA_OBS_METRICS_BASIC_AUTH_FILE": str(auth),
+    }
+    obs = build_observer(
+        level=0, prof=False, registry=reg, env=env, sinks="prometheus", metrics_addr="127.0.0.1:0"
+    )
+    try:
+        srv = obs.closers[0].__self__
+        hdr = {"Authorization": "Basic " + base64.b64encode(b"u:p").decode()}
+        body = get(srv.url, hdr, ctx=ssl.create_default_context(cafile=cert[0]))[2]
+        assert b'memra_obs_dropped_total{signal="records"} 0.0' in body
+        assert b'memra_obs_export_errors_total{signal="metrics"} 0.0' in body
+        with pytest.raises(ConfigError, match="MEMRA_OBS_METRICS_TLS_KEY"):
+            build_observer(
+                registry=CollectorRegistry(), env={"MEMRA_OBS_METRICS_TLS_CERT": cert[0]},
+                sinks="prometheus", metrics_addr="127.0.0.1:0",
+            )  # fmt: skip
+    finally:
+        obs.shutdown()
