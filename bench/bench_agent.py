@@ -11,8 +11,9 @@ mode, so compare against ``none``.
 Modes (each run in a fresh process, interleaved over repetitions):
   none     the no-op observer
   inproc   QueueSink + span exporter (OTLP-JSON file) + PrometheusExporter, in this process
+  ring     RingSink alone, nobody reading (the writer's own cost)
   agent    RingSink in this process; ``memra-obs agent`` in another process publishing the
-           same exporters (spans file, /metrics)
+           same exporters (spans file, /metrics), at its default priority (SCHED_IDLE)
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODES = ("none", "inproc", "agent")
+MODES = ("none", "inproc", "ring", "agent")
 DEVICE_S = 0.002
 
 
@@ -42,8 +43,8 @@ def _env(tmp: Path, mode: str, rings: Path) -> dict[str, str]:
     )
     if mode != "none":
         env["MEMRA_OBS_SINKS"] = "otel,prometheus"
-    if mode == "agent":
-        env["MEMRA_OBS_AGENT"] = str(rings)
+    if mode in ("ring", "agent"):
+        env["MEMRA_OBS_AGENT"] = str(rings / mode)
     return env
 
 

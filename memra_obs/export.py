@@ -92,11 +92,11 @@ class QueueSink(Sink):
             with self._drop_lock:
                 self.dropped += 1
 
-    on_session = _put  # type: ignore[assignment]
-    on_round = _put  # type: ignore[assignment]
-    on_burst = _put  # type: ignore[assignment]
-    on_first_token = _put  # type: ignore[assignment]
-    on_session_end = _put  # type: ignore[assignment]
+    on_session = _put
+    on_round = _put
+    on_burst = _put
+    on_first_token = _put
+    on_session_end = _put
 
     def __len__(self) -> int:
         return len(self._q)

@@ -334,3 +334,44 @@ def test_observer_records_reach_the_ring_with_trace_ids(tmp_path):
         "SessionRecord", "RoundRecord", "BurstRecord", "SessionEndRecord",
     ]  # fmt: skip
     sink.shutdown()
+
+
+def test_a_ring_not_ours_to_write_is_read_without_persisting(tmp_path, monkeypatch):
+    """Without write permission the reader still reads (read-only map); commit is a no-op."""
+    sink = RingSink(str(tmp_path), slots=64)
+    sink.on_round(_round(3))
+    real_open = os.open
+
+    def no_write(path, flags, *a):
+        if flags & os.O_RDWR:
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(os, "open", no_write)
+    r = RingReader(sink.path)
+    monkeypatch.setattr(os, "open", real_open)
+    assert not r.writable
+    assert [i.rec.index for i in r.poll()] == [3]
+    r.commit()
+    assert RingReader(sink.path).pos == 0
+    assert not r.writer_gone()
+    sink.shutdown()
+    assert r.writer_gone()
+
+
+def test_ring_directory_and_slots_knob(tmp_path):
+    """A bare MEMRA_OBS_AGENT name lives in /dev/shm; MEMRA_OBS_RING_SLOTS is a power of two."""
+    from memra_obs.agent.ring import ring_directory
+    from memra_obs.environment import ConfigError, Settings
+
+    assert ring_directory(str(tmp_path)) == str(tmp_path)
+    if os.path.isdir("/dev/shm"):
+        assert ring_directory("memra-obs") == "/dev/shm/memra-obs"
+    assert Settings.resolve({"MEMRA_OBS_RING_SLOTS": "128"}).ring_slots == 128
+    assert Settings.resolve({}).ring_slots == 65536
+    for bad in ("100", "32", "x"):
+        with pytest.raises(ConfigError, match="MEMRA_OBS_RING_SLOTS"):
+            Settings.resolve({"MEMRA_OBS_RING_SLOTS": bad})
+    sink = RingSink.create(str(tmp_path), env={"MEMRA_OBS_RING_SLOTS": "256"})
+    assert RingReader(sink.path).geo.slots == 256
+    sink.shutdown()

@@ -30,6 +30,7 @@ from memra_obs.otel import SpanExporter, build_span_exporter
 from memra_obs.otel.exporter import Output
 from memra_obs.otel.spans import PHASE_SPAN_NAMES
 from memra_obs.otel.transport import SendError
+from memra_obs.records import VerifySplit
 
 pytestmark = pytest.mark.integration
 
@@ -150,7 +151,7 @@ def make(
     ex = build_span_exporter(Settings(round_spans=round_spans, **settings), env=env)
     assert isinstance(ex, SpanExporter)
     q = QueueSink([ex], interval_ms=20)
-    obs = Observer([q], level=2, prof=prof, memory=lambda: [(0, 4096)])
+    obs = Observer([q], level=2, prof=prof, memory=lambda: [(0, 4096)], verify_split=VerifySplit())
     return obs, q, ex
 
 
@@ -463,7 +464,9 @@ def test_full_request_queue_drops_and_counts_and_never_blocks():
     from memra_obs.testing import RecordingSink
 
     keep = RecordingSink(wants_trace_ids=True)
-    run_session(Observer([keep], level=1, prof=False), bursts=(4,), prof=False)
+    run_session(
+        Observer([keep], level=1, prof=False, verify_split=VerifySplit()), bursts=(4,), prof=False
+    )
     sender = BlockingSender()
     ex = SpanExporter([Output("t", None, sender, max_spans=1, queue_requests=2)])
     t0 = time.monotonic()
@@ -606,3 +609,23 @@ def test_process_exit_without_shutdown_still_writes_the_open_session(tmp_path):
     ]
     assert names.count("spec.session") == 1 and names.count("spec.round") == 3
     assert names.count("spec.burst") == 1
+
+
+def test_malformed_records_and_values_are_skipped_and_counted(receiver):
+    """A record that cannot become spans, or a span value the wire cannot carry (a negative
+    time), is skipped and counted; the rest of the batch still goes out intact."""
+    from memra_obs.testing import RecordingSink
+
+    keep = RecordingSink(wants_trace_ids=True)
+    run_session(
+        Observer([keep], level=1, prof=False, verify_split=VerifySplit()), bursts=(2,), prof=False
+    )
+    recs = list(keep.records)
+    bad_round = recs[1]._replace(t_ns_mono=(-(10**30),) * 6)  # negative epoch times
+    broken = recs[2]._replace(t_ns_mono=None)  # not even a tuple
+    ex = build_span_exporter(Settings(), env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url})
+    ex.export([recs[0], bad_round, broken, *recs[3:]])
+    ex.shutdown(5)
+    assert ex.export_errors == 1  # the record that raised
+    assert ex.dropped_spans == 6  # the bad round and its five phases
+    assert ex.exported_spans == len(receiver.spans) == 1 + 1 + 6 * (len(recs) - 5)

@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from memra_obs.events import SessionRecord, to_epoch_ns
 from memra_obs.observer import Observer
 from memra_obs.otel.spans import PHASE_SPAN_NAMES, SpanBuilder, burst_span_id, round_span_id
+from memra_obs.records import VerifySplit
 from memra_obs.testing import RecordingSink
 
 NAME, TID, SID, PID, START, END, ATTRS, STATUS = range(8)
@@ -50,7 +51,14 @@ def build(records, round_spans=256):
 
 def observer(level=2, prof=True):
     keep = RecordingSink(wants_trace_ids=True)
-    return Observer([keep], level=level, prof=prof, memory=lambda: [(0, 5000), (1, 6000)]), keep
+    obs = Observer(
+        [keep],
+        level=level,
+        prof=prof,
+        memory=lambda: [(0, 5000), (1, 6000)],
+        verify_split=VerifySplit(),
+    )
+    return obs, keep
 
 
 def test_tree_parentage_and_timestamps_follow_the_records():

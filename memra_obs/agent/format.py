@@ -12,7 +12,7 @@ One file per worker process (``<dir>/ring-<worker>-<pid>-<nonce>.ring``), mmap'd
     [data, +N*128)     N slots of 128 bytes (N a power of two)
 
 A slot is ``seq u64 | meta u64 | payload[112]``. ``seq`` is the slot's absolute position + 1
-(0 = being written); ``meta`` packs ``rec << 16 | kind << 8 | span``: ``rec`` is the record's
+(0 = never written); ``meta`` packs ``rec << 16 | kind << 8 | span``: ``rec`` is the record's
 ordinal in the worker's stream (so a reader counts lost *records* exactly, whatever their
 size), ``span`` the number of consecutive slots the record covers (1 for a round, 2 for a
 level-2 burst, up to :data:`MAXSPAN` for a first-token profile). Continuation slots carry

@@ -170,7 +170,13 @@ class Agent:
         for s in list(self._streams.values()):
             if housekeeping and not s.reader.gone:
                 s.reader.writer_gone()  # sticky; read to the end below before retiring
-            s.poll(batch, self.batch_slots)
+            try:
+                s.poll(batch, self.batch_slots)
+            except Exception as exc:  # a bug or a damaged file: drop this ring, keep the rest
+                _say(f"reading {s.reader.path} failed ({exc!r}); leaving it alone")
+                self._bad.add(s.reader.path)
+                self._retire(s, unlink=False)
+                continue
             polled.append(s)
             if s.reader.gone and s.reader.caught_up():
                 s.reader.finish()

@@ -47,12 +47,20 @@ class RingReader:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        fd = os.open(path, os.O_RDWR)
+        #: False when the file is not ours to write (another uid): the cursor then lives
+        #: only in this process, and a restarted agent starts over from the ring's oldest.
+        self.writable = True
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except PermissionError:
+            fd = os.open(path, os.O_RDONLY)
+            self.writable = False
         try:
             size = os.fstat(fd).st_size
             if size < F.HEADER:
                 raise FormatError(f"{path}: {size} bytes is shorter than a ring header")
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if self.writable else 0)
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
         except BaseException:
             os.close(fd)
             raise
@@ -218,6 +226,8 @@ class RingReader:
 
     def commit(self) -> None:
         """Persist the cursor: a restarted agent resumes after what was published."""
+        if not self.writable:
+            return
         F.READER.pack_into(
             self._mm, F.OFF_READER, self.pos, self.rec, self.lost_persisted + self.lost, os.getpid()
         )

@@ -5,11 +5,14 @@ at a time (span building, metric aggregation) and the loop's p99 pays for it. He
 only packs bytes into an mmap'd file; the host's ``memra-obs agent`` does the rest in another
 process. Layout and codec: :mod:`.format`.
 
-Hot path (a round): one ``struct.pack_into`` of the slot (its ``seq`` field zeroed first, so a
-slot being rewritten never looks valid), one store of ``seq`` (published after the payload),
-one store of ``head``. No syscall, no lock shared with another process, never blocks: the
-ring overwrites its oldest slots and the reader counts what it lost, by record number. An
-in-process lock orders writers when the loop runs several threads.
+Hot path (a round): one ``struct.pack_into`` of the whole slot (its ``seq`` = position + 1,
+the record, its number), then one store of ``head`` — the ring's sequence counter, published
+last: a reader trusts only what lies below the ``head`` it read before copying and re-reads
+``head`` after copying to discard anything the writer may have reached meanwhile (see
+:mod:`.reader`), so a torn record is never delivered. No syscall, no lock shared with another
+process, never blocks: the ring overwrites its oldest slots and the reader counts what it
+lost, by record number. An in-process lock orders writers when the loop runs several
+threads (uncontended: one acquire/release per record).
 
 Liveness without a shared PID namespace: the worker holds ``flock`` on its ring for its whole
 life (taken once, never touched again); the kernel drops it when the process dies, even by
@@ -42,7 +45,7 @@ from ..linewriter import stderr_writer
 from ..sinks.base import Sink
 from . import format as F
 
-__all__ = ["DEFAULT_SLOTS", "DEFAULT_TABLE", "RingSink", "ring_name"]
+__all__ = ["DEFAULT_SLOTS", "DEFAULT_TABLE", "RingSink", "ring_directory", "ring_name"]
 
 #: 65,536 slots x 128 B = 8 MiB per worker: ~30 s of rounds at 2,000 rounds/s of headroom
 #: if the agent stalls.
@@ -51,6 +54,14 @@ DEFAULT_SLOTS = 1 << 16
 DEFAULT_TABLE = 1024
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def ring_directory(value: str) -> str:
+    """``MEMRA_OBS_AGENT`` as a directory: a path as given, a bare name (no ``/``) as a
+    shared-memory name, i.e. ``/dev/shm/<name>``."""
+    if "/" not in value and os.path.isdir("/dev/shm"):
+        return os.path.join("/dev/shm", value)
+    return value
 
 
 def ring_name(worker: str, pid: int) -> str:
@@ -105,6 +116,7 @@ class RingSink(Sink):
         """The ring for this process in ``directory`` (made if missing). ``slots`` defaults to
         ``MEMRA_OBS_RING_SLOTS``. A directory that cannot hold it is a start-up error."""
         n = slots if slots is not None else _slots_from_env(os.environ if env is None else env)
+        directory = ring_directory(directory)
         try:
             sink = cls(directory, worker=worker, slots=n, table_entries=table_entries)
         except OSError as exc:
@@ -175,15 +187,14 @@ class RingSink(Sink):
             off = self._data + ((pos & self._mask) << F.SLOT_SHIFT)
             try:
                 if split is None:
-                    F.ROUND.pack_into(mm, off, 0, (r << 16) | 0x201, sid, burst, index, *t,
+                    F.ROUND.pack_into(mm, off, pos + 1, (r << 16) | 0x201, sid, burst, index, *t,
                                       k, j, ctx, seq_rows)  # fmt: skip
                 else:
-                    F.ROUND_SPLIT.pack_into(mm, off, 0, (r << 16) | 0x301, sid, burst, index, *t,
-                                            k, j, ctx, seq_rows, *split)  # fmt: skip
+                    F.ROUND_SPLIT.pack_into(mm, off, pos + 1, (r << 16) | 0x301, sid, burst,
+                                            index, *t, k, j, ctx, seq_rows, *split)  # fmt: skip
             except (struct.error, TypeError):
-                self._count(refused=1)
+                self._count(refused=1)  # the slot is past head: rewritten by the next record
                 return
-            F.U64.pack_into(mm, off, pos + 1)
             self._pos = pos + 1
             self._rec = r + 1
             F.HEAD.pack_into(mm, F.OFF_HEAD, pos + 1, r + 1)
@@ -238,8 +249,8 @@ class RingSink(Sink):
         self._write(kind, payload)
 
     def _write(self, kind: int, payload: bytes, table: tuple[int, int] = (-1, 0)) -> None:
-        """A record of one or more slots: headers and payloads first (seq 0), then every
-        seq from the last slot to the first, then the table entry, then head."""
+        """A record of one or more slots: every slot (seq, meta, payload), then the table
+        entry, then head."""
         n = max(1, -(-len(payload) // F.PAYLOAD))
         if n > F.MAXSPAN:
             self._count(refused=1)
@@ -253,11 +264,9 @@ class RingSink(Sink):
             for i in range(n):
                 off = data + (((pos + i) & mask) << F.SLOT_SHIFT)
                 meta = (r << 16) | ((kind << 8) | n if i == 0 else i)
-                F.SLOT_HEAD.pack_into(mm, off, 0, meta)
+                F.SLOT_HEAD.pack_into(mm, off, pos + i + 1, meta)
                 chunk = payload[i * F.PAYLOAD : (i + 1) * F.PAYLOAD]
                 mm[off + F.SLOT_HDR : off + F.SLOT_HDR + len(chunk)] = chunk
-            for i in range(n - 1, -1, -1):
-                F.U64.pack_into(mm, data + (((pos + i) & mask) << F.SLOT_SHIFT), pos + i + 1)
             slot, sid = table
             if slot >= 0:
                 # Before head: a reader that sees this record published also sees its entry.

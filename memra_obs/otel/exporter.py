@@ -10,7 +10,9 @@ slow network) the newest request is dropped and its spans counted — nothing ev
 
 Counters are plain ints (read them from anywhere): ``exported_spans`` (acknowledged by the
 receiver), ``dropped_spans`` (never delivered: full queue, failed send, rejected by the
-receiver, or still queued at shutdown) and ``export_errors`` (failed sends).
+receiver, a value the wire cannot carry, or still queued at shutdown) and ``export_errors``
+(failed sends, and records that could not be turned into spans). With several outputs
+(``OTEL_TRACES_EXPORTER=otlp,console``) each output counts its own spans.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Sender(Protocol):
 
 
 class Encoder(Protocol):
+    bad: int
+
     def spans(self, spans: Sequence[Span], out: list[Any]) -> int: ...
     def request(self, fragments: Sequence[Any], size: int | None = None) -> Any: ...
 
@@ -48,6 +52,7 @@ class Output:
 
     A request is sealed at ``max_spans`` spans or ``max_bytes`` encoded bytes (whichever
     first; 2 MiB stays under gRPC's default 4 MiB message limit), or at the worker's tick.
+    The queue holds at most ``queue_requests`` requests and ``queue_bytes`` bytes.
     Few big requests: the sender's Python cost is per request, and the socket write
     releases the GIL.
     """
@@ -61,6 +66,7 @@ class Output:
         max_spans: int = 2048,
         max_bytes: int = 2 << 20,
         queue_requests: int = 64,
+        queue_bytes: int = 32 << 20,
         stop: threading.Event | None = None,
     ) -> None:
         self.name = name
@@ -70,8 +76,11 @@ class Output:
         self.max_bytes = max_bytes
         self._frags: list[Any] = []
         self._size = 0
-        self._q: deque[tuple[int, Any]] = deque()
+        self._q: deque[tuple[int, Any, int]] = deque()
+        self._qlock = threading.Lock()
         self._qmax = queue_requests
+        self._qbytes_max = queue_bytes
+        self._qbytes = 0
         #: Set at shutdown; the sender's backoff waits on it.
         self.stop = stop if stop is not None else threading.Event()
         self._wake = threading.Event()
@@ -83,6 +92,7 @@ class Output:
 
     def add(self, spans: list[Span]) -> None:
         enc = self.encoder
+        bad = enc.bad if enc is not None else 0
         i, n = 0, len(spans)
         while i < n:
             frags = self._frags
@@ -95,6 +105,9 @@ class Output:
                 self._size += enc.spans(chunk, frags)
             if len(frags) >= self.max_spans or self._size >= self.max_bytes:
                 self.seal()
+        if enc is not None and enc.bad != bad and self.parent is not None:
+            self.parent._count(dropped=enc.bad - bad)
+            self.parent._report(self, "encode", "a span had a value OTLP cannot carry; skipped")
 
     def seal(self) -> None:
         frags = self._frags
@@ -102,14 +115,24 @@ class Output:
             return
         n = len(frags)
         payload = frags if self.encoder is None else self.encoder.request(frags, self._size)
+        size = self._size if self.encoder is not None else 256 * n
         self._frags = []
         self._size = 0
-        if len(self._q) >= self._qmax or self.stop.is_set():
-            assert self.parent is not None
-            self.parent._count(dropped=n)
-            self.parent._report(self, "queue", "request queue full; dropping spans")
+        if (
+            len(self._q) >= self._qmax
+            or self._qbytes + size > self._qbytes_max
+            or self.stop.is_set()
+        ):
+            if self.parent is not None:
+                self.parent._count(dropped=n)
+                if self.stop.is_set():
+                    self.parent._report(self, "stopped", "spans after shutdown; dropped")
+                else:
+                    self.parent._report(self, "queue", "request queue full; dropping spans")
             return
-        self._q.append((n, payload))
+        with self._qlock:
+            self._qbytes += size
+        self._q.append((n, payload, size))
         self._wake.set()
 
     # -- the sender thread -----------------------------------------------------------------
@@ -133,7 +156,9 @@ class Output:
                 continue
             self._busy = True
             try:
-                n, payload = q.popleft()
+                n, payload, size = q.popleft()
+                with self._qlock:
+                    self._qbytes -= size
                 try:
                     rejected = self.sender.send(payload)
                 except SendError as exc:
@@ -148,12 +173,9 @@ class Output:
             finally:
                 self._busy = False
 
-    def idle(self) -> bool:
-        return not self._q and not self._busy and not self._frags
-
     def wait_idle(self, deadline: float) -> bool:
         self._wake.set()
-        while not (not self._q and not self._busy):
+        while self._q or self._busy:
             if self._thread is None or not self._thread.is_alive() or time.monotonic() >= deadline:
                 return False
             time.sleep(0.002)
@@ -169,7 +191,7 @@ class Output:
             if t.is_alive():  # stuck in a network call: cut it short
                 self.sender.abort()
                 t.join(0.5)
-        left = sum(n for n, _ in self._q)
+        left = sum(n for n, _, _ in self._q)
         self._q.clear()
         if left and self.parent is not None:
             self.parent._count(dropped=left)
@@ -215,7 +237,11 @@ class SpanExporter:
         with self._lock:
             if self._closed:
                 return
-            self.builder.add(batch, spans)
+            b = self.builder
+            bad = b.bad_records
+            b.add(batch, spans)
+            if b.bad_records != bad:
+                self._count(errors=b.bad_records - bad)
             if spans:
                 for o in self.outputs:
                     o.add(spans)

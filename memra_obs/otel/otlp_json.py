@@ -71,7 +71,7 @@ def _kv_list(attrs: Mapping[Any, Any]) -> str:
 class JsonEncoder:
     """Encodes span tuples to OTLP/JSON span objects and wraps them into request lines."""
 
-    __slots__ = ("_head", "_keys", "_names", "_tail", "_traces", "max_traces")
+    __slots__ = ("_head", "_keys", "_names", "_tail", "_traces", "bad", "max_traces")
 
     def __init__(
         self,
@@ -97,13 +97,19 @@ class JsonEncoder:
         self._keys: dict[str, tuple[str, list[str]]] = {}
         self._traces: dict[int, str] = {}
         self.max_traces = max_traces
+        #: Spans skipped because a value could not be encoded.
+        self.bad = 0
 
     def spans(self, spans: Sequence[Span], out: list[str]) -> int:
         """Append one encoded span object per span to ``out``; returns the characters added."""
         enc = self.span
         n = 0
         for sp in spans:
-            s = enc(sp)
+            try:
+                s = enc(sp)
+            except Exception:  # a value the format cannot carry
+                self.bad += 1
+                continue
             n += len(s) + 1
             out.append(s)
         return n

@@ -119,7 +119,7 @@ class ProtoEncoder:
     sessions in flight (cleared past ``max_traces``).
     """
 
-    __slots__ = ("_head", "_kv", "_last_parent", "_names", "_traces", "max_traces")
+    __slots__ = ("_head", "_kv", "_last_parent", "_names", "_traces", "bad", "max_traces")
 
     def __init__(
         self,
@@ -139,6 +139,8 @@ class ProtoEncoder:
         self._kv: dict[str, tuple[list[bytes], list[bytes], bytes, bytes]] = {}
         self._traces: dict[int, bytes] = {}
         self.max_traces = max_traces
+        #: Spans skipped because a value could not be encoded.
+        self.bad = 0
         # Phase spans come in fives under one round: reuse the parent's encoded id.
         self._last_parent = (0, b"")
 
@@ -149,7 +151,11 @@ class ProtoEncoder:
         enc = self.span
         n = 0
         for sp in spans:
-            b = enc(sp)
+            try:
+                b = enc(sp)
+            except Exception:  # a value the wire cannot carry (negative time, ...)
+                self.bad += 1
+                continue
             n += len(b)
             out.append(b)
         return n

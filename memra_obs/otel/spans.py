@@ -184,7 +184,7 @@ class SpanBuilder:
     ``SessionEndRecord`` must not leak); the oldest is then flushed as unfinished.
     """
 
-    __slots__ = ("_open", "max_open", "orphans", "round_spans")
+    __slots__ = ("_open", "bad_records", "max_open", "orphans", "round_spans")
 
     def __init__(self, round_spans: int = 256, *, max_open: int = 4096) -> None:
         self.round_spans = round_spans
@@ -192,50 +192,57 @@ class SpanBuilder:
         self._open: dict[int, _Session] = {}
         #: Records whose SessionRecord never arrived (dropped upstream); skipped.
         self.orphans = 0
+        #: Records that raised while being turned into spans; skipped.
+        self.bad_records = 0
 
     @property
     def open_sessions(self) -> int:
         return len(self._open)
 
     def add(self, records: Iterable[object], out: list[Span]) -> None:
-        """Append the spans ``records`` complete to ``out``."""
+        """Append the spans ``records`` complete to ``out``. A record that cannot be turned
+        into spans (malformed, e.g. rebuilt from damaged legacy lines) is skipped and
+        counted in ``bad_records``; the others still go out."""
         sessions = self._open
         cap = self.round_spans
         for rec in records:
             t = type(rec)
-            if t is RoundRecord:
-                s = sessions.get(rec.session)  # type: ignore[attr-defined]
-                if s is None:
-                    self.orphans += 1
-                    continue
-                self._round(s, rec, cap, out)  # type: ignore[arg-type]
-            elif t is BurstRecord:
-                s = sessions.get(rec.session)  # type: ignore[attr-defined]
-                if s is None:
-                    self.orphans += 1
-                    continue
-                self._burst(s, rec, cap, out)  # type: ignore[arg-type]
-            elif t is SessionRecord:
-                if rec.span_id == 0:  # type: ignore[attr-defined]
-                    self.orphans += 1  # no ids: the observer had no trace sink
-                    continue
-                if len(sessions) >= self.max_open:
-                    oldest = next(iter(sessions))
-                    self._unfinished(sessions.pop(oldest), out)
-                sessions[rec.session] = _Session(rec)  # type: ignore[attr-defined,arg-type]
-            elif t is SessionEndRecord:
-                s = sessions.pop(rec.session, None)  # type: ignore[attr-defined]
-                if s is None:
-                    self.orphans += 1
-                    continue
-                self._end(s, rec, out)  # type: ignore[arg-type]
-            elif t is FirstTokenRecord:
-                s = sessions.get(rec.session)  # type: ignore[attr-defined]
-                if s is None:
-                    self.orphans += 1
-                    continue
-                self._first_token(s, rec, out)  # type: ignore[arg-type]
-            # other records (ProfRows/ProfSummary) carry nothing a span needs
+            try:
+                if t is RoundRecord:
+                    s = sessions.get(rec.session)  # type: ignore[attr-defined]
+                    if s is None:
+                        self.orphans += 1
+                        continue
+                    self._round(s, rec, cap, out)  # type: ignore[arg-type]
+                elif t is BurstRecord:
+                    s = sessions.get(rec.session)  # type: ignore[attr-defined]
+                    if s is None:
+                        self.orphans += 1
+                        continue
+                    self._burst(s, rec, cap, out)  # type: ignore[arg-type]
+                elif t is SessionRecord:
+                    if rec.span_id == 0:  # type: ignore[attr-defined]
+                        self.orphans += 1  # no ids: the observer had no trace sink
+                        continue
+                    if len(sessions) >= self.max_open:
+                        oldest = next(iter(sessions))
+                        self._unfinished(sessions.pop(oldest), out)
+                    sessions[rec.session] = _Session(rec)  # type: ignore[attr-defined,arg-type]
+                elif t is SessionEndRecord:
+                    s = sessions.pop(rec.session, None)  # type: ignore[attr-defined]
+                    if s is None:
+                        self.orphans += 1
+                        continue
+                    self._end(s, rec, out)  # type: ignore[arg-type]
+                elif t is FirstTokenRecord:
+                    s = sessions.get(rec.session)  # type: ignore[attr-defined]
+                    if s is None:
+                        self.orphans += 1
+                        continue
+                    self._first_token(s, rec, out)  # type: ignore[arg-type]
+                # other records (ProfRows/ProfSummary) carry nothing a span needs
+            except Exception:
+                self.bad_records += 1
 
     def finish_open(self, out: list[Span]) -> int:
         """Close every session still open (process exit): end = the last stamp seen, status

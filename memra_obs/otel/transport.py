@@ -367,7 +367,7 @@ class SdkSender:
             kind=self._kind,
             status=self._unset
             if status is None
-            else self._status(self._codes.get(status[0]), status[1] or None),
+            else self._status(self._codes.get(status[0], self._codes[2]), status[1] or None),
             start_time=start,
             end_time=end,
             instrumentation_scope=self._scope,

@@ -49,6 +49,7 @@ __all__ = [
     "Wiring",
     "build_wiring",
     "main",
+    "pump",
 ]
 
 
@@ -195,11 +196,11 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
         knobs["sinks"] = "otel,prometheus"
     st = Settings.resolve(None, **knobs)
 
-    stats = TailStats()
     early: list[str] = []
-    source: Any
+    source: PipeSource | FollowSource
     if path == "-":
         source = PipeSource(sys.stdin.fileno(), "stdin")
+        # Nobody waits on a file we read; a live worker waits on a full pipe: never block it.
         block = stat.S_ISREG(os.fstat(source.fd).st_mode)
     elif args.follow:
         source = FollowSource(
@@ -220,12 +221,9 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     def report(msg: str) -> None:  # from the publisher's thread: exporter failures
         print(f"[memra-obs] tail: {msg}", file=sys.stderr, flush=True)
 
-    publisher = (
-        Publisher(wiring.exporters, capacity=st.queue_size, block=block, report=report)
-        if wiring.exporters
-        else None
-    )
-    if publisher is not None:
+    publisher: Publisher | None = None
+    if wiring.exporters:
+        publisher = Publisher(wiring.exporters, capacity=st.queue_size, block=block, report=report)
         for ex in wiring.exporters:
             attach = getattr(ex, "attach_queue", None)
             if attach is not None:
@@ -236,48 +234,22 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
         session_gap_ns=int(opts.session_gap * 1e9),
         max_bursts=opts.max_bursts,
     )
-    tail = Tail(
-        rb,
-        publisher.put if publisher is not None else _discard,
-        out=2,
-        name=source.name,
-        stats=stats,
-    )
+    tail = Tail(rb, publisher.put if publisher is not None else _discard, out=2, name=source.name)
     if wiring.collector is not None:
-        wiring.collector.add(worker, stats)
-    if isinstance(source, FollowSource):
-
-        def rotated(style: str) -> None:
-            stats.rotations[style] += 1
-            tail.settle(time.perf_counter_ns())
-            tail.note(f"{path} rotated ({style}); reading the new content from its start")
-
-        source.on_rotate = rotated
-
-    mode = "following" if args.follow and path != "-" else "reading"
+        wiring.collector.add(worker, tail.stats)
     if not opts.quiet:
-        tail.note(
-            f"{mode} {source.name} as worker {worker!r}; "
-            + ("; ".join(wiring.where) or "publishing nothing (MEMRA_OBS_SINKS)")
-        )
+        mode = "following" if args.follow and path != "-" else "reading"
+        where = "; ".join(wiring.where) or "publishing nothing (MEMRA_OBS_SINKS)"
+        tail.note(f"{mode} {source.name} as worker {worker!r}; {where}")
     for msg in early:
         tail.note(msg)
 
     stop: list[int] = []
     old = {
-        s: signal.signal(s, lambda signum, frame: stop.append(signum))
-        for s in (signal.SIGINT, signal.SIGTERM)
+        s: signal.signal(s, lambda n, f: stop.append(n)) for s in (signal.SIGINT, signal.SIGTERM)
     }
     try:
-        while not stop:
-            data = source.read(0.1)
-            now = time.perf_counter_ns()
-            if data is None:
-                break
-            if data:
-                tail.feed(data, now)
-            tail.tick(now)
-        tail.close(time.perf_counter_ns())
+        pump(tail, source, stop=lambda: bool(stop))
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -286,15 +258,40 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
         wiring.close()
         source.close()
     if not opts.quiet:
+        st_ = tail.stats
         rows, means = rb.rounds_from_rows, rb.rounds_from_means
-        dropped = publisher.dropped if publisher is not None else 0
         tail.note(
             f"{'stopped' if stop else 'end of input'}: {tail.lineno} lines "
-            f"({stats.total_lines - stats.lines['other']} legacy, {stats.total_malformed} malformed, "
-            f"{stats.total_orphans} unplaced), {rb.sessions} sessions, {rows + means} rounds "
-            f"({rows} from rows), {dropped} records dropped"
+            f"({st_.total_lines - st_.lines['other']} legacy, {st_.total_malformed} malformed, "
+            f"{st_.total_orphans} unplaced), {rb.sessions} sessions, {rows + means} rounds "
+            f"({rows} from rows), {publisher.dropped if publisher else 0} records dropped"
         )
     return 0
+
+
+def pump(
+    tail: Tail, source: PipeSource | FollowSource, *, stop: Callable[[], bool], read_s: float = 0.1
+) -> None:
+    """Read ``source`` into ``tail`` until the input ends or ``stop()``, then close the tail
+    (its partial line, open bursts and sessions). A followed file's rotations are counted,
+    settle the partial line, and are noted on the output."""
+    if isinstance(source, FollowSource):
+
+        def rotated(style: str) -> None:
+            tail.stats.rotations[style] += 1
+            tail.settle(time.perf_counter_ns())
+            tail.note(f"{source.path} rotated ({style}); reading the new content from its start")
+
+        source.on_rotate = rotated
+    while not stop():
+        data = source.read(read_s)
+        now = time.perf_counter_ns()
+        if data is None:
+            break
+        if data:
+            tail.feed(data, now)
+        tail.tick(now)
+    tail.close(time.perf_counter_ns())
 
 
 def _discard(batch: list[Any]) -> None:

@@ -214,9 +214,21 @@ class Tail:
         self._skipping = True
 
     def _publish(self) -> None:
-        recs = self.rebuilder.take()
+        rb = self.rebuilder
+        if rb.problems:
+            self._problems()
+        recs = rb.take()
         if recs:
             self.publish(recs)
+
+    def _problems(self) -> None:
+        """Bursts the rebuilder refused while laying them out: counted with the phase
+        lines that could not be placed, reported like them."""
+        probs = self.rebuilder.problems
+        self.rebuilder.problems = []
+        for why in probs:
+            self.stats.orphans["phase"] += 1
+            self._bad(self.lineno, why, "")
 
     def _lines(self, lines: list[str], t: int) -> None:
         st = self.stats
@@ -249,15 +261,13 @@ class Tail:
                 self._bad(n, why, text)
         self.lineno = n
         counts["other"] += other
-        recs = self.rebuilder.take()
-        if recs:
-            self.publish(recs)
+        self._publish()
 
     def _bad(self, lineno: int, why: str, text: str) -> None:
         self.reports += 1
         if self.reports <= self.report_limit:
             excerpt = text if len(text) <= 80 else text[:77] + "..."
-            self.note(f"{self.name}:{lineno}: {why}: {excerpt!r}")
+            self.note(f"{self.name}:{lineno}: {why}" + (f": {excerpt!r}" if text else ""))
         elif self.reports == self.report_limit + 1:
             self.note(
                 f"more than {self.report_limit} bad lines; counting the rest without reporting "

@@ -54,6 +54,9 @@ UNKNOWN_FAMILY = "unknown"
 #: the first burst); ``draft_prime`` and the ``first_*`` buckets sit inside round 0.
 _CREATION = ("cache_alloc", "sink_alloc", "prime", "capture", "anchor", "draft_alloc")
 _ROUND0 = ("first_draft", "first_verify", "first_accept", "first_roll", "first_maint")
+_ROUND0_MS = ("draft_prime_ms", *(f + "_ms" for f in _ROUND0))
+#: A burst (with its session's creation) longer than this (~13 days) is a garbled line.
+_MAX_NS = 1 << 50
 
 _tuple_new = tuple.__new__  # a NamedTuple without its Python-level __new__ (same object)
 _new = object.__new__
@@ -168,6 +171,10 @@ class Rebuilder:
         self.rounds_from_rows = 0
         self.rounds_from_means = 0
         self.sessions = 0
+        #: Bursts refused while being laid out (values no clock produces), with why; the
+        #: caller drains ``problems`` to report them.
+        self.bursts_dropped = 0
+        self.problems: list[str] = []
 
     # -- input ---------------------------------------------------------------------------
 
@@ -347,6 +354,10 @@ class Rebuilder:
 
     # -- bursts ----------------------------------------------------------------------------
 
+    def _drop(self, b: _Burst, why: str) -> None:
+        self.bursts_dropped += 1
+        self.problems.append(why)
+
     def _finish(self, b: _Burst) -> None:
         """Lay the burst out in time and emit its session (when new), rounds and burst."""
         self._pending = None
@@ -361,18 +372,46 @@ class Rebuilder:
             self._end(s)
             s = None
         first_round = 0 if s is None else s.rounds
-        durs = self._round_phases(b)
-        wall = 0
-        for d in durs:
-            wall += d[0] + d[1] + d[2] + d[3] + d[4]
         creation: list[tuple[str, int]] = []
-        if prof is not None:
-            wall = max(wall, round(prof.first_burst_ms * 1e6))
-            for name in _CREATION:
-                ns = round(getattr(prof, name + "_ms") * 1e6)
-                if ns > 0:
-                    creation.append((name, ns))
+        round0: tuple[int, ...] = ()
+        hook = 0
+        split: tuple[int, int, int, int] | None = None
+        try:  # every ms -> ns conversion happens here: a value past any clock is refused
+            durs = self._round_phases(b)
+            dr = ve = ac = ro = ma = 0
+            for d in durs:
+                dr += d[0]
+                ve += d[1]
+                ac += d[2]
+                ro += d[3]
+                ma += d[4]
+            wall = dr + ve + ac + ro + ma
+            vv = b.verify
+            if vv is not None:
+                split = (
+                    round(vv[2] * 1e6),
+                    round(vv[3] * 1e6),
+                    round(vv[4] * 1e6),
+                    round(vv[6] * 1e6),
+                )
+                wall_check = max(split)
+            else:
+                wall_check = 0
+            if prof is not None:
+                wall = max(wall, round(prof.first_burst_ms * 1e6))
+                hook = round(prof.first_burst_hook_ms * 1e6)
+                round0 = tuple(round(getattr(prof, f) * 1e6) for f in _ROUND0_MS)
+                for name in _CREATION:
+                    ns = round(getattr(prof, name + "_ms") * 1e6)
+                    if ns > 0:
+                        creation.append((name, ns))
+        except (ArithmeticError, ValueError) as exc:
+            self._drop(b, f"burst dropped: {exc}")
+            return
         lead = sum(ns for _, ns in creation)
+        if wall + lead + hook + sum(round0) + wall_check > _MAX_NS:
+            self._drop(b, "burst dropped: durations past any plausible clock (> 2**50 ns)")
+            return
         end = max(b.arrival, self._last_end + lead + wall)
         start = end - wall
         self._last_end = end
@@ -382,55 +421,47 @@ class Rebuilder:
         append = out.append
         sid = s.id
         bidx = s.bursts
-        split = None
-        vv = b.verify
-        if vv is not None:
-            split = (round(vv[2] * 1e6), round(vv[3] * 1e6), round(vv[4] * 1e6), round(vv[6] * 1e6))
-        rows = b.rows
-        nrows = len(rows)
         n = len(durs)
+        rows = b.rows
+        nrows = min(len(rows), n)
         t0 = start
-        dr = ve = ac = ro = ma = 0
         tokens = 0
         idx = first_round
-        for i in range(n):
-            d = durs[i]
-            t1 = t0 + d[0]
-            t2 = t1 + d[1]
-            t3 = t2 + d[2]
-            t4 = t3 + d[3]
-            t5 = t4 + d[4]
-            if i < nrows:
-                r = rows[i]
-                j = r[7]
-                append(
-                    _tuple_new(
-                        RoundRecord,
-                        (sid, bidx, idx, (t0, t1, t2, t3, t4, t5), r[6], j, r[8], r[9], split),
-                    )
+        # Rounds with a row carry its counts; the rest carry none (never invented).
+        for (d0, d1, d2, d3, d4), r in zip(durs[:nrows], rows, strict=False):
+            t1 = t0 + d0
+            t2 = t1 + d1
+            t3 = t2 + d2
+            t4 = t3 + d3
+            t5 = t4 + d4
+            j = r[7]
+            append(
+                _tuple_new(
+                    RoundRecord,
+                    (sid, bidx, idx, (t0, t1, t2, t3, t4, t5), r[6], j, r[8], r[9], split),
                 )
-                tokens += j + 1
-            else:
-                append(
-                    _tuple_new(
-                        RoundRecord, (sid, bidx, idx, (t0, t1, t2, t3, t4, t5), 0, 0, 0, 0, split)
-                    )
-                )
-                tokens += 1
-            dr += d[0]
-            ve += d[1]
-            ac += d[2]
-            ro += d[3]
-            ma += d[4]
+            )
+            tokens += j + 1
             idx += 1
             t0 = t5
-        nrows = min(nrows, n)
+        for d0, d1, d2, d3, d4 in durs[nrows:] if nrows else durs:
+            t1 = t0 + d0
+            t2 = t1 + d1
+            t3 = t2 + d2
+            t4 = t3 + d3
+            t5 = t4 + d4
+            append(
+                _tuple_new(
+                    RoundRecord, (sid, bidx, idx, (t0, t1, t2, t3, t4, t5), 0, 0, 0, 0, split)
+                )
+            )
+            idx += 1
+            t0 = t5
+        tokens += n - nrows
         self.rounds_from_rows += nrows
         self.rounds_from_means += n - nrows
-        hook = 0
         if prof is not None:
             tokens = prof.first_burst_tokens
-            hook = round(prof.first_burst_hook_ms * 1e6)
         phases = _new(SpecPhaseNs)  # the sums above are valid u64 counts: skip the checks
         phases.draft, phases.verify, phases.accept, phases.roll, phases.maint = dr, ve, ac, ro, ma
         phases.rounds = n
@@ -454,7 +485,7 @@ class Rebuilder:
             )
         )
         if prof is not None:
-            append(FirstTokenRecord(sid, prof, self._intervals(prof, creation, start, end)))
+            append(FirstTokenRecord(sid, prof, _intervals(creation, round0, start, end)))
         s.rounds += n
         s.bursts += 1
         s.tokens += tokens
@@ -463,38 +494,57 @@ class Rebuilder:
             s.last_line = b.last
 
     def _round_phases(self, b: _Burst) -> list[tuple[int, int, int, int, int]]:
-        """Each round's five phase durations (ns): the rows' own, then the burst's means."""
+        """Each round's five phase durations (ns): round 0 from the profile, the rows' own,
+        then the burst's means for rounds without a row.
+
+        A row has rollback + maint only as ``rest_ms``: when rows cover the whole burst the
+        rollback share is chosen so the burst's rollback and maint sums match the phase
+        line's totals; otherwise it is the line's rollback:maint ratio (the stream's latest
+        one, for a burst without a line)."""
         rows = b.rows
         ph = b.phase
         prof = b.prof
         n = b.rounds if (b.rounds is not None and ph is not None) else len(rows)
         if prof is not None and n == 0 and b.rounds:
             n = 1  # no phase line and no rows: round 0 is still known from the profile
+        if len(rows) > n:
+            rows = rows[:n]
+        r0: tuple[int, int, int, int, int] | None = None
+        if prof is not None and n:
+            dp, fd, fv, fa, fr, fm = (round(getattr(prof, f) * 1e6) for f in _ROUND0_MS)
+            r0 = (dp + fd, fv, fa, fr, fm)
+        # Each row in ns: draft, verify, accept, rest (rollback + maint), wall.
+        ns = [
+            (
+                round(r[2] * 1e6),
+                round(r[3] * 1e6),
+                round(r[4] * 1e6),
+                round(r[5] * 1e6),
+                round(r[1] * 1e6),
+            )
+            for r in rows
+        ]
+        share = self._roll_share
         if ph is not None:
             rounds = ph[0]
             roll_t = _burst_total_ns(ph[6], ph[11], rounds)
             maint_t = _burst_total_ns(ph[7], ph[12], rounds)
             if roll_t + maint_t > 0:
-                self._roll_share = roll_t / (roll_t + maint_t)
-        share = self._roll_share
+                share = self._roll_share = roll_t / (roll_t + maint_t)
+            if ns and len(ns) == n:
+                skip = 1 if r0 is not None else 0
+                rest = sum(x[3] for x in ns[skip:])
+                if rest > 0:
+                    roll_left = roll_t - (r0[3] if r0 is not None else 0)
+                    share = min(max(roll_left / rest, 0.0), 1.0)
         out: list[tuple[int, int, int, int, int]] = []
         append = out.append
-        for r in rows[:n] if len(rows) > n else rows:
-            d = round(r[2] * 1e6)
-            v = round(r[3] * 1e6)
-            a = round(r[4] * 1e6)
-            roll = round(round(r[5] * 1e6) * share)
-            m = round(r[1] * 1e6) - d - v - a - roll
+        for d, v, a, rest, wall in ns:
+            roll = round(rest * share)
+            m = wall - d - v - a - roll
             # The wall is the row's own; maint takes what the f32 roundings leave of it.
             append((d, v, a, roll, m if m > 0 else 0))
-        if prof is not None and n:
-            r0 = (
-                round(prof.draft_prime_ms * 1e6) + round(prof.first_draft_ms * 1e6),
-                round(prof.first_verify_ms * 1e6),
-                round(prof.first_accept_ms * 1e6),
-                round(prof.first_roll_ms * 1e6),
-                round(prof.first_maint_ms * 1e6),
-            )
+        if r0 is not None:
             if out:
                 out[0] = r0
             else:
@@ -518,27 +568,27 @@ class Rebuilder:
             out.extend(zip(*fill, strict=True))  # type: ignore[arg-type]
         return out
 
-    def _intervals(
-        self, prof: SpecFirstTokenProf, creation: list[tuple[str, int]], start: int, end: int
-    ) -> tuple[tuple[str, int, int], ...]:
-        """The profile's buckets laid out: creation back to back before the first burst,
-        round 0's buckets from the burst's start, the burst itself."""
-        iv: list[tuple[str, int, int]] = []
-        t = start - sum(ns for _, ns in creation)
-        for name, ns in creation:
-            iv.append((name, t, t + ns))
-            t += ns
-        t = start
-        dp = round(prof.draft_prime_ms * 1e6)
-        if dp > 0:
-            iv.append(("draft_prime", t, t + dp))
-            t += dp
-        for name in _ROUND0:
-            ns = round(getattr(prof, name + "_ms") * 1e6)
-            iv.append((name, t, t + ns))
-            t += ns
-        iv.append(("first_burst", start, end))
-        return tuple(iv)
+
+def _intervals(
+    creation: list[tuple[str, int]], round0: tuple[int, ...], start: int, end: int
+) -> tuple[tuple[str, int, int], ...]:
+    """The profile's buckets laid out: creation back to back before the first burst, round
+    0's buckets (``draft_prime`` and the ``first_*``) from the burst's start, the burst."""
+    iv: list[tuple[str, int, int]] = []
+    t = start - sum(ns for _, ns in creation)
+    for name, ns in creation:
+        iv.append((name, t, t + ns))
+        t += ns
+    t = start
+    dp = round0[0]
+    if dp > 0:
+        iv.append(("draft_prime", t, t + dp))
+        t += dp
+    for name, ns in zip(_ROUND0, round0[1:], strict=True):
+        iv.append((name, t, t + ns))
+        t += ns
+    iv.append(("first_burst", start, end))
+    return tuple(iv)
 
 
 def _burst_total_ns(total_ms: float, per_ms: float, rounds: int) -> int:

@@ -1,0 +1,236 @@
+"""The tail as a command and as wiring: bad lines reported by number, bytes kept, knobs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from memra_obs.environment import Settings
+from memra_obs.events import RoundRecord
+from memra_obs.tail import Publisher, Rebuilder, Tail, build_wiring
+
+PHASE = (
+    "[glm5-phase] rounds=6 k=4 total=29.37ms | draft=9.49 verify=16.33 accept=1.77 roll=0.83 "
+    "maint=0.95 | per-round ms: draft=1.581 verify=2.722 accept=0.295 roll=0.138 maint=0.158 "
+    "total=4.895"
+)
+VERIFY = (
+    "[glm5-phase-v] rounds=6 k=4 | per-round ms: vkda=0.893 (scan=0.357) vmla=0.552 "
+    "vrest=1.277 (vffn=0.788)"
+)
+
+
+def _tail(
+    *args: str, data: bytes, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "memra_obs.cli", "tail", *args],
+        input=data,
+        capture_output=True,
+        env={**os.environ, "MEMRA_OBS_SINKS": "", **(env or {})},
+        timeout=60,
+    )
+
+
+def test_bad_lines_are_reported_by_number_and_every_byte_survives():
+    """Truncated tagged lines, invalid UTF-8, CR/LF endings and a last line without a
+    newline: all pass through byte for byte; the bad ones are named by line number."""
+    data = b"".join(
+        [
+            b"worker starting\n",
+            PHASE.encode() + b"\r\n",
+            VERIFY.encode() + b"\n",
+            PHASE[:60].encode() + b"\n",  # truncated mid-line: line 4
+            b"\xff\xfe binary noise \x00\n",
+            b"[spec-prof-rounds] row=0 wall_ms=\xe9\xe9 draft_ms=1.0\n",  # line 6: bad UTF-8
+            b"[INFO] someone else's tag\n",
+            PHASE.encode(),  # no newline at the end
+        ]
+    )
+    p = _tail("-", "--quiet", data=data)
+    assert p.returncode == 0
+    ours = [x for x in p.stderr.split(b"\n") if x.startswith(b"[memra-obs] tail:")]
+    passed = b"\n".join(x for x in p.stderr.split(b"\n") if not x.startswith(b"[memra-obs] tail:"))
+    assert passed.rstrip(b"\n") == data
+    assert len(ours) == 2
+    assert b"stdin:4: malformed phase line: phase line truncated or malformed" in ours[0]
+    assert b"stdin:6: malformed prof_rounds line" in ours[1]
+
+
+def test_start_and_end_lines_say_what_happened():
+    """Without --quiet the tail says where it publishes and, at the end, what it saw."""
+    p = _tail("-", "--worker", "r3", data=(PHASE + "\n" + VERIFY + "\n").encode())
+    assert p.returncode == 0
+    text = p.stderr.decode()
+    assert "reading stdin as worker 'r3'; publishing nothing (MEMRA_OBS_SINKS)" in text
+    assert "end of input: 2 lines (2 legacy, 0 malformed, 0 unplaced), 1 sessions, 6 rounds" in text
+
+
+def test_a_file_without_follow_is_read_once(tmp_path):
+    """``memra-obs tail FILE`` reads the file to its end and exits; a missing file is a
+    clear error with exit status 2."""
+    f = tmp_path / "w.err"
+    f.write_text(PHASE + "\n")
+    p = _tail(str(f), "--quiet", data=b"")
+    assert (p.returncode, p.stderr) == (0, (PHASE + "\n").encode())
+    p = _tail(str(tmp_path / "nope.err"), data=b"")
+    assert p.returncode == 2 and b"No such file" in p.stderr
+
+
+def test_bad_options_and_knobs_fail_loudly():
+    """An unknown option or a bad MEMRA_OBS_* value stops the tail at start, naming it."""
+    p = _tail("-", "--frobnicate", data=b"")
+    assert p.returncode == 2 and b"--frobnicate" in p.stderr
+    p = _tail(
+        "-", data=b"", env={"MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": "nowhere"}
+    )
+    assert p.returncode == 2 and b"MEMRA_OBS_METRICS_ADDR" in p.stderr
+
+
+def test_wiring_publishes_worker_labelled_metrics_and_its_own_counters():
+    """build_wiring: a worker-labelled PrometheusExporter plus the tail's own counters in
+    the same registry; promtool finds nothing to report on the exposition."""
+    reg = CollectorRegistry()
+    st = Settings.resolve({}, sinks="prometheus", metrics_addr="", worker="r7")
+    w = build_wiring(st, "r7", registry=reg, env={})
+    try:
+        tail = Tail(
+            Rebuilder("r7"),
+            lambda b: [ex.export(b) for ex in w.exporters],
+            out=None,
+            notes=lambda s: None,
+        )
+        assert w.collector is not None
+        w.collector.add("r7", tail.stats)
+        tail.feed(
+            (PHASE + "\n" + VERIFY + "\n[glm5-phase] rounds=1 k=4 total=\n").encode(),
+            time.perf_counter_ns(),
+        )
+        tail.close(time.perf_counter_ns())
+
+        def v(name: str, **labels: str) -> float | None:
+            return reg.get_sample_value(name, {"worker": "r7", **labels})
+
+        assert v("memra_spec_rounds_total", family="glm5") == 6
+        assert v("memra_spec_phase_seconds_count", family="glm5", phase="verify") == 6
+        assert v("memra_obs_tail_lines_total", kind="phase") == 2
+        assert v("memra_obs_tail_malformed_lines_total", kind="phase") == 1
+        assert v("memra_obs_tail_rounds_total", source="burst_mean") == 6
+        assert v("memra_obs_tail_sessions_total") == 1
+        promtool = shutil.which("promtool")
+        if promtool:
+            p = subprocess.run(
+                [promtool, "check", "metrics"],
+                input=generate_latest(reg),
+                capture_output=True,
+                timeout=30,
+            )
+            assert p.returncode == 0 and not p.stdout.strip() and not p.stderr.strip(), p.stderr
+    finally:
+        for ex in w.exporters:
+            ex.shutdown(1.0)
+        w.close()
+
+
+class _Slow:
+    """An exporter that waits on a gate (a stalled network) and can be made to raise."""
+
+    def __init__(self, gate: Any = None, fail: bool = False) -> None:
+        self.gate = gate
+        self.fail = fail
+        self.records: list[Any] = []
+
+    def export(self, batch: Any) -> None:
+        if self.gate is not None:
+            self.gate.wait(10)
+        if self.fail:
+            raise RuntimeError("boom")
+        self.records.extend(batch)
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        return True
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        pass
+
+
+def test_publisher_drops_for_a_pipe_and_waits_for_a_file():
+    """A stalled exporter never blocks a pipe's reader (batches dropped and counted); when
+    reading a file the reader waits instead and nothing is lost."""
+    import threading
+
+    gate = threading.Event()
+    ex = _Slow(gate)
+    pub = Publisher([ex], capacity=10, block=False)
+    try:
+        for _ in range(5):
+            pub.put([object()] * 4)  # type: ignore[list-item]
+        assert pub.dropped > 0
+    finally:
+        gate.set()
+        pub.close(5.0)
+    assert len(ex.records) + pub.dropped == 20
+
+    ex2 = _Slow()
+    pub2 = Publisher([ex2], capacity=10, block=True)
+    for _ in range(20):
+        pub2.put([object()] * 4)  # type: ignore[list-item]
+    pub2.close(5.0)
+    assert (len(ex2.records), pub2.dropped) == (80, 0)
+
+
+def test_a_failing_exporter_is_reported_once_and_the_others_go_on():
+    """One exporter raising does not stop the records reaching the next one."""
+    notes: list[str] = []
+    bad, good = _Slow(fail=True), _Slow()
+    pub = Publisher([bad, good], report=notes.append)
+    tail = Tail(Rebuilder("w"), pub.put, out=None)
+    for _ in range(3):
+        tail.feed((PHASE + "\n").encode(), time.perf_counter_ns())
+    tail.close(time.perf_counter_ns())
+    pub.close(5.0)
+    assert sum(1 for r in good.records if type(r) is RoundRecord) == 18
+    assert pub.errors >= 1 and len(notes) == 1 and "boom" in notes[0]
+
+
+@pytest.mark.parametrize("sinks", ["otel", "otel,prometheus"])
+def test_spans_file_gets_the_worker_span_tree(tmp_path, sinks):
+    """With spans on, a tail writes the same span tree a worker does (session, burst,
+    rounds and their phases) to MEMRA_OBS_SPANS_FILE."""
+    import json
+
+    spans = tmp_path / "spans.jsonl"
+    p = _tail(
+        "-",
+        "--quiet",
+        data=(PHASE + "\n" + VERIFY + "\n").encode(),
+        env={
+            "MEMRA_OBS_SINKS": sinks,
+            "MEMRA_OBS_SPANS_FILE": str(spans),
+            "MEMRA_OBS_METRICS_ADDR": "",
+        },
+    )
+    assert p.returncode == 0, p.stderr
+    names: dict[str, int] = {}
+    for line in spans.read_text().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for s in ss["spans"]:
+                    names[s["name"]] = names.get(s["name"], 0) + 1
+    assert names == {
+        "spec.session": 1,
+        "spec.burst": 1,
+        "spec.round": 6,
+        "spec.draft": 6,
+        "spec.verify": 6,
+        "spec.accept": 6,
+        "spec.rollback": 6,
+        "spec.maint": 6,
+    }

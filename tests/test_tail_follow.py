@@ -1,0 +1,211 @@
+"""Following a log file while it is written and rotated (rename+create, copytruncate)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memra_obs.events import RoundRecord
+from memra_obs.tail import Rebuilder, Tail, pump
+from memra_obs.tail.source import FollowSource
+from memra_obs.testing import capture
+
+DEADLINE_S = 20.0
+
+
+def worker_lines(n_sessions: int, rounds: int = 14) -> list[str]:
+    """A profiled level-2 worker's stderr for ``n_sessions`` sessions (real clock, no device)."""
+    with capture(level=2, prof=True, memory=lambda: [(0, 2048)]) as cap:
+        obs = cap.observer
+        for _ in range(n_sessions):
+            with obs.session("glm5") as s:
+                s.lap("cache_alloc")
+                s.lap("prime")
+                done = 0
+                while done < rounds:
+                    b = s.burst(4)
+                    for _ in range(min(6, rounds - done)):
+                        b.begin_round()
+                        b.end_draft()
+                        b.end_verify()
+                        b.end_accept()
+                        b.end_rollback()
+                        b.end_round(k=4, j=2, ctx=10 + done)
+                        done += 1
+                    b.end()
+        return cap.lines
+
+
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)
+
+
+class _Out:
+    """A thread-safe byte sink standing in for stderr."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.lock = threading.Lock()
+
+    def write(self, b: bytes) -> int:
+        with self.lock:
+            self.data += b
+        return len(b)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_follow_survives_rename_and_copytruncate(tmp_path: Path):
+    """A file written in pieces, rotated by rename+create and then by copytruncate: every
+    byte comes through in order, every round is rebuilt, both rotations are counted."""
+    path = tmp_path / "worker.err"
+    path.write_bytes(b"")
+    lines = worker_lines(6)
+    per = len(lines) // 3
+    parts = [lines[:per], lines[per : 2 * per], lines[2 * per :]]
+    records: list[Any] = []
+    out = _Out()
+    tail = Tail(Rebuilder("w", linger_ns=50_000_000), records.extend, out=out, notes=lambda s: None)
+    src = FollowSource(str(path), from_start=True, poll_s=0.01)
+    stop = threading.Event()
+
+    def run() -> None:
+        pump(tail, src, stop=stop.is_set, read_s=0.02)
+        src.close()
+
+    reader = threading.Thread(target=run, daemon=True)
+    reader.start()
+    written = bytearray()
+
+    def write(chunk_lines: list[str]) -> None:
+        blob = ("\n".join(chunk_lines) + "\n").encode()
+        with open(path, "ab") as f:  # in uneven pieces, partial lines included
+            for i in range(0, len(blob), 777):
+                f.write(blob[i : i + 777])
+                f.flush()
+        written.extend(blob)
+        wait_for(lambda: tail.stats.bytes >= len(written), f"{len(written)} bytes read")
+
+    try:
+        write(parts[0])
+        os.rename(path, tmp_path / "worker.err.1")  # logrotate's create mode
+        path.write_bytes(b"")
+        write(parts[1])
+        wait_for(lambda: tail.stats.rotations["rename"] == 1, "the rename rotation")
+        shutil.copyfile(path, tmp_path / "worker.err.2")  # copytruncate
+        os.truncate(path, 0)
+        wait_for(lambda: tail.stats.rotations["truncate"] == 1, "the truncate rotation")
+        write(parts[2])
+    finally:
+        stop.set()
+        reader.join(DEADLINE_S)
+    assert not reader.is_alive()
+    assert bytes(out.data) == bytes(written)
+    assert tail.stats.total_malformed == 0 and tail.stats.total_orphans == 0
+    assert sum(1 for r in records if type(r) is RoundRecord) == 6 * 14
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.read().decode()
+
+
+def _sample(text: str, name: str, **labels: str) -> float | None:
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            lbl, _, value = line[len(name) + 1 :].rpartition("} ")
+            if ",".join(sorted(lbl.split(","))) == want:
+                return float(value)
+    return None
+
+
+@pytest.mark.integration
+def test_cli_follows_a_rotating_file_and_serves_metrics(tmp_path: Path):
+    """``memra-obs tail --follow FILE``: /metrics on a free loopback port counts the rounds
+    and the rotations; the lines reach its stderr; SIGTERM ends it cleanly."""
+    path = tmp_path / "rank0.err"
+    path.write_bytes(b"")
+    env = {**os.environ, "MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": "127.0.0.1:0"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "memra_obs.cli",
+            "tail",
+            "--follow",
+            str(path),
+            "--poll",
+            "0.02",
+            "--linger",
+            "0.05",
+        ],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    err = _Out()
+    pump = threading.Thread(
+        target=lambda: [err.write(c) for c in iter(lambda: proc.stderr.read1(65536), b"")],
+        daemon=True,
+    )  # type: ignore[union-attr]
+    pump.start()
+    try:
+        wait_for(lambda: b"/metrics on " in err.data, "the start line")
+        url = re.search(rb"/metrics on (\S+)", bytes(err.data)).group(1).decode()  # type: ignore[union-attr]
+        lines = worker_lines(3)
+        blob1 = ("\n".join(lines[:40]) + "\n").encode()
+        blob2 = ("\n".join(lines[40:]) + "\n").encode()
+        with open(path, "ab") as f:
+            f.write(blob1)
+        wait_for(lambda: blob1 in err.data, "the first lines passed through")
+        os.rename(path, tmp_path / "rank0.err.1")
+        with open(path, "ab") as f:
+            f.write(blob2)
+        wait_for(lambda: blob2 in err.data, "the lines after rotation")
+
+        def rounds() -> float | None:
+            return _sample(
+                _scrape(url), "memra_spec_rounds_total", worker="rank0.err", family="glm5"
+            )
+
+        wait_for(lambda: rounds() == 3 * 14, "42 rounds on /metrics")
+        text = _scrape(url)
+        assert (
+            _sample(text, "memra_obs_tail_rotations_total", worker="rank0.err", style="rename") == 1
+        )
+        assert (
+            _sample(text, "memra_obs_tail_lines_total", worker="rank0.err", kind="phase") == 3 * 3
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(DEADLINE_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    pump.join(DEADLINE_S)
+    assert rc == 0
+    passed = b"".join(
+        x + b"\n"
+        for x in bytes(err.data).split(b"\n")
+        if x and not x.startswith(b"[memra-obs] tail:")
+    )
+    assert passed == blob1 + blob2

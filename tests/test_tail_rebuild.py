@@ -1,0 +1,270 @@
+"""Lines back to records: what is exact is exact, what is a mean sums right, order holds."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from memra_obs import clock as clock_mod
+from memra_obs import observer as observer_mod
+from memra_obs.events import (
+    BurstRecord,
+    FirstTokenRecord,
+    RoundRecord,
+    SessionEndRecord,
+    SessionRecord,
+)
+from memra_obs.records import VerifySplit
+from memra_obs.tail import Rebuilder, Tail
+from memra_obs.tail.rebuild import family_of
+from memra_obs.testing import capture
+
+MS = 1_000_000
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every clock read of the observer advances by a random 50 µs - 3 ms: a loop of
+    thousands of rounds runs instantly, with realistic, varied phase times."""
+    rng = random.Random(5)
+    t = [10**12]
+
+    def now() -> int:
+        t[0] += rng.randint(50_000, 3_000_000)
+        return t[0]
+
+    monkeypatch.setattr(clock_mod, "now_ns", now)
+    monkeypatch.setattr(observer_mod, "now_ns", now)
+    yield
+
+
+def drive(obs: Any, sessions: list[int], *, seed: int = 1, k: int = 4, per_burst: int = 6) -> None:
+    """A spec loop: per session the creation laps, then bursts of ``per_burst`` rounds."""
+    rng = random.Random(seed)
+    for n_rounds in sessions:
+        with obs.session("glm5") as s:
+            s.free_memory("before")
+            for lap in ("cache_alloc", "prime", "capture", "anchor", "draft_alloc"):
+                s.lap(lap)
+            s.free_memory("after")
+            s.set(
+                draft_prime_rows=100, draft_prime_chunks=1, draft_prime_arm="eager", draft_kv_mb=6.5
+            )
+            done, first = 0, True
+            while done < n_rounds:
+                b = s.burst(k)
+                for _ in range(min(per_burst, n_rounds - done)):
+                    b.begin_round()
+                    if first:
+                        s.lap("draft_prime")
+                        first = False
+                    b.end_draft()
+                    obs.verify_split.add(
+                        kda=rng.randint(1, 9) * 10_000, kda_scan=5_000, mla=20_000, ffn=7_000
+                    )
+                    b.end_verify()
+                    b.end_accept()
+                    b.end_rollback()
+                    kk = rng.randint(1, k)
+                    b.end_round(
+                        k=kk,
+                        j=rng.randint(0, kk),
+                        ctx=500 + done,
+                        seq_rows=rng.choice([0, 0, kk + 1]),
+                    )
+                    done += 1
+                b.end()
+
+
+def rebuild(lines: list[str], **kw: Any) -> tuple[list[Any], Tail]:
+    """The records a tail rebuilds from ``lines`` (all arriving at once)."""
+    out: list[Any] = []
+    notes: list[str] = []
+    tail = Tail(Rebuilder("w", **kw), out.extend, out=None, notes=notes.append)
+    tail.feed(("\n".join(lines) + "\n").encode(), 10**15)
+    tail.close(10**15 + 1)
+    tail.notes = notes  # type: ignore[attr-defined]
+    return out, tail
+
+
+def by_session(records: list[Any]) -> list[list[Any]]:
+    sessions: dict[int, list[Any]] = {}
+    for r in records:
+        sessions.setdefault(r.session, []).append(r)
+    return list(sessions.values())
+
+
+def of(records: list[Any], kind: type) -> list[Any]:
+    return [r for r in records if type(r) is kind]
+
+
+def test_profiled_stream_rebuilds_sessions_bursts_and_exact_rows(fake_clock):
+    """Level 2 + profile: every session, burst and round comes back; rows' values are the
+    loop's to the f32, round 0 to the ns, and rounds past 64 sum to the lines' totals."""
+    with capture(level=2, prof=True, memory=lambda: [(0, 4096)], verify_split=VerifySplit()) as cap:
+        drive(cap.observer, [10, 64, 100, 1])
+    truth = cap.records
+    got, tail = rebuild(cap.lines)
+    assert tail.stats.total_malformed == 0 and tail.stats.total_orphans == 0, tail.notes
+    want_s, got_s = by_session([r for r in truth if type(r) in _PUBLISHED]), by_session(got)
+    assert len(got_s) == len(want_s) == 4
+    for want, have in zip(want_s, got_s, strict=True):
+        assert [type(r) for r in have] == [type(r) for r in want], "the contract's order"
+        s = have[0]
+        assert (s.family, s.tag, s.tag_v, s.level, s.prof, s.worker) == (
+            "glm5",
+            "glm5-phase",
+            "glm5-phase-v",
+            2,
+            True,
+            "w",
+        )
+        wr, hr = of(want, RoundRecord), of(have, RoundRecord)
+        for w, h in zip(wr, hr, strict=True):
+            assert (h.index, h.burst) == (w.index, w.burst)
+            wall_w, wall_h = w.wall_ns, h.wall_ns
+            if w.index == 0:
+                assert h.phase_ns()[:3] == pytest.approx(w.phase_ns()[:3], abs=2)
+                assert h.phase_ns()[3:] == pytest.approx(w.phase_ns()[3:], abs=2)
+            if w.index < 64:
+                assert (h.k, h.j, h.ctx, h.seq_rows) == (w.k, w.j, w.ctx, w.seq_rows)
+                assert wall_h == pytest.approx(wall_w, abs=2)
+                assert h.phase_ns()[:3] == pytest.approx(w.phase_ns()[:3], abs=2)
+                rest_w, rest_h = sum(w.phase_ns()[3:]), sum(h.phase_ns()[3:])
+                assert rest_h == pytest.approx(rest_w, abs=2)
+            else:
+                assert (h.k, h.j, h.ctx, h.seq_rows) == (0, 0, 0, 0), "never invented"
+            assert h.split_ns is not None
+        for w, h in zip(of(want, BurstRecord), of(have, BurstRecord), strict=True):
+            assert (h.index, h.k, h.first_round, h.phases.rounds) == (
+                w.index,
+                w.k,
+                w.first_round,
+                w.phases.rounds,
+            )
+            for p in ("draft", "verify", "accept", "roll", "maint"):
+                assert getattr(h.phases, p) == pytest.approx(getattr(w.phases, p), abs=5_000), p
+            assert h.end_ns_mono - h.start_ns_mono >= sum(
+                r.wall_ns for r in hr if r.burst == h.index
+            )
+        (fw,), (fh,) = of(want, FirstTokenRecord), of(have, FirstTokenRecord)
+        assert fh.prof == fw.prof
+        assert [name for name, _, _ in fh.intervals] == [name for name, _, _ in fw.intervals]
+        for (name, a, b), (_, c, d) in zip(fw.intervals, fh.intervals, strict=True):
+            assert d - c == pytest.approx(b - a, abs=2), name
+        (ew,), (eh,) = of(want, SessionEndRecord), of(have, SessionEndRecord)
+        assert (eh.rounds, eh.bursts) == (ew.rounds, ew.bursts)
+
+
+_PUBLISHED = (SessionRecord, RoundRecord, BurstRecord, FirstTokenRecord, SessionEndRecord)
+
+
+def test_timestamps_are_laid_out_in_order_and_end_at_arrival():
+    """Rounds sit back to back inside their burst, bursts never overlap, a live burst ends
+    when its line arrived, and the first-token buckets precede the first burst."""
+    with capture(level=1, prof=True, memory=lambda: [(0, 1)]) as cap:
+        drive(cap.observer, [20, 7])
+    rb = Rebuilder("w")
+    out: list[Any] = []
+    tail = Tail(rb, out.extend, out=None)
+    t = 5 * 10**12
+    for line in cap.lines:  # one line per second: arrivals leave room for every burst
+        tail.feed((line + "\n").encode(), t)
+        t += 10**9
+    tail.close(t)
+    prev_end = 0
+    for b in of(out, BurstRecord):
+        assert b.start_ns_mono >= prev_end
+        prev_end = b.end_ns_mono
+        rs = [r for r in of(out, RoundRecord) if r.session == b.session and r.burst == b.index]
+        assert rs[0].t_ns_mono[0] == b.start_ns_mono
+        for r0, r1 in itertools.pairwise(rs):
+            assert r0.t_ns_mono[5] == r1.t_ns_mono[0]
+        for r in rs:
+            assert list(r.t_ns_mono) == sorted(r.t_ns_mono)
+    for f in of(out, FirstTokenRecord):
+        burst0 = next(b for b in of(out, BurstRecord) if b.session == f.session)
+        creation = [
+            iv
+            for iv in f.intervals
+            if iv[0] in ("cache_alloc", "prime", "capture", "anchor", "draft_alloc")
+        ]
+        assert creation[-1][2] == burst0.start_ns_mono
+        assert f.intervals[-1] == ("first_burst", burst0.start_ns_mono, burst0.end_ns_mono)
+        s = next(r for r in out if type(r) is SessionRecord and r.session == f.session)
+        assert s.start_ns_mono == creation[0][1]
+
+
+def test_trace_only_stream_bounds_its_synthetic_sessions(fake_clock):
+    """Without the profile nothing marks requests: bursts are grouped into sessions of at
+    most ``max_bursts``, and rounds carry no invented k/j."""
+    with capture(level=1, prof=False) as cap:
+        drive(cap.observer, [30, 30, 30])  # 15 bursts
+    got, tail = rebuild(cap.lines, max_bursts=4)
+    sessions = of(got, SessionRecord)
+    assert [e.bursts for e in of(got, SessionEndRecord)] == [4, 4, 4, 3]
+    assert all((s.level, s.prof, s.family) == (1, False, "glm5") for s in sessions)
+    rounds = of(got, RoundRecord)
+    assert len(rounds) == 90 and all(r.k == r.j == 0 and r.split_ns is None for r in rounds)
+    assert tail.rebuilder.rounds_from_means == 90
+
+
+def test_level2_line_gives_each_round_the_burst_mean_split(fake_clock):
+    """The verify sub-split line's per-round means become every round's split_ns."""
+    with capture(level=2, prof=False, verify_split=VerifySplit()) as cap:
+        drive(cap.observer, [6])
+    got, _ = rebuild(cap.lines)
+    line = next(x for x in cap.lines if x.startswith("[glm5-phase-v]"))
+    kda = round(float(line.split("vkda=")[1].split()[0]) * 1e6)
+    assert {r.split_ns[0] for r in of(got, RoundRecord)} == {kda}
+    (b,) = of(got, BurstRecord)
+    assert b.split_ns[0] == kda * 6
+
+
+def test_profile_only_stream_takes_bursts_from_rows(fake_clock):
+    """Profile on, trace off: sessions start at [spec-prof], rounds come from the rows."""
+    with capture(level=0, prof=True, memory=lambda: [(0, 1)]) as cap:
+        drive(cap.observer, [13, 8])
+    assert not any(x.startswith("[glm5-phase") for x in cap.lines)
+    got, tail = rebuild(cap.lines)
+    assert tail.stats.total_orphans == 0, tail.notes
+    ends = of(got, SessionEndRecord)
+    assert [e.rounds for e in ends] == [13, 8]
+    assert all(s.family == "unknown" and s.level == 0 for s in of(got, SessionRecord))
+    want = [r for r in cap.rounds]
+    for w, h in zip(want, of(got, RoundRecord), strict=True):
+        assert (h.k, h.j, h.ctx) == (w.k, w.j, w.ctx)
+
+
+def test_unplaceable_lines_are_reported_not_guessed():
+    """A level-2 line with no phase line before it, a row nobody expects and a summary with
+    no session are counted as orphans, reported with their line number, and published as
+    nothing."""
+    lines = [
+        "[glm5-phase-v] rounds=6 k=4 | per-round ms: vkda=0.893 (scan=0.357) vmla=0.552 vrest=1.277 (vffn=0.788)",
+        "some other program",
+        "[spec-prof-rounds] row=7 wall_ms=1.0 draft_ms=0.2 verify_ms=0.5 accept_ms=0.1 rest_ms=0.2 k=4 j=2 ctx=9 seq_rows=0",
+        "[spec-prof-summary] rounds=3 k_mean=4.00 j_mean=2.00 accept=0.500 tok_per_round=3.00 wall_ms mean=1.0 min=1.0 "
+        "med=1.0 max=1.0 slow_rounds(>1.5x med)=0 draft_mean=0.2 verify_mean=0.5 seq_rows_total=0 ctx_first=1 ctx_last=3",
+    ]
+    got, tail = rebuild(lines)
+    assert got == []
+    assert (
+        tail.stats.orphans["verify"]
+        == tail.stats.orphans["prof_rounds"]
+        == tail.stats.orphans["prof_summary"]
+        == 1
+    )
+    assert [n.split(":")[1] for n in tail.notes] == ["1", "3", "4"]
+
+
+def test_family_of_tags():
+    """The observer's default tag names its family; other tags are their own family."""
+    assert family_of("glm5-phase") == "glm5"
+    assert family_of("dspark-phase") == "dspark"
+    assert family_of("mtp") == "mtp"
+    assert family_of("") == "unknown"
