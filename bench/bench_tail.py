@@ -1,6 +1,6 @@
 """How many tagged lines a second ``memra-obs tail`` parses and publishes on one core.
 
-    python bench/bench_tail.py [--sessions N] [--repeat R] [--profile]
+    python bench/bench_tail.py [--sessions N] [--repeat R] [--trace-only] [--profile]
 
 The input is a realistic worker's stderr at trace level 2 with the profile on: per burst of
 6 rounds a phase line and its level-2 line, one ``[spec-prof-rounds]`` row per logged round
@@ -20,7 +20,9 @@ work), in 64 KiB chunks as the tail reads them. Stages, each timed over the whol
 ``prom alone``  the PrometheusExporter fed the same records, prebuilt: the floor of ``+prom``
 
 The goal is 200,000 tagged lines/s for ``+prom`` (metrics are the tail's main product);
-``+prom+spans`` is quoted for what a span per round and phase costs on top.
+``+prom+spans`` is quoted for what a span per round and phase costs on top. ``--trace-only``
+drops the profile's lines (a worker with only ``MEMRA_SPEC_TRACE=2``: 2.9 rounds per line).
+Figures, and why the goal is out of reach on a slow core: docs/tail.md.
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ GOAL = 200_000
 BURST = 6
 
 
-def worker_stderr(sessions: int, seed: int = 7) -> list[str]:
-    """The legacy lines of ``sessions`` profiled sessions, in a worker's print order."""
+def worker_stderr(sessions: int, seed: int = 7, prof: bool = True) -> list[str]:
+    """The legacy lines of ``sessions`` sessions, in a worker's print order (``prof``:
+    the profile's lines too, else only the level-2 trace's two lines per burst)."""
     rng = random.Random(seed)
     out: list[str] = []
     for _ in range(sessions):
@@ -84,6 +87,9 @@ def worker_stderr(sessions: int, seed: int = 7) -> list[str]:
                                           ctx=2000 + done, seq_rows=0))  # fmt: skip
             split = VerifySplit(kda=p.verify // 3, kda_scan=p.verify // 8, mla=p.verify // 5, ffn=p.verify // 4)
             out.extend(phase_lines(p, "glm5-phase", "glm5-phase-v", 4, 2, split))
+            done += n
+            if not prof:
+                continue
             if first:
                 prof = SpecFirstTokenProf(
                     cache_alloc_ms=0.4, prime_ms=35.9, capture_ms=0.2, anchor_ms=0.2, draft_alloc_ms=0.19,
@@ -103,8 +109,7 @@ def worker_stderr(sessions: int, seed: int = 7) -> list[str]:
             if not log.wants_more() and not log.summarized:
                 log.summarized = True
                 out.append(prof_summary_line(log))
-            done += n
-        if not log.summarized:
+        if prof and not log.summarized:
             out.append(prof_summary_line(log))
     return out
 
@@ -139,9 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="cProfile the +prom stage")
+    ap.add_argument("--trace-only", action="store_true",
+                    help="a worker without MEMRA_SPEC_PROF: phase + level-2 lines only")  # fmt: skip
     a = ap.parse_args(argv)
 
-    lines = worker_stderr(a.sessions)
+    lines = worker_stderr(a.sessions, prof=not a.trace_only)
     blob = ("\n".join(lines) + "\n").encode()
     parts = chunks(blob)
     n = len(lines)
@@ -152,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds = sum(int(line.split()[1][7:]) for line in lines if line.startswith("[glm5-phase] "))
     print(f"python {sys.version.split()[0]}, input: {n:,} tagged lines, {rounds:,} rounds, "
           f"{len(blob) / 1e6:.1f} MB; mix: " + ", ".join(f"{k} {v / n:.0%}" for k, v in kinds.items()))  # fmt: skip
-    print(f"rows cover the first {SPEC_PROF_ROUNDS} rounds of each session")
+    if not a.trace_only:
+        print(f"rows cover the first {SPEC_PROF_ROUNDS} rounds of each session")
 
     def scan_all() -> None:
         for line in lines:

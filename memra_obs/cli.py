@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("path", metavar="FILE|-", help="log file to read, or - for standard input")
     t.add_argument("--worker", default=None, help="worker label for what this tail publishes")
 
-    sub.add_parser("agent", help="publish every local worker's ring (agent mode)")
+    # The agent parses its own options (memra-obs agent --help).
+    sub.add_parser("agent", add_help=False, help="publish every local worker's ring (agent mode)")
     return p
 
 

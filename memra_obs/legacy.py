@@ -26,6 +26,7 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+import struct
 from decimal import Decimal
 from typing import Any, TextIO
 
@@ -74,6 +75,9 @@ __all__ = [
     "scan_line",
 ]
 
+_F32_PACK = struct.Struct("<f").pack
+_F32_UNPACK = struct.Struct("<f").unpack
+
 PROF_TAG = "spec-prof"
 PROF_ROUNDS_TAG = "spec-prof-rounds"
 PROF_SUMMARY_TAG = "spec-prof-summary"
@@ -97,12 +101,26 @@ def exact_f64(x: float) -> str:
 
 
 def exact_f32(x: float) -> str:
-    """Shortest decimal that reads back to the same f32, without an exponent."""
-    for p in range(1, 10):
-        s = f"{x:.{p}g}"
-        if f32(float(s)) == x:
-            return _positional(s)
-    return _positional(repr(x))  # unreachable for a real f32; 9 digits always suffice
+    """A short decimal (the shortest, but for rare binade edges) that reads back to the same
+    f32, without an exponent. Most per-round ms values need 7 digits: try 7, then walk."""
+    s = f"{x:.7g}"
+    if _f32_of(s) == x:
+        for p in (6, 5, 4, 3, 2, 1):
+            t = f"{x:.{p}g}"
+            if _f32_of(t) != x:
+                break
+            s = t
+    else:
+        s = f"{x:.8g}"
+        if _f32_of(s) != x:
+            s = f"{x:.9g}"  # 9 significant digits always identify an f32
+    if "e" in s or "." not in s:
+        return _positional(s)
+    return s
+
+
+def _f32_of(s: str) -> float:
+    return _F32_UNPACK(_F32_PACK(float(s)))[0]
 
 
 # ------------------------------------------------------------------------------ writers

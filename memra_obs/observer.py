@@ -48,12 +48,13 @@ from .events import (
 )
 from .linewriter import stderr_writer
 from .records import (
+    SPEC_PROF_ROUNDS,
     SeqRows,
     SpecFirstTokenProf,
     SpecPhaseNs,
-    SpecRoundProf,
     SpecRoundsLog,
     VerifySplit,
+    round_prof_from_ns,
 )
 from .sinks.base import Sink
 
@@ -655,20 +656,10 @@ class Burst:
             if index == 0:
                 s._round1 = (t0, t1, t2, t3, t4, t5)
                 s.prof.first_round_tokens = j + 1  # type: ignore[union-attr]
-            if log.wants_more():
+            if len(log.rounds) < SPEC_PROF_ROUNDS:
                 try:
-                    log.push(
-                        SpecRoundProf(
-                            wall_ms=_ms(t5 - t0),
-                            draft_ms=_ms(t1 - t0),
-                            verify_ms=_ms(t2 - t1),
-                            accept_ms=_ms(t3 - t2),
-                            rest_ms=_ms(t5 - t3),
-                            k=k,
-                            j=j,
-                            ctx=ctx,
-                            seq_rows=seq_rows,
-                        )
+                    log.rounds.append(
+                        round_prof_from_ns(t5 - t0, t1 - t0, t2 - t1, t3 - t2, t5 - t3, k, j, ctx, seq_rows)
                     )
                 except (TypeError, ValueError) as exc:
                     _report_once("roundprof", f"round log row refused: {exc}")

@@ -376,6 +376,36 @@ class SpecRoundProf:
 
 ROUND_PROF_FIELDS = tuple(f.name for f in fields(SpecRoundProf))
 
+_F32X5 = struct.Struct("<5f")
+_new = object.__new__
+_set = object.__setattr__
+
+
+def round_prof_from_ns(
+    wall: int, draft: int, verify: int, accept: int, rest: int, k: int, j: int, ctx: int, seq_rows: int
+) -> SpecRoundProf:
+    """The observer's fast path: a row from nanosecond phase lengths, stored as the seed
+    stores it. Values outside the row's widths go through the checking constructor, which
+    raises naming the field."""
+    if (
+        wall < 0 or draft < 0 or verify < 0 or accept < 0 or rest < 0
+        or not (0 <= k <= U16_MAX and 0 <= j <= U16_MAX and 0 <= ctx <= U32_MAX and 0 <= seq_rows <= U32_MAX)
+        or type(k) is not int or type(j) is not int or type(ctx) is not int or type(seq_rows) is not int
+    ):  # fmt: skip
+        return SpecRoundProf(wall / 1e6, draft / 1e6, verify / 1e6, accept / 1e6, rest / 1e6, k, j, ctx, seq_rows)
+    r = _new(SpecRoundProf)
+    w, d, v, a, x = _F32X5.unpack(_F32X5.pack(wall / 1e6, draft / 1e6, verify / 1e6, accept / 1e6, rest / 1e6))
+    _set(r, "wall_ms", w)
+    _set(r, "draft_ms", d)
+    _set(r, "verify_ms", v)
+    _set(r, "accept_ms", a)
+    _set(r, "rest_ms", x)
+    _set(r, "k", k)
+    _set(r, "j", j)
+    _set(r, "ctx", ctx)
+    _set(r, "seq_rows", seq_rows)
+    return r
+
 
 # ---------------------------------------------------------------------------- round log
 

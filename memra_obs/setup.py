@@ -59,7 +59,7 @@ def build_observer(
         if st.agent:
             from .agent.ring import RingSink
 
-            sinks.append(RingSink.create(st.agent, worker=st.worker))
+            sinks.append(RingSink.create(st.agent, worker=st.worker, slots=st.ring_slots))
         else:
             if "otel" in st.sinks:
                 from .otel import build_span_exporter

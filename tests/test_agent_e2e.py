@@ -254,6 +254,18 @@ def _spans(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _rings(d: Path) -> list[str]:
+    return sorted(str(d / f) for f in os.listdir(d) if f.endswith(".ring"))
+
+
+def _cursor(path: str) -> int:
+    r = RingReader(path)
+    try:
+        return r.pos
+    finally:
+        r.close()
+
+
 def _agent(
     procs: Procs, name: str, rings: Path, spans: Path, addr: str = ""
 ) -> subprocess.Popen[bytes]:
@@ -270,13 +282,19 @@ def test_a_restarted_agent_resumes_without_double_counting(tmp_path, procs):
     rings = tmp_path / "rings"
     a1 = _agent(procs, "agent1", rings, tmp_path / "spans1.jsonl")
     wait_for("agent 1 up", lambda: "publishing" in procs.log(a1))
-    workers = [procs.demo(rings, i, requests=12, speed=0.1) for i in range(3)]
-    wait_for("rings", lambda: len([f for f in os.listdir(rings) if f.endswith(".ring")]) == 3)
-    time.sleep(0.8)
+    workers = [procs.demo(rings, i, requests=25, speed=0.1) for i in range(3)]
+    paths = wait_for("3 rings", lambda: _rings(rings) if len(_rings(rings)) == 3 else None)
+
+    def committed() -> bool:  # agent 1 has published part of every ring
+        return all(_cursor(p) > 0 for p in paths)
+
+    wait_for("agent 1 to commit a cursor in every ring", committed)
     a1.send_signal(signal.SIGTERM)
     assert a1.wait(30) == 0, procs.log(a1)
+    assert all(p.poll() is None for p in workers), "the workers should outlive agent 1"
     time.sleep(0.3)  # records pile up while no agent runs
     a2 = _agent(procs, "agent2", rings, tmp_path / "spans2.jsonl")
+    wait_for("agent 2 up", lambda: "publishing" in procs.log(a2))
     totals = [procs.totals(p) for p in workers]
     wait_for("rings retired", lambda: not [f for f in os.listdir(rings) if f.endswith(".ring")])
     a2.send_signal(signal.SIGTERM)

@@ -27,6 +27,11 @@ VERIFY = (
 )
 
 
+def _env() -> dict[str, str]:
+    """The test's environment without the knobs a test asserts the defaults of."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_OBS_", "OTEL_"))}
+
+
 def _tail(
     *args: str, data: bytes, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[bytes]:
@@ -34,7 +39,7 @@ def _tail(
         [sys.executable, "-m", "memra_obs.cli", "tail", *args],
         input=data,
         capture_output=True,
-        env={**os.environ, "MEMRA_OBS_SINKS": "", **(env or {})},
+        env={**_env(), "MEMRA_OBS_SINKS": "", **(env or {})},
         timeout=60,
     )
 

@@ -27,6 +27,11 @@ DEADLINE_S = 60.0
 PHASES = ("draft", "verify", "accept", "rollback", "maint")
 
 
+def _env() -> dict[str, str]:
+    """The test's environment without the knobs a test asserts the defaults of."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_OBS_", "OTEL_"))}
+
+
 @pytest.fixture(scope="module")
 def demo_vs_tail() -> tuple[Any, Any, list[Any], list[str]]:
     """The demo run in-process with its own PrometheusExporter, and its stderr lines fed
@@ -149,7 +154,7 @@ def _metric(url: str, name: str, **labels: str) -> float | None:
 def test_demo_stderr_piped_through_the_cli(tmp_path):
     """``memra-obs demo`` (its own /metrics on a free port) -> ``memra-obs tail -``: every
     byte passes through, and the tail's /metrics counts the demo's rounds and sessions."""
-    base = {**os.environ, "MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": "127.0.0.1:0"}
+    base = {**_env(), "MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": "127.0.0.1:0"}
     tail = subprocess.Popen(
         [sys.executable, "-m", "memra_obs.cli", "tail", "-", "--worker", "demo0"],
         stdin=subprocess.PIPE,

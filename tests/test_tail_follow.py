@@ -25,6 +25,11 @@ from memra_obs.testing import capture
 DEADLINE_S = 20.0
 
 
+def _env() -> dict[str, str]:
+    """The test's environment without the knobs a test asserts the defaults of."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_OBS_", "OTEL_"))}
+
+
 def worker_lines(n_sessions: int, rounds: int = 14) -> list[str]:
     """A profiled level-2 worker's stderr for ``n_sessions`` sessions (real clock, no device)."""
     with capture(level=2, prof=True, memory=lambda: [(0, 2048)]) as cap:
@@ -143,7 +148,7 @@ def test_cli_follows_a_rotating_file_and_serves_metrics(tmp_path: Path):
     and the rotations; the lines reach its stderr; SIGTERM ends it cleanly."""
     path = tmp_path / "rank0.err"
     path.write_bytes(b"")
-    env = {**os.environ, "MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": "127.0.0.1:0"}
+    env = {**_env(), "MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": "127.0.0.1:0"}
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -194,6 +199,7 @@ def test_cli_follows_a_rotating_file_and_serves_metrics(tmp_path: Path):
         assert (
             _sample(text, "memra_obs_tail_lines_total", worker="rank0.err", kind="phase") == 3 * 3
         )
+        assert _sample(text, "memra_obs_dropped_total", signal="records") == 0
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

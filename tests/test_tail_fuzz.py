@@ -158,7 +158,13 @@ def mutated(draw: st.DrawFn) -> str:
     return "".join(chars)
 
 
-@given(st.one_of(mutated(), st.text(max_size=300), st.text(alphabet="[]spec-prof rounds=0123456789.|ms ", max_size=200)))
+@given(
+    st.one_of(
+        mutated(),
+        st.text(max_size=300),
+        st.text(alphabet="[]spec-prof rounds=0123456789.|ms ", max_size=200),
+    )
+)
 def test_damaged_lines_raise_only_legacy_parse_error(line):
     """Random and mutated lines: a record, None, or LegacyParseError; nothing else escapes,
     and any record that comes back is one the formatter reproduces and re-parses equal."""

@@ -268,3 +268,59 @@ def test_family_of_tags():
     assert family_of("dspark-phase") == "dspark"
     assert family_of("mtp") == "mtp"
     assert family_of("") == "unknown"
+
+
+def test_absurd_values_are_refused_not_expanded():
+    """A phase line claiming millions of rounds, or rows no clock produces, are reported
+    and published as nothing, instead of being expanded into that many records."""
+    big = PHASE_LINE.replace("rounds=6", "rounds=10000000")
+    row = (
+        "[spec-prof-rounds] row=0 wall_ms=3.0e38 draft_ms=1.0 verify_ms=1.0 accept_ms=1.0 "
+        "rest_ms=1.0 k=4 j=1 ctx=1 seq_rows=0"
+    ).replace("3.0e38", "3" + "0" * 38 + ".0")
+    got, tail = rebuild([big, PHASE_LINE.replace("rounds=6", "rounds=1"), row])
+    assert [type(r) for r in got] == [], got
+    assert tail.stats.orphans["phase"] == 2  # the huge burst, and the burst its row made absurd
+    assert any("past any plausible burst" in n for n in tail.notes)
+    assert any("past any plausible clock" in n for n in tail.notes)
+
+
+def test_notes_never_land_inside_a_line():
+    """A partial line is passed through after a pause; a report about it waits for the
+    line's end, so the output still splits into the input's lines plus whole notes."""
+    out = bytearray()
+
+    class Out:
+        def write(self, b: bytes) -> None:
+            out.extend(b)
+
+        def flush(self) -> None:
+            pass
+
+    tail = Tail(Rebuilder("w"), lambda b: None, out=Out())  # type: ignore[arg-type]
+    tail.feed(b"[glm5-phase] rounds=1 k=4 total=", 0)
+    tail.tick(500_000_000)
+    assert bytes(out) == b"[glm5-phase] rounds=1 k=4 total="  # passed through while waiting
+    tail.feed(b"oops\nnext line\n", 600_000_000)
+    tail.close(700_000_000)
+    lines = bytes(out).split(b"\n")
+    assert lines[0] == b"[glm5-phase] rounds=1 k=4 total=oops"
+    assert lines[1] == b"next line"  # the chunk goes through first, its reports after it
+    assert lines[2].startswith(b"[memra-obs] tail: -:1: malformed phase line")
+    assert lines[3:] == [b""]
+
+
+PHASE_LINE = (
+    "[glm5-phase] rounds=6 k=4 total=29.37ms | draft=9.49 verify=16.33 accept=1.77 roll=0.83 "
+    "maint=0.95 | per-round ms: draft=1.581 verify=2.722 accept=0.295 roll=0.138 maint=0.158 "
+    "total=4.895"
+)
+
+
+def test_a_session_without_rounds_still_has_a_sane_span():
+    """``[spec-prof-summary] rounds=0`` alone (a request that ran no round) is a session
+    that starts and ends when the line arrived."""
+    got, _ = rebuild(["[spec-prof-summary] rounds=0"])
+    s, e = got
+    assert type(s) is SessionRecord and type(e) is SessionEndRecord
+    assert e.end_ns_mono == s.start_ns_mono and (e.rounds, e.bursts) == (0, 0)

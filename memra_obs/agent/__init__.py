@@ -170,6 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.poll_ms <= 0:
         raise ConfigError(f"--poll-ms={args.poll_ms}: expected a positive number")
+    # Handlers first: a SIGTERM during start-up still means "drain, flush, exit 0".
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     set_priority(args.priority)
     try:
         agent, closers, server = build_agent(
@@ -178,16 +185,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AgentBusy as exc:
         print(f"memra-obs agent: {exc}", file=sys.stderr)
         return 2
+    except BaseException:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        raise
     where = [f"rings in {agent.directory}"]
     if server is not None:
         where.append(f"/metrics on {server.url}")
     print(f"[memra-obs agent] publishing {'; '.join(where)}", file=sys.stderr, flush=True)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         if args.once:
             agent.drain()
@@ -197,8 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         agent.close()
         for close in closers:
             close()
-        for s, h in old.items():
-            signal.signal(s, h)
+        for sig, h in old.items():
+            signal.signal(sig, h)
     print(
         f"[memra-obs agent] done: published={agent.published} lost={agent.lost_total()} "
         f"rings_removed={agent.rings_removed}",

@@ -38,7 +38,6 @@ from ..events import (
 from ..records import FIRST_TOKEN_FIELDS, FIRST_TOKEN_MS_FIELDS, SpecFirstTokenProf, SpecPhaseNs
 
 __all__ = [
-    "DATA_OFF_MIN",
     "HEADER",
     "MAGIC",
     "MAXSPAN",
@@ -64,7 +63,6 @@ MAXSPAN = 16
 MIN_SLOTS = 4 * MAXSPAN
 TABLE_ENTRY = 256
 TABLE_HDR = 24
-DATA_OFF_MIN = HEADER
 
 KIND_CONT = 0
 KIND_SESSION = 1

@@ -289,12 +289,7 @@ class Agent:
 def _forget_open_sessions(ex: object) -> None:
     """A span exporter closes sessions still open at shutdown as 'unfinished'; in the agent
     they are not finished — the next agent resumes them and ends their spans — so the
-    spans would appear twice. Drop that state first."""
+    spans would appear twice. Have it forget them first."""
     forget = getattr(ex, "forget_open", None)
     if callable(forget):
         forget()
-        return
-    builder = getattr(ex, "builder", None)
-    open_ = getattr(builder, "_open", None)  # SpanBuilder before it had forget_open()
-    if isinstance(open_, dict):
-        open_.clear()

@@ -151,7 +151,7 @@ class RingReader:
             + mm[base : base + (n - first) * F.SLOT]
         )
 
-    def _slots(self, start: int, end: int) -> Iterator[tuple[int, int, int, int, int, bytes, int]]:
+    def _slots(self, start: int, end: int) -> Iterator[tuple[int, int, int, int, bytes, int]]:
         """Intact records whose slots all lie in [start, end): (pos, rec, kind, span, buf, i).
         Stops early at a record the range cuts (yields nothing for it)."""
         buf = self._copy(start, end)

@@ -30,6 +30,7 @@ from ..environment import (
     MEMRA_OBS_METRICS_TLS_CERT,
     MEMRA_OBS_METRICS_TLS_KEY,
     MEMRA_OBS_SINKS,
+    MEMRA_OBS_WORKER,
     ConfigError,
     Settings,
 )
@@ -190,7 +191,13 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     """``memra-obs tail [--follow] FILE|- [--worker W] [options]`` (see ``_options``)."""
     opts = _options(rest)
     path: str = args.path
-    worker = args.worker or ("stdin" if path == "-" else os.path.basename(path) or path)
+    # argument > environment > default, as every knob: --worker, MEMRA_OBS_WORKER (the
+    # worker's own label when the tail shares its environment), the file's name / stdin.
+    worker = (
+        args.worker
+        or os.environ.get(MEMRA_OBS_WORKER)
+        or ("stdin" if path == "-" else os.path.basename(path) or path)
+    )
     knobs: dict[str, Any] = {"worker": worker}
     if MEMRA_OBS_SINKS not in os.environ:
         knobs["sinks"] = "otel,prometheus"
@@ -203,9 +210,13 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
         # Nobody waits on a file we read; a live worker waits on a full pipe: never block it.
         block = stat.S_ISREG(os.fstat(source.fd).st_mode)
     elif args.follow:
-        source = FollowSource(
-            path, from_start=opts.from_start, poll_s=opts.poll, on_wait=early.append
-        )
+        try:
+            source = FollowSource(
+                path, from_start=opts.from_start, poll_s=opts.poll, on_wait=early.append
+            )
+        except OSError as exc:
+            print(f"memra-obs tail: {path}: {exc.strerror}", file=sys.stderr)
+            return 2
         block = True
     else:
         try:

@@ -14,6 +14,7 @@ number and reason) and skipped; bytes that are not UTF-8 pass through as they ca
 from __future__ import annotations
 
 import os
+import select
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -96,7 +97,8 @@ class Tail:
                 while view:
                     try:
                         n = os.write(fd, view)
-                    except BlockingIOError:
+                    except BlockingIOError:  # a non-blocking stderr that is full: wait, as
+                        select.select([], [fd], [], 1.0)  # the worker itself would have
                         continue
                     except OSError:
                         return  # stderr closed: publishing goes on without it

@@ -45,7 +45,7 @@ from ..events import (
 from ..legacy import OVERRIDE, PHASE, PROF, PROF_ROUNDS, PROF_SUMMARY, VERIFY
 from ..records import SPEC_PROF_ROUNDS, SpecFirstTokenProf, SpecPhaseNs
 
-__all__ = ["UNKNOWN_FAMILY", "Rebuilder", "family_of"]
+__all__ = ["MAX_BURST_ROUNDS", "UNKNOWN_FAMILY", "Rebuilder", "family_of"]
 
 #: ``family`` (and empty tag) of sessions whose lines never named one (profile-only streams).
 UNKNOWN_FAMILY = "unknown"
@@ -57,6 +57,9 @@ _ROUND0 = ("first_draft", "first_verify", "first_accept", "first_roll", "first_m
 _ROUND0_MS = ("draft_prime_ms", *(f + "_ms" for f in _ROUND0))
 #: A burst (with its session's creation) longer than this (~13 days) is a garbled line.
 _MAX_NS = 1 << 50
+#: Rounds one burst may claim; a line claiming more is refused rather than expanded into
+#: that many records (a real burst returns to its caller every few rounds).
+MAX_BURST_ROUNDS = 1 << 16
 
 _tuple_new = tuple.__new__  # a NamedTuple without its Python-level __new__ (same object)
 _new = object.__new__
@@ -185,7 +188,7 @@ class Rebuilder:
         if kind is PROF_ROUNDS:
             why = self._row(v, t)
         elif kind is PHASE:
-            self._phase(tag, v, t)
+            why = self._phase(tag, v, t)
         elif kind is VERIFY:
             why = self._verify(tag, v, t)
         elif kind is PROF:
@@ -233,11 +236,14 @@ class Rebuilder:
 
     # -- per kind --------------------------------------------------------------------------
 
-    def _phase(self, tag: str, v: tuple[Any, ...], t: int) -> None:
+    def _phase(self, tag: str, v: tuple[Any, ...], t: int) -> str | None:
         self._seen_phase = True
         if self._pending is not None:
             self._finish(self._pending)
+        if v[0] > MAX_BURST_ROUNDS:
+            return f"rounds={v[0]} is past any plausible burst (> {MAX_BURST_ROUNDS})"
         self._pending = _Burst(tag, v[0], v[1], v, t)
+        return None
 
     def _verify(self, tag: str, v: tuple[Any, ...], t: int) -> str | None:
         b = self._pending
@@ -258,6 +264,8 @@ class Rebuilder:
     def _prof(self, prof: SpecFirstTokenProf, t: int) -> str | None:
         b = self._pending
         n = prof.first_burst_rounds
+        if n > MAX_BURST_ROUNDS:
+            return f"first_burst_rounds={n} is past any plausible burst (> {MAX_BURST_ROUNDS})"
         if (
             b is not None
             and b.prof is None
@@ -284,7 +292,10 @@ class Rebuilder:
         s = self._session
         if b is not None:
             base = 0 if b.prof is not None else (s.rounds if s is not None else 0)
-            room = b.rounds is None or len(b.rows) < min(b.rounds, SPEC_PROF_ROUNDS - base)
+            limit = SPEC_PROF_ROUNDS - base  # the log keeps no more: nor do we
+            if b.rounds is not None and b.rounds < limit:
+                limit = b.rounds
+            room = len(b.rows) < limit
             if room and idx == base + len(b.rows):
                 b.rows.append(v)
                 b.last = t
@@ -325,6 +336,7 @@ class Rebuilder:
     def _open(self, tag: str, prof: bool, start: int, t: int, b: _Burst | None = None) -> _Session:
         s = self._session = _Session(next(_session_ids), tag, prof)
         s.last_line = t
+        s.last_end = start
         rng = self._rng
         mono = self._mono()
         epoch = self._epoch()
@@ -366,7 +378,7 @@ class Rebuilder:
         if s is not None and (
             prof is not None
             or (b.tag and s.tag and b.tag != s.tag)
-            or b.arrival - s.last_line > self.session_gap_ns
+            or ((not s.prof or s.summarized) and b.arrival - s.last_line > self.session_gap_ns)
             or (not s.prof and s.bursts >= self.max_bursts)
         ):
             self._end(s)
@@ -558,14 +570,13 @@ class Rebuilder:
                 roll_t,
                 maint_t,
             )
-            if not out:
-                each = [divmod(t, m) for t in totals]
-                if all(x[1] == 0 for x in each):  # the common case: all rounds alike
-                    one = (each[0][0], each[1][0], each[2][0], each[3][0], each[4][0])
-                    out.extend([one] * m)
-                    return out
-            fill = [_spread(max(totals[p] - sum(x[p] for x in out), 0), m) for p in range(5)]
-            out.extend(zip(*fill, strict=True))  # type: ignore[arg-type]
+            if out:
+                totals = tuple(max(totals[p] - sum(x[p] for x in out), 0) for p in range(5))
+            # Each phase's total over the m rounds, as evenly as integers allow: the first
+            # (total mod m) rounds carry one ns more, so the sums come back exact.
+            (b0, e0), (b1, e1), (b2, e2), (b3, e3), (b4, e4) = (divmod(t, m) for t in totals)
+            for i in range(m):
+                append((b0 + (i < e0), b1 + (i < e1), b2 + (i < e2), b3 + (i < e3), b4 + (i < e4)))
         return out
 
 
@@ -597,15 +608,13 @@ def _burst_total_ns(total_ms: float, per_ms: float, rounds: int) -> int:
     middle of their intersection (per-round alone when rounding left them disjoint)."""
     if rounds <= 0:
         return 0
-    lo_t, hi_t = total_ms * 1e6 - 5000.0, total_ms * 1e6 + 5000.0
-    lo_p, hi_p = (per_ms * 1e6 - 500.0) * rounds, (per_ms * 1e6 + 500.0) * rounds
-    lo, hi = max(lo_t, lo_p, 0.0), min(hi_t, hi_p)
+    t = total_ms * 1e6
+    p = per_ms * 1e6 * rounds
+    w = 500.0 * rounds
+    lo = t - 5000.0 if t - 5000.0 > p - w else p - w
+    hi = t + 5000.0 if t + 5000.0 < p + w else p + w
+    if lo < 0.0:
+        lo = 0.0
     if lo > hi:
-        return max(round(per_ms * 1e6 * rounds), 0)
-    return round((lo + hi) / 2)
-
-
-def _spread(total: int, m: int) -> list[int]:
-    """``total`` ns over ``m`` rounds as evenly as integers allow (sums back exactly)."""
-    base, extra = divmod(total, m)
-    return [base + 1] * extra + [base] * (m - extra)
+        return round(p) if p > 0.0 else 0
+    return round((lo + hi) * 0.5)

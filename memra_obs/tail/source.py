@@ -98,6 +98,10 @@ class FollowSource:
             if first and self._on_wait is not None:
                 self._on_wait(f"{self.path} does not exist yet; waiting for it")
             return False
+        except OSError:
+            if first:
+                raise  # unreadable at start: the caller says so and stops
+            return False  # the rotated-in file is not readable (yet): keep polling
         st = os.fstat(fd)
         self._fd = fd
         self._ident = (st.st_dev, st.st_ino)
