@@ -85,7 +85,9 @@ def worker_stderr(sessions: int, seed: int = 7, prof: bool = True) -> list[str]:
                 rows.append(SpecRoundProf(wall_ms=(d + v + a + r + m) / 1e6, draft_ms=d / 1e6, verify_ms=v / 1e6,
                                           accept_ms=a / 1e6, rest_ms=(r + m) / 1e6, k=k, j=j,
                                           ctx=2000 + done, seq_rows=0))  # fmt: skip
-            split = VerifySplit(kda=p.verify // 3, kda_scan=p.verify // 8, mla=p.verify // 5, ffn=p.verify // 4)
+            split = VerifySplit(
+                kda=p.verify // 3, kda_scan=p.verify // 8, mla=p.verify // 5, ffn=p.verify // 4
+            )
             out.extend(phase_lines(p, "glm5-phase", "glm5-phase-v", 4, 2, split))
             done += n
             if not prof:
@@ -135,7 +137,9 @@ def stage(name: str, n_lines: int, fn: Callable[[], None], repeat: int) -> float
         fn()
         best = min(best, time.perf_counter() - t0)
     rate = n_lines / best
-    print(f"{name:14s} {rate:>12,.0f} tagged lines/s   ({best * 1e3:8.1f} ms for {n_lines:,} lines)")
+    print(
+        f"{name:14s} {rate:>12,.0f} tagged lines/s   ({best * 1e3:8.1f} ms for {n_lines:,} lines)"
+    )
     return rate
 
 
@@ -199,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             st = Settings.resolve({}, spans_file=os.path.join(d, "spans.jsonl"))
             sx = build_span_exporter(st, env={})
             assert sx is not None
-            prom = PrometheusExporter(registry=CollectorRegistry(), worker="bench", worker_label=True)
+            prom = PrometheusExporter(
+                registry=CollectorRegistry(), worker="bench", worker_label=True
+            )
 
             def both(batch: list[Any]) -> None:
                 prom.export(batch)

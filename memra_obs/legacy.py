@@ -26,7 +26,6 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-import struct
 from decimal import Decimal
 from typing import Any, TextIO
 
@@ -43,7 +42,6 @@ from .records import (
     SpecRoundProf,
     SpecRoundsLog,
     VerifySplit,
-    f32,
 )
 
 __all__ = [
