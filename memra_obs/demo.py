@@ -68,6 +68,34 @@ class SimStream:
     def query(self) -> bool:
         return time.perf_counter() >= self._busy_until
 
+    def record_event(self, ev: SimEvent | None = None) -> SimEvent:
+        """Record a timing event (torch's duck API, so ``MEMRA_OBS_CLOCK=event`` works on
+        the simulated device too): it completes when the work queued before it does."""
+        ev = ev if ev is not None else SimEvent()
+        ev.t = max(self._busy_until, time.perf_counter())
+        return ev
+
+
+class SimEvent:
+    """A :class:`SimStream` timing event: the moment the work queued before it completes."""
+
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def synchronize(self) -> None:
+        wait = self.t - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+
+    def query(self) -> bool:
+        return time.perf_counter() >= self.t
+
+    def elapsed_time(self, end: SimEvent) -> float:
+        """Milliseconds from this event to ``end`` (as torch's ``Event.elapsed_time``)."""
+        return (end.t - self.t) * 1e3
+
 
 @dataclass
 class SimDevice:
