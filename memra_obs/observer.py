@@ -479,6 +479,7 @@ class Burst:
 
     __slots__ = (
         "_clock",
+        "_ended",
         "_hook_ns",
         "_mark",
         "_pending",
@@ -511,6 +512,7 @@ class Burst:
         self._pending: list[tuple[int, int, int, int, int, tuple[int, int, int, int] | None]] = []
         self._tokens = 0
         self._hook_ns = 0
+        self._ended = False
         self.start_ns_mono = now_ns()
         s._open_burst = self
 
@@ -570,6 +572,10 @@ class Burst:
         first burst, the first-token profile). ``tokens`` defaults to the rounds' tokens
         (plus the anchor token on the first burst)."""
         end = now_ns()
+        if self._ended:
+            _report_once("burst-end", "Burst.end called twice; the second call is ignored")
+            return
+        self._ended = True
         s = self._s
         if s._open_burst is self:
             s._open_burst = None

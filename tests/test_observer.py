@@ -286,3 +286,15 @@ def test_bad_knob_is_a_clear_error_naming_the_variable(monkeypatch):
                        ("MEMRA_OBS_METRICS_ADDR", "9464"), ("MEMRA_OBS_QUEUE_SIZE", "lots")]:
         with pytest.raises(ConfigError, match=var):
             build_observer(env={var: value}, level=1)
+
+
+def test_ending_a_burst_twice_emits_it_once(capsys):
+    """A second Burst.end is reported and ignored: no duplicate burst record or line."""
+    keep = RecordingSink()
+    obs = Observer([keep], level=0, prof=False)
+    s = obs.session("glm5")
+    b = run_rounds(s, 2)
+    b.end()
+    s.end()
+    assert len(keep.of(BurstRecord)) == 1
+    assert "Burst.end called twice" in capsys.readouterr().err
