@@ -229,12 +229,13 @@ def phases(ids: Ids) -> Section:
     ]
 
 
+def per_round_mean(hist: str, by: tuple[str, ...]) -> str:
+    """Mean of a per-round histogram over the panel's rate window: rate(_sum) / rate(_count)."""
+    return f"{sum_rate(hist + '_sum', by)} / {sum_rate(hist + '_count', by)}"
+
+
 def acceptance(ids: Ids) -> Section:
-    acc, dr, rd = (
-        "memra_spec_accepted_tokens_total",
-        "memra_spec_drafted_tokens_total",
-        "memra_spec_rounds_total",
-    )
+    acc, dr = "memra_spec_accepted_tokens_total", "memra_spec_drafted_tokens_total"
     by = ("family",)
     return "Acceptance", [
         ts(
@@ -251,11 +252,13 @@ def acceptance(ids: Ids) -> Section:
             "Drafted, accepted and committed tokens per round",
             "Mean k (drafted), mean j (the accepted length) and j+1 (tokens a round commits: the "
             "accepted drafts plus the bonus token).",
+            # Means of the per-round histograms: their _count holds only rounds whose k and
+            # j are known (a tailed stream carries rounds without them).
             [
-                target(f"{sum_rate(dr, by)} / {sum_rate(rd, by)}", "drafted k {{family}}"),
-                target(f"{sum_rate(acc, by)} / {sum_rate(rd, by)}", "accepted j {{family}}"),
+                target(per_round_mean("memra_spec_drafted_tokens_per_round", by), "drafted k {{family}}"),
+                target(per_round_mean("memra_spec_accepted_tokens_per_round", by), "accepted j {{family}}"),
                 target(
-                    f"({sum_rate(acc, by)} + {sum_rate(rd, by)}) / {sum_rate(rd, by)}",
+                    f"1 + {per_round_mean('memra_spec_accepted_tokens_per_round', by)}",
                     "tokens/round {{family}}",
                 ),
             ],

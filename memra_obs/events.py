@@ -55,7 +55,7 @@ class SessionRecord(NamedTuple):
 
 
 class RoundRecord(NamedTuple):
-    """One verify round: its six phase bounds and what it drafted and kept."""
+    """One verify round: phase bounds and counts (k = j = -1: unknown, then ctx = seq_rows = 0)."""
 
     session: int
     burst: int

@@ -426,6 +426,31 @@ _ROW = re.compile(
     rf"row={_N} wall_ms={_F} draft_ms={_F} verify_ms={_F} accept_ms={_F} rest_ms={_F} "
     rf"k={_N} j={_N} ctx={_N} seq_rows={_N}"
 )
+
+# The tail's fast path: whole-line patterns (tag, body and the trailing "\r"s scan_line
+# strips) for a *subset* of the strict shapes above: every count short enough that int()
+# cannot fail nor leave the record's range, every row value unsigned and below 1e30 ms so
+# its f32 can neither overflow nor be refused. A line they match is one scan_line takes
+# and returns the same values for (phase and level-2 lines: unless the tag is one of
+# FAST_TAGS_EXCLUDED, which scan_line reads as another kind); memra_obs.tail hands every
+# other line to scan_line, which does every check and gives every reason.
+_N4 = r"(0|[1-9][0-9]{0,3})"  # < 10**4: inside u16 (k, j), a row index, seq_rows
+_N9 = r"(0|[1-9][0-9]{0,8})"  # < 10**9: inside u32 (ctx)
+_N18 = r"(0|[1-9][0-9]{0,17})"  # < 10**18: int() never meets its digit limit
+_F30 = r"([0-9]{1,30}\.[0-9]+)"  # no sign, < 1e30
+#: ``[spec-prof-rounds]`` row: groups row, wall, draft, verify, accept, rest, k, j, ctx, seq_rows.
+FAST_ROW = re.compile(
+    rf"\[{PROF_ROUNDS_TAG}\] row={_N4} wall_ms={_F30} draft_ms={_F30} verify_ms={_F30} "
+    rf"accept_ms={_F30} rest_ms={_F30} k={_N4} j={_N4} ctx={_N9} seq_rows={_N4}\r*"
+).fullmatch
+#: Phase line: groups tag, then :class:`PhaseLine`'s fields as printed.
+FAST_PHASE = re.compile(r"\[([^\]\s]+)\] " + _PHASE.pattern.replace(_N, _N18) + r"\r*").fullmatch
+#: Level-2 line: groups tag, then :class:`VerifyLine`'s fields as printed.
+FAST_VERIFY = re.compile(
+    r"\[([^\]\s]+)\] " + _VERIFY.pattern.replace(_N, _N18) + r"\r*"
+).fullmatch
+FAST_TAGS_EXCLUDED = frozenset((PROF_TAG, PROF_ROUNDS_TAG, PROF_SUMMARY_TAG, TRACE_TAG))
+
 _KV = re.compile(r"([a-z0-9_]+)=(\S*)")
 _FREE = re.compile(r"\[((?:[0-9]+:[0-9]+)(?:,[0-9]+:[0-9]+)*)?\]")
 _FLOAT = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
@@ -577,7 +602,57 @@ def _row_by_record(g: Sequence[str], k: int, j: int, ctx: int, seq: int) -> tupl
     return (int(g[0]), p.wall_ms, p.draft_ms, p.verify_ms, p.accept_ms, p.rest_ms, k, j, ctx, seq)
 
 
+def _prof_fast_pattern() -> re.Pattern[str]:
+    """Every field in order, each value in a shape whose record needs no further check:
+    ms/MB unsigned, positional and below 1e30, counts and free-memory numbers of at most
+    19 digits (inside u64), the arm one bare word. A subset of what _parse_prof accepts
+    with its fast flag up, so both give the same record."""
+    parts = []
+    for name in FIRST_TOKEN_FIELDS:
+        if name in _FT_FLOAT:
+            pat = r"([0-9]{1,30}(?:\.[0-9]+)?)"
+        elif name in _FT_FREE:
+            pat = r"\[((?:[0-9]{1,19}:[0-9]{1,19})(?:,[0-9]{1,19}:[0-9]{1,19})*)?\]"
+        elif name == "draft_prime_arm":
+            pat = r"([A-Za-z0-9_.:+-]*)"
+        else:
+            pat = r"(0|[1-9][0-9]{0,18})"
+        parts.append(f"{name}={pat}")
+    return re.compile(" ".join(parts))
+
+
+_PROF_FAST = _prof_fast_pattern().fullmatch
+#: Where the fast pattern's groups sit, by kind (the arm stays a str).
+_PROF_FLOATS = tuple(i for i, n in enumerate(FIRST_TOKEN_FIELDS) if n in _FT_FLOAT)
+_PROF_FREES = tuple(i for i, n in enumerate(FIRST_TOKEN_FIELDS) if n in _FT_FREE)
+_PROF_COUNTS = tuple(
+    i
+    for i, n in enumerate(FIRST_TOKEN_FIELDS)
+    if n not in _FT_FLOAT and n not in _FT_FREE and n != "draft_prime_arm"
+)
+
+
 def _parse_prof(line: str, body: str) -> SpecFirstTokenProf:
+    m = _PROF_FAST(body)
+    if m is None:
+        return _parse_prof_strict(line, body)
+    v: list[Any] = list(m.groups())
+    for i in _PROF_FLOATS:
+        v[i] = float(v[i])
+    for i in _PROF_COUNTS:
+        v[i] = int(v[i])
+    for i in _PROF_FREES:
+        x = v[i]
+        v[i] = (
+            [(int(a), int(b)) for a, _, b in (p.partition(":") for p in x.split(","))] if x else []
+        )
+    prof = _new(SpecFirstTokenProf)
+    # every field, in the shape the constructor would keep it
+    prof.__dict__.update(zip(FIRST_TOKEN_FIELDS, v, strict=True))
+    return prof
+
+
+def _parse_prof_strict(line: str, body: str) -> SpecFirstTokenProf:
     pairs = body.split(" ")
     names = [p.partition("=")[0] for p in pairs]
     if names != _FT_NAMES:

@@ -191,6 +191,28 @@ def test_publisher_drops_for_a_pipe_and_waits_for_a_file():
     assert (len(ex2.records), pub2.dropped) == (80, 0)
 
 
+def test_publisher_counts_the_records_a_batch_stands_for():
+    """A compact batch (a RoundBlock per burst) fills the queue, and counts when dropped,
+    as the rounds it carries, as one record per round would."""
+    import threading
+
+    from memra_obs.tail.rebuild import RecordBatch
+
+    gate = threading.Event()
+    ex = _Slow(gate)
+    pub = Publisher([ex], capacity=100, block=False)
+    try:
+        for _ in range(3):
+            batch = RecordBatch([object(), object()])
+            batch.records = 60  # e.g. two RoundBlocks of 30 rounds
+            pub.put(batch)  # type: ignore[arg-type]
+        assert pub.dropped >= 60 and pub.dropped % 60 == 0
+    finally:
+        gate.set()
+        pub.close(5.0)
+    assert pub.exported + pub.dropped == 180
+
+
 def test_a_failing_exporter_is_reported_once_and_the_others_go_on():
     """One exporter raising does not stop the records reaching the next one."""
     notes: list[str] = []

@@ -78,6 +78,16 @@ def test_counts_are_exact_where_the_lines_carry_them(demo_vs_tail):
     ):
         _, b = _pair(demo_vs_tail, metric, family="glm5")
         assert b == sum(getattr(r, field) for r in logged), metric
+    # Rounds without a row (k = j = -1, unknown) are left out of the per-round token
+    # histograms, which therefore hold the logged rounds' own distribution.
+    for metric, field in (
+        ("memra_spec_drafted_tokens_per_round", "k"),
+        ("memra_spec_accepted_tokens_per_round", "j"),
+    ):
+        _, b = _pair(demo_vs_tail, metric + "_count", family="glm5")
+        assert b == len(logged), metric
+        _, b = _pair(demo_vs_tail, metric + "_bucket", family="glm5", le="0.0")
+        assert b == sum(1 for r in logged if getattr(r, field) == 0), metric
 
 
 def test_time_sums_agree_within_the_lines_precision(demo_vs_tail):

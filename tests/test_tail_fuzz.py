@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import time
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -218,3 +220,205 @@ class _Sink:
 
     def flush(self) -> None:
         pass
+
+
+# ------------------------------------------------------------------- the tail's fast path
+
+_ROW = (
+    "[spec-prof-rounds] row=0 wall_ms=5.25 draft_ms=1.0 verify_ms=3.5 accept_ms=0.25 "
+    "rest_ms=0.5 k=4 j=2 ctx=100 seq_rows=0"
+)
+_PHASE_L = (
+    "[glm5-phase] rounds=6 k=4 total=29.37ms | draft=9.49 verify=16.33 accept=1.77 roll=0.83 "
+    "maint=0.95 | per-round ms: draft=1.581 verify=2.722 accept=0.295 roll=0.138 maint=0.158 "
+    "total=4.895"
+)
+_VERIFY_L = (
+    "[glm5-phase-v] rounds=6 k=4 | per-round ms: vkda=0.893 (scan=0.357) vmla=0.552 "
+    "vrest=1.277 (vffn=0.788)"
+)
+
+
+def _prof_agrees(line: str) -> None:
+    """The [spec-prof] fast pattern gives the record the field-by-field parser gives (or
+    leaves the line to it)."""
+    if not line.startswith("[spec-prof] "):
+        return
+    body = line.rstrip("\r\n")[len("[spec-prof] ") :]
+    try:
+        want = legacy._parse_prof_strict(line, body)
+    except LegacyParseError as exc:
+        try:
+            legacy._parse_prof(line, body)
+        except LegacyParseError as exc2:
+            assert exc2.reason == exc.reason
+        else:
+            raise AssertionError("the fast path accepted what the parser refuses") from None
+        return
+    assert legacy._parse_prof(line, body) == want
+
+
+@given(valid_lines(), st.sampled_from(["", "\r", "\r\r"]))
+def test_prof_fast_pattern_gives_the_parser_s_record(lv, end):
+    _prof_agrees(lv[0] + end)
+
+
+@given(mutated())
+def test_prof_fast_pattern_on_damaged_lines(line):
+    _prof_agrees(line)
+
+
+def _tail_records(data: bytes, fast: bool) -> tuple[Any, ...]:
+    """What a tail makes of ``data``: records, reports, counters, line count."""
+    import pytest
+
+    import memra_obs.tail.core as core
+
+    with pytest.MonkeyPatch.context() as m:
+        if not fast:  # every line through scan_line, as before the fast patterns
+            for name in ("FAST_ROW", "FAST_PHASE", "FAST_VERIFY"):
+                m.setattr(core, name, lambda text: None)
+        out: list[Any] = []
+        notes: list[str] = []
+        rb = Rebuilder("fuzz", rng=random.Random(3), epoch_ns=lambda: 5, mono_ns=lambda: 7)
+        tail = Tail(rb, out.extend, out=None, notes=notes.append, report_limit=10**6)
+        t = 10**12
+        for i in range(0, len(data), 997):
+            tail.feed(data[i : i + 997], t)
+            t += 10**6
+        tail.close(t)
+    st_ = tail.stats
+    # Session ids come from a process-wide counter: compare them relative to the first.
+    ids = sorted({r.session for r in out})
+    rel = {sid: i for i, sid in enumerate(ids)}
+    recs = [r._replace(session=rel[r.session]) for r in out]
+    return (recs, notes, dict(st_.lines), dict(st_.malformed), dict(st_.orphans), tail.lineno)
+
+
+@st.composite
+def worker_streams(draw: st.DrawFn) -> list[str]:
+    """A worker's stderr (sessions of bursts: phase and level-2 lines, the profile, rows,
+    summaries), then damaged: lines mutated, lost, given a "\r", phase lines under the
+    parser's own tags, other programs' lines."""
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    ms = 1_000_000
+    lines: list[str] = []
+    for _ in range(rng.randint(1, 3)):
+        prof_on = rng.random() < 0.8
+        level = rng.choice([1, 2])
+        log = SpecRoundsLog()
+        done, first, n_rounds = 0, True, rng.randint(1, 90)
+        while done < n_rounds:
+            n = min(rng.randint(1, 8), n_rounds - done)
+            p = SpecPhaseNs()
+            rows = []
+            for _ in range(n):
+                d, v, a, r, m = (rng.choice([0, rng.randint(1, 9 * ms)]) for _ in range(5))
+                p.add(SpecPhaseNs(d, v, a, r, m, 1))
+                k = rng.randint(0, 8)
+                rows.append(SpecRoundProf(
+                    wall_ms=(d + v + a + r + m) / 1e6, draft_ms=d / 1e6, verify_ms=v / 1e6,
+                    accept_ms=a / 1e6, rest_ms=(r + m) / 1e6, k=k, j=rng.randint(0, k),
+                    ctx=1000 + done, seq_rows=rng.choice([0, k + 1]),
+                ))  # fmt: skip
+            split = VerifySplit(*(rng.randint(0, p.verify) for _ in range(4)))
+            lines.extend(phase_lines(p, "glm5-phase", "glm5-phase-v", 4, level, split))
+            done += n
+            if not prof_on:
+                continue
+            if first:
+                lines.append(prof_line(SpecFirstTokenProf(
+                    prime_ms=rng.random() * 40, first_draft_ms=0.5, first_verify_ms=2.5,
+                    first_burst_ms=rows[0].wall_ms + 3, first_burst_rounds=n,
+                    first_burst_tokens=n + 1, draft_prime_arm="eager",
+                    free_mb_before=[(0, 80_000)], free_mb_after=[(0, 79_000)],
+                )))  # fmt: skip
+                first = False
+            for r in rows:
+                log.push(r)
+            fresh = log.fresh()
+            lines.extend(prof_rounds_lines(fresh, log.printed - len(fresh)))
+            if not log.wants_more() and not log.summarized:
+                log.summarized = True
+                lines.append(legacy.prof_summary_line(log))
+        if prof_on and not log.summarized:
+            lines.append(legacy.prof_summary_line(log))
+    for _ in range(draw(st.integers(0, 6))):
+        if not lines:
+            break
+        i = draw(st.integers(0, len(lines) - 1))
+        op = draw(st.sampled_from(["mutate", "lose", "cr", "spec-tag", "other"]))
+        if op == "mutate":
+            lines[i] = draw(_damaged(lines[i]))
+        elif op == "lose":
+            del lines[i]
+        elif op == "cr":
+            lines[i] += "\r"
+        elif op == "spec-tag":
+            tag = draw(st.sampled_from(sorted(legacy.FAST_TAGS_EXCLUDED)))
+            lines.insert(i, _PHASE_L.replace("[glm5-phase]", f"[{tag}]"))
+            lines.insert(i, _VERIFY_L.replace("[glm5-phase-v]", f"[{tag}]"))
+        else:
+            lines.insert(i, "[INFO] some other program: rounds=3 total=5")
+    return lines
+
+
+def _damaged(line: str) -> st.SearchStrategy[str]:
+    @st.composite
+    def damage(draw: st.DrawFn) -> str:
+        chars = list(line)
+        for _ in range(draw(st.integers(1, 3))):
+            i = draw(st.integers(0, len(chars)))
+            c = draw(st.sampled_from(list("0123456789.-=[] |e")))
+            op = draw(st.sampled_from(["cut", "insert", "replace"]))
+            if op == "cut":
+                chars = chars[:i]
+            elif op == "insert":
+                chars.insert(i, c)
+            elif chars:
+                chars[min(i, len(chars) - 1)] = c
+        return "".join(chars)
+
+    return damage()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.one_of(
+        worker_streams(),
+        st.lists(
+            st.one_of(
+                valid_lines().map(lambda lv: lv[0]),
+                mutated(),
+                st.sampled_from([_ROW, _PHASE_L, _VERIFY_L]).map(lambda x: x + "\r"),
+            ),
+            max_size=30,
+        ),
+    )
+)
+def test_fast_patterns_change_nothing_the_tail_does(lines):
+    """A worker's stream, damaged, or any mix of valid, damaged and odd lines: the
+    records, the reports (line numbers and reasons) and the counters are the same with
+    the fast patterns as without them."""
+    data = "\n".join(lines).encode("utf-8", "surrogatepass") + b"\n"
+    assert _tail_records(data, True) == _tail_records(data, False)
+
+
+def test_fast_patterns_accept_only_what_scan_line_takes_as_is():
+    """Shapes the fast patterns leave to scan_line: signs, exponents, huge counts, a
+    phase-shaped line under a [spec-*] tag the parser reads as another kind."""
+    assert legacy.FAST_ROW(_ROW) is not None and legacy.FAST_ROW(_ROW + "\r\r") is not None
+    for bad in (
+        _ROW.replace("k=4", "k=65536"),
+        _ROW.replace("ctx=100", "ctx=4294967296"),
+        _ROW.replace("wall_ms=5.25", "wall_ms=-5.25"),
+        _ROW.replace("wall_ms=5.25", "wall_ms=1" + "0" * 30 + ".0"),
+        _ROW.replace("row=0", "row=00"),
+        _ROW + " ",
+    ):
+        assert legacy.FAST_ROW(bad) is None, bad
+    assert legacy.FAST_PHASE(_PHASE_L) is not None
+    m = legacy.FAST_PHASE(_PHASE_L.replace("[glm5-phase]", "[spec-prof]"))
+    assert m is not None and m.group(1) in legacy.FAST_TAGS_EXCLUDED
+    assert legacy.FAST_PHASE(_PHASE_L.replace("rounds=6", "rounds=" + "9" * 19)) is None
+    assert legacy.FAST_VERIFY(_VERIFY_L) is not None

@@ -137,7 +137,7 @@ def test_profiled_stream_rebuilds_sessions_bursts_and_exact_rows(fake_clock):
                 rest_w, rest_h = sum(w.phase_ns()[3:]), sum(h.phase_ns()[3:])
                 assert rest_h == pytest.approx(rest_w, abs=2)
             else:
-                assert (h.k, h.j, h.ctx, h.seq_rows) == (0, 0, 0, 0), "never invented"
+                assert (h.k, h.j, h.ctx, h.seq_rows) == (-1, -1, 0, 0), "never invented"
             assert h.split_ns is not None
         for w, h in zip(of(want, BurstRecord), of(have, BurstRecord), strict=True):
             assert (h.index, h.k, h.first_round, h.phases.rounds) == (
@@ -209,7 +209,7 @@ def test_trace_only_stream_bounds_its_synthetic_sessions(fake_clock):
     assert [e.bursts for e in of(got, SessionEndRecord)] == [4, 4, 4, 3]
     assert all((s.level, s.prof, s.family) == (1, False, "glm5") for s in sessions)
     rounds = of(got, RoundRecord)
-    assert len(rounds) == 90 and all(r.k == r.j == 0 and r.split_ns is None for r in rounds)
+    assert len(rounds) == 90 and all(r.k == r.j == -1 and r.split_ns is None for r in rounds)
     assert tail.rebuilder.rounds_from_means == 90
 
 
@@ -324,3 +324,86 @@ def test_a_session_without_rounds_still_has_a_sane_span():
     s, e = got
     assert type(s) is SessionRecord and type(e) is SessionEndRecord
     assert e.end_ns_mono == s.start_ns_mono and (e.rounds, e.bursts) == (0, 0)
+
+
+# ----------------------------------------------------------------- compact / unknown counts
+
+
+def _published(lines: list[str], compact: bool, chunk: int) -> tuple[bytes, Any]:
+    """The exposition a worker-labelled PrometheusExporter ends with after a tail read
+    ``lines`` in ``chunk``-byte reads (deterministic ids and clocks)."""
+    from prometheus_client import CollectorRegistry
+
+    from memra_obs.prom import PrometheusExporter
+    from memra_obs.prom.exposition import encode
+
+    reg = CollectorRegistry()
+    prom = PrometheusExporter(reg, worker="w", worker_label=True)
+    rb = Rebuilder(
+        "w", compact=compact, rng=random.Random(9), epoch_ns=lambda: 1_700 * 10**15,
+        mono_ns=lambda: 10**12,
+    )  # fmt: skip
+    batches: list[Any] = []
+
+    def publish(batch: Any) -> None:
+        batches.append(batch)
+        prom.export(batch)
+
+    tail = Tail(rb, publish, out=None)
+    data = ("\n".join(lines) + "\n").encode()
+    t = 10**15
+    for i in range(0, len(data), chunk):
+        tail.feed(data[i : i + chunk], t)
+        t += 10**6
+    tail.close(t)
+    return encode(reg, "application/openmetrics-text; version=1.0.0")[0], batches
+
+
+@pytest.mark.parametrize(("level", "prof"), [(2, True), (1, True), (2, False), (0, True)])
+@pytest.mark.parametrize("chunk", [1 << 16, 300])
+def test_compact_blocks_publish_the_same_metrics(fake_clock, level, prof, chunk):
+    """The tail's compact wiring (a RoundBlock per burst, no burst records: what it picks
+    when only the Prometheus exporter listens) publishes byte for byte what one record
+    per round publishes, exemplars included; a batch counts the rounds it carries."""
+    kw: dict[str, Any] = {"memory": lambda: [(0, 4096)]} if prof else {}
+    with capture(level=level, prof=prof, verify_split=VerifySplit(), **kw) as cap:
+        drive(cap.observer, [10, 64, 100, 3, 70])
+    compact, blocks = _published(cap.lines, True, chunk)
+    records, recs = _published(cap.lines, False, chunk)
+    assert compact == records
+    assert any(type(r).__name__ == "RoundBlock" for b in blocks for r in b)
+    assert not any(type(r) is BurstRecord for b in blocks for r in b)
+    rounds = sum(1 for b in recs for r in b if type(r) is RoundRecord)
+    others = sum(1 for b in recs for r in b if type(r) not in (RoundRecord, BurstRecord))
+    assert sum(b.records for b in blocks) == rounds + others
+
+
+def test_rounds_without_a_row_have_unknown_counts_in_spans_and_metrics(fake_clock):
+    """Rounds past the 64-row log: k = j = -1 in their records, no k/j/acceptance on their
+    round spans, and the per-round token histograms count only the rounds with a row."""
+    from prometheus_client import CollectorRegistry
+
+    from memra_obs.otel.spans import SpanBuilder
+    from memra_obs.prom import PrometheusExporter
+
+    with capture(level=2, prof=True, memory=lambda: [(0, 1)], verify_split=VerifySplit()) as cap:
+        drive(cap.observer, [100])
+    got, _ = rebuild(cap.lines)
+    rounds = of(got, RoundRecord)
+    assert [r.k >= 0 for r in rounds] == [True] * 64 + [False] * 36
+    assert all((r.k, r.j, r.ctx, r.seq_rows) == (-1, -1, 0, 0) for r in rounds[64:])
+    spans: list[Any] = []
+    SpanBuilder(round_spans=1000).add(got, spans)
+    round_attrs = [dict(sp[6]) for sp in spans if sp[0] == "spec.round"]
+    assert len(round_attrs) == 100
+    for a in round_attrs[:64]:
+        assert {"memra.spec.k", "memra.spec.j", "memra.spec.acceptance_rate"} <= a.keys()
+    for a in round_attrs[64:]:
+        assert set(a) == {"memra.spec.round", "memra.spec.wall_ns"}
+    reg = CollectorRegistry()
+    PrometheusExporter(reg).export(got)
+    v = reg.get_sample_value
+    assert v("memra_spec_rounds_total", {"family": "glm5"}) == 100
+    assert v("memra_spec_round_seconds_count", {"family": "glm5"}) == 100
+    assert v("memra_spec_drafted_tokens_per_round_count", {"family": "glm5"}) == 64
+    assert v("memra_spec_drafted_tokens_total", {"family": "glm5"}) == sum(r.k for r in rounds[:64])

@@ -19,6 +19,7 @@ The tree::
     │     └─ spec.first_token.<bucket>     round-1 buckets (draft_prime, first_draft, ...)
     └─ spec.burst               rounds, k, family, tokens, phase totals, rounds_unsampled
        └─ spec.round            round, k, j, ctx, seq_rows, acceptance_rate, tokens, wall_ns
+          │                     (round and wall_ns only when k = j = -1: counts unknown)
           ├─ spec.draft  ├─ spec.verify (level 2: the sub-split)  ├─ spec.accept
           ├─ spec.rollback  └─ spec.maint
 
@@ -273,7 +274,7 @@ class SpanBuilder:
             s.burst_rounds = 0
             s.burst_tokens = 0
         s.burst_rounds += 1
-        s.burst_tokens += j + 1
+        s.burst_tokens += j + 1 if j >= 0 else 1  # j = -1: unknown; at least the bonus token
         idx = rec.index
         if idx >= cap:
             return
@@ -307,7 +308,11 @@ class SpanBuilder:
                     (A_ACCEPT_RATE, j / k if k else 0.0),
                     (A_TOKENS, j + 1),
                     (A_WALL_NS, t5 - t0),
-                ),
+                )
+                if k >= 0
+                # k = j = -1: the counts are unknown (a round rebuilt from a phase line
+                # alone): no k, j, acceptance, tokens, ctx or seq_rows rather than zeros
+                else ((A_ROUND, idx), (A_WALL_NS, t5 - t0)),
                 None,
             )
         )

@@ -10,7 +10,7 @@ under the same lock (:meth:`Family.snapshot`) and renders outside it.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,6 +47,104 @@ class Hist:
         self.n += 1
         if ex is not None:
             self.ex[i] = (ex, v, ts)
+
+    def observe_many(
+        self,
+        vals: Sequence[int],
+        ex_at: Callable[[int], tuple[dict[str, str], float | None] | None] | None = None,
+    ) -> None:
+        """Observe every value of ``vals`` in order: the same state as one :meth:`observe`
+        per value, for integer values (every time and token histogram stores integers).
+
+        ``ex_at(p)`` gives the exemplar labels and timestamp of ``vals[p]`` (None: that
+        observation carries none); it is asked only about the observations that end up as
+        a bucket's latest exemplar, found by a scan from the end. Counts come from one sort
+        and a bisect per bucket bound the values span, not from one bisect per value.
+        """
+        n = len(vals)
+        if n < 8:
+            self._each(vals, ex_at)
+            return
+        total = sum(vals)
+        if type(total) is not int:  # float values: keep observe()'s order of additions
+            self._each(vals, ex_at)
+            return
+        s = sorted(vals)
+        neg = s[0] < 0
+        if neg:  # a clock that stepped back, or a saturating difference: observe 0
+            k = bisect_left(s, 0)
+            total -= sum(s[:k])
+            s[:k] = [0] * k
+        b = self.bounds
+        counts = self.counts
+        lo = bisect_left(b, s[0])
+        hi = bisect_left(b, s[-1])
+        need: set[int] = set()  # the buckets this batch touched
+        rare: list[tuple[int, int, int]] = []  # (bucket, first, end) in s of the 1-3 value ones
+        if lo == hi:
+            counts[lo] += n
+        else:
+            prev = 0
+            for i in range(lo, hi):
+                c = bisect_right(s, b[i])
+                if c > prev:
+                    counts[i] += c - prev
+                    need.add(i)
+                    if c - prev <= 3:
+                        rare.append((i, prev, c))
+                    prev = c
+            counts[hi] += n - prev
+            need.add(hi)  # s[-1] lies there
+            if n - prev <= 3:
+                rare.append((hi, prev, n))
+        self.total += total
+        self.n += n
+        if ex_at is None:
+            return
+        exs = self.ex
+        if lo == hi:  # one bucket: its exemplar is the latest observation that has one
+            for p in range(n - 1, -1, -1):
+                e = ex_at(p)
+                if e is not None:
+                    v = vals[p]
+                    exs[lo] = (e[0], v if v > 0 or not neg else 0, e[1])
+                    return
+            return
+        # Each touched bucket gets the exemplar of its latest observation (that has one).
+        # A bucket of 1-3 values: their last places, by list.index on the reversed values
+        # (C, ~14 ns an element) rather than a Python step (~70 ns) per value scanned back.
+        if rare and not neg and len(rare) < len(need):
+            rv = vals[::-1]
+            for i, a, z in rare:
+                p = n - 1 - min([rv.index(x) for x in s[a:z]])
+                e = ex_at(p)
+                if e is not None:
+                    exs[i] = (e[0], vals[p], e[1])
+                    need.discard(i)
+        for p in range(n - 1, -1, -1):
+            v = vals[p]
+            if neg and v < 0:
+                v = 0
+            i = bisect_left(b, v)
+            if i in need:
+                e = ex_at(p)
+                if e is not None:
+                    exs[i] = (e[0], v, e[1])
+                    need.discard(i)
+                    if not need:
+                        return
+
+    def _each(
+        self,
+        vals: Sequence[float],
+        ex_at: Callable[[int], tuple[dict[str, str], float | None] | None] | None,
+    ) -> None:
+        for p in range(len(vals)):
+            e = ex_at(p) if ex_at is not None else None
+            if e is None:
+                self.observe(vals[p])
+            else:
+                self.observe(vals[p], e[0], e[1])
 
     def state(self) -> tuple[int, list[int], float, list[ExState | None]]:
         """A copy, taken under the owner's lock."""

@@ -51,6 +51,7 @@ __all__ = [
     "build_wiring",
     "main",
     "pump",
+    "rebuilder_for",
 ]
 
 
@@ -122,6 +123,14 @@ def build_wiring(
             )
             w.where.append(f"/metrics on {w.server.url}")
     return w
+
+
+def rebuilder_for(exporters: Sequence[Any], worker: str, **kw: Any) -> Rebuilder:
+    """The :class:`Rebuilder` for ``exporters``: compact (a RoundBlock per burst, no burst
+    records) when every one of them takes RoundBlocks (``takes_round_blocks``: the
+    Prometheus exporter; also when there is none), else one RoundRecord per round."""
+    compact = all(getattr(ex, "takes_round_blocks", False) for ex in exporters)
+    return Rebuilder(worker, compact=compact, **kw)
 
 
 def _round_span_ids(st: Settings) -> Callable[[Any, Any], int] | None:
@@ -239,7 +248,8 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
             attach = getattr(ex, "attach_queue", None)
             if attach is not None:
                 attach(publisher)
-    rb = Rebuilder(
+    rb = rebuilder_for(
+        wiring.exporters,
         worker,
         linger_ns=int(opts.linger * 1e9),
         session_gap_ns=int(opts.session_gap * 1e9),

@@ -15,11 +15,22 @@ from __future__ import annotations
 
 import os
 import select
+import struct
 from collections.abc import Callable
 from typing import BinaryIO
 
 from ..events import Record
-from ..legacy import LegacyParseError, scan_line
+from ..legacy import (
+    FAST_PHASE,
+    FAST_ROW,
+    FAST_TAGS_EXCLUDED,
+    FAST_VERIFY,
+    PHASE,
+    PROF_ROUNDS,
+    VERIFY,
+    LegacyParseError,
+    scan_line,
+)
 from .rebuild import Rebuilder
 from .stats import TailStats
 
@@ -28,6 +39,11 @@ __all__ = ["MAX_LINE", "Tail"]
 #: A line longer than this (no newline in 1 MiB) is nobody's legacy line: it is passed
 #: through and counted as ``other`` without being kept whole in memory.
 MAX_LINE = 1 << 20
+
+_ROW_HEAD = "[spec-prof-rounds] "
+#: "0".."9999" -> int: the fast row pattern's short counts, without int()'s call.
+_SMALL = {str(i): i for i in range(10_000)}
+_F32X5 = struct.Struct("<5f")
 
 
 def _kind_of(text: str) -> str:
@@ -233,17 +249,78 @@ class Tail:
             self._bad(self.lineno, why, "")
 
     def _lines(self, lines: list[str], t: int) -> None:
+        """Scan and rebuild ``lines``. The common shapes (rows, phase and level-2 lines)
+        go through the parser's fast patterns (:data:`memra_obs.legacy.FAST_ROW` ...),
+        which accept only lines ``scan_line`` would return the same values for; anything
+        else, malformed lines included, goes through ``scan_line`` itself."""
         st = self.stats
         counts = st.lines
-        feed = self.rebuilder.feed
+        rb = self.rebuilder
+        feed = rb.feed
+        put_row = rb.row
+        put_phase = rb.phase
+        put_verify = rb.verify
         scan = scan_line
+        row_match = FAST_ROW
+        phase_match = FAST_PHASE
+        verify_match = FAST_VERIFY
+        excluded = FAST_TAGS_EXCLUDED
+        small = _SMALL
+        pack = _F32X5.pack
+        unpack = _F32X5.unpack
         n = self.lineno
-        other = 0
+        other = nrows = nphase = nverify = 0
         for text in lines:
             n += 1
-            if text[:1] != "[":
+            if text[:19] == _ROW_HEAD:  # most legacy lines are rows
+                m = row_match(text)
+                if m is not None:
+                    i, w, d, v, a, r, k, j, c, q = m.groups()
+                    w, d, v, a, r = unpack(pack(float(w), float(d), float(v), float(a), float(r)))
+                    nrows += 1
+                    why = put_row(
+                        (
+                            small[i],
+                            round(w * 1e6),
+                            round(d * 1e6),
+                            round(v * 1e6),
+                            round(a * 1e6),
+                            round(r * 1e6),
+                            (small[k], small[j], int(c), small[q]),
+                        ),
+                        t,
+                    )
+                    if why is not None:
+                        st.orphans[PROF_ROUNDS] += 1
+                        self._bad(n, why, text)
+                    continue
+            elif text[:1] != "[":  # the common case for other programs' lines
                 other += 1
                 continue
+            elif " total=" in text:
+                m = phase_match(text)
+                if m is not None:
+                    g = m.groups()
+                    tag = g[0]
+                    if tag not in excluded:
+                        nphase += 1
+                        why = put_phase(tag, (int(g[1]), int(g[2]), *g[3:]), t)
+                        if why is not None:
+                            st.orphans[PHASE] += 1
+                            self._bad(n, why, text)
+                        continue
+            else:
+                m = verify_match(text)
+                if m is not None:
+                    g = m.groups()
+                    tag = g[0]
+                    if tag not in excluded:
+                        nverify += 1
+                        why = put_verify(tag, (int(g[1]), int(g[2]), *g[3:]), t)
+                        if why is not None:
+                            st.orphans[VERIFY] += 1
+                            self._bad(n, why, text)
+                        continue
             try:
                 s = scan(text)
             except LegacyParseError as exc:
@@ -263,6 +340,9 @@ class Tail:
                 self._bad(n, why, text)
         self.lineno = n
         counts["other"] += other
+        counts[PROF_ROUNDS] += nrows
+        counts[PHASE] += nphase
+        counts[VERIFY] += nverify
         self._publish()
 
     def _bad(self, lineno: int, why: str, text: str) -> None:

@@ -41,7 +41,7 @@ class Publisher:
         self.block = block
         self.tick_s = tick_s
         self._report = report
-        self._q: deque[list[Record]] = deque()
+        self._q: deque[tuple[list[Record], int]] = deque()
         self._queued = 0
         self._cond = threading.Condition()
         self._busy = False
@@ -59,8 +59,10 @@ class Publisher:
         return self._queued
 
     def put(self, batch: list[Record]) -> None:
-        """Queue one batch (in order); drops it, or waits for room, when the queue is full."""
-        n = len(batch)
+        """Queue one batch (in order); drops it, or waits for room, when the queue is full.
+        A batch counts as the records it stands for (``RecordBatch.records``: a RoundBlock
+        is its rounds), for the capacity and for ``dropped``."""
+        n = getattr(batch, "records", None) or len(batch)
         with self._cond:
             if self._queued + n > self.capacity and self._queued:
                 if not self.block:
@@ -71,7 +73,7 @@ class Publisher:
             if self._stop:
                 self.dropped += n
                 return
-            self._q.append(batch)
+            self._q.append((batch, n))
             self._queued += n
             self._cond.notify_all()
 
@@ -88,11 +90,12 @@ class Publisher:
                 stop = self._stop
             if batches:
                 merged: list[Record] = (
-                    batches[0] if len(batches) == 1 else [r for b in batches for r in b]
+                    batches[0][0] if len(batches) == 1 else [r for b, _ in batches for r in b]
                 )
-                self._export(merged)
+                n = sum(k for _, k in batches)
+                self._export(merged, n)
                 with self._cond:
-                    self._queued -= len(merged)
+                    self._queued -= n
                     self._busy = False
                     self._cond.notify_all()
             now = time.monotonic()
@@ -104,13 +107,13 @@ class Publisher:
                     if not self._q:
                         return
 
-    def _export(self, batch: list[Record]) -> None:
+    def _export(self, batch: list[Record], n: int) -> None:
         for i, ex in enumerate(self.exporters):
             try:
                 ex.export(batch)
             except Exception as exc:
                 self._fail(i, ex, exc)
-        self.exported += len(batch)
+        self.exported += n
 
     def _tick(self) -> None:
         for i, ex in enumerate(self.exporters):

@@ -10,8 +10,9 @@ they support (docs/tail.md has the full table):
 * **Rounds** with a ``[spec-prof-rounds]`` row (the first 64 of a session) are exact: wall,
   draft, verify, accept, k, j, ctx, seq_rows; only ``rest_ms`` (rollback + maint) is split in
   the burst's rollback:maint ratio. Round 0 of a profiled session is exact to the ns from
-  the ``[spec-prof]`` line (f64 buckets). Rounds without a row carry ``k = j = 0`` (the lines
-  say nothing of their drafts; acceptance is never invented) and ``ctx = seq_rows = 0``.
+  the ``[spec-prof]`` line (f64 buckets). Rounds without a row carry ``k = j = -1``: unknown
+  (the lines say nothing of their drafts; acceptance is never invented), and
+  ``ctx = seq_rows = 0``; exporters leave them out of every token count.
 * **Sessions** start at a ``[spec-prof]`` line (the session's first burst is the phase line
   just before it) and end at a ``[spec-prof-summary]`` of fewer than 64 rounds, at the next
   session's start, after ``session_gap_ns`` without a line, or (without the profile, when
@@ -24,6 +25,16 @@ they support (docs/tail.md has the full table):
 Records come out in the contract's order (session, its rounds, burst, first-token, ...,
 session end) through :meth:`Rebuilder.take`. Nothing here reads the clock: every method
 takes the line's arrival stamp (``time.perf_counter_ns``, the package's monotonic clock).
+
+``compact=True`` (what the tail picks when every exporter it feeds takes
+:class:`~memra_obs.prom.RoundBlock` items, i.e. only the Prometheus exporter) hands each
+burst's rounds over as one ``RoundBlock`` instead of one ``RoundRecord`` per round, and no
+``BurstRecord`` (which that exporter does not use): the same metrics, for much less work.
+
+Rows travel inside the rebuilder already in integer ns: ``(row, wall, draft, verify,
+accept, rest, (k, j, ctx, seq_rows))``, each ns ``round(f32_ms * 1e6)`` (see :meth:`row`);
+phase and level-2 lines keep their values as scanned (str from the tail's fast path, float
+from ``scan_line``) and are converted only where a value is used.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import itertools
 import random
 import time
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 from ..events import (
@@ -43,9 +55,10 @@ from ..events import (
     SessionRecord,
 )
 from ..legacy import OVERRIDE, PHASE, PROF, PROF_ROUNDS, PROF_SUMMARY, VERIFY
+from ..prom.exporter import RoundBlock
 from ..records import SPEC_PROF_ROUNDS, SpecFirstTokenProf, SpecPhaseNs
 
-__all__ = ["MAX_BURST_ROUNDS", "UNKNOWN_FAMILY", "Rebuilder", "family_of"]
+__all__ = ["MAX_BURST_ROUNDS", "UNKNOWN_FAMILY", "Rebuilder", "RecordBatch", "family_of"]
 
 #: ``family`` (and empty tag) of sessions whose lines never named one (profile-only streams).
 UNKNOWN_FAMILY = "unknown"
@@ -63,9 +76,17 @@ MAX_BURST_ROUNDS = 1 << 16
 
 _tuple_new = tuple.__new__  # a NamedTuple without its Python-level __new__ (same object)
 _new = object.__new__
+_j_of = itemgetter(1)
 
 #: Session ids are unique per process, whichever rebuilder made them (exporters key on them).
 _session_ids = itertools.count(1)
+
+
+class RecordBatch(list):  # type: ignore[type-arg]
+    """What :meth:`Rebuilder.take` returns: the records, in order, and ``records``: how many
+    records they stand for (a :class:`RoundBlock` stands for its rounds)."""
+
+    __slots__ = ("records",)
 
 
 def family_of(tag: str) -> str:
@@ -84,6 +105,8 @@ class _Burst:
         "arrival",
         "k",
         "last",
+        "left",
+        "nxt",
         "phase",
         "prof",
         "rounds",
@@ -107,6 +130,9 @@ class _Burst:
         self.rows: list[tuple[Any, ...]] = []
         self.arrival = t
         self.last = t
+        #: Once a row is in: the index the next row must have, and how many more fit.
+        self.nxt = 0
+        self.left = 0
 
 
 class _Session:
@@ -155,8 +181,12 @@ class Rebuilder:
         rng: random.Random | None = None,
         epoch_ns: Callable[[], int] = time.time_ns,
         mono_ns: Callable[[], int] = time.perf_counter_ns,
+        compact: bool = False,
     ) -> None:
         self.worker = worker
+        #: RoundBlocks instead of RoundRecords, and no BurstRecords (see the module doc).
+        self.compact = compact
+        self._extra = 0  # records the blocks in _out stand for, beyond one each
         self.linger_ns = linger_ns
         self.session_gap_ns = session_gap_ns
         self.max_bursts = max_bursts
@@ -182,16 +212,28 @@ class Rebuilder:
     # -- input ---------------------------------------------------------------------------
 
     def feed(self, kind: str, tag: str, v: tuple[Any, ...], t: int) -> str | None:
-        """One scanned line that arrived at ``t`` (ns, monotonic). Returns why the line
-        could not be placed (it is then ignored), else None."""
+        """One scanned line (:func:`memra_obs.legacy.scan_line`) that arrived at ``t`` (ns,
+        monotonic). Returns why the line could not be placed (it is then ignored), else
+        None."""
         why: str | None = None
         if kind is PROF_ROUNDS:
-            why = self._row(v, t)
-        elif kind is PHASE:
-            why = self._phase(tag, v, t)
-        elif kind is VERIFY:
-            why = self._verify(tag, v, t)
-        elif kind is PROF:
+            return self.row(
+                (
+                    v[0],
+                    round(v[1] * 1e6),
+                    round(v[2] * 1e6),
+                    round(v[3] * 1e6),
+                    round(v[4] * 1e6),
+                    round(v[5] * 1e6),
+                    (v[6], v[7], v[8], v[9]),
+                ),
+                t,
+            )
+        if kind is PHASE:
+            return self.phase(tag, v, t)
+        if kind is VERIFY:
+            return self.verify(tag, v, t)
+        if kind is PROF:
             why = self._prof(v[0], t)
         elif kind is PROF_SUMMARY:
             why = self._summary(v, t)
@@ -222,11 +264,13 @@ class Rebuilder:
         if self._session is not None:
             self._end(self._session)
 
-    def take(self) -> list[Record]:
-        """The records completed since the last call, in order."""
-        out = self._out
-        if out:
-            self._out = []
+    def take(self) -> RecordBatch:
+        """The records completed since the last call, in order (with ``compact``, a
+        RoundBlock for each burst's rounds)."""
+        out = RecordBatch(self._out)
+        out.records = len(out) + self._extra
+        self._out = []
+        self._extra = 0
         return out
 
     @property
@@ -236,7 +280,10 @@ class Rebuilder:
 
     # -- per kind --------------------------------------------------------------------------
 
-    def _phase(self, tag: str, v: tuple[Any, ...], t: int) -> str | None:
+    def phase(self, tag: str, v: tuple[Any, ...], t: int) -> str | None:
+        """A phase line: ``v`` is ``(rounds, k, total, draft, ..., per-round total)``, the
+        counts as ints, the ms as float or str (converted where used)."""
+        self._last_kind = PHASE
         self._seen_phase = True
         if self._pending is not None:
             self._finish(self._pending)
@@ -244,6 +291,13 @@ class Rebuilder:
             return f"rounds={v[0]} is past any plausible burst (> {MAX_BURST_ROUNDS})"
         self._pending = _Burst(tag, v[0], v[1], v, t)
         return None
+
+    def verify(self, tag: str, v: tuple[Any, ...], t: int) -> str | None:
+        """A level-2 line: ``v`` is ``(rounds, k, vkda, scan, vmla, vrest, vffn)`` (ms as
+        float or str)."""
+        why = self._verify(tag, v, t)
+        self._last_kind = VERIFY
+        return why
 
     def _verify(self, tag: str, v: tuple[Any, ...], t: int) -> str | None:
         b = self._pending
@@ -286,20 +340,48 @@ class Rebuilder:
             self._finish(b)
         return "[spec-prof] without its first burst's phase line" if self._seen_phase else None
 
-    def _row(self, v: tuple[Any, ...], t: int) -> str | None:
-        idx = v[0]
+    def row(self, v: tuple[Any, ...], t: int) -> str | None:
+        """A ``[spec-prof-rounds]`` row, in ns: ``(row, wall, draft, verify, accept, rest,
+        (k, j, ctx, seq_rows))`` with each ns ``round(f32_ms * 1e6)``."""
+        self._last_kind = PROF_ROUNDS
         b = self._pending
-        s = self._session
         if b is not None:
-            base = 0 if b.prof is not None else (s.rounds if s is not None else 0)
-            limit = SPEC_PROF_ROUNDS - base  # the log keeps no more: nor do we
-            if b.rounds is not None and b.rounds < limit:
-                limit = b.rounds
-            room = len(b.rows) < limit
-            if room and idx == base + len(b.rows):
-                b.rows.append(v)
-                b.last = t
+            rows = b.rows
+            if rows:  # the burst's next row (its base no longer moves: see _place)
+                if b.left > 0 and v[0] == b.nxt:
+                    rows.append(v)
+                    b.nxt += 1
+                    b.left -= 1
+                    b.last = t
+                    return None
+            elif self._place(b, v, t):
                 return None
+        return self._row_other(b, v, t)
+
+    def _place(self, b: _Burst, v: tuple[Any, ...], t: int) -> bool:
+        """The first row of ``b``: its index must be the burst's base (0 for a session's
+        first burst, else the rounds the session has run); at most ``SPEC_PROF_ROUNDS`` rows
+        a session, ``rounds`` a burst. Once a row is in, ``b.prof`` cannot change (a
+        ``[spec-prof]`` only joins a burst without rows) and the session stays the same
+        while ``b`` is pending, so the base is fixed: ``nxt``/``left`` carry it on."""
+        s = self._session
+        base = 0 if b.prof is not None else (s.rounds if s is not None else 0)
+        limit = SPEC_PROF_ROUNDS - base  # the log keeps no more: nor do we
+        if b.rounds is not None and b.rounds < limit:
+            limit = b.rounds
+        if limit > 0 and v[0] == base:
+            b.rows.append(v)
+            b.nxt = base + 1
+            b.left = limit - 1
+            b.last = t
+            return True
+        return False
+
+    def _row_other(self, b: _Burst | None, v: tuple[Any, ...], t: int) -> str | None:
+        """A row its burst does not expect: in a profile-only stream, the start of a burst
+        of rows; anywhere else, an orphan."""
+        idx = v[0]
+        s = self._session
         if not self._seen_phase:
             # Profile-only stream: rows past the known burst form a burst of their own.
             nxt = s.rounds if s is not None else 0
@@ -309,8 +391,12 @@ class Rebuilder:
                 )
                 self._finish(b)
             if idx == nxt and self._session is not None:
-                b = self._pending = _Burst(self._session.tag, None, 0, None, t)
+                s = self._session
+                b = self._pending = _Burst(s.tag, None, 0, None, t)
                 b.rows.append(v)
+                base = s.rounds
+                b.nxt = base + 1
+                b.left = SPEC_PROF_ROUNDS - base - 1
                 return None
         return f"row={idx} out of sequence (no burst of this session expects it)"
 
@@ -383,32 +469,20 @@ class Rebuilder:
         ):
             self._end(s)
             s = None
-        first_round = 0 if s is None else s.rounds
         creation: list[tuple[str, int]] = []
         round0: tuple[int, ...] = ()
-        hook = 0
+        hook = lead = 0
         split: tuple[int, int, int, int] | None = None
-        try:  # every ms -> ns conversion happens here: a value past any clock is refused
-            durs = self._round_phases(b)
-            dr = ve = ac = ro = ma = 0
-            for d in durs:
-                dr += d[0]
-                ve += d[1]
-                ac += d[2]
-                ro += d[3]
-                ma += d[4]
-            wall = dr + ve + ac + ro + ma
+        try:  # every ms -> ns conversion of the lines happens here: past any clock is refused
+            cols, counts, wall = self._round_phases(b)
             vv = b.verify
             if vv is not None:
                 split = (
-                    round(vv[2] * 1e6),
-                    round(vv[3] * 1e6),
-                    round(vv[4] * 1e6),
-                    round(vv[6] * 1e6),
+                    round(float(vv[2]) * 1e6),
+                    round(float(vv[3]) * 1e6),
+                    round(float(vv[4]) * 1e6),
+                    round(float(vv[6]) * 1e6),
                 )
-                wall_check = max(split)
-            else:
-                wall_check = 0
             if prof is not None:
                 wall = max(wall, round(prof.first_burst_ms * 1e6))
                 hook = round(prof.first_burst_hook_ms * 1e6)
@@ -417,73 +491,97 @@ class Rebuilder:
                     ns = round(getattr(prof, name + "_ms") * 1e6)
                     if ns > 0:
                         creation.append((name, ns))
+                lead = sum(ns for _, ns in creation)
         except (ArithmeticError, ValueError) as exc:
             self._drop(b, f"burst dropped: {exc}")
             return
-        lead = sum(ns for _, ns in creation)
-        if wall + lead + hook + sum(round0) + wall_check > _MAX_NS:
+        check = wall + lead + hook + (max(split) if split is not None else 0)
+        if (check + sum(round0) if round0 else check) > _MAX_NS:
             self._drop(b, "burst dropped: durations past any plausible clock (> 2**50 ns)")
             return
-        end = max(b.arrival, self._last_end + lead + wall)
+        end = b.arrival
+        if self._last_end + lead + wall > end:
+            end = self._last_end + lead + wall
         start = end - wall
         self._last_end = end
         if s is None:
             s = self._open(b.tag, prof is not None, start - lead, b.arrival, b)
-        out = self._out
-        append = out.append
         sid = s.id
         bidx = s.bursts
-        n = len(durs)
-        rows = b.rows
-        nrows = min(len(rows), n)
-        t0 = start
-        tokens = 0
-        idx = first_round
-        # Rounds with a row carry its counts; the rest carry none (never invented).
-        for (d0, d1, d2, d3, d4), r in zip(durs[:nrows], rows, strict=False):
-            t1 = t0 + d0
-            t2 = t1 + d1
-            t3 = t2 + d2
-            t4 = t3 + d3
-            t5 = t4 + d4
-            j = r[7]
-            append(
-                _tuple_new(
-                    RoundRecord,
-                    (sid, bidx, idx, (t0, t1, t2, t3, t4, t5), r[6], j, r[8], r[9], split),
-                )
-            )
-            tokens += j + 1
-            idx += 1
-            t0 = t5
-        for d0, d1, d2, d3, d4 in durs[nrows:] if nrows else durs:
-            t1 = t0 + d0
-            t2 = t1 + d1
-            t3 = t2 + d2
-            t4 = t3 + d3
-            t5 = t4 + d4
-            append(
-                _tuple_new(
-                    RoundRecord, (sid, bidx, idx, (t0, t1, t2, t3, t4, t5), 0, 0, 0, 0, split)
-                )
-            )
-            idx += 1
-            t0 = t5
-        tokens += n - nrows
+        first_round = s.rounds
+        n = len(cols[0])
+        nrows = len(counts)
+        # j + 1 tokens a round with a row, 1 a round without (its counts unknown: k = j = -1)
+        tokens = prof.first_burst_tokens if prof is not None else sum(map(_j_of, counts)) + n
         self.rounds_from_rows += nrows
         self.rounds_from_means += n - nrows
+        out = self._out
+        if self.compact:
+            if n:
+                out.append(
+                    _tuple_new(RoundBlock, (sid, bidx, first_round, start, cols, counts, split))
+                )
+                self._extra += n - 1
+        else:
+            self._records(out, b, sid, bidx, first_round, start, end, cols, counts, split,
+                          tokens, hook)  # fmt: skip
         if prof is not None:
-            tokens = prof.first_burst_tokens
-        phases = _new(SpecPhaseNs)  # the sums above are valid u64 counts: skip the checks
-        phases.draft, phases.verify, phases.accept, phases.roll, phases.maint = dr, ve, ac, ro, ma
-        phases.rounds = n
+            out.append(FirstTokenRecord(sid, prof, _intervals(creation, round0, start, end)))
+        s.rounds = first_round + n
+        s.bursts = bidx + 1
+        s.tokens += tokens
+        s.last_end = end
+        if b.last > s.last_line:
+            s.last_line = b.last
+
+    def _records(
+        self,
+        out: list[Record],
+        b: _Burst,
+        sid: int,
+        bidx: int,
+        first_round: int,
+        start: int,
+        end: int,
+        cols: list[list[int]],
+        counts: tuple[tuple[int, int, int, int], ...],
+        split: tuple[int, int, int, int] | None,
+        tokens: int,
+        hook: int,
+    ) -> None:
+        """The burst as the observer records it: a RoundRecord per round, its BurstRecord."""
+        append = out.append
+        n = len(cols[0])
+        nrows = len(counts)
+        t0 = start
+        idx = first_round
+        for i, (d0, d1, d2, d3, d4) in enumerate(zip(*cols, strict=True)):
+            t1 = t0 + d0
+            t2 = t1 + d1
+            t3 = t2 + d2
+            t4 = t3 + d3
+            t5 = t4 + d4
+            if i < nrows:
+                k, j, ctx, seq = counts[i]
+            else:  # no row: the counts are unknown
+                k, j, ctx, seq = -1, -1, 0, 0
+            append(
+                _tuple_new(
+                    RoundRecord, (sid, bidx, idx, (t0, t1, t2, t3, t4, t5), k, j, ctx, seq, split)
+                )
+            )
+            idx += 1
+            t0 = t5
+        phases = _new(SpecPhaseNs)  # the sums are valid u64 counts: skip the checks
+        phases.draft, phases.verify, phases.accept = sum(cols[0]), sum(cols[1]), sum(cols[2])
+        phases.roll, phases.maint, phases.rounds = sum(cols[3]), sum(cols[4]), n
         append(
             _tuple_new(
                 BurstRecord,
                 (
                     sid,
                     bidx,
-                    b.k if b.phase is not None else max((r[6] for r in rows), default=0),
+                    b.k if b.phase is not None else max((r[6][0] for r in b.rows), default=0),
                     start,
                     end,
                     phases,
@@ -496,23 +594,96 @@ class Rebuilder:
                 ),
             )
         )
-        if prof is not None:
-            append(FirstTokenRecord(sid, prof, _intervals(creation, round0, start, end)))
-        s.rounds += n
-        s.bursts += 1
-        s.tokens += tokens
-        s.last_end = end
-        if b.last > s.last_line:
-            s.last_line = b.last
 
-    def _round_phases(self, b: _Burst) -> list[tuple[int, int, int, int, int]]:
-        """Each round's five phase durations (ns): round 0 from the profile, the rows' own,
-        then the burst's means for rounds without a row.
+    def _round_phases(
+        self, b: _Burst
+    ) -> tuple[list[list[int]], tuple[tuple[int, int, int, int], ...], int]:
+        """Each round's five phase durations (ns), as five columns: round 0 from the
+        profile, the rows' own, then the burst's means for rounds without a row; the
+        (k, j, ctx, seq_rows) of each round with a row, in order; and the sum of every
+        duration (the burst's wall).
 
         A row has rollback + maint only as ``rest_ms``: when rows cover the whole burst the
         rollback share is chosen so the burst's rollback and maint sums match the phase
         line's totals; otherwise it is the line's rollback:maint ratio (the stream's latest
         one, for a burst without a line)."""
+        rows = b.rows
+        ph = b.phase
+        prof = b.prof
+        if ph is None or prof is not None:
+            return self._round_phases_profiled(b)
+        # A phase line and no profile: the rows' rounds, then the means (most bursts).
+        n = ph[0]
+        if len(rows) > n:
+            rows = rows[:n]
+        nr = len(rows)
+        roll_t = _burst_total_ns(float(ph[6]), float(ph[11]), n)
+        maint_t = _burst_total_ns(float(ph[7]), float(ph[12]), n)
+        share = self._roll_share
+        if roll_t + maint_t > 0:
+            share = self._roll_share = roll_t / (roll_t + maint_t)
+        wall = 0
+        if nr:
+            # A row: (row, wall, draft, verify, accept, rest, (k, j, ctx, seq_rows)), ns.
+            _, W, D, V, A, R, counts = zip(*rows, strict=True)
+            if nr == n:
+                rest = sum(R)
+                if rest > 0:
+                    x = roll_t / rest  # >= 0: min(max(x, 0.0), 1.0)
+                    share = x if x <= 1.0 else 1.0
+            roll: list[int] = []
+            maint: list[int] = []
+            put_roll = roll.append
+            put_maint = maint.append
+            short = 0
+            for w, d, v, a, r in zip(W, D, V, A, R, strict=True):
+                x = round(r * share)
+                put_roll(x)
+                # The wall is the row's own; maint takes what the f32 roundings leave of it.
+                m = w - d - v - a - x
+                if m > 0:
+                    put_maint(m)
+                else:
+                    put_maint(0)
+                    short -= m  # the round's wall is then d + v + a + roll = w - m
+            cols = [list(D), list(V), list(A), roll, maint]
+            wall = sum(W) + short
+        else:
+            counts = ()
+            cols = [[], [], [], [], []]
+        m = n - nr
+        if m > 0:
+            totals = (
+                _burst_total_ns(float(ph[3]), float(ph[8]), n),
+                _burst_total_ns(float(ph[4]), float(ph[9]), n),
+                _burst_total_ns(float(ph[5]), float(ph[10]), n),
+                roll_t,
+                maint_t,
+            )
+            wall += self._means(cols, totals, m)
+        return cols, counts, wall
+
+    @staticmethod
+    def _means(cols: list[list[int]], totals: tuple[int, ...], m: int) -> int:
+        """Each phase's total over the ``m`` rounds without a row (less what the rounds
+        before them took), as evenly as integers allow: the first (total mod m) rounds carry
+        one ns more, so the sums come back exact. Returns the sum of what was added."""
+        added = 0
+        for col, t in zip(cols, totals, strict=True):
+            if col:
+                t = max(t - sum(col), 0)
+            q, e = divmod(t, m)
+            if e:
+                col.extend([q + 1] * e)
+            col.extend([q] * (m - e))
+            added += t
+        return added
+
+    def _round_phases_profiled(
+        self, b: _Burst
+    ) -> tuple[list[list[int]], tuple[tuple[int, int, int, int], ...], int]:
+        """:meth:`_round_phases` for a burst with a profile (round 0 from it) or without a
+        phase line (a profile-only stream)."""
         rows = b.rows
         ph = b.phase
         prof = b.prof
@@ -525,59 +696,48 @@ class Rebuilder:
         if prof is not None and n:
             dp, fd, fv, fa, fr, fm = (round(getattr(prof, f) * 1e6) for f in _ROUND0_MS)
             r0 = (dp + fd, fv, fa, fr, fm)
-        # Each row in ns: draft, verify, accept, rest (rollback + maint), wall.
-        ns = [
-            (
-                round(r[2] * 1e6),
-                round(r[3] * 1e6),
-                round(r[4] * 1e6),
-                round(r[5] * 1e6),
-                round(r[1] * 1e6),
-            )
-            for r in rows
-        ]
+        counts: tuple[tuple[int, int, int, int], ...] = ()
+        if rows:
+            _, W, D, V, A, R, counts = zip(*rows, strict=True)
         share = self._roll_share
         if ph is not None:
             rounds = ph[0]
-            roll_t = _burst_total_ns(ph[6], ph[11], rounds)
-            maint_t = _burst_total_ns(ph[7], ph[12], rounds)
+            roll_t = _burst_total_ns(float(ph[6]), float(ph[11]), rounds)
+            maint_t = _burst_total_ns(float(ph[7]), float(ph[12]), rounds)
             if roll_t + maint_t > 0:
                 share = self._roll_share = roll_t / (roll_t + maint_t)
-            if ns and len(ns) == n:
-                skip = 1 if r0 is not None else 0
-                rest = sum(x[3] for x in ns[skip:])
+            if rows and len(rows) == n:
+                rest = sum(R) - (R[0] if r0 is not None else 0)
                 if rest > 0:
                     roll_left = roll_t - (r0[3] if r0 is not None else 0)
                     share = min(max(roll_left / rest, 0.0), 1.0)
-        out: list[tuple[int, int, int, int, int]] = []
-        append = out.append
-        for d, v, a, rest, wall in ns:
-            roll = round(rest * share)
-            m = wall - d - v - a - roll
-            # The wall is the row's own; maint takes what the f32 roundings leave of it.
-            append((d, v, a, roll, m if m > 0 else 0))
-        if r0 is not None:
-            if out:
-                out[0] = r0
-            else:
-                append(r0)
-        m = n - len(out)
+        if rows:
+            roll = []
+            maint = []
+            for w, d, v, a, r in zip(W, D, V, A, R, strict=True):
+                x = round(r * share)
+                roll.append(x)
+                m = w - d - v - a - x
+                maint.append(m if m > 0 else 0)
+            cols = [list(D), list(V), list(A), roll, maint]
+            if r0 is not None:
+                for col, x in zip(cols, r0, strict=True):
+                    col[0] = x
+        elif r0 is not None:
+            cols = [[x] for x in r0]
+        else:
+            cols = [[], [], [], [], []]
+        m = n - len(cols[0])
         if m > 0 and ph is not None:
             totals = (
-                _burst_total_ns(ph[3], ph[8], rounds),
-                _burst_total_ns(ph[4], ph[9], rounds),
-                _burst_total_ns(ph[5], ph[10], rounds),
+                _burst_total_ns(float(ph[3]), float(ph[8]), rounds),
+                _burst_total_ns(float(ph[4]), float(ph[9]), rounds),
+                _burst_total_ns(float(ph[5]), float(ph[10]), rounds),
                 roll_t,
                 maint_t,
             )
-            if out:
-                totals = tuple(max(totals[p] - sum(x[p] for x in out), 0) for p in range(5))
-            # Each phase's total over the m rounds, as evenly as integers allow: the first
-            # (total mod m) rounds carry one ns more, so the sums come back exact.
-            (b0, e0), (b1, e1), (b2, e2), (b3, e3), (b4, e4) = (divmod(t, m) for t in totals)
-            for i in range(m):
-                append((b0 + (i < e0), b1 + (i < e1), b2 + (i < e2), b3 + (i < e3), b4 + (i < e4)))
-        return out
+            self._means(cols, totals, m)
+        return cols, counts, sum(map(sum, cols))
 
 
 def _intervals(
@@ -611,8 +771,14 @@ def _burst_total_ns(total_ms: float, per_ms: float, rounds: int) -> int:
     t = total_ms * 1e6
     p = per_ms * 1e6 * rounds
     w = 500.0 * rounds
-    lo = t - 5000.0 if t - 5000.0 > p - w else p - w
-    hi = t + 5000.0 if t + 5000.0 < p + w else p + w
+    lo = t - 5000.0
+    x = p - w
+    if not lo > x:
+        lo = x
+    hi = t + 5000.0
+    x = p + w
+    if not hi < x:
+        hi = x
     if lo < 0.0:
         lo = 0.0
     if lo > hi:

@@ -94,7 +94,8 @@ class TailCollector:
         rounds = CounterMetricFamily(
             "memra_obs_tail_rounds",
             "Rounds the tail published: source=row (exact [spec-prof-rounds] values) or "
-            "burst_mean (the phase line's per-round means; k and j unknown, published as 0).",
+            "burst_mean (the phase line's per-round means; k and j unknown: -1, in no token "
+            "metric).",
             labels=("worker", "source"),
         )
         sessions = CounterMetricFamily(
