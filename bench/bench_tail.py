@@ -27,7 +27,7 @@ work), in 64 KiB chunks as the tail reads them. Stages, each timed over the whol
 The goal is 200,000 tagged lines/s for ``+prom`` (metrics are the tail's main product);
 ``+prom+spans`` is quoted for what a span per round and phase costs on top. ``--trace-only``
 drops the profile's lines (a worker with only ``MEMRA_SPEC_TRACE=2``: 2.9 rounds per line).
-Figures, and where the time goes: docs/tail.md.
+Figures, and where the time goes: the README's tail section.
 """
 
 from __future__ import annotations

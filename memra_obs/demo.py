@@ -337,7 +337,7 @@ def run_demo(cfg: DemoConfig, obs: Any = None, *, stop: threading.Event | None =
         if cfg.gpu:
             from .device.workload import GpuWorkload
 
-            w: Any = GpuWorkload()
+            w: Any = GpuWorkload(seed=None if cfg.seed is None else cfg.seed + i)
         else:
             w = SimWorkload(rng, dev, cfg.speed)
         n = 0

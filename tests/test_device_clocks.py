@@ -214,7 +214,7 @@ def test_event_clock_takes_the_later_of_both_streams() -> None:
 def test_event_clock_charges_cross_stream_overlap_to_the_earlier_phase() -> None:
     """Independent head work runs beside the draft's tail on e: the sync clock serializes it
     (verify = all 30 ms), the event clock leaves the overlap in draft (verify = 30 - 5 ms) and
-    its buckets add up to the real, overlapped wall (docs/device.md, "e / eh overlap")."""
+    its buckets add up to the real, overlapped wall (README, "Device truth", e / eh overlap)."""
     out = {}
     for clock in ("sync", "event"):
         e, eh = SimStream(), SimStream()

@@ -7,7 +7,7 @@ host publishes them (spans, one ``/metrics`` with a ``worker`` label and exempla
 Modules: :mod:`.format` (file layout, record codec), :mod:`.ring` (``RingSink``, the
 worker's side), :mod:`.reader` (one ring, the agent's side), :mod:`.stream` (session ids
 and context per ring), :mod:`.loop` (the ``Agent``), :mod:`.metrics` (its own health).
-See docs/agent.md.
+See the README, "Agent mode".
 """
 
 from __future__ import annotations

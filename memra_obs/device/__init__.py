@@ -5,7 +5,7 @@ Nothing here imports CuPy, torch or pynvml at import time: :mod:`.streams` reads
 framework off its type, :mod:`.events` builds events only for streams it is given,
 :mod:`.memory` loads NVML / the CUDA runtime on the first snapshot, and :mod:`.workload`
 loads its framework when a :class:`~memra_obs.device.workload.GpuWorkload` is built.
-See docs/device.md for what each clock measures.
+The README's "Device truth" section says what each clock measures.
 """
 
 from __future__ import annotations

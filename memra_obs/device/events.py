@@ -12,7 +12,7 @@ it and reads the host clock right after, then resolves every boundary::
 so a boundary is "the host got there *and* everything queued before it on both streams was
 done" — what the sync clock's drain-then-read measures, minus the serialization.
 
-What each clock measures, and when they differ (docs/device.md says it at length):
+What each clock measures, and when they differ (the README's "Device truth" section says it at length):
 
 * **Device-bound phases** (the usual case: queue kernels, move on) land in the same bucket
   under both clocks, within the drain/record latencies (a few µs per boundary).

@@ -26,6 +26,7 @@ imported when the workload is built, never at import.
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -185,8 +186,13 @@ class GpuWorkload:
         *,
         two_streams: bool = False,
         layers: int | None = None,
+        seed: int | None = None,
     ) -> None:
         x = _ops(backend, device)
+        # Acceptance is drawn on the host per session (random weights give meaningless
+        # argmaxes); the device still computes and reads back the argmax, as a real accept.
+        self.rng = random.Random(seed)
+        self.alpha = 0.7
         self.x = x
         self.backend = x.name
         self.layers = self.LAYERS if layers is None else layers
@@ -241,6 +247,7 @@ class GpuWorkload:
 
     def prime(self, prompt_tokens: int) -> None:
         x = self.x
+        self.alpha = min(0.95, max(0.2, self.rng.betavariate(7, 3)))  # this request's acceptance
         n = max(1, min(prompt_tokens, self._cap - self.kmax - 1))
         with x.on(self.e):
             h: Any = None
@@ -327,7 +334,7 @@ class GpuWorkload:
         with x.on(self.eh):
             ids = x.host(x.argmax(self.vlogits), self.eh).reshape(-1).tolist()
         j = 0
-        while j < k and j < len(ids) and ids[j] % 10 < 7:
+        while j < k and j < len(ids) and self.rng.random() < self.alpha:
             j += 1
         self._j_row = j
         return j

@@ -5,7 +5,7 @@
     server = serve_metrics(("127.0.0.1", 0), registry=prom.registry)
     server.url, server.close()
 
-Metric names, types, labels and buckets are public interface (DESIGN §5, docs/metrics.md).
+Metric names, types, labels and buckets are public interface (DESIGN §5; the README's "Prometheus metrics").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Legacy lines back into the observer's records: what the lines say, laid out in time.
 
 The lines carry no session ids and no timestamps, so the :class:`Rebuilder` derives only what
-they support (docs/tail.md has the full table):
+they support (the README's tail section has the full table):
 
 * **Bursts** come from phase lines (``[tag] rounds=n k=k ...``): n rounds whose phase times
   are the burst's per-round *means*, known to the tighter of the line's two printed

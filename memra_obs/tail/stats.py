@@ -3,7 +3,7 @@
 Counting is an integer add on the reading thread; nothing touches prometheus_client until
 a scrape asks (the client_python "render when scraped" rule), so the hot path pays nothing
 for these series. Names follow the project's ``memra_obs_*`` convention for the
-instrument's own health (docs/tail.md lists them):
+instrument's own health (the README's tail section lists them):
 
 * ``memra_obs_tail_lines_total{worker,kind}``: lines read, by kind (``phase``, ``verify``,
   ``prof``, ``prof_rounds``, ``prof_summary``, ``override``; ``other`` = not a legacy line)
