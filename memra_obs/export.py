@@ -31,14 +31,14 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from .events import Record
 from .linewriter import stderr_writer
 from .sinks.base import Sink
 
-__all__ = ["ExportWorker", "QueueSink", "RecordExporter"]
+__all__ = ["ExportWorker", "ExporterSet", "QueueSink", "RecordExporter"]
 
 
 class RecordExporter(Protocol):
@@ -49,6 +49,69 @@ class RecordExporter(Protocol):
     def flush(self, timeout_s: float = 5.0) -> bool: ...
 
     def shutdown(self, timeout_s: float = 5.0) -> None: ...
+
+
+def _say(msg: str) -> None:
+    stderr_writer().write_lines([f"[memra-obs] {msg}"])
+
+
+class ExporterSet:
+    """RecordExporters called as one, off the loop (the export worker, the tail, the agent):
+    every call is guarded, a failing exporter is counted in ``errors`` and reported once, and
+    the others carry on. Deadlines are ``time.monotonic()`` values shared by all of them."""
+
+    __slots__ = ("_report", "_reported", "errors", "exporters")
+
+    def __init__(
+        self, exporters: Sequence[RecordExporter], report: Callable[[str], None] | None = None
+    ) -> None:
+        self.exporters = tuple(exporters)
+        self.errors = 0
+        self._report = _say if report is None else report
+        self._reported: set[int] = set()
+
+    def export(self, batch: Sequence[Record]) -> None:
+        for i, ex in enumerate(self.exporters):
+            try:
+                ex.export(batch)
+            except Exception as exc:
+                self._fail(i, ex, exc)
+
+    def tick(self) -> None:
+        """Time-driven work (an exporter's ``tick``, when it has one)."""
+        for i, ex in enumerate(self.exporters):
+            tick = getattr(ex, "tick", None)
+            if tick is not None:
+                try:
+                    tick()
+                except Exception as exc:
+                    self._fail(i, ex, exc)
+
+    def flush(self, deadline: float) -> bool:
+        """Flush every exporter; True when all of them got everything out in time."""
+        ok = True
+        for i, ex in enumerate(self.exporters):
+            try:
+                ok = ex.flush(max(0.0, deadline - time.monotonic())) is not False and ok
+            except Exception as exc:
+                self._fail(i, ex, exc)
+                ok = False
+        return ok
+
+    def shutdown(self, deadline: float, floor_s: float = 0.05) -> None:
+        """Shut every exporter down; each gets what is left of ``deadline`` (at least
+        ``floor_s``, so the last one is not cut to nothing)."""
+        for i, ex in enumerate(self.exporters):
+            try:
+                ex.shutdown(max(floor_s, deadline - time.monotonic()))
+            except Exception as exc:
+                self._fail(i, ex, exc)
+
+    def _fail(self, i: int, ex: object, exc: BaseException) -> None:
+        self.errors += 1
+        if i not in self._reported:
+            self._reported.add(i)
+            self._report(f"exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)")
 
 
 class QueueSink(Sink):
@@ -131,7 +194,7 @@ class ExportWorker:
         max_batch: int = 256,
     ) -> None:
         self._sink = sink
-        self.exporters = tuple(exporters)
+        self.set = ExporterSet(exporters)
         self._interval = interval_ms / 1000.0
         self.batch = max(1, batch)
         self._max_batch = max(self.batch, max_batch)
@@ -141,9 +204,7 @@ class ExportWorker:
         self._idle = threading.Event()
         self._idle.set()
         self._stop = False
-        self.errors = 0
         self.exported = 0
-        self._reported: set[int] = set()
         self._thread = threading.Thread(target=self._run, name="memra-obs-export", daemon=True)
 
     def start(self) -> None:
@@ -188,33 +249,22 @@ class ExportWorker:
                         self.batch = min(self._max_batch, n + (n >> 1) + 1)
                 if self._pause:
                     time.sleep(self._pause)  # a real sleep: the loop re-takes the GIL here
-            for i, ex in enumerate(self.exporters):
-                tick = getattr(ex, "tick", None)
-                if tick is not None:
-                    try:
-                        tick()
-                    except Exception as exc:
-                        self._fail(i, ex, exc)
+            self.set.tick()
         finally:
             self._idle.set()
 
     def _export(self, batch: list[Record]) -> None:
-        for i, ex in enumerate(self.exporters):
-            try:
-                ex.export(batch)
-            except Exception as exc:
-                self._fail(i, ex, exc)
+        self.set.export(batch)
         self.exported += len(batch)
 
-    def _fail(self, i: int, ex: object, exc: BaseException) -> None:
-        self.errors += 1
-        if i not in self._reported:
-            self._reported.add(i)
-            stderr_writer().write_lines(
-                [
-                    f"[memra-obs] exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)"
-                ]
-            )
+    @property
+    def exporters(self) -> tuple[RecordExporter, ...]:
+        return self.set.exporters
+
+    @property
+    def errors(self) -> int:
+        """Exporter calls that raised (published as memra_obs_export_errors_total)."""
+        return self.set.errors
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Drain the queue and flush every exporter; True when all of it got out in time."""
@@ -228,13 +278,7 @@ class ExportWorker:
         else:
             self._drain()
         ok = not self._sink._q
-        for i, ex in enumerate(self.exporters):
-            try:
-                ok = ex.flush(max(0.0, deadline - time.monotonic())) and ok
-            except Exception as exc:
-                self._fail(i, ex, exc)
-                ok = False
-        return ok
+        return self.set.flush(deadline) and ok
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Drain, stop the thread and shut the exporters down, all within ``timeout_s``
@@ -245,11 +289,7 @@ class ExportWorker:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(max(0.0, deadline - time.monotonic()))
-        for i, ex in enumerate(self.exporters):
-            try:
-                ex.shutdown(max(0.05, deadline - time.monotonic()))
-            except Exception as exc:
-                self._fail(i, ex, exc)
+        self.set.shutdown(deadline)
 
 
 #: Total time the interpreter-exit shutdown may take, for all queues together.

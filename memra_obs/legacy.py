@@ -693,7 +693,10 @@ def _parse_prof_strict(line: str, body: str) -> SpecFirstTokenProf:
                 fast = False
             kw[name] = n
     if not fast:
-        return SpecFirstTokenProf(**kw)  # refuses the bad value, naming the field
+        try:
+            return SpecFirstTokenProf(**kw)  # refuses the bad value, naming the field
+        except (TypeError, ValueError) as exc:
+            raise LegacyParseError(line, str(exc)) from None
     prof = _new(SpecFirstTokenProf)
     prof.__dict__.update(kw)  # every field, each checked above as the constructor would
     return prof

@@ -189,6 +189,7 @@ def test_other_programs_lines_are_not_ours(line):
         ("[spec-trace] MEMRA_SPEC_TRACE=1 overrides", "override"),
         ("[spec-prof]", "tag without a body"),
         ("[glm5-phase] rounds=3 k=4 garbage", "no known shape"),
+        (prof_line(SpecFirstTokenProf()).replace("first_burst_ms=0.0", "first_burst_ms=2" + "0" * 320 + ".0"), "finite"),
     ],
 )
 def test_malformed_tagged_lines_say_why(line, why):

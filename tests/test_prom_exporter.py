@@ -259,7 +259,7 @@ def test_self_metrics_read_the_queue_and_its_exporters(reg):
     q = QueueSink([ex, SpanEx()], start=False)
     ex.attach_queue(q)
     q.dropped = 3
-    q.worker.errors = 1
+    q.worker.set.errors = 1
     ex.export_errors = 4
     assert val(reg, "memra_obs_dropped_total", signal="records") == 3
     assert val(reg, "memra_obs_dropped_total", signal="spans") == 5

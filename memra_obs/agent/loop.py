@@ -18,11 +18,11 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..events import Record
-from ..export import RecordExporter
+from ..export import ExporterSet, RecordExporter
 from ..linewriter import stderr_writer
 from .reader import FormatError, RingReader
 from .stream import RingStream
@@ -62,7 +62,7 @@ class Agent:
         exclusive: bool = True,
     ) -> None:
         self.directory = directory
-        self.exporters = tuple(exporters)
+        self.set = ExporterSet(exporters, report=_say)
         self.batch_slots = batch_slots
         self.poll_s = poll_s
         self.scan_s = scan_s
@@ -84,9 +84,7 @@ class Agent:
         self.lost_removed = 0
         self.published_by_worker: dict[str, int] = {}
         self.lost_by_worker: dict[str, int] = {}
-        self.export_errors = 0
         self.rings_removed = 0
-        self._reported: set[int] = set()
         self._closed = False
         #: Guards the totals against a scrape while a ring moves from live to removed.
         self._count_lock = threading.Lock()
@@ -190,7 +188,7 @@ class Agent:
             self._retire(s)
         if now >= self._next_tick:
             self._next_tick = now + self.tick_s
-            self._each("tick")
+            self.set.tick()
         self.published += len(batch)
         return len(batch)
 
@@ -208,31 +206,16 @@ class Agent:
             self._done.add(s.reader.path)
 
     def _export(self, batch: list[Record]) -> None:
-        for i, ex in enumerate(self.exporters):
-            try:
-                ex.export(batch)
-            except Exception as exc:
-                self._fail(i, ex, exc)
+        self.set.export(batch)
 
-    def _each(self, method: str, *args: Any) -> bool:
-        ok = True
-        for i, ex in enumerate(self.exporters):
-            fn: Callable[..., Any] | None = getattr(ex, method, None)
-            if fn is None:
-                continue
-            try:
-                r = fn(*args)
-                ok = (r is not False) and ok
-            except Exception as exc:
-                self._fail(i, ex, exc)
-                ok = False
-        return ok
+    @property
+    def exporters(self) -> tuple[RecordExporter, ...]:
+        return self.set.exporters
 
-    def _fail(self, i: int, ex: object, exc: BaseException) -> None:
-        self.export_errors += 1
-        if i not in self._reported:
-            self._reported.add(i)
-            _say(f"exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)")
+    @property
+    def export_errors(self) -> int:
+        """Exporter calls that raised (published as memra_obs_export_errors_total)."""
+        return self.set.errors
 
     def drain(self, timeout_s: float = 10.0) -> bool:
         """Read until every ring is caught up (and retire finished ones); True if done in time."""
@@ -268,14 +251,10 @@ class Agent:
         deadline = time.monotonic() + timeout_s
         for s in self._streams.values():
             s.reader.commit()
-        self._each("flush", max(0.1, deadline - time.monotonic()))
+        self.set.flush(max(deadline, time.monotonic() + 0.1))
         for ex in self.exporters:
             _forget_open_sessions(ex)
-        for i, ex in enumerate(self.exporters):
-            try:
-                ex.shutdown(max(0.1, deadline - time.monotonic()))
-            except Exception as exc:
-                self._fail(i, ex, exc)
+        self.set.shutdown(deadline, floor_s=0.1)
         for s in list(self._streams.values()):
             self._retire(s, unlink=False)
         if self._lock_fd >= 0:

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from ..events import Record
-from ..export import RecordExporter
+from ..export import ExporterSet, RecordExporter
 
 __all__ = ["Publisher"]
 
@@ -36,7 +36,7 @@ class Publisher:
         tick_s: float = 0.2,
         report: Callable[[str], None] | None = None,
     ) -> None:
-        self.exporters = tuple(exporters)
+        self.set = ExporterSet(exporters, report=report or (lambda msg: None))
         self.capacity = capacity
         self.block = block
         self.tick_s = tick_s
@@ -47,9 +47,7 @@ class Publisher:
         self._busy = False
         self._stop = False
         self.dropped = 0
-        self.errors = 0
         self.exported = 0
-        self._reported: set[int] = set()
         #: ``attach_queue`` looks for ``qsink.worker.errors`` / ``.exporters``: this is both.
         self.worker = self
         self._thread = threading.Thread(target=self._run, name="memra-obs-tail-export", daemon=True)
@@ -108,27 +106,19 @@ class Publisher:
                         return
 
     def _export(self, batch: list[Record], n: int) -> None:
-        for i, ex in enumerate(self.exporters):
-            try:
-                ex.export(batch)
-            except Exception as exc:
-                self._fail(i, ex, exc)
+        self.set.export(batch)
         self.exported += n
 
     def _tick(self) -> None:
-        for i, ex in enumerate(self.exporters):
-            tick = getattr(ex, "tick", None)
-            if tick is not None:
-                try:
-                    tick()
-                except Exception as exc:
-                    self._fail(i, ex, exc)
+        self.set.tick()
 
-    def _fail(self, i: int, ex: object, exc: BaseException) -> None:
-        self.errors += 1
-        if i not in self._reported and self._report is not None:
-            self._reported.add(i)
-            self._report(f"exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)")
+    @property
+    def exporters(self) -> tuple[RecordExporter, ...]:
+        return self.set.exporters
+
+    @property
+    def errors(self) -> int:
+        return self.set.errors
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every queued batch is exported, then flush the exporters."""
@@ -138,13 +128,7 @@ class Publisher:
                 self._cond.notify_all()
                 self._cond.wait(max(0.0, min(0.05, deadline - time.monotonic())))
             ok = not self._q and not self._busy
-        for i, ex in enumerate(self.exporters):
-            try:
-                ok = ex.flush(max(0.0, deadline - time.monotonic())) and ok
-            except Exception as exc:
-                self._fail(i, ex, exc)
-                ok = False
-        return ok
+        return self.set.flush(deadline) and ok
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Export what is queued (within ``timeout_s``), stop the thread, shut exporters down."""
@@ -154,8 +138,4 @@ class Publisher:
             self._stop = True
             self._cond.notify_all()
         self._thread.join(max(0.0, deadline - time.monotonic()))
-        for i, ex in enumerate(self.exporters):
-            try:
-                ex.shutdown(max(0.1, deadline - time.monotonic()))
-            except Exception as exc:
-                self._fail(i, ex, exc)
+        self.set.shutdown(deadline, floor_s=0.1)
