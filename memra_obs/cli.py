@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--follow", "-f", action="store_true", help="keep reading a growing file (follows rotation)")
     t.add_argument("path", metavar="FILE|-", help="log file to read, or - for standard input")
     t.add_argument("--worker", default=None, help="worker label for what this tail publishes")
+    from .tail import add_options
+
+    add_options(t)
 
     # The agent parses its own options (memra-obs agent --help).
     sub.add_parser("agent", add_help=False, help="publish every local worker's ring (agent mode)")
@@ -135,7 +138,13 @@ def _demo(args: argparse.Namespace) -> int:
                     where.append(f"spans -> OTEL_TRACES_EXPORTER={exp or 'otlp'}")
                 else:
                     where.append(f"spans -> {st.spans_file}")
-    bound = f"{cfg.duration_s}s" if cfg.duration_s else (f"{cfg.requests} requests" if cfg.requests else "until Ctrl-C")
+    if cfg.duration_s:
+        bound = f"{cfg.duration_s:g}s"
+    elif cfg.requests:
+        bound = f"{cfg.requests} request{'s' if cfg.requests != 1 else ''}"
+    else:
+        bound = "until Ctrl-C"
+    where = where or ["legacy lines only (MEMRA_OBS_SINKS is empty)"]
     print(f"[memra-obs] demo: {'GPU' if cfg.gpu else 'simulated'} worker, {bound}; " + "; ".join(where),
           file=sys.stderr, flush=True)
     stop = threading.Event()

@@ -100,14 +100,20 @@ def exact_f64(x: float) -> str:
 
 def exact_f32(x: float) -> str:
     """A short decimal (the shortest, but for rare binade edges) that reads back to the same
-    f32, without an exponent. Most per-round ms values need 7 digits: try 7, then walk."""
+    f32, without an exponent. Per-round ms values mostly need 7 digits: try 7 and 6, then
+    bisect (round-tripping is monotonic in the digit count)."""
     s = f"{x:.7g}"
     if _f32_of(s) == x:
-        for p in (6, 5, 4, 3, 2, 1):
-            t = f"{x:.{p}g}"
-            if _f32_of(t) != x:
-                break
-            s = t
+        t = f"{x:.6g}"
+        if _f32_of(t) == x:
+            lo, hi, s = 1, 6, t  # the answer is in lo..hi; s holds hi's digits
+            while lo < hi:
+                mid = (lo + hi) // 2
+                t = f"{x:.{mid}g}"
+                if _f32_of(t) == x:
+                    hi, s = mid, t
+                else:
+                    lo = mid + 1
     else:
         s = f"{x:.8g}"
         if _f32_of(s) != x:

@@ -147,8 +147,8 @@ def _round_span_ids(st: Settings) -> Callable[[Any, Any], int] | None:
     return span_of
 
 
-def _options(rest: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="memra-obs tail", add_help=False)
+def add_options(p: argparse.ArgumentParser) -> None:
+    """The tail's own options, on the CLI's ``tail`` subparser (so ``--help`` lists them)."""
     p.add_argument(
         "--from-start",
         action="store_true",
@@ -185,9 +185,18 @@ def _options(rest: Sequence[str]) -> argparse.Namespace:
     p.add_argument(
         "--quiet", "-q", action="store_true", help="no start/end lines of the tail's own"
     )
-    ns, unknown = p.parse_known_args(list(rest))
-    if unknown:
-        p.error(f"unrecognized arguments: {' '.join(unknown)}")
+
+
+def _options(rest: Sequence[str], given: argparse.Namespace | None = None) -> argparse.Namespace:
+    """The options: from the CLI's parse when it registered them, else parsed from ``rest``."""
+    p = argparse.ArgumentParser(prog="memra-obs tail", add_help=False)
+    add_options(p)
+    if given is not None and hasattr(given, "linger") and not rest:
+        ns = given
+    else:
+        ns, unknown = p.parse_known_args(list(rest))
+        if unknown:
+            p.error(f"unrecognized arguments: {' '.join(unknown)}")
     for name in ("poll", "linger", "session_gap"):
         if not getattr(ns, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
@@ -198,7 +207,7 @@ def _options(rest: Sequence[str]) -> argparse.Namespace:
 
 def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     """``memra-obs tail [--follow] FILE|- [--worker W] [options]`` (see ``_options``)."""
-    opts = _options(rest)
+    opts = _options(rest, args)
     path: str = args.path
     # argument > environment > default, as every knob: --worker, MEMRA_OBS_WORKER (the
     # worker's own label when the tail shares its environment), the file's name / stdin.
