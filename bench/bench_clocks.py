@@ -41,10 +41,17 @@ def table(title: str, head: list[str], rows: list[list[str]]) -> None:
     print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
     print("  ".join("-" * w for w in widths))
     for r in rows:
-        print("  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+        print(
+            "  ".join(
+                str(c).rjust(w) if i else str(c).ljust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
 
 
-def per_call_us(fn: Callable[[], Any], n: int, before: Callable[[], None] | None = None) -> tuple[float, float]:
+def per_call_us(
+    fn: Callable[[], Any], n: int, before: Callable[[], None] | None = None
+) -> tuple[float, float]:
     """(median, mean) µs of ``fn`` over ``n`` calls, ``before`` run untimed ahead of each."""
     ts = []
     for _ in range(n):
@@ -187,7 +194,9 @@ def round_overhead(backend: str, bursts: int, two_streams: bool) -> None:
         walls[name].append((time.perf_counter_ns() - t0) / rounds / 1e6)
         phases = getattr(b, "_phases", None)
         if phases is not None and name in buckets:
-            buckets[name].append((phases.draft, phases.verify, phases.accept, phases.roll, phases.maint))
+            buckets[name].append(
+                (phases.draft, phases.verify, phases.accept, phases.roll, phases.maint)
+            )
         s.end()
 
     for _ in range(2):  # warm-up
@@ -208,7 +217,15 @@ def round_overhead(backend: str, bursts: int, two_streams: bool) -> None:
     rows = []
     for name, ws in walls.items():
         med = statistics.median(ws)
-        rows.append([name, f"{med:.3f}", f"{min(ws):.3f}", f"{(med - base) * 1e3:+.1f}", f"{100 * (med - base) / base:+.1f}%"])
+        rows.append(
+            [
+                name,
+                f"{med:.3f}",
+                f"{min(ws):.3f}",
+                f"{(med - base) * 1e3:+.1f}",
+                f"{100 * (med - base) / base:+.1f}%",
+            ]
+        )
     streams = "e+eh" if two_streams else "e"
     table(
         f"3. per-round wall, {backend} spec workload on {streams} (k=4, {rounds}-round bursts x {bursts}, drained at burst end)",
@@ -220,7 +237,15 @@ def round_overhead(backend: str, bursts: int, two_streams: bool) -> None:
         sv = statistics.median(x[i] for x in buckets["sync clock"]) / rounds / 1e6
         ev = statistics.median(x[i] for x in buckets["event clock"]) / rounds / 1e6
         d = ev - sv
-        rows.append([ph, f"{sv:.3f}", f"{ev:.3f}", f"{d * 1e3:+.1f}", f"{100 * d / sv:+.1f}%" if sv else "-"])
+        rows.append(
+            [
+                ph,
+                f"{sv:.3f}",
+                f"{ev:.3f}",
+                f"{d * 1e3:+.1f}",
+                f"{100 * d / sv:+.1f}%" if sv else "-",
+            ]
+        )
     table(
         f"   per-phase ms per round (median of bursts), sync vs event clock ({streams})",
         ["phase", "sync", "event", "diff µs", "diff"],
@@ -242,7 +267,9 @@ def describe(x: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--backend", default="cupy", choices=["cupy", "torch", "all"])
     p.add_argument("--bursts", type=int, default=40)
     p.add_argument("--marks", type=int, default=2000)

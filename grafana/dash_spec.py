@@ -255,8 +255,14 @@ def acceptance(ids: Ids) -> Section:
             # Means of the per-round histograms: their _count holds only rounds whose k and
             # j are known (a tailed stream carries rounds without them).
             [
-                target(per_round_mean("memra_spec_drafted_tokens_per_round", by), "drafted k {{family}}"),
-                target(per_round_mean("memra_spec_accepted_tokens_per_round", by), "accepted j {{family}}"),
+                target(
+                    per_round_mean("memra_spec_drafted_tokens_per_round", by),
+                    "drafted k {{family}}",
+                ),
+                target(
+                    per_round_mean("memra_spec_accepted_tokens_per_round", by),
+                    "accepted j {{family}}",
+                ),
                 target(
                     f"1 + {per_round_mean('memra_spec_accepted_tokens_per_round', by)}",
                     "tokens/round {{family}}",

@@ -46,17 +46,25 @@ def _parser() -> argparse.ArgumentParser:
         "MEMRA_OBS_SPANS_FILE or the OTEL_* exporter. Runs until Ctrl-C unless bounded.",
     )
     g = d.add_mutually_exclusive_group()
-    g.add_argument("--duration", type=_positive_float, metavar="SECONDS", help="stop after this long")
+    g.add_argument(
+        "--duration", type=_positive_float, metavar="SECONDS", help="stop after this long"
+    )
     g.add_argument("--requests", type=_positive_int, metavar="N", help="stop after N requests")
     d.add_argument("--gpu", action="store_true", help="real kernels on the GPU (cupy or torch)")
     d.add_argument("--families", default="glm5", help="comma list of spec families (default glm5)")
-    d.add_argument("--k", type=_positive_int, default=4, help="drafted tokens per round (default 4)")
+    d.add_argument(
+        "--k", type=_positive_int, default=4, help="drafted tokens per round (default 4)"
+    )
     d.add_argument("--concurrency", type=_positive_int, default=1, help="loop threads (default 1)")
     d.add_argument("--seed", type=int, default=None, help="random seed for a repeatable run")
-    d.add_argument("--speed", type=_positive_float, default=1.0, help="scale simulated times (default 1.0)")
+    d.add_argument(
+        "--speed", type=_positive_float, default=1.0, help="scale simulated times (default 1.0)"
+    )
 
     t = sub.add_parser("tail", help="turn legacy stderr lines into metrics and spans")
-    t.add_argument("--follow", "-f", action="store_true", help="keep reading a growing file (follows rotation)")
+    t.add_argument(
+        "--follow", "-f", action="store_true", help="keep reading a growing file (follows rotation)"
+    )
     t.add_argument("path", metavar="FILE|-", help="log file to read, or - for standard input")
     t.add_argument("--worker", default=None, help="worker label for what this tail publishes")
     from .tail import add_options
@@ -134,7 +142,10 @@ def _demo(args: argparse.Namespace) -> int:
                 where.append(f"/metrics on http://{host}:{server_port}/metrics")
             if "otel" in st.sinks:
                 exp = os.environ.get("OTEL_TRACES_EXPORTER", "")
-                if exp or any(k.startswith("OTEL_EXPORTER_OTLP") and k.endswith("ENDPOINT") for k in os.environ):
+                if exp or any(
+                    k.startswith("OTEL_EXPORTER_OTLP") and k.endswith("ENDPOINT")
+                    for k in os.environ
+                ):
                     where.append(f"spans -> OTEL_TRACES_EXPORTER={exp or 'otlp'}")
                 else:
                     where.append(f"spans -> {st.spans_file}")
@@ -145,8 +156,12 @@ def _demo(args: argparse.Namespace) -> int:
     else:
         bound = "until Ctrl-C"
     where = where or ["legacy lines only (MEMRA_OBS_SINKS is empty)"]
-    print(f"[memra-obs] demo: {'GPU' if cfg.gpu else 'simulated'} worker, {bound}; " + "; ".join(where),
-          file=sys.stderr, flush=True)
+    print(
+        f"[memra-obs] demo: {'GPU' if cfg.gpu else 'simulated'} worker, {bound}; "
+        + "; ".join(where),
+        file=sys.stderr,
+        flush=True,
+    )
     stop = threading.Event()
     install_stop_handlers(stop)
     try:

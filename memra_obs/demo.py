@@ -239,7 +239,9 @@ def _prompt_len(rng: random.Random) -> int:
     return int(min(32_768, max(32, rng.lognormvariate(math.log(1500), 0.9))))
 
 
-def serve_one(obs: Any, w: Any, rng: random.Random, cfg: DemoConfig, family: str, st: DemoStats, eager: bool) -> None:
+def serve_one(
+    obs: Any, w: Any, rng: random.Random, cfg: DemoConfig, family: str, st: DemoStats, eager: bool
+) -> None:
     """One request through the instrumented loop, the way a spec worker runs it."""
     prompt = _prompt_len(rng)
     ctx = prompt + cfg.max_tokens + 64
@@ -257,8 +259,12 @@ def serve_one(obs: Any, w: Any, rng: random.Random, cfg: DemoConfig, family: str
         w.draft_alloc(ctx)
         s.lap("draft_alloc")
         s.free_memory("after")
-        s.set(draft_prime_rows=prompt, draft_prime_chunks=-(-prompt // 256), draft_prime_arm="eager",
-              draft_kv_mb=round(ctx * 0.0625, 3))
+        s.set(
+            draft_prime_rows=prompt,
+            draft_prime_chunks=-(-prompt // 256),
+            draft_prime_arm="eager",
+            draft_kv_mb=round(ctx * 0.0625, 3),
+        )
         produced = 1  # the anchor token
         first = True
         rounds = drafted = accepted = 0
@@ -300,8 +306,13 @@ def serve_one(obs: Any, w: Any, rng: random.Random, cfg: DemoConfig, family: str
         st.tokens += produced
 
 
-def run_demo(cfg: DemoConfig, obs: Any = None, *, stop: threading.Event | None = None,
-             device: SimDevice | None = None) -> DemoStats:
+def run_demo(
+    cfg: DemoConfig,
+    obs: Any = None,
+    *,
+    stop: threading.Event | None = None,
+    device: SimDevice | None = None,
+) -> DemoStats:
     """Run the simulated worker until ``duration_s``/``requests``/``stop``; returns counts.
 
     ``obs`` defaults to an observer built from the environment; ``device`` is the simulated
@@ -345,8 +356,10 @@ def run_demo(cfg: DemoConfig, obs: Any = None, *, stop: threading.Event | None =
             serve_one(obs, w, rng, cfg, cfg.families[n % len(cfg.families)], st, eager)
             n += 1
 
-    threads = [threading.Thread(target=loop, args=(i,), name=f"demo-loop-{i}", daemon=True)
-               for i in range(cfg.concurrency)]
+    threads = [
+        threading.Thread(target=loop, args=(i,), name=f"demo-loop-{i}", daemon=True)
+        for i in range(cfg.concurrency)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -121,7 +121,9 @@ def _parse_sinks(var: str, value: str) -> frozenset[str]:
         return frozenset(_SINK_NAMES)
     bad = sorted(names - set(_SINK_NAMES))
     if bad:
-        raise ConfigError(f"{var}={value!r}: unknown sink {bad[0]!r}; choose from {', '.join(_SINK_NAMES)}, all")
+        raise ConfigError(
+            f"{var}={value!r}: unknown sink {bad[0]!r}; choose from {', '.join(_SINK_NAMES)}, all"
+        )
     return frozenset(names)
 
 
@@ -221,7 +223,9 @@ class Settings:
         for name, var, parse, default in _TABLE:
             if overrides.get(name) is not None:
                 v = overrides[name]
-                values[name] = parse(f"{name}=", v) if isinstance(v, str) and name != "worker" else v
+                values[name] = (
+                    parse(f"{name}=", v) if isinstance(v, str) and name != "worker" else v
+                )
             elif var in env:
                 values[name] = parse(var, env[var])
             else:

@@ -232,8 +232,10 @@ def emit(
         if split is None and lvl >= 2:
             from . import VERIFY_SPLIT as split  # the process-wide accumulators
         lines = phase_lines(p, tag, tag_v, k, lvl, split)
-        writer = out if isinstance(out, LineWriter) else (
-            stderr_writer() if out is None else LineWriter(out)
+        writer = (
+            out
+            if isinstance(out, LineWriter)
+            else (stderr_writer() if out is None else LineWriter(out))
         )
         writer.write_lines(lines)
     except Exception as exc:  # instrumentation never takes the loop down
@@ -452,9 +454,7 @@ FAST_ROW = re.compile(
 #: Phase line: groups tag, then :class:`PhaseLine`'s fields as printed.
 FAST_PHASE = re.compile(r"\[([^\]\s]+)\] " + _PHASE.pattern.replace(_N, _N18) + r"\r*").fullmatch
 #: Level-2 line: groups tag, then :class:`VerifyLine`'s fields as printed.
-FAST_VERIFY = re.compile(
-    r"\[([^\]\s]+)\] " + _VERIFY.pattern.replace(_N, _N18) + r"\r*"
-).fullmatch
+FAST_VERIFY = re.compile(r"\[([^\]\s]+)\] " + _VERIFY.pattern.replace(_N, _N18) + r"\r*").fullmatch
 FAST_TAGS_EXCLUDED = frozenset((PROF_TAG, PROF_ROUNDS_TAG, PROF_SUMMARY_TAG, TRACE_TAG))
 
 _KV = re.compile(r"([a-z0-9_]+)=(\S*)")

@@ -79,7 +79,9 @@ _SHARE_FIELDS = frozenset(
         "first_burst_hook_ms",
     )
 )
-_SET_FIELDS = frozenset(("draft_prime_rows", "draft_prime_chunks", "draft_prime_arm", "draft_kv_mb"))
+_SET_FIELDS = frozenset(
+    ("draft_prime_rows", "draft_prime_chunks", "draft_prime_arm", "draft_kv_mb")
+)
 _HOOKS = (
     "on_session",
     "on_round",
@@ -213,7 +215,9 @@ class Observer:
             try:
                 s.shutdown(timeout_s)
             except Exception as exc:
-                _report_once(f"{id(s)}:shutdown", f"sink {type(s).__name__}.shutdown raised {exc!r}")
+                _report_once(
+                    f"{id(s)}:shutdown", f"sink {type(s).__name__}.shutdown raised {exc!r}"
+                )
         for close in self.closers:
             try:
                 close()
@@ -343,7 +347,8 @@ class Session:
             return 0.0
         if bucket not in LAP_BUCKETS:
             _report_once(
-                f"lap:{bucket}", f"Session.lap({bucket!r}): not a first-token bucket {LAP_BUCKETS}; ignored"
+                f"lap:{bucket}",
+                f"Session.lap({bucket!r}): not a first-token bucket {LAP_BUCKETS}; ignored",
             )
             return 0.0
         # Inside an open round (round 1's drafter prime) the bucket starts at the round's
@@ -382,7 +387,9 @@ class Session:
             return
         for name, v in fields.items():
             if name not in _SET_FIELDS:
-                _report_once(f"set:{name}", f"Session.set({name}=...): not a geometry field; ignored")
+                _report_once(
+                    f"set:{name}", f"Session.set({name}=...): not a geometry field; ignored"
+                )
                 continue
             try:
                 setattr(self.prof, name, v)
@@ -418,7 +425,9 @@ class Session:
         log = self.log
         if log is not None and not log.summarized:
             self._summarize(fan, log)
-        err = error if isinstance(error, str) else (type(error).__name__ if error is not None else "")
+        err = (
+            error if isinstance(error, str) else (type(error).__name__ if error is not None else "")
+        )
         _fan(
             fan.on_session_end,
             "on_session_end",
@@ -613,7 +622,11 @@ class Burst:
         if log is not None:
             fresh = log.fresh()
             if fresh:
-                _fan(fan.on_prof_rows, "on_prof_rows", ProfRowsRecord(s.id, log.printed - len(fresh), tuple(fresh)))
+                _fan(
+                    fan.on_prof_rows,
+                    "on_prof_rows",
+                    ProfRowsRecord(s.id, log.printed - len(fresh), tuple(fresh)),
+                )
             if not log.wants_more() and not log.summarized:
                 s._summarize(fan, log)
 
@@ -653,7 +666,9 @@ class Burst:
         s._rounds += 1
         self.rounds += 1
         self._tokens += j + 1
-        rec = RoundRecord(s.id, self.index, index, (t0, t1, t2, t3, t4, t5), k, j, ctx, seq_rows, split)
+        rec = RoundRecord(
+            s.id, self.index, index, (t0, t1, t2, t3, t4, t5), k, j, ctx, seq_rows, split
+        )
         fan = s._obs._fan
         if fan.on_round:
             _fan(fan.on_round, "on_round", rec)
@@ -665,7 +680,9 @@ class Burst:
             if len(log.rounds) < SPEC_PROF_ROUNDS:
                 try:
                     log.rounds.append(
-                        round_prof_from_ns(t5 - t0, t1 - t0, t2 - t1, t3 - t2, t5 - t3, k, j, ctx, seq_rows)
+                        round_prof_from_ns(
+                            t5 - t0, t1 - t0, t2 - t1, t3 - t2, t5 - t3, k, j, ctx, seq_rows
+                        )
                     )
                 except (TypeError, ValueError) as exc:
                     _report_once("roundprof", f"round log row refused: {exc}")
@@ -708,7 +725,9 @@ class _RangedBurst(Burst):
                 try:
                     h.pop()
                 except Exception as exc:
-                    _report_once(f"{id(h)}:pop", f"range hook {type(h).__name__}.pop raised {exc!r}")
+                    _report_once(
+                        f"{id(h)}:pop", f"range hook {type(h).__name__}.pop raised {exc!r}"
+                    )
 
     def _next(self, name: str) -> None:
         if self._depth == 3:
@@ -838,7 +857,9 @@ class NoOpObserver:
         return _NOOP_SESSION
 
     def add_sink(self, sink: Sink) -> None:
-        raise RuntimeError("the no-op observer takes no sinks; build an Observer (memra_obs.configure)")
+        raise RuntimeError(
+            "the no-op observer takes no sinks; build an Observer (memra_obs.configure)"
+        )
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         return True

@@ -223,7 +223,10 @@ def _free_mb(name: str, v: object) -> list[tuple[int, int]]:
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise TypeError(f"{name}[{i}] must be a (cuda_ordinal, free_mb) pair, got {pair!r}")
         out.append(
-            (_uint(f"{name}[{i}].ordinal", pair[0], U64_MAX), _uint(f"{name}[{i}].free_mb", pair[1], U64_MAX))
+            (
+                _uint(f"{name}[{i}].ordinal", pair[0], U64_MAX),
+                _uint(f"{name}[{i}].free_mb", pair[1], U64_MAX),
+            )
         )
     return out
 
@@ -382,7 +385,15 @@ _set = object.__setattr__
 
 
 def round_prof_from_ns(
-    wall: int, draft: int, verify: int, accept: int, rest: int, k: int, j: int, ctx: int, seq_rows: int
+    wall: int,
+    draft: int,
+    verify: int,
+    accept: int,
+    rest: int,
+    k: int,
+    j: int,
+    ctx: int,
+    seq_rows: int,
 ) -> SpecRoundProf:
     """The observer's fast path: a row from nanosecond phase lengths, stored as the seed
     stores it. Values outside the row's widths go through the checking constructor, which
@@ -392,9 +403,13 @@ def round_prof_from_ns(
         or not (0 <= k <= U16_MAX and 0 <= j <= U16_MAX and 0 <= ctx <= U32_MAX and 0 <= seq_rows <= U32_MAX)
         or type(k) is not int or type(j) is not int or type(ctx) is not int or type(seq_rows) is not int
     ):  # fmt: skip
-        return SpecRoundProf(wall / 1e6, draft / 1e6, verify / 1e6, accept / 1e6, rest / 1e6, k, j, ctx, seq_rows)
+        return SpecRoundProf(
+            wall / 1e6, draft / 1e6, verify / 1e6, accept / 1e6, rest / 1e6, k, j, ctx, seq_rows
+        )
     r = _new(SpecRoundProf)
-    w, d, v, a, x = _F32X5.unpack(_F32X5.pack(wall / 1e6, draft / 1e6, verify / 1e6, accept / 1e6, rest / 1e6))
+    w, d, v, a, x = _F32X5.unpack(
+        _F32X5.pack(wall / 1e6, draft / 1e6, verify / 1e6, accept / 1e6, rest / 1e6)
+    )
     _set(r, "wall_ms", w)
     _set(r, "draft_ms", d)
     _set(r, "verify_ms", v)

@@ -1,11 +1,11 @@
 """Helpers for testing a loop that uses memra_obs: an in-memory sink and a capture block.
 
-    from memra_obs.testing import capture
+from memra_obs.testing import capture
 
-    with capture(level=2, prof=True) as cap:
-        my_loop(cap.observer)
-    assert cap.rounds[0].k == 4
-    assert cap.lines[0].startswith("[glm5-phase] ")
+with capture(level=2, prof=True) as cap:
+    my_loop(cap.observer)
+assert cap.rounds[0].k == 4
+assert cap.lines[0].startswith("[glm5-phase] ")
 """
 
 from __future__ import annotations

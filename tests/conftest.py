@@ -81,7 +81,17 @@ def rust_oracle():
     exe = out_dir / f"oracle-{digest}"
     if not exe.exists():
         subprocess.run(
-            [rustc, "--edition", "2024", "-O", "-C", "overflow-checks=off", "-o", str(exe), str(src)],
+            [
+                rustc,
+                "--edition",
+                "2024",
+                "-O",
+                "-C",
+                "overflow-checks=off",
+                "-o",
+                str(exe),
+                str(src),
+            ],
             check=True,
             capture_output=True,
         )

@@ -330,7 +330,9 @@ def test_settle_uses_the_last_marks_when_earlier_ones_were_never_settled(
     assert out == [10, 20, 30]  # events 1010.. with anchor 1040 <-> host 40
 
 
-def test_a_failed_record_keeps_host_stamps_and_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_record_keeps_host_stamps_and_never_raises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Recording an event that fails is not the loop's problem: that burst keeps host stamps."""
 
     class Boom(ScriptedOps):
@@ -353,7 +355,9 @@ def test_event_clock_without_streams_is_the_host_clock() -> None:
     assert clock.mark() >= a
 
 
-def test_event_clock_on_a_stream_without_events_drains_instead(capsys: pytest.CaptureFixture[str]) -> None:
+def test_event_clock_on_a_stream_without_events_drains_instead(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """A stream with only .synchronize() cannot be event-timed: drain per boundary, said once."""
     events_mod._said.discard("noevents:Plain")
 

@@ -105,7 +105,12 @@ def fm(nvml: Any, cuda: Any, env: dict[str, str] | None = None) -> tuple[FreeMem
             raise nvml
         return nvml
 
-    m = FreeMemory(nvml=nvml_loader, cuda=lambda: cuda, environ=env or {}, report=lambda k, msg: said.append(msg))
+    m = FreeMemory(
+        nvml=nvml_loader,
+        cuda=lambda: cuda,
+        environ=env or {},
+        report=lambda k, msg: said.append(msg),
+    )
     return m, said
 
 
@@ -122,7 +127,10 @@ def test_bus_ids_in_both_spellings_are_the_same_device() -> None:
 
 
 def nv_devices() -> list[NvmlDevice]:
-    return [NvmlDevice(i, i, parse_bus_id(c["bus"]), c["uuid"], "NVIDIA H200", False) for i, c in enumerate(CARDS)]
+    return [
+        NvmlDevice(i, i, parse_bus_id(c["bus"]), c["uuid"], "NVIDIA H200", False)
+        for i, c in enumerate(CARDS)
+    ]
 
 
 def buses(devs: list[Any]) -> list[str]:
@@ -147,7 +155,9 @@ def buses(devs: list[Any]) -> list[str]:
         ("MIG-5f2a1c2e-aaaa,1", ["MIG-5f2a1c2e-aaaa", "0000:43:00.0"]),
     ],
 )
-def test_cuda_visible_devices_is_read_the_way_the_runtime_reads_it(value: str | None, expected: list[str]) -> None:
+def test_cuda_visible_devices_is_read_the_way_the_runtime_reads_it(
+    value: str | None, expected: list[str]
+) -> None:
     """Indices count in PCI bus order, UUIDs by prefix, and parsing stops at the first bad entry."""
     assert buses(visible_devices(value, nv_devices(), "PCI_BUS_ID")) == expected
 
@@ -157,7 +167,10 @@ def test_ordinals_map_by_bus_id_not_by_nvml_index() -> None:
     nv = FakeNvml(CARDS)
     m, said = fm(nv, FakeCuda(["0000:9a:00.0", "0000:1b:00.0"]))
     assert m.snapshot() == [(0, 3000), (1, 1000)]
-    assert [(s.ordinal, s.nvml_index, s.source) for s in m.slots()] == [(0, 0, "nvml"), (1, 1, "nvml")]
+    assert [(s.ordinal, s.nvml_index, s.source) for s in m.slots()] == [
+        (0, 0, "nvml"),
+        (1, 1, "nvml"),
+    ]
     assert said == []
 
 
@@ -226,7 +239,11 @@ def test_no_gpu_at_all_is_quiet() -> None:
 
 def test_environment_mapping_when_neither_cupy_nor_torch_is_there() -> None:
     """No CUDA framework: CUDA_VISIBLE_DEVICES is parsed over NVML's devices in bus order."""
-    m, said = fm(FakeNvml(CARDS), None, {"CUDA_VISIBLE_DEVICES": "2,GPU-aaaa", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    m, said = fm(
+        FakeNvml(CARDS),
+        None,
+        {"CUDA_VISIBLE_DEVICES": "2,GPU-aaaa", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+    )
     assert m.snapshot() == [(0, 3000), (1, 1000)]
     assert [s.bus_id for s in m.slots()] == ["0000:9a:00.0", "0000:1b:00.0"]
     assert said == []

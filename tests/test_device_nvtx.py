@@ -59,7 +59,18 @@ def test_ranges_nest_burst_round_phase_at_the_boundaries() -> None:
         b.end_round(k=4, j=2)
         one_round(b)
         b.end()
-    phases = ["+spec.draft", "-", "+spec.verify", "-", "+spec.accept", "-", "+spec.rollback", "-", "+spec.maint", "-"]
+    phases = [
+        "+spec.draft",
+        "-",
+        "+spec.verify",
+        "-",
+        "+spec.accept",
+        "-",
+        "+spec.rollback",
+        "-",
+        "+spec.maint",
+        "-",
+    ]
     rnd = ["+spec.round", *phases, "-"]
     assert d.ops == ["+spec.burst", *rnd, *rnd, "-"]
     assert len(cap.rounds) == 2
@@ -100,7 +111,9 @@ def test_a_raising_domain_never_reaches_the_loop() -> None:
     assert len(cap.rounds) == 1
 
 
-def test_no_nvtx_anywhere_is_a_noop_said_once(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_nvtx_anywhere_is_a_noop_said_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Neither nvtx nor torch: no range hook (bursts stay plain) and one stderr line."""
     monkeypatch.setattr(nvtx_mod, "_importable", lambda name: False)
     nvtx_mod._said.clear()
@@ -124,7 +137,9 @@ def test_setup_wires_the_sink_by_name() -> None:
     """MEMRA_OBS_SINKS=nvtx builds an observer with an NvtxSink."""
     from memra_obs.setup import build_observer
 
-    obs = build_observer(level=1, prof=False, env={"MEMRA_OBS_SINKS": "nvtx", "MEMRA_OBS_METRICS_ADDR": ""})
+    obs = build_observer(
+        level=1, prof=False, env={"MEMRA_OBS_SINKS": "nvtx", "MEMRA_OBS_METRICS_ADDR": ""}
+    )
     try:
         assert any(isinstance(s, NvtxSink) for s in obs.sinks)
     finally:

@@ -107,7 +107,14 @@ def test_cpu_only_use_never_imports_gpu_libraries(tmp_path: Path) -> None:
         """
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)]))
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "LOADED []" in out.stdout
 
@@ -117,8 +124,12 @@ def test_memory_snapshot_with_poisoned_libraries_is_empty_and_quiet(tmp_path: Pa
     for name in ("cupy", "torch", "pynvml"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(f"raise ImportError('no {name} here')\n")
-    script = "from memra_obs.device.memory import free_mb_snapshot; print('SNAP', free_mb_snapshot())"
+    script = (
+        "from memra_obs.device.memory import free_mb_snapshot; print('SNAP', free_mb_snapshot())"
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "SNAP []" in out.stdout

@@ -83,7 +83,9 @@ def small(monkeypatch: pytest.MonkeyPatch) -> NumpyOps:
     """Shrink the model so numpy runs it in milliseconds; hand out the numpy ops."""
     ops = NumpyOps()
     monkeypatch.setattr(wl, "_ops", lambda backend, device: ops)
-    for name, v in dict(HIDDEN=64, FFN=128, LAYERS=3, KV_DIM=16, VOCAB=97, D_HIDDEN=32, D_KV=8, CHUNK=16).items():
+    for name, v in dict(
+        HIDDEN=64, FFN=128, LAYERS=3, KV_DIM=16, VOCAB=97, D_HIDDEN=32, D_KV=8, CHUNK=16
+    ).items():
         monkeypatch.setattr(GpuWorkload, name, v)
     return ops
 
@@ -142,6 +144,14 @@ def test_the_demo_loop_runs_it_under_the_observer(small: NumpyOps) -> None:
     w = GpuWorkload()
     cfg = DemoConfig(requests=1, max_tokens=24, k=4)
     with capture(level=1, prof=True, memory=lambda: [(0, 1)]) as cap:
-        serve_one(cap.observer, w, random.Random(1), cfg, "glm5", DemoStats(lock=threading.Lock()), eager=True)
+        serve_one(
+            cap.observer,
+            w,
+            random.Random(1),
+            cfg,
+            "glm5",
+            DemoStats(lock=threading.Lock()),
+            eager=True,
+        )
     assert cap.rounds and cap.first_tokens
     assert cap.first_tokens[0].prof.prime_ms > 0

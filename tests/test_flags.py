@@ -64,7 +64,9 @@ def test_alias_alone_is_honored(monkeypatch):
     assert flags.spec_trace_level() == 1
 
 
-@pytest.mark.parametrize(("value", "on"), [(None, False), ("1", True), ("2", False), ("true", False), (" 1", False)])
+@pytest.mark.parametrize(
+    ("value", "on"), [(None, False), ("1", True), ("2", False), ("true", False), (" 1", False)]
+)
 def test_prof_is_exactly_one(monkeypatch, value, on):
     """MEMRA_SPEC_PROF is on only for the exact string 1."""
     if value is not None:
@@ -72,7 +74,9 @@ def test_prof_is_exactly_one(monkeypatch, value, on):
     assert flags.spec_prof_on() is on
 
 
-@pytest.mark.parametrize(("value", "on"), [(None, True), ("1", True), ("0", False), ("false", True), ("", True)])
+@pytest.mark.parametrize(
+    ("value", "on"), [(None, True), ("1", True), ("0", False), ("false", True), ("", True)]
+)
 def test_first_token_eager_defaults_on(monkeypatch, value, on):
     """The eager first-token door is on unless set to exactly 0."""
     if value is not None:

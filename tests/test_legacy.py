@@ -46,7 +46,9 @@ def test_golden_lines_round_trip():
 
 def test_phase_line_known_bytes():
     """A burst's two lines, checked by hand against the seed's format strings."""
-    p = SpecPhaseNs(draft=1_000_000, verify=2_000_000, accept=300_000, roll=400_000, maint=500_000, rounds=3)
+    p = SpecPhaseNs(
+        draft=1_000_000, verify=2_000_000, accept=300_000, roll=400_000, maint=500_000, rounds=3
+    )
     split = VerifySplit(kda=100_000, kda_scan=5_000, mla=200_000, ffn=30_000)
     assert phase_lines(p, "glm5-phase", "glm5-phase-v", 4, 2, split) == [
         "[glm5-phase] rounds=3 k=4 total=4.20ms | draft=1.00 verify=2.00 accept=0.30 roll=0.40 "
@@ -154,7 +156,9 @@ def test_summary_line_round_trips(rs):
 )
 def test_phase_and_verify_lines_round_trip(ns, rounds, k, split):
     """Seed-format lines parse to records that format back to the same bytes."""
-    lines = phase_lines(SpecPhaseNs(*ns, rounds=rounds), "glm5-phase", "glm5-phase-v", k, 2, VerifySplit(*split))
+    lines = phase_lines(
+        SpecPhaseNs(*ns, rounds=rounds), "glm5-phase", "glm5-phase-v", k, 2, VerifySplit(*split)
+    )
     p, v = (parse_line(x) for x in lines)
     assert isinstance(p, PhaseLine) and p.rounds == rounds and p.k == k
     assert isinstance(v, VerifyLine)
@@ -180,16 +184,30 @@ def test_other_programs_lines_are_not_ours(line):
 @pytest.mark.parametrize(
     ("line", "why"),
     [
-        ("[glm5-phase] rounds=6 k=4 total=30.86ms | draft=9.73 verify=16.71 accept=2.32 roll=0.99", "phase line"),
-        ("[glm5-phase-v] rounds=6 k=4 | per-round ms: vkda=0.893 (scan=0.357) vmla=0.552", "verify"),
+        (
+            "[glm5-phase] rounds=6 k=4 total=30.86ms | draft=9.73 verify=16.71 accept=2.32 roll=0.99",
+            "phase line",
+        ),
+        (
+            "[glm5-phase-v] rounds=6 k=4 | per-round ms: vkda=0.893 (scan=0.357) vmla=0.552",
+            "verify",
+        ),
         ("[spec-prof] cache_alloc_ms=0.1 prime_ms=1.0", "missing"),
         ("[spec-prof-rounds] row=0 wall_ms=9.0 draft_ms=5.3", "row"),
-        ("[spec-prof-rounds] row=0 wall_ms=9.0 draft_ms=5.3 verify_ms=2.9 accept_ms=0.3 rest_ms=0.3 k=70000 j=4 ctx=1 seq_rows=0", "k"),
+        (
+            "[spec-prof-rounds] row=0 wall_ms=9.0 draft_ms=5.3 verify_ms=2.9 accept_ms=0.3 rest_ms=0.3 k=70000 j=4 ctx=1 seq_rows=0",
+            "k",
+        ),
         ("[spec-prof-summary] rounds=3 k_mean=", "summary"),
         ("[spec-trace] MEMRA_SPEC_TRACE=1 overrides", "override"),
         ("[spec-prof]", "tag without a body"),
         ("[glm5-phase] rounds=3 k=4 garbage", "no known shape"),
-        (prof_line(SpecFirstTokenProf()).replace("first_burst_ms=0.0", "first_burst_ms=2" + "0" * 320 + ".0"), "finite"),
+        (
+            prof_line(SpecFirstTokenProf()).replace(
+                "first_burst_ms=0.0", "first_burst_ms=2" + "0" * 320 + ".0"
+            ),
+            "finite",
+        ),
     ],
 )
 def test_malformed_tagged_lines_say_why(line, why):

@@ -101,7 +101,10 @@ def test_stamps_are_back_to_back_and_phase_totals_match_the_rounds():
     sums = [sum(r.phase_ns()[i] for r in cap.rounds) for i in range(5)]
     p = b.phases
     assert [p.draft, p.verify, p.accept, p.roll, p.maint] == sums and p.rounds == 4
-    assert b.start_ns_mono <= cap.rounds[0].t_ns_mono[0] and cap.rounds[-1].t_ns_mono[5] <= b.end_ns_mono
+    assert (
+        b.start_ns_mono <= cap.rounds[0].t_ns_mono[0]
+        and cap.rounds[-1].t_ns_mono[5] <= b.end_ns_mono
+    )
 
 
 def test_live_loop_prints_the_seed_lines_that_parse_back():
@@ -117,7 +120,15 @@ def test_live_loop_prints_the_seed_lines_that_parse_back():
         run_rounds(s, 3, prime=True, work=verify_work)
         s.end()
     kinds = [type(parse_line(line)).__name__ for line in cap.lines]
-    assert kinds == ["PhaseLine", "VerifyLine", "FirstTokenLine", "RoundsLine", "RoundsLine", "RoundsLine", "SummaryLine"]
+    assert kinds == [
+        "PhaseLine",
+        "VerifyLine",
+        "FirstTokenLine",
+        "RoundsLine",
+        "RoundsLine",
+        "RoundsLine",
+        "SummaryLine",
+    ]
     v = parse_line(cap.lines[1])
     assert isinstance(v, VerifyLine) and v.vkda_ms == pytest.approx(0.004, abs=0.0006)
     assert cap.lines[0].startswith("[glm5-phase] rounds=3 k=4 total=")
@@ -282,8 +293,12 @@ def test_bad_knob_is_a_clear_error_naming_the_variable(monkeypatch):
     from memra_obs.environment import ConfigError
     from memra_obs.setup import build_observer
 
-    for var, value in [("MEMRA_OBS_CLOCK", "fast"), ("MEMRA_OBS_SINKS", "otel,statsd"),
-                       ("MEMRA_OBS_METRICS_ADDR", "9464"), ("MEMRA_OBS_QUEUE_SIZE", "lots")]:
+    for var, value in [
+        ("MEMRA_OBS_CLOCK", "fast"),
+        ("MEMRA_OBS_SINKS", "otel,statsd"),
+        ("MEMRA_OBS_METRICS_ADDR", "9464"),
+        ("MEMRA_OBS_QUEUE_SIZE", "lots"),
+    ]:
         with pytest.raises(ConfigError, match=var):
             build_observer(env={var: value}, level=1)
 

@@ -105,8 +105,15 @@ def test_rounds_log_caps_and_hands_out_fresh_rows_once():
 def test_summary_known_values():
     """A hand-checked summary: means, acceptance, tokens per round, slow count."""
     log = SpecRoundsLog()
-    for wall, k, j, ctx in [(4.0, 4, 3, 100), (4.0, 4, 4, 104), (10.0, 4, 1, 109), (5.0, 2, 2, 111)]:
-        log.push(SpecRoundProf(wall_ms=wall, draft_ms=1.0, verify_ms=2.5, k=k, j=j, ctx=ctx, seq_rows=1))
+    for wall, k, j, ctx in [
+        (4.0, 4, 3, 100),
+        (4.0, 4, 4, 104),
+        (10.0, 4, 1, 109),
+        (5.0, 2, 2, 111),
+    ]:
+        log.push(
+            SpecRoundProf(wall_ms=wall, draft_ms=1.0, verify_ms=2.5, k=k, j=j, ctx=ctx, seq_rows=1)
+        )
     assert log.summary() == (
         "rounds=4 k_mean=3.50 j_mean=2.50 accept=0.714 tok_per_round=3.50 "
         "wall_ms mean=5.8 min=4.0 med=5.0 max=10.0 slow_rounds(>1.5x med)=1 "

@@ -21,7 +21,11 @@ u64 = st.one_of(
     st.integers(0, U64_MAX),
     st.sampled_from([0, 1, 5_000, 125_000, 1_250_000, 2_500_000, 2**53, 2**53 + 1, U64_MAX]),
 )
-tags = st.text(st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="]"), min_size=1, max_size=12)
+tags = st.text(
+    st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="]"),
+    min_size=1,
+    max_size=12,
+)
 
 
 @given(
@@ -33,10 +37,34 @@ tags = st.text(st.characters(min_codepoint=33, max_codepoint=126, exclude_charac
     level=st.integers(0, 2),
     split=st.lists(u64, min_size=4, max_size=4),
 )
-@example(tag="glm5-phase", tag_v="glm5-phase-v", k=4, ns=[0, 0, 0, 0, 0], rounds=0, level=2, split=[0, 0, 0, 0])
+@example(
+    tag="glm5-phase",
+    tag_v="glm5-phase-v",
+    k=4,
+    ns=[0, 0, 0, 0, 0],
+    rounds=0,
+    level=2,
+    split=[0, 0, 0, 0],
+)
 @example(tag="t", tag_v="v", k=4, ns=[U64_MAX] * 5, rounds=1, level=2, split=[U64_MAX] * 4)
-@example(tag="t", tag_v="v", k=1, ns=[5_000, 15_000, 25_000, 125_000, 1_005_000], rounds=1, level=1, split=[0] * 4)
-@example(tag="t", tag_v="v", k=1, ns=[1_250_000, 3_750_000, 625_000, 1, 0], rounds=2, level=2, split=[5000, 1, 2, 3])
+@example(
+    tag="t",
+    tag_v="v",
+    k=1,
+    ns=[5_000, 15_000, 25_000, 125_000, 1_005_000],
+    rounds=1,
+    level=1,
+    split=[0] * 4,
+)
+@example(
+    tag="t",
+    tag_v="v",
+    k=1,
+    ns=[1_250_000, 3_750_000, 625_000, 1, 0],
+    rounds=2,
+    level=2,
+    split=[5000, 1, 2, 3],
+)
 def test_phase_lines_match_the_seed(rust_oracle, tag, tag_v, k, ns, rounds, level, split):
     """Level-1 and level-2 lines are the seed's bytes, wrapping u64 sums included."""
     p = SpecPhaseNs(*ns, rounds=rounds)
@@ -82,7 +110,13 @@ rows = st.lists(
 @example([SpecRoundProf(wall_ms=3e38), SpecRoundProf(wall_ms=3e38)])
 # 1.5 * med is exact in f64 but rounds up (ties-to-even) in f32: the seed does not count
 # the third round as slow.
-@example([SpecRoundProf(wall_ms=1 + 2**-23), SpecRoundProf(wall_ms=1 + 2**-23), SpecRoundProf(wall_ms=1.5 + 2**-22)])
+@example(
+    [
+        SpecRoundProf(wall_ms=1 + 2**-23),
+        SpecRoundProf(wall_ms=1 + 2**-23),
+        SpecRoundProf(wall_ms=1.5 + 2**-22),
+    ]
+)
 def test_summary_matches_the_seed(rust_oracle, rs):
     """The summary's f64 folds, sorted-wall mean and f32 threshold give the seed's bytes."""
     log = SpecRoundsLog()

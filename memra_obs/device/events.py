@@ -188,8 +188,11 @@ class EventClock:
         except Exception as exc:
             # Never into the loop: this burst keeps its host stamps (see settle).
             self._broken = True
-            _say_once("record", f"event clock: recording a CUDA event failed ({exc!r}); "
-                      "bursts with a failed record keep host stamps")
+            _say_once(
+                "record",
+                f"event clock: recording a CUDA event failed ({exc!r}); "
+                "bursts with a failed record keep host stamps",
+            )
         self._n = i + 1
         return now_ns()
 
@@ -238,8 +241,11 @@ class EventClock:
         base = marked - n
         if broken or base < 0:
             if base < 0:
-                _say_once("settle-count", f"event clock: settle got {n} stamps for {marked} marks; "
-                          "host stamps kept for that burst")
+                _say_once(
+                    "settle-count",
+                    f"event clock: settle got {n} stamps for {marked} marks; "
+                    "host stamps kept for that burst",
+                )
             return list(stamps)
         h0 = now_ns()
         for lane in lanes:

@@ -386,8 +386,11 @@ class FreeMemory:
             return self._plan_by_runtime(cuda, count, devices, nv is not None, nvml_why)
         if nv is None:
             if not no_gpu:
-                self._once("none", f"free memory: {nvml_why} and neither CuPy nor torch is importable; "
-                           "free_mb is not recorded")
+                self._once(
+                    "none",
+                    f"free memory: {nvml_why} and neither CuPy nor torch is importable; "
+                    "free_mb is not recorded",
+                )
             return []
         return self._plan_by_environment(devices)
 
@@ -416,7 +419,9 @@ class FreeMemory:
             elif d.mig or _slot_key(b) in shared:
                 why = f"MIG is on at {format_bus_id(b)}: NVML reports the whole card, not the instance"
             if why:
-                self._once(f"fallback:{why}", f"free memory: {why}; using cudaMemGetInfo via {cuda.name}")
+                self._once(
+                    f"fallback:{why}", f"free memory: {why}; using cudaMemGetInfo via {cuda.name}"
+                )
                 slots.append(Slot(i, format_bus_id(b), None, "cuda"))
             else:
                 assert d is not None
@@ -426,16 +431,24 @@ class FreeMemory:
     def _plan_by_environment(self, devices: list[NvmlDevice]) -> list[Slot]:
         env = os.environ if self._environ is None else self._environ
         order = env.get("CUDA_DEVICE_ORDER")
-        if (order or "FASTEST_FIRST").upper() != "PCI_BUS_ID" and len({d.name for d in devices}) > 1:
-            self._once("order", "free memory: mixed GPUs and CUDA_DEVICE_ORDER is not PCI_BUS_ID; "
-                       "ordinals assumed in PCI bus order (set CUDA_DEVICE_ORDER=PCI_BUS_ID, or "
-                       "install CuPy or torch, to be exact)")
+        if (order or "FASTEST_FIRST").upper() != "PCI_BUS_ID" and len(
+            {d.name for d in devices}
+        ) > 1:
+            self._once(
+                "order",
+                "free memory: mixed GPUs and CUDA_DEVICE_ORDER is not PCI_BUS_ID; "
+                "ordinals assumed in PCI bus order (set CUDA_DEVICE_ORDER=PCI_BUS_ID, or "
+                "install CuPy or torch, to be exact)",
+            )
         slots = []
         for i, d in enumerate(visible_devices(env.get("CUDA_VISIBLE_DEVICES"), devices, order)):
             if isinstance(d, str) or d.mig:
                 name = d if isinstance(d, str) else format_bus_id(d.bus)
-                self._once(f"mig:{name}", f"free memory: ordinal {i} is a MIG instance ({name}); NVML "
-                           "cannot read it and neither CuPy nor torch is there for cudaMemGetInfo; skipped")
+                self._once(
+                    f"mig:{name}",
+                    f"free memory: ordinal {i} is a MIG instance ({name}); NVML "
+                    "cannot read it and neither CuPy nor torch is there for cudaMemGetInfo; skipped",
+                )
                 continue
             slots.append(Slot(i, format_bus_id(d.bus), d.nv_index, "nvml"))
         return slots
@@ -445,27 +458,38 @@ class FreeMemory:
     def _read(self, s: Slot) -> int | None:
         if s.nvml_index is not None:
             try:
-                return int(self._nv.nvmlDeviceGetMemoryInfo(self._handles[s.nvml_index]).free) // MIB
+                return (
+                    int(self._nv.nvmlDeviceGetMemoryInfo(self._handles[s.nvml_index]).free) // MIB
+                )
             except Exception as exc:
                 cuda = self._cuda
                 if cuda is None:
-                    self._once(f"nvml-read:{s.ordinal}", f"free memory: NVML refused ordinal {s.ordinal} "
-                               f"({exc}); skipped")
+                    self._once(
+                        f"nvml-read:{s.ordinal}",
+                        f"free memory: NVML refused ordinal {s.ordinal} ({exc}); skipped",
+                    )
                     return None
-                self._once(f"nvml-read:{s.ordinal}", f"free memory: NVML refused ordinal {s.ordinal} "
-                           f"({exc}); using cudaMemGetInfo via {cuda.name}")
+                self._once(
+                    f"nvml-read:{s.ordinal}",
+                    f"free memory: NVML refused ordinal {s.ordinal} "
+                    f"({exc}); using cudaMemGetInfo via {cuda.name}",
+                )
                 with self._lock:
                     if self._slots is not None:
-                        self._slots = [x._replace(nvml_index=None, source="cuda") if x is s else x
-                                       for x in self._slots]
+                        self._slots = [
+                            x._replace(nvml_index=None, source="cuda") if x is s else x
+                            for x in self._slots
+                        ]
         cuda = self._cuda
         if cuda is None:
             return None
         try:
             return int(cuda.free_bytes(s.ordinal)) // MIB
         except Exception as exc:
-            self._once(f"cuda-read:{s.ordinal}", f"free memory: cudaMemGetInfo failed on ordinal "
-                       f"{s.ordinal} ({exc!r}); skipped")
+            self._once(
+                f"cuda-read:{s.ordinal}",
+                f"free memory: cudaMemGetInfo failed on ordinal {s.ordinal} ({exc!r}); skipped",
+            )
             return None
 
     def snapshot(self) -> list[tuple[int, int]]:

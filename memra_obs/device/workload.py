@@ -64,7 +64,9 @@ class _CupyOps:
         return self.cp.ndarray(shape, self.f16, self.cp.cuda.MemoryPointer(mem, 0))
 
     def randn(self, shape: tuple[int, ...], scale: float) -> Any:
-        return (self.cp.random.standard_normal(shape, dtype=self.cp.float32) * scale).astype(self.f16)
+        return (self.cp.random.standard_normal(shape, dtype=self.cp.float32) * scale).astype(
+            self.f16
+        )
 
     def mm(self, a: Any, b: Any, out: Any = None) -> Any:
         return self.cp.matmul(a, b, out=out)
@@ -275,7 +277,9 @@ class GpuWorkload:
 
     def draft_alloc(self, ctx: int) -> None:
         with self.x.on(self.e):
-            self._dkv = self.x.raw_empty((self.D_LAYERS, 2, max(64, min(ctx, self._cap)), self.D_KV))
+            self._dkv = self.x.raw_empty(
+                (self.D_LAYERS, 2, max(64, min(ctx, self._cap)), self.D_KV)
+            )
 
     def draft_prime(self, prompt_tokens: int) -> None:
         x = self.x

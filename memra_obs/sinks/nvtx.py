@@ -105,7 +105,9 @@ class NvtxSink(Sink):
         except Exception as exc:
             self.range_hook = None
             self.backend = "off"
-            _say_once("nvtx-error", f"NVTX sink: setting up ranges failed ({exc!r}); no NVTX ranges")
+            _say_once(
+                "nvtx-error", f"NVTX sink: setting up ranges failed ({exc!r}); no NVTX ranges"
+            )
 
     def _find(self) -> None:
         if _importable("nvtx"):
@@ -116,8 +118,11 @@ class NvtxSink(Sink):
                 return
             domain = nvtx.get_domain(DOMAIN)
             if type(domain).__name__ == "DummyDomain":
-                _say_once("nvtx-notool", "NVTX sink: no profiler attached (run under Nsight Systems, "
-                          "`nsys profile`, to see ranges); no NVTX ranges")
+                _say_once(
+                    "nvtx-notool",
+                    "NVTX sink: no profiler attached (run under Nsight Systems, "
+                    "`nsys profile`, to see ranges); no NVTX ranges",
+                )
                 return
             self.range_hook = _DomainRanges(domain)
             self.backend = "nvtx"
@@ -128,11 +133,17 @@ class NvtxSink(Sink):
             if torch.cuda.is_available():
                 self.range_hook = _TorchRanges(torch.cuda.nvtx)
                 self.backend = "torch"
-                _say_once("nvtx-torch", "NVTX sink: the nvtx package is not installed; using "
-                          "torch.cuda.nvtx (no 'memra' domain)")
+                _say_once(
+                    "nvtx-torch",
+                    "NVTX sink: the nvtx package is not installed; using "
+                    "torch.cuda.nvtx (no 'memra' domain)",
+                )
                 return
-        _say_once("nvtx-absent", "NVTX sink: neither the nvtx package nor a CUDA torch is installed; "
-                  "no NVTX ranges (pip install nvtx)")
+        _say_once(
+            "nvtx-absent",
+            "NVTX sink: neither the nvtx package nor a CUDA torch is installed; "
+            "no NVTX ranges (pip install nvtx)",
+        )
 
 
 def _importable(name: str) -> bool:

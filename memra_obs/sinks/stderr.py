@@ -19,7 +19,9 @@ __all__ = ["StderrSink"]
 class StderrSink(Sink):
     """Writes the legacy lines for the records it is given."""
 
-    def __init__(self, level: int = 1, prof: bool = False, writer: LineWriter | None = None) -> None:
+    def __init__(
+        self, level: int = 1, prof: bool = False, writer: LineWriter | None = None
+    ) -> None:
         self.level = level
         self.prof = prof
         self.writer = writer if writer is not None else stderr_writer()

@@ -93,4 +93,3 @@ def rig(backend: str) -> Rig:
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"gpu: backends={BACKENDS or 'none'} devices={GPUS} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}"
-

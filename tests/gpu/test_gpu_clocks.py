@@ -47,7 +47,9 @@ def loop(obs: Any, rig: Any, rounds: int = 4, timed: list[float] | None = None) 
 
 
 def per_round_ms(rounds: list[Any]) -> dict[str, float]:
-    return {n: statistics.median(r.phase_ns()[i] for r in rounds) / 1e6 for i, n in enumerate(PHASES)}
+    return {
+        n: statistics.median(r.phase_ns()[i] for r in rounds) / 1e6 for i, n in enumerate(PHASES)
+    }
 
 
 def test_sync_clock_puts_queued_verify_work_in_verify(rig: Any) -> None:
@@ -92,8 +94,10 @@ def test_event_clock_agrees_with_sync_without_waiting(rig: Any) -> None:
                 loop(cap.observer, rig, rounds=2, timed=waits if clock == "event" else None)
             rounds[clock].extend(cap.rounds)
     sync, ev = per_round_ms(rounds["sync"]), per_round_ms(rounds["event"])
-    print(f"\n[gpu] {rig.x.name} sync {sync}\n[gpu] {rig.x.name} event {ev}\n"
-          f"[gpu] event end_verify host ms (median) {statistics.median(waits):.4f} vs {dev:.2f} ms queued")
+    print(
+        f"\n[gpu] {rig.x.name} sync {sync}\n[gpu] {rig.x.name} event {ev}\n"
+        f"[gpu] event end_verify host ms (median) {statistics.median(waits):.4f} vs {dev:.2f} ms queued"
+    )
     assert abs(ev["verify"] - sync["verify"]) <= 0.05 * sync["verify"], (sync, ev)
     assert abs(ev["draft"] - sync["draft"]) <= 0.10 * sync["draft"], (sync, ev)
     assert ev["accept"] < 0.1 * dev
@@ -149,10 +153,13 @@ def test_event_clock_matches_sync_on_the_spec_workload(backend: str, two_streams
     sync, ev = per_round_ms(out["sync"]), per_round_ms(out["event"])
     ws, we = sum(sync.values()), sum(ev.values())
     share = {n: (100 * sync[n] / ws, 100 * ev[n] / we) for n in PHASES}
-    print(f"\n[gpu] {backend} spec {'e+eh' if two_streams else 'e'} per-round ms sync {sync} (wall {ws:.3f})"
-          f"\n[gpu] {backend} spec {'e+eh' if two_streams else 'e'} per-round ms event {ev} (wall {we:.3f})"
-          f"\n[gpu] shares % (sync, event) " + " ".join(f"{n}=({a:.1f},{b:.1f})" for n, (a, b) in share.items())
-          + f"\n[gpu] event clock anchor window µs (median of bursts) {statistics.median(window):.1f}")
+    print(
+        f"\n[gpu] {backend} spec {'e+eh' if two_streams else 'e'} per-round ms sync {sync} (wall {ws:.3f})"
+        f"\n[gpu] {backend} spec {'e+eh' if two_streams else 'e'} per-round ms event {ev} (wall {we:.3f})"
+        f"\n[gpu] shares % (sync, event) "
+        + " ".join(f"{n}=({a:.1f},{b:.1f})" for n, (a, b) in share.items())
+        + f"\n[gpu] event clock anchor window µs (median of bursts) {statistics.median(window):.1f}"
+    )
     assert abs(ev["verify"] - sync["verify"]) <= 0.05 * sync["verify"], (sync, ev)
     for n, (a, b) in share.items():
         assert abs(a - b) <= 3.0, (n, share)

@@ -76,7 +76,9 @@ def test_nvml_and_cudamemgetinfo_agree_and_see_an_allocation(backend: str) -> No
     a1, n1 = cu.snapshot(), nv.snapshot()
     del buf
     release(backend)
-    print(f"\n[gpu] {backend} free MiB cudaMemGetInfo {a0} NVML {n0} | after {ALLOC_MIB} MiB: cuda {a1} NVML {n1}")
+    print(
+        f"\n[gpu] {backend} free MiB cudaMemGetInfo {a0} NVML {n0} | after {ALLOC_MIB} MiB: cuda {a1} NVML {n1}"
+    )
     for (o, f_nv), (_, f_a), (_, f_b) in zip(n0, a0, b0, strict=True):
         assert min(abs(f_nv - f_a), abs(f_nv - f_b)) <= 8, (o, f_nv, f_a, f_b)
     drop_nv = n0[0][1] - n1[0][1]
@@ -121,11 +123,16 @@ def parent_buses(backend: str) -> list[str]:
 
 
 def child(mode: str, **env: str) -> dict[str, Any]:
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    e = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    )
     for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
         e.pop(k, None)
     e.update(env)
-    r = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, env=e, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, mode], capture_output=True, text=True, env=e, timeout=300
+    )
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("CHILD"))
     return json.loads(line[5:])
@@ -168,9 +175,10 @@ def test_gpu_workload_kv_cache_moves_free_memory(backend: str) -> None:
     w = GpuWorkload(backend)
     ctx = 16384
     per_token = w.layers * 2 * w.KV_DIM * 2
-    with capture(level=1, prof=True, memory=FreeMemory(report=lambda k, m: None)) as cap, cap.observer.session(
-        "gpu", e=w.e, eh=w.eh
-    ) as s:
+    with (
+        capture(level=1, prof=True, memory=FreeMemory(report=lambda k, m: None)) as cap,
+        cap.observer.session("gpu", e=w.e, eh=w.eh) as s,
+    ):
         s.free_memory("before")
         w.cache_alloc(ctx)
         s.lap("cache_alloc")
@@ -184,6 +192,8 @@ def test_gpu_workload_kv_cache_moves_free_memory(backend: str) -> None:
         before, after = dict(prof.free_mb_before), dict(prof.free_mb_after)
         w.end_session()
     cache_mib = ctx * per_token / MIB
-    print(f"\n[gpu] {backend} workload: before {prof.free_mb_before} after {prof.free_mb_after}; KV cache {cache_mib:.0f} MiB")
+    print(
+        f"\n[gpu] {backend} workload: before {prof.free_mb_before} after {prof.free_mb_after}; KV cache {cache_mib:.0f} MiB"
+    )
     assert before[0] - after[0] >= 0.95 * cache_mib
     assert prof.prime_ms > 0 and prof.cache_alloc_ms >= 0

@@ -1,0 +1,34 @@
+"""The tree stays ruff-clean (lint and format), as CI checks it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PATHS = ["memra_obs", "tests", "bench", "grafana", "deploy"]
+
+
+def _ruff() -> list[str]:
+    exe = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if exe is None:
+        pytest.skip("ruff is not installed (pip install -e .[dev])")
+    return [exe]
+
+
+def test_ruff_check_is_clean():
+    """No lint findings anywhere in the tree."""
+    r = subprocess.run([*_ruff(), "check", *PATHS], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ruff_format_is_clean():
+    """Every file is as the formatter leaves it."""
+    r = subprocess.run(
+        [*_ruff(), "format", "--check", *PATHS], cwd=ROOT, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
