@@ -13,16 +13,19 @@ number and reason) and skipped; bytes that are not UTF-8 pass through as they ca
 
 from __future__ import annotations
 
+import gc
 import os
 import select
-import struct
+from array import array
 from collections.abc import Callable
+from itertools import compress, repeat
+from operator import itemgetter, mul
 from typing import BinaryIO
 
 from ..events import Record
 from ..legacy import (
     FAST_PHASE,
-    FAST_ROW,
+    FAST_ROW_LINES,
     FAST_TAGS_EXCLUDED,
     FAST_VERIFY,
     PHASE,
@@ -31,7 +34,7 @@ from ..legacy import (
     LegacyParseError,
     scan_line,
 )
-from .rebuild import Rebuilder
+from .rebuild import Rebuilder, RowColumns
 from .stats import TailStats
 
 __all__ = ["MAX_LINE", "Tail"]
@@ -40,10 +43,33 @@ __all__ = ["MAX_LINE", "Tail"]
 #: through and counted as ``other`` without being kept whole in memory.
 MAX_LINE = 1 << 20
 
+try:  # the C scanner (setup.py builds it where a compiler is found)
+    from ._scan import scan as C_SCAN
+except ImportError:  # pragma: no cover - a build without it: the pure-Python path
+    C_SCAN = None
+
 _ROW_HEAD = "[spec-prof-rounds] "
 #: "0".."9999" -> int: the fast row pattern's short counts, without int()'s call.
-_SMALL = {str(i): i for i in range(10_000)}
-_F32X5 = struct.Struct("<5f")
+_SMALL = {str(i): i for i in range(10_000)}.__getitem__
+_first = itemgetter(0)
+
+
+def _row_columns(rows: list[tuple[str, ...]], n: int) -> RowColumns:
+    """The ``n`` rows FAST_ROW_LINES took apart, as the rebuilder's columns: row indices,
+    wall, draft, verify, accept, rest (each ns ``round(f32_ms * 1e6)``: the float, its f32
+    — an ``array('f')`` rounds as ``struct``'s ``f`` does —, times 1e6, rounded), and
+    (k, j, ctx, seq_rows) tuples. One map per step over all five time columns at once."""
+    i, w, d, v, a, r, k, j, c, q, _ = zip(*rows, strict=True)
+    ns = list(map(round, map(mul, array("f", map(float, w + d + v + a + r)), repeat(1e6))))
+    return (
+        list(map(_SMALL, i)),
+        ns[:n],
+        ns[n : 2 * n],
+        ns[2 * n : 3 * n],
+        ns[3 * n : 4 * n],
+        ns[4 * n :],
+        list(zip(map(_SMALL, k), map(_SMALL, j), map(int, c), map(_SMALL, q), strict=True)),
+    )
 
 
 def _kind_of(text: str) -> str:
@@ -98,6 +124,9 @@ class Tail:
         self._skipping = False  # inside an over-long line
         self._notes: list[bytes] = []
         self._note_to = notes
+        self._chunk = ""  # the text being scanned, its lines (split for a report) and
+        self._chunk_lines: list[str] | None = None  # the line number before it
+        self._chunk_n0 = 0
 
     # -- output --------------------------------------------------------------------------
 
@@ -177,14 +206,26 @@ class Tail:
         # One decode per chunk: "\n" never occurs inside a UTF-8 sequence, so the lines split
         # where the bytes do; undecodable bytes become U+FFFD here (and fail any legacy shape)
         # while the output keeps them as they came.
-        lines = blob.decode("utf-8", "replace").split("\n")
-        lines.pop()  # the empty piece after the last newline
+        text = blob.decode("utf-8", "replace")
         if self._skipping:
             self._skipping = False
             self.lineno += 1
             self.stats.lines["other"] += 1
-            del lines[0]
-        self._lines(lines, t)
+            text = text[text.index("\n") + 1 :]
+        if not text:
+            pass
+        elif gc.isenabled():
+            # A chunk makes tens of thousands of short-lived containers, all freed by their
+            # reference counts; left on, the cycle collector would run dozens of times a
+            # chunk and walk the exporters' live state each time (~8 % of the tail's time).
+            # Off for the chunk, it runs once after it.
+            gc.disable()
+            try:
+                self._text(text, t)
+            finally:
+                gc.enable()
+        else:
+            self._text(text, t)
         if len(self._buf) > MAX_LINE:
             self._overlong()
 
@@ -210,7 +251,7 @@ class Tail:
                 self.lineno += 1
                 self.stats.lines["other"] += 1
             else:
-                self._lines([buf.decode("utf-8", "replace")], t)
+                self._text(buf.decode("utf-8", "replace") + "\n", t)
         self._publish()
 
     def close(self, t: int) -> None:
@@ -248,106 +289,173 @@ class Tail:
             self.stats.orphans["phase"] += 1
             self._bad(self.lineno, why, "")
 
-    def _lines(self, lines: list[str], t: int) -> None:
-        """Scan and rebuild ``lines``. The common shapes (rows, phase and level-2 lines)
-        go through the parser's fast patterns (:data:`memra_obs.legacy.FAST_ROW` ...),
-        which accept only lines ``scan_line`` would return the same values for; anything
-        else, malformed lines included, goes through ``scan_line`` itself."""
-        st = self.stats
-        counts = st.lines
-        rb = self.rebuilder
-        feed = rb.feed
-        put_row = rb.row
-        put_phase = rb.phase
-        put_verify = rb.verify
-        scan = scan_line
-        row_match = FAST_ROW
-        phase_match = FAST_PHASE
-        verify_match = FAST_VERIFY
-        excluded = FAST_TAGS_EXCLUDED
-        small = _SMALL
-        pack = _F32X5.pack
-        unpack = _F32X5.unpack
-        n = self.lineno
-        other = nrows = nphase = nverify = 0
-        for text in lines:
-            n += 1
-            if text[:19] == _ROW_HEAD:  # most legacy lines are rows
-                m = row_match(text)
-                if m is not None:
-                    i, w, d, v, a, r, k, j, c, q = m.groups()
-                    w, d, v, a, r = unpack(pack(float(w), float(d), float(v), float(a), float(r)))
-                    nrows += 1
-                    why = put_row(
-                        (
-                            small[i],
-                            round(w * 1e6),
-                            round(d * 1e6),
-                            round(v * 1e6),
-                            round(a * 1e6),
-                            round(r * 1e6),
-                            (small[k], small[j], int(c), small[q]),
-                        ),
-                        t,
-                    )
-                    if why is not None:
-                        st.orphans[PROF_ROUNDS] += 1
-                        self._bad(n, why, text)
-                    continue
-            elif text[:1] != "[":  # the common case for other programs' lines
-                other += 1
-                continue
-            elif " total=" in text:
-                m = phase_match(text)
-                if m is not None:
-                    g = m.groups()
-                    tag = g[0]
-                    if tag not in excluded:
-                        nphase += 1
-                        why = put_phase(tag, (int(g[1]), int(g[2]), *g[3:]), t)
-                        if why is not None:
-                            st.orphans[PHASE] += 1
-                            self._bad(n, why, text)
-                        continue
-            else:
-                m = verify_match(text)
-                if m is not None:
-                    g = m.groups()
-                    tag = g[0]
-                    if tag not in excluded:
-                        nverify += 1
-                        why = put_verify(tag, (int(g[1]), int(g[2]), *g[3:]), t)
-                        if why is not None:
-                            st.orphans[VERIFY] += 1
-                            self._bad(n, why, text)
-                        continue
-            try:
-                s = scan(text)
-            except LegacyParseError as exc:
-                kind = _kind_of(text)
-                st.malformed[kind] += 1
-                counts[kind] += 1
-                self._bad(n, f"malformed {kind} line: {exc.reason}", text)
-                continue
-            if s is None:
-                other += 1
-                continue
-            kind = s[0]
-            counts[kind] += 1
-            why = feed(kind, s[1], s[2], t)
-            if why is not None:
-                st.orphans[kind] += 1
-                self._bad(n, why, text)
-        self.lineno = n
-        counts["other"] += other
-        counts[PROF_ROUNDS] += nrows
-        counts[PHASE] += nphase
-        counts[VERIFY] += nverify
+    def _text(self, text: str, t: int) -> None:
+        """Scan and rebuild the lines of ``text`` (each ends in "\\n"), then publish.
+
+        The three shapes that make up almost every legacy line — ``[spec-prof-rounds]``
+        rows, phase lines, level-2 lines — go through the C scanner (:data:`C_SCAN`) or,
+        where it was not built, through the parser's fast patterns; each run of
+        consecutive rows goes to the rebuilder in one call. Any other line starting with
+        "[" goes through :meth:`_tagged` (``scan_line``, which does every check and gives
+        every reason). Both fast paths accept only lines ``scan_line`` returns the same
+        values for."""
+        self._chunk = text
+        self._chunk_lines = None
+        self._chunk_n0 = self.lineno
+        if C_SCAN is not None:
+            self._scanned(text, t)
+        else:
+            self._tokens(text, t)
+        self._chunk = ""
+        self._chunk_lines = None
         self._publish()
 
-    def _bad(self, lineno: int, why: str, text: str) -> None:
+    def _scanned(self, text: str, t: int) -> None:
+        """:meth:`_text` through the C scanner: one call a chunk, then one step per event
+        (a run of rows, a phase line, a level-2 line, a line for the Python path)."""
+        try:
+            events, cols, nlines, plain = C_SCAN(text)  # type: ignore[misc]
+        except Exception:  # (out of memory, say) the Python path does the chunk instead
+            self._tokens(text, t)
+            return
+        n0 = self.lineno + 1  # the number of the chunk's line 0
+        st = self.stats
+        rb = self.rebuilder
+        put_phase = rb.phase
+        put_verify = rb.verify
+        nphase = nverify = 0
+        for ev in events:
+            kind = ev[0]
+            if kind == 0:
+                self._rows(cols, ev[2], ev[3], n0 + ev[1], t)
+            elif kind == 1:
+                nphase += 1
+                why = put_phase(ev[2], ev[3], t)
+                if why is not None:
+                    st.orphans[PHASE] += 1
+                    self._bad(n0 + ev[1], why, None)
+            elif kind == 2:
+                nverify += 1
+                why = put_verify(ev[2], ev[3], t)
+                if why is not None:
+                    st.orphans[VERIFY] += 1
+                    self._bad(n0 + ev[1], why, None)
+            else:
+                self._tagged(ev[2], n0 + ev[1], t)
+        self.lineno += nlines
+        counts = st.lines
+        counts["other"] += plain
+        if cols is not None:
+            counts[PROF_ROUNDS] += len(cols[0])
+        counts[PHASE] += nphase
+        counts[VERIFY] += nverify
+
+    def _tokens(self, text: str, t: int) -> None:
+        """:meth:`_text` in Python: one tokenizing pass
+        (:data:`memra_obs.legacy.FAST_ROW_LINES`) splits the text into lines and takes
+        apart every row the fast pattern accepts; the rows' numbers are converted a column
+        at a time (C-level maps, no Python step per value)."""
+        toks = FAST_ROW_LINES(text)
+        rows = list(compress(toks, map(_first, toks)))
+        nrows = len(rows)
+        if nrows:
+            cols = _row_columns(rows, nrows)
+        tagged = self._tagged
+        n = self.lineno
+        other = 0
+        ri = 0  # rows handed over so far
+        run = 0  # rows in the run being gathered
+        for tok in toks:
+            n += 1
+            if tok[0]:  # a row (most legacy lines are)
+                run += 1
+                continue
+            if run:
+                self._rows(cols, ri, ri + run, n - run, t)
+                ri += run
+                run = 0
+            text = tok[10]
+            if text[:1] != "[":  # the common case for other programs' lines
+                other += 1
+            else:
+                tagged(text, n, t)
+        if run:
+            self._rows(cols, ri, ri + run, n + 1 - run, t)
+        self.lineno = n
+        counts = self.stats.lines
+        counts["other"] += other
+        counts[PROF_ROUNDS] += nrows
+
+    def _tagged(self, text: str, n: int, t: int) -> None:
+        """Line ``n``, starting with "[", that no fast row took: a phase or level-2 line
+        through its fast pattern, anything else through ``scan_line``."""
+        st = self.stats
+        rb = self.rebuilder
+        if text[:19] == _ROW_HEAD:
+            pass  # a row the fast pattern refused: scan_line says why
+        elif " total=" in text:
+            m = FAST_PHASE(text)
+            if m is not None:
+                g = m.groups()
+                tag = g[0]
+                if tag not in FAST_TAGS_EXCLUDED:
+                    st.lines[PHASE] += 1
+                    why = rb.phase(tag, (int(g[1]), int(g[2]), *g[3:]), t)
+                    if why is not None:
+                        st.orphans[PHASE] += 1
+                        self._bad(n, why, text)
+                    return
+        else:
+            m = FAST_VERIFY(text)
+            if m is not None:
+                g = m.groups()
+                tag = g[0]
+                if tag not in FAST_TAGS_EXCLUDED:
+                    st.lines[VERIFY] += 1
+                    why = rb.verify(tag, (int(g[1]), int(g[2]), *g[3:]), t)
+                    if why is not None:
+                        st.orphans[VERIFY] += 1
+                        self._bad(n, why, text)
+                    return
+        try:
+            s = scan_line(text)
+        except LegacyParseError as exc:
+            kind = _kind_of(text)
+            st.malformed[kind] += 1
+            st.lines[kind] += 1
+            self._bad(n, f"malformed {kind} line: {exc.reason}", text)
+            return
+        if s is None:
+            st.lines["other"] += 1
+            return
+        kind = s[0]
+        st.lines[kind] += 1
+        why = rb.feed(kind, s[1], s[2], t)
+        if why is not None:
+            st.orphans[kind] += 1
+            self._bad(n, why, text)
+
+    def _rows(self, cols: RowColumns, a: int, z: int, lineno: int, t: int) -> None:
+        """Rows ``a:z`` of the chunk's row columns (the first on line ``lineno``) to the
+        rebuilder; the ones it cannot place are counted and reported by line."""
+        bad = self.rebuilder.rows(cols, a, z, t)
+        if bad:
+            for i, why in bad:
+                self.stats.orphans[PROF_ROUNDS] += 1
+                self._bad(lineno + i, why, None)
+
+    def _line(self, lineno: int) -> str:
+        """The text of line ``lineno`` of the chunk being scanned (for a report)."""
+        lines = self._chunk_lines
+        if lines is None:
+            lines = self._chunk_lines = self._chunk.split("\n")
+        return lines[lineno - self._chunk_n0 - 1]
+
+    def _bad(self, lineno: int, why: str, text: str | None) -> None:
         self.reports += 1
         if self.reports <= self.report_limit:
+            if text is None:
+                text = self._line(lineno)
             excerpt = text if len(text) <= 80 else text[:77] + "..."
             self.note(f"{self.name}:{lineno}: {why}" + (f": {excerpt!r}" if text else ""))
         elif self.reports == self.report_limit + 1:

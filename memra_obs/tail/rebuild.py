@@ -31,8 +31,9 @@ takes the line's arrival stamp (``time.perf_counter_ns``, the package's monotoni
 burst's rounds over as one ``RoundBlock`` instead of one ``RoundRecord`` per round, and no
 ``BurstRecord`` (which that exporter does not use): the same metrics, for much less work.
 
-Rows travel inside the rebuilder already in integer ns: ``(row, wall, draft, verify,
-accept, rest, (k, j, ctx, seq_rows))``, each ns ``round(f32_ms * 1e6)`` (see :meth:`row`);
+Rows travel inside the rebuilder already in integer ns, each ``round(f32_ms * 1e6)``: one
+row as ``(row, wall, draft, verify, accept, rest, (k, j, ctx, seq_rows))`` (:meth:`row`),
+runs of rows as :data:`RowColumns` (:meth:`rows`), and a burst keeps its rows as columns;
 phase and level-2 lines keep their values as scanned (str from the tail's fast path, float
 from ``scan_line``) and are converted only where a value is used.
 """
@@ -43,7 +44,8 @@ import itertools
 import random
 import time
 from collections.abc import Callable
-from operator import itemgetter
+from itertools import repeat
+from operator import itemgetter, mul, sub
 from typing import Any
 
 from ..events import (
@@ -58,7 +60,20 @@ from ..legacy import OVERRIDE, PHASE, PROF, PROF_ROUNDS, PROF_SUMMARY, VERIFY
 from ..prom.exporter import RoundBlock
 from ..records import SPEC_PROF_ROUNDS, SpecFirstTokenProf, SpecPhaseNs
 
-__all__ = ["MAX_BURST_ROUNDS", "UNKNOWN_FAMILY", "Rebuilder", "RecordBatch", "family_of"]
+__all__ = [
+    "MAX_BURST_ROUNDS",
+    "UNKNOWN_FAMILY",
+    "Rebuilder",
+    "RecordBatch",
+    "RowColumns",
+    "family_of",
+]
+
+#: Rows as columns: row indices; wall, draft, verify, accept, rest ns; (k, j, ctx, seq_rows).
+RowColumns = tuple[
+    list[int], list[int], list[int], list[int], list[int], list[int],
+    list[tuple[int, int, int, int]],
+]  # fmt: skip
 
 #: ``family`` (and empty tag) of sessions whose lines never named one (profile-only streams).
 UNKNOWN_FAMILY = "unknown"
@@ -127,7 +142,9 @@ class _Burst:
         self.verify: tuple[Any, ...] | None = None
         self.tag_v = ""
         self.prof: SpecFirstTokenProf | None = None
-        self.rows: list[tuple[Any, ...]] = []
+        #: None until a row is in, then the rows as columns: wall, draft, verify, accept,
+        #: rest (ns), (k, j, ctx, seq_rows).
+        self.rows: list[list[Any]] | None = None
         self.arrival = t
         self.last = t
         #: Once a row is in: the index the next row must have, and how many more fit.
@@ -323,7 +340,7 @@ class Rebuilder:
         if (
             b is not None
             and b.prof is None
-            and not b.rows
+            and b.rows is None
             and b.phase is not None
             and b.rounds == n
         ):
@@ -345,35 +362,72 @@ class Rebuilder:
         (k, j, ctx, seq_rows))`` with each ns ``round(f32_ms * 1e6)``."""
         self._last_kind = PROF_ROUNDS
         b = self._pending
-        if b is not None:
-            rows = b.rows
-            if rows:  # the burst's next row (its base no longer moves: see _place)
-                if b.left > 0 and v[0] == b.nxt:
-                    rows.append(v)
-                    b.nxt += 1
-                    b.left -= 1
-                    b.last = t
-                    return None
-            elif self._place(b, v, t):
-                return None
+        if (
+            b is not None
+            and (b.rows is not None or self._place(b, v[0]))
+            and b.left > 0
+            and v[0] == b.nxt  # the burst's next row
+        ):
+            _put_row(b.rows, v)  # type: ignore[arg-type]
+            b.nxt += 1
+            b.left -= 1
+            b.last = t
+            return None
         return self._row_other(b, v, t)
 
-    def _place(self, b: _Burst, v: tuple[Any, ...], t: int) -> bool:
-        """The first row of ``b``: its index must be the burst's base (0 for a session's
-        first burst, else the rounds the session has run); at most ``SPEC_PROF_ROUNDS`` rows
-        a session, ``rounds`` a burst. Once a row is in, ``b.prof`` cannot change (a
-        ``[spec-prof]`` only joins a burst without rows) and the session stays the same
-        while ``b`` is pending, so the base is fixed: ``nxt``/``left`` carry it on."""
+    def rows(self, cols: RowColumns, a: int, z: int, t: int) -> list[tuple[int, str]] | None:
+        """Rows ``a:z`` of ``cols``, in order: the same as one :meth:`row` each, with the
+        run that continues the pending burst taken in one step. Returns (offset from
+        ``a``, why) for each row that could not be placed, or None."""
+        b = self._pending
+        idx = cols[0]
+        a0 = a
+        if b is not None and (b.rows is not None or self._place(b, idx[a])):
+            m = z - a
+            if m > b.left:
+                m = b.left
+            nxt = b.nxt
+            if m > 0 and idx[a] == nxt and (m == 1 or idx[a : a + m] == list(range(nxt, nxt + m))):
+                e = a + m
+                rows = b.rows
+                if rows[0]:  # type: ignore[index]
+                    for col, src in zip(rows, cols[1:], strict=True):  # type: ignore[arg-type]
+                        col.extend(src[a:e])
+                else:  # the burst's first rows (the usual case: all of them)
+                    b.rows = [src[a:e] for src in cols[1:]]  # type: ignore[misc]
+                b.nxt = nxt + m
+                b.left -= m
+                b.last = t
+                self._last_kind = PROF_ROUNDS
+                if e == z:
+                    return None
+                a = e
+        bad = None
+        row = self.row
+        for i in range(a, z):
+            why = row((idx[i], *(col[i] for col in cols[1:])), t)
+            if why is not None:
+                if bad is None:
+                    bad = []
+                bad.append((i - a0, why))
+        return bad
+
+    def _place(self, b: _Burst, idx: int) -> bool:
+        """Whether a first row ``idx`` starts ``b``'s rows: its index must be the burst's
+        base (0 for a session's first burst, else the rounds the session has run); at most
+        ``SPEC_PROF_ROUNDS`` rows a session, ``rounds`` a burst. If so, ``b.rows`` opens
+        with ``nxt`` = the base and ``left`` = how many fit. Once a row is in, ``b.prof``
+        cannot change (a ``[spec-prof]`` only joins a burst without rows) and the session
+        stays the same while ``b`` is pending, so the base is fixed."""
         s = self._session
         base = 0 if b.prof is not None else (s.rounds if s is not None else 0)
         limit = SPEC_PROF_ROUNDS - base  # the log keeps no more: nor do we
         if b.rounds is not None and b.rounds < limit:
             limit = b.rounds
-        if limit > 0 and v[0] == base:
-            b.rows.append(v)
-            b.nxt = base + 1
-            b.left = limit - 1
-            b.last = t
+        if limit > 0 and idx == base:
+            b.rows = [[], [], [], [], [], []]
+            b.nxt = base
+            b.left = limit
             return True
         return False
 
@@ -387,13 +441,14 @@ class Rebuilder:
             nxt = s.rounds if s is not None else 0
             if b is not None:
                 nxt = (0 if b.prof is not None else nxt) + (
-                    b.rounds if b.rounds is not None else len(b.rows)
+                    b.rounds if b.rounds is not None else _nrows(b)
                 )
                 self._finish(b)
             if idx == nxt and self._session is not None:
                 s = self._session
                 b = self._pending = _Burst(s.tag, None, 0, None, t)
-                b.rows.append(v)
+                b.rows = [[], [], [], [], [], []]
+                _put_row(b.rows, v)
                 base = s.rounds
                 b.nxt = base + 1
                 b.left = SPEC_PROF_ROUNDS - base - 1
@@ -581,7 +636,9 @@ class Rebuilder:
                 (
                     sid,
                     bidx,
-                    b.k if b.phase is not None else max((r[6][0] for r in b.rows), default=0),
+                    b.k
+                    if b.phase is not None or b.rows is None
+                    else max((c[0] for c in b.rows[5]), default=0),
                     start,
                     end,
                     phases,
@@ -614,42 +671,35 @@ class Rebuilder:
             return self._round_phases_profiled(b)
         # A phase line and no profile: the rows' rounds, then the means (most bursts).
         n = ph[0]
-        if len(rows) > n:
-            rows = rows[:n]
-        nr = len(rows)
+        nr = 0
+        if rows is not None:
+            nr = len(rows[0])
+            if nr > n:
+                rows = [col[:n] for col in rows]
+                nr = n
         roll_t = _burst_total_ns(float(ph[6]), float(ph[11]), n)
         maint_t = _burst_total_ns(float(ph[7]), float(ph[12]), n)
         share = self._roll_share
         if roll_t + maint_t > 0:
             share = self._roll_share = roll_t / (roll_t + maint_t)
         wall = 0
+        counts: list[tuple[int, int, int, int]] = []
         if nr:
-            # A row: (row, wall, draft, verify, accept, rest, (k, j, ctx, seq_rows)), ns.
-            _, W, D, V, A, R, counts = zip(*rows, strict=True)
+            W, D, V, A, R, counts = rows  # type: ignore[misc]
             if nr == n:
                 rest = sum(R)
                 if rest > 0:
                     x = roll_t / rest  # >= 0: min(max(x, 0.0), 1.0)
                     share = x if x <= 1.0 else 1.0
-            roll: list[int] = []
-            maint: list[int] = []
-            put_roll = roll.append
-            put_maint = maint.append
-            short = 0
-            for w, d, v, a, r in zip(W, D, V, A, R, strict=True):
-                x = round(r * share)
-                put_roll(x)
-                # The wall is the row's own; maint takes what the f32 roundings leave of it.
-                m = w - d - v - a - x
-                if m > 0:
-                    put_maint(m)
-                else:
-                    put_maint(0)
-                    short -= m  # the round's wall is then d + v + a + roll = w - m
-            cols = [list(D), list(V), list(A), roll, maint]
-            wall = sum(W) + short
+            roll = list(map(round, map(mul, R, repeat(share))))
+            # The wall is the row's own; maint takes what the f32 roundings leave of it.
+            maint = list(map(sub, map(sub, map(sub, map(sub, W, D), V), A), roll))
+            wall = sum(W)
+            if min(maint) < 0:  # the round's wall is then d + v + a + roll = w - m
+                wall -= sum(m for m in maint if m < 0)
+                maint = [m if m > 0 else 0 for m in maint]
+            cols = [D, V, A, roll, maint]
         else:
-            counts = ()
             cols = [[], [], [], [], []]
         m = n - nr
         if m > 0:
@@ -687,18 +737,20 @@ class Rebuilder:
         rows = b.rows
         ph = b.phase
         prof = b.prof
-        n = b.rounds if (b.rounds is not None and ph is not None) else len(rows)
+        nr = _nrows(b)
+        n = b.rounds if (b.rounds is not None and ph is not None) else nr
         if prof is not None and n == 0 and b.rounds:
             n = 1  # no phase line and no rows: round 0 is still known from the profile
-        if len(rows) > n:
-            rows = rows[:n]
+        if nr > n:
+            rows = [col[:n] for col in rows]  # type: ignore[union-attr]
+            nr = n
         r0: tuple[int, int, int, int, int] | None = None
         if prof is not None and n:
             dp, fd, fv, fa, fr, fm = (round(getattr(prof, f) * 1e6) for f in _ROUND0_MS)
             r0 = (dp + fd, fv, fa, fr, fm)
-        counts: tuple[tuple[int, int, int, int], ...] = ()
-        if rows:
-            _, W, D, V, A, R, counts = zip(*rows, strict=True)
+        counts: list[tuple[int, int, int, int]] = []
+        if nr:
+            W, D, V, A, R, counts = rows  # type: ignore[misc]
         share = self._roll_share
         if ph is not None:
             rounds = ph[0]
@@ -706,12 +758,12 @@ class Rebuilder:
             maint_t = _burst_total_ns(float(ph[7]), float(ph[12]), rounds)
             if roll_t + maint_t > 0:
                 share = self._roll_share = roll_t / (roll_t + maint_t)
-            if rows and len(rows) == n:
+            if nr and nr == n:
                 rest = sum(R) - (R[0] if r0 is not None else 0)
                 if rest > 0:
                     roll_left = roll_t - (r0[3] if r0 is not None else 0)
                     share = min(max(roll_left / rest, 0.0), 1.0)
-        if rows:
+        if nr:
             roll = []
             maint = []
             for w, d, v, a, r in zip(W, D, V, A, R, strict=True):
@@ -738,6 +790,21 @@ class Rebuilder:
             )
             self._means(cols, totals, m)
         return cols, counts, sum(map(sum, cols))
+
+
+def _put_row(rows: list[list[Any]], v: tuple[Any, ...]) -> None:
+    """One row ``(row, wall, draft, verify, accept, rest, counts)`` onto a burst's columns."""
+    w, d, ve, a, r, c = rows
+    w.append(v[1])
+    d.append(v[2])
+    ve.append(v[3])
+    a.append(v[4])
+    r.append(v[5])
+    c.append(v[6])
+
+
+def _nrows(b: _Burst) -> int:
+    return 0 if b.rows is None else len(b.rows[0])
 
 
 def _intervals(
