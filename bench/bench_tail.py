@@ -18,6 +18,8 @@ work), in 64 KiB chunks as the tail reads them. Stages, each timed over the whol
                 compact records of the ``+prom`` wiring: a RoundBlock per burst)
 ``+prom``       the same, exported to a ``PrometheusExporter`` (the /metrics state), wired
                 as ``memra-obs tail`` wires it with ``MEMRA_OBS_SINKS=prometheus``
+``+prom, py``   ``+prom`` with the C line scanner switched off (the pure-Python path an
+                install without a C compiler takes)
 ``prom alone``  that exporter fed the same batches, prebuilt: its share of ``+prom``
 ``+prom+spans`` records (a RoundRecord per round) to the PrometheusExporter and the span
                 exporter writing OTLP-JSON to a file (the tail's default sinks)
@@ -60,7 +62,7 @@ from memra_obs.records import (
     SpecRoundsLog,
     VerifySplit,
 )
-from memra_obs.tail import Rebuilder, Tail, rebuilder_for
+from memra_obs.tail import Rebuilder, Tail, core, rebuilder_for
 
 GOAL = 200_000
 BURST = 6
@@ -172,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(blob) / 1e6:.1f} MB; mix: " + ", ".join(f"{k} {v / n:.0%}" for k, v in kinds.items()))  # fmt: skip
     if not a.trace_only:
         print(f"rows cover the first {SPEC_PROF_ROUNDS} rounds of each session")
+    print("line scanner: " + ("C (memra_obs.tail._scan)" if core.C_SCAN is not None
+          else "pure Python (the C scanner is not built)"))  # fmt: skip
 
     def scan_all() -> None:
         for line in lines:
@@ -191,6 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     stage("rebuild", n, lambda: run_tail(parts, lambda b: None, Rebuilder("bench", compact=True)),
           a.repeat)  # fmt: skip
     rate = stage("+prom", n, with_prom, a.repeat)
+    if core.C_SCAN is not None:
+        scanner = core.C_SCAN
+        core.C_SCAN = None
+        try:
+            stage("+prom, py", n, with_prom, a.repeat)
+        finally:
+            core.C_SCAN = scanner
 
     # The exporter alone, on the batches rebuilt beforehand: its share of +prom.
     batches: list[list[Any]] = []

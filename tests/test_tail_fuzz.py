@@ -36,6 +36,7 @@ from memra_obs.records import (
     VerifySplit,
 )
 from memra_obs.tail import Rebuilder, Tail
+from memra_obs.tail.core import C_SCAN
 
 ms64 = st.one_of(
     st.floats(min_value=0, max_value=1e9, allow_nan=False),
@@ -269,14 +270,18 @@ def test_prof_fast_pattern_on_damaged_lines(line):
     _prof_agrees(line)
 
 
-def _tail_records(data: bytes, fast: bool) -> tuple[Any, ...]:
-    """What a tail makes of ``data``: records, reports, counters, line count."""
+def _tail_records(data: bytes, mode: str) -> tuple[Any, ...]:
+    """What a tail makes of ``data``: records, reports, counters, line count. ``mode``:
+    ``c`` (the C scanner), ``py`` (the pure-Python fast path), ``slow`` (every line
+    through scan_line, as before any fast path)."""
     import pytest
 
     import memra_obs.tail.core as core
 
     with pytest.MonkeyPatch.context() as m:
-        if not fast:  # every line through scan_line, as before the fast patterns
+        if mode != "c":
+            m.setattr(core, "C_SCAN", None)
+        if mode == "slow":
             for name in ("FAST_PHASE", "FAST_VERIFY"):
                 m.setattr(core, name, lambda text: None)
             # A tokenizer that takes no row apart: every line comes back whole.
@@ -402,9 +407,12 @@ def _damaged(line: str) -> st.SearchStrategy[str]:
 def test_fast_patterns_change_nothing_the_tail_does(lines):
     """A worker's stream, damaged, or any mix of valid, damaged and odd lines: the
     records, the reports (line numbers and reasons) and the counters are the same with
-    the fast patterns as without them."""
+    the fast paths (the C scanner, the Python one) as without them."""
     data = "\n".join(lines).encode("utf-8", "surrogatepass") + b"\n"
-    assert _tail_records(data, True) == _tail_records(data, False)
+    want = _tail_records(data, "slow")
+    assert _tail_records(data, "py") == want
+    if C_SCAN is not None:
+        assert _tail_records(data, "c") == want
 
 
 def test_fast_patterns_accept_only_what_scan_line_takes_as_is():
