@@ -11,7 +11,8 @@ records (:mod:`.rebuild`) and published through the same exporters a worker uses
 worker; unset, the tail publishes both (publishing is what it is for).
 
 Modules: :mod:`.source` (pipe / followed file with rotation), :mod:`.core` (bytes ->
-pass-through + records), :mod:`.rebuild` (lines -> records), :mod:`.publish` (records ->
+pass-through + records; ``_scan``, a C extension built where a compiler is found, takes the
+common line shapes apart for it), :mod:`.rebuild` (lines -> records), :mod:`.publish` (records ->
 exporters, off the reading thread), :mod:`.stats` (the tail's own counters).
 """
 

@@ -3,7 +3,8 @@
 :class:`Tail` is the part with no I/O policy of its own, so tests and the benchmark drive it
 directly: ``feed(chunk, t)`` passes the chunk's complete lines through at once (a partial
 last line waits for its newline, at most ~0.1 s, so the tail's own notes and other writers
-do not land inside someone's line), scans each line (``[`` first, then the parser),
+do not land inside someone's line), scans the chunk's lines (the C scanner
+:data:`C_SCAN`, or one tokenizing regex, for the common shapes; the parser for the rest),
 hands the legacy ones to the :class:`~memra_obs.tail.rebuild.Rebuilder`, and gives the
 finished records to ``publish`` in one batch per chunk.
 
