@@ -315,7 +315,7 @@ class Tail:
         """:meth:`_text` through the C scanner: one call a chunk, then one step per event
         (a run of rows, a phase line, a level-2 line, a line for the Python path)."""
         try:
-            events, cols, nlines, plain = C_SCAN(text)  # type: ignore[misc]
+            events, cols, nlines, plain = C_SCAN(text)
         except Exception:  # (out of memory, say) the Python path does the chunk instead
             self._tokens(text, t)
             return

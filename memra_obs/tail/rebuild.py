@@ -390,11 +390,12 @@ class Rebuilder:
             if m > 0 and idx[a] == nxt and (m == 1 or idx[a : a + m] == list(range(nxt, nxt + m))):
                 e = a + m
                 rows = b.rows
-                if rows[0]:  # type: ignore[index]
-                    for col, src in zip(rows, cols[1:], strict=True):  # type: ignore[arg-type]
+                srcs: tuple[list[Any], ...] = cols[1:]
+                if rows is not None and rows[0]:
+                    for col, src in zip(rows, srcs, strict=True):
                         col.extend(src[a:e])
                 else:  # the burst's first rows (the usual case: all of them)
-                    b.rows = [src[a:e] for src in cols[1:]]  # type: ignore[misc]
+                    b.rows = [src[a:e] for src in srcs]
                 b.nxt = nxt + m
                 b.left -= m
                 b.last = t
@@ -599,7 +600,7 @@ class Rebuilder:
         start: int,
         end: int,
         cols: list[list[int]],
-        counts: tuple[tuple[int, int, int, int], ...],
+        counts: list[tuple[int, int, int, int]],
         split: tuple[int, int, int, int] | None,
         tokens: int,
         hook: int,
@@ -654,7 +655,7 @@ class Rebuilder:
 
     def _round_phases(
         self, b: _Burst
-    ) -> tuple[list[list[int]], tuple[tuple[int, int, int, int], ...], int]:
+    ) -> tuple[list[list[int]], list[tuple[int, int, int, int]], int]:
         """Each round's five phase durations (ns), as five columns: round 0 from the
         profile, the rows' own, then the burst's means for rounds without a row; the
         (k, j, ctx, seq_rows) of each round with a row, in order; and the sum of every
@@ -731,7 +732,7 @@ class Rebuilder:
 
     def _round_phases_profiled(
         self, b: _Burst
-    ) -> tuple[list[list[int]], tuple[tuple[int, int, int, int], ...], int]:
+    ) -> tuple[list[list[int]], list[tuple[int, int, int, int]], int]:
         """:meth:`_round_phases` for a burst with a profile (round 0 from it) or without a
         phase line (a profile-only stream)."""
         rows = b.rows
