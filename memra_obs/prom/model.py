@@ -16,6 +16,11 @@ from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
+try:  # a batch into buckets in C (setup.py builds it where a compiler is found)
+    from ._hist import count as C_COUNT
+except ImportError:  # pragma: no cover - a build without it: the sort-based path below
+    C_COUNT = None
+
 __all__ = ["ExState", "Family", "Hist", "Value"]
 
 #: (exemplar labels, observed value in the family's unit, epoch seconds or None)
@@ -58,13 +63,22 @@ class Hist:
 
         ``ex_at(p)`` gives the exemplar labels and timestamp of ``vals[p]`` (None: that
         observation carries none); it is asked only about the observations that end up as
-        a bucket's latest exemplar, found by a scan from the end. Counts come from one sort
-        and a bisect per bucket bound the values span, not from one bisect per value.
+        a bucket's latest exemplar. Counts come from one C loop (:data:`C_COUNT`), or, for
+        values it does not take and where it was not built, from one sort and a bisect per
+        bucket bound the values span, not from one bisect per value.
         """
         n = len(vals)
         if n < 8:
             self._each(vals, ex_at)
             return
+        if C_COUNT is not None:
+            r = C_COUNT(self.bounds, vals, self.counts)
+            if r is not None:
+                self.total += r[0]
+                self.n += n
+                if ex_at is not None:
+                    self._latest(vals, r[1], ex_at)
+                return
         total = sum(vals)
         if type(total) is not int:  # float values: keep observe()'s order of additions
             self._each(vals, ex_at)
@@ -133,6 +147,31 @@ class Hist:
                     need.discard(i)
                     if not need:
                         return
+
+    def _latest(
+        self,
+        vals: Sequence[int],
+        last: list[int],
+        ex_at: Callable[[int], tuple[dict[str, str], float | None] | None],
+    ) -> None:
+        """Each touched bucket's exemplar from its latest observation that has one (``last``:
+        per bucket, the index of its latest value, -1 for none)."""
+        exs = self.ex
+        b = self.bounds
+        for i, p in enumerate(last):
+            if p < 0:
+                continue
+            e = ex_at(p)
+            while e is None:  # that round has no exemplar: an earlier one of this bucket?
+                p -= 1
+                while p >= 0 and bisect_left(b, vals[p] if vals[p] > 0 else 0) != i:
+                    p -= 1
+                if p < 0:
+                    break
+                e = ex_at(p)
+            if e is not None:
+                v = vals[p]
+                exs[i] = (e[0], v if v > 0 else 0, e[1])
 
     def _each(
         self,
