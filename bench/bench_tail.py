@@ -18,8 +18,8 @@ work), in 64 KiB chunks as the tail reads them. Stages, each timed over the whol
                 compact records of the ``+prom`` wiring: a RoundBlock per burst)
 ``+prom``       the same, exported to a ``PrometheusExporter`` (the /metrics state), wired
                 as ``memra-obs tail`` wires it with ``MEMRA_OBS_SINKS=prometheus``
-``+prom, py``   ``+prom`` with the C line scanner switched off (the pure-Python path an
-                install without a C compiler takes)
+``+prom, py``   ``+prom`` with the C line scanner switched off (its pure-Python path; an
+                install without a C compiler also counts buckets in Python)
 ``prom alone``  that exporter fed the same batches, prebuilt: its share of ``+prom``
 ``+prom+spans`` records (a RoundRecord per round) to the PrometheusExporter and the span
                 exporter writing OTLP-JSON to a file (the tail's default sinks)
@@ -174,8 +174,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(blob) / 1e6:.1f} MB; mix: " + ", ".join(f"{k} {v / n:.0%}" for k, v in kinds.items()))  # fmt: skip
     if not a.trace_only:
         print(f"rows cover the first {SPEC_PROF_ROUNDS} rounds of each session")
-    print("line scanner: " + ("C (memra_obs.tail._scan)" if core.C_SCAN is not None
-          else "pure Python (the C scanner is not built)"))  # fmt: skip
+    from memra_obs.prom import model
+
+    print("C helpers: line scanner " + ("built" if core.C_SCAN is not None else "NOT built")
+          + ", bucket counter " + ("built" if model.C_COUNT is not None else "NOT built")
+          + " (setup.py builds them where a C compiler is found)")  # fmt: skip
 
     def scan_all() -> None:
         for line in lines:
