@@ -7,8 +7,9 @@
  * and the conversions memra_obs.tail.core applies to their groups, once per chunk.
  *
  * It is conservative by construction: a line it takes is one the fast patterns take, with
- * the same values (floats by PyOS_string_to_double, the parser of float(); f32 by a C
- * cast, as struct's "f" and array('f') do; Python's round() half-even); anything it is not
+ * the same values (floats as float() gives them: up to 15 digits by an exact division,
+ * else by PyOS_string_to_double, float()'s own parser; f32 by a C cast, as struct's "f"
+ * and array('f') do; Python's round() half-even); anything it is not
  * sure of (a tag with a byte outside printable ASCII, a number too long for its buffer, an
  * excluded tag) comes back as a plain line for the Python path, which gives every reason.
  * tests/test_tail_scan.py holds it to the pure-Python path line for line.
