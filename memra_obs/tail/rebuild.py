@@ -34,8 +34,8 @@ burst's rounds over as one ``RoundBlock`` instead of one ``RoundRecord`` per rou
 Rows travel inside the rebuilder already in integer ns, each ``round(f32_ms * 1e6)``: one
 row as ``(row, wall, draft, verify, accept, rest, (k, j, ctx, seq_rows))`` (:meth:`row`),
 runs of rows as :data:`RowColumns` (:meth:`rows`), and a burst keeps its rows as columns;
-phase and level-2 lines keep their values as scanned (str from the tail's fast path, float
-from ``scan_line``) and are converted only where a value is used.
+phase and level-2 lines keep their values as scanned (str from the tail's Python fast path,
+float from its C scanner and from ``scan_line``) and are converted only where a value is used.
 """
 
 from __future__ import annotations
