@@ -446,18 +446,16 @@ _N4 = r"(0|[1-9][0-9]{0,3})"  # < 10**4: inside u16 (k, j), a row index, seq_row
 _N9 = r"(0|[1-9][0-9]{0,8})"  # < 10**9: inside u32 (ctx)
 _N18 = r"(0|[1-9][0-9]{0,17})"  # < 10**18: int() never meets its digit limit
 _F30 = r"([0-9]{1,30}\.[0-9]+)"  # no sign, < 1e30
-#: ``[spec-prof-rounds]`` row: groups row, wall, draft, verify, accept, rest, k, j, ctx, seq_rows.
-FAST_ROW = re.compile(
+_FAST_ROW = (
     rf"\[{PROF_ROUNDS_TAG}\] row={_N4} wall_ms={_F30} draft_ms={_F30} verify_ms={_F30} "
     rf"accept_ms={_F30} rest_ms={_F30} k={_N4} j={_N4} ctx={_N9} seq_rows={_N4}\r*"
-).fullmatch
+)
+#: ``[spec-prof-rounds]`` row: groups row, wall, draft, verify, accept, rest, k, j, ctx, seq_rows.
+FAST_ROW = re.compile(_FAST_ROW).fullmatch
 #: Every line of a text whose lines all end in "\n", one tuple a line: a line FAST_ROW takes
 #: gives its ten groups and "" last; any other line gives ten "" and the line itself (the
 #: tail tokenizes a whole chunk with this, then converts the rows' numbers column-wise).
-FAST_ROW_LINES = re.compile(
-    rf"(?:\[{PROF_ROUNDS_TAG}\] row={_N4} wall_ms={_F30} draft_ms={_F30} verify_ms={_F30} "
-    rf"accept_ms={_F30} rest_ms={_F30} k={_N4} j={_N4} ctx={_N9} seq_rows={_N4}\r*|(.*))\n"
-).findall
+FAST_ROW_LINES = re.compile(rf"(?:{_FAST_ROW}|(.*))\n").findall
 #: Phase line: groups tag, then :class:`PhaseLine`'s fields as printed.
 FAST_PHASE = re.compile(r"\[([^\]\s]+)\] " + _PHASE.pattern.replace(_N, _N18) + r"\r*").fullmatch
 #: Level-2 line: groups tag, then :class:`VerifyLine`'s fields as printed.

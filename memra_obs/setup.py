@@ -71,7 +71,7 @@ def build_observer(
                 from .prom import PrometheusExporter, serve_metrics
 
                 prom = PrometheusExporter(
-                    registry=registry, worker=st.worker, round_span_id=_round_span_ids(st)
+                    registry=registry, worker=st.worker, round_span_id=round_span_ids(st)
                 )
                 consumers.append(prom)
                 if st.metrics_addr is not None:
@@ -106,8 +106,9 @@ def build_observer(
     return obs
 
 
-def _round_span_ids(st: Settings) -> Callable[[Any, Any], int] | None:
-    """Round exemplars name the round's span when spans are on and the round has one."""
+def round_span_ids(st: Settings) -> Callable[[Any, Any], int] | None:
+    """The PrometheusExporter's ``round_span_id`` hook for ``st``: round exemplars name the
+    round's span when spans are on and the round has one (a worker, the agent, the tail)."""
     if "otel" not in st.sinks or st.round_spans == 0:
         return None
     from .otel.spans import round_span_id

@@ -36,16 +36,6 @@ def default_directory() -> str:
     return os.path.join(base, "memra-obs")
 
 
-def _round_span_ids(st: Settings) -> Callable[[Any, Any], int] | None:
-    # Round exemplars name the round's span when spans are on (as in-process, setup.py).
-    if "otel" not in st.sinks or st.round_spans == 0:
-        return None
-    from ..otel.spans import round_span_id
-
-    cap = st.round_spans
-    return lambda s, r: round_span_id(s.span_id, r.index) if r.index < cap else 0
-
-
 def build_agent(
     directory: str | None = None,
     *,
@@ -79,10 +69,11 @@ def build_agent(
         from prometheus_client import CollectorRegistry
 
         from ..prom import PrometheusExporter
+        from ..setup import round_span_ids
 
         registry = CollectorRegistry() if registry is None else registry
         prom = PrometheusExporter(
-            registry=registry, worker="", worker_label=True, round_span_id=_round_span_ids(st)
+            registry=registry, worker="", worker_label=True, round_span_id=round_span_ids(st)
         )
         consumers.append(prom)
     try:

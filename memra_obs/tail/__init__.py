@@ -100,9 +100,10 @@ def build_wiring(
             w.where.append("spans -> " + ", ".join(urls))
     if "prometheus" in st.sinks:
         from ..prom import PrometheusExporter, serve_metrics
+        from ..setup import round_span_ids
 
         prom = PrometheusExporter(
-            registry=registry, worker=worker, worker_label=True, round_span_id=_round_span_ids(st)
+            registry=registry, worker=worker, worker_label=True, round_span_id=round_span_ids(st)
         )
         w.prom = prom
         w.exporters.append(prom)
@@ -132,20 +133,6 @@ def rebuilder_for(exporters: Sequence[Any], worker: str, **kw: Any) -> Rebuilder
     Prometheus exporter; also when there is none), else one RoundRecord per round."""
     compact = all(getattr(ex, "takes_round_blocks", False) for ex in exporters)
     return Rebuilder(worker, compact=compact, **kw)
-
-
-def _round_span_ids(st: Settings) -> Callable[[Any, Any], int] | None:
-    """Round exemplars name the round's span when spans are on (as a worker's do)."""
-    if "otel" not in st.sinks or st.round_spans == 0:
-        return None
-    from ..otel.spans import round_span_id
-
-    cap = st.round_spans
-
-    def span_of(s: Any, r: Any) -> int:
-        return round_span_id(s.span_id, r.index) if r.index < cap else 0
-
-    return span_of
 
 
 def add_options(p: argparse.ArgumentParser) -> None:

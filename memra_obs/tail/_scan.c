@@ -251,8 +251,9 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         const char *e = nl ? nl : end;
         Cur c = {p, e};
-        if (e - p >= (Py_ssize_t)sizeof(ROW_HEAD) - 1 &&
-            memcmp(p, ROW_HEAD, sizeof(ROW_HEAD) - 1) == 0) {
+        const int row_head = e - p >= (Py_ssize_t)sizeof(ROW_HEAD) - 1 &&
+                             memcmp(p, ROW_HEAD, sizeof(ROW_HEAD) - 1) == 0;
+        if (row_head) {
             Row r;
             c.p += sizeof(ROW_HEAD) - 1;
             if (parse_row(&c, &r)) {
@@ -279,8 +280,7 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
             plain++;
             goto next;
         }
-        if (!(e - p >= (Py_ssize_t)sizeof(ROW_HEAD) - 1 &&
-              memcmp(p, ROW_HEAD, sizeof(ROW_HEAD) - 1) == 0)) {
+        if (!row_head) { /* (a refused row goes to the Python path, which says why) */
             const char *t;
             Py_ssize_t tn;
             if (tag(&c, &t, &tn) && !excluded(t, tn)) {

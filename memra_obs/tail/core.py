@@ -214,20 +214,19 @@ class Tail:
             self.lineno += 1
             self.stats.lines["other"] += 1
             text = text[text.index("\n") + 1 :]
-        if not text:
-            pass
-        elif gc.isenabled():
+        if text:
             # A chunk makes tens of thousands of short-lived containers, all freed by their
             # reference counts; left on, the cycle collector would run dozens of times a
             # chunk, each time walking whatever young objects are alive (3-8 % of the tail's
             # time, measured). Off for the chunk (~2 ms, process-wide), it runs once after.
-            gc.disable()
+            paused = gc.isenabled()
+            if paused:
+                gc.disable()
             try:
                 self._text(text, t)
             finally:
-                gc.enable()
-        else:
-            self._text(text, t)
+                if paused:
+                    gc.enable()
         if len(self._buf) > MAX_LINE:
             self._overlong()
 
@@ -288,8 +287,7 @@ class Tail:
         probs = self.rebuilder.problems
         self.rebuilder.problems = []
         for why in probs:
-            self.stats.orphans["phase"] += 1
-            self._bad(self.lineno, why, "")
+            self._orphan(PHASE, self.lineno, why, "")
 
     def _text(self, text: str, t: int) -> None:
         """Scan and rebuild the lines of ``text`` (each ends in "\\n"), then publish.
@@ -321,36 +319,28 @@ class Tail:
             self._tokens(text, t)
             return
         n0 = self.lineno + 1  # the number of the chunk's line 0
-        st = self.stats
         rb = self.rebuilder
-        put_phase = rb.phase
-        put_verify = rb.verify
-        nphase = nverify = 0
+        put = (None, rb.phase, rb.verify)  # by event kind
+        kinds = (PROF_ROUNDS, PHASE, VERIFY)
+        seen = [0, 0, 0]
         for ev in events:
             kind = ev[0]
             if kind == 0:
                 self._rows(cols, ev[2], ev[3], n0 + ev[1], t)
-            elif kind == 1:
-                nphase += 1
-                why = put_phase(ev[2], ev[3], t)
+            elif kind < 3:  # a phase or level-2 line
+                seen[kind] += 1
+                why = put[kind](ev[2], ev[3], t)  # type: ignore[misc]
                 if why is not None:
-                    st.orphans[PHASE] += 1
-                    self._bad(n0 + ev[1], why, None)
-            elif kind == 2:
-                nverify += 1
-                why = put_verify(ev[2], ev[3], t)
-                if why is not None:
-                    st.orphans[VERIFY] += 1
-                    self._bad(n0 + ev[1], why, None)
+                    self._orphan(kinds[kind], n0 + ev[1], why, None)
             else:
                 self._tagged(ev[2], n0 + ev[1], t)
         self.lineno += nlines
-        counts = st.lines
+        counts = self.stats.lines
         counts["other"] += plain
         if cols is not None:
             counts[PROF_ROUNDS] += len(cols[0])
-        counts[PHASE] += nphase
-        counts[VERIFY] += nverify
+        counts[PHASE] += seen[1]
+        counts[VERIFY] += seen[2]
 
     def _tokens(self, text: str, t: int) -> None:
         """:meth:`_text` in Python: one tokenizing pass
@@ -393,32 +383,18 @@ class Tail:
         through its fast pattern, anything else through ``scan_line``."""
         st = self.stats
         rb = self.rebuilder
-        if text[:19] == _ROW_HEAD:
-            pass  # a row the fast pattern refused: scan_line says why
-        elif " total=" in text:
-            m = FAST_PHASE(text)
-            if m is not None:
+        if text[:19] != _ROW_HEAD:  # (a row the fast pattern refused: scan_line says why)
+            phase = " total=" in text  # only a phase line has one; else try a level-2 line
+            m = (FAST_PHASE if phase else FAST_VERIFY)(text)
+            if m is not None and m.group(1) not in FAST_TAGS_EXCLUDED:
                 g = m.groups()
-                tag = g[0]
-                if tag not in FAST_TAGS_EXCLUDED:
-                    st.lines[PHASE] += 1
-                    why = rb.phase(tag, (int(g[1]), int(g[2]), *g[3:]), t)
-                    if why is not None:
-                        st.orphans[PHASE] += 1
-                        self._bad(n, why, text)
-                    return
-        else:
-            m = FAST_VERIFY(text)
-            if m is not None:
-                g = m.groups()
-                tag = g[0]
-                if tag not in FAST_TAGS_EXCLUDED:
-                    st.lines[VERIFY] += 1
-                    why = rb.verify(tag, (int(g[1]), int(g[2]), *g[3:]), t)
-                    if why is not None:
-                        st.orphans[VERIFY] += 1
-                        self._bad(n, why, text)
-                    return
+                kind = PHASE if phase else VERIFY
+                st.lines[kind] += 1
+                put = rb.phase if phase else rb.verify
+                why = put(g[0], (int(g[1]), int(g[2]), *g[3:]), t)
+                if why is not None:
+                    self._orphan(kind, n, why, text)
+                return
         try:
             s = scan_line(text)
         except LegacyParseError as exc:
@@ -434,8 +410,7 @@ class Tail:
         st.lines[kind] += 1
         why = rb.feed(kind, s[1], s[2], t)
         if why is not None:
-            st.orphans[kind] += 1
-            self._bad(n, why, text)
+            self._orphan(kind, n, why, text)
 
     def _rows(self, cols: RowColumns, a: int, z: int, lineno: int, t: int) -> None:
         """Rows ``a:z`` of the chunk's row columns (the first on line ``lineno``) to the
@@ -443,8 +418,12 @@ class Tail:
         bad = self.rebuilder.rows(cols, a, z, t)
         if bad:
             for i, why in bad:
-                self.stats.orphans[PROF_ROUNDS] += 1
-                self._bad(lineno + i, why, None)
+                self._orphan(PROF_ROUNDS, lineno + i, why, None)
+
+    def _orphan(self, kind: str, lineno: int, why: str, text: str | None) -> None:
+        """A valid line the rebuilder could not place: counted by kind and reported."""
+        self.stats.orphans[kind] += 1
+        self._bad(lineno, why, text)
 
     def _line(self, lineno: int) -> str:
         """The text of line ``lineno`` of the chunk being scanned (for a report)."""

@@ -692,14 +692,9 @@ class Rebuilder:
                 if rest > 0:
                     x = roll_t / rest  # >= 0: min(max(x, 0.0), 1.0)
                     share = x if x <= 1.0 else 1.0
-            roll = list(map(round, map(mul, R, repeat(share))))
-            # The wall is the row's own; maint takes what the f32 roundings leave of it.
-            maint = list(map(sub, map(sub, map(sub, map(sub, W, D), V), A), roll))
-            wall = sum(W)
-            if min(maint) < 0:  # the round's wall is then d + v + a + roll = w - m
-                wall -= sum(m for m in maint if m < 0)
-                maint = [m if m > 0 else 0 for m in maint]
+            roll, maint, short = _rest_split(W, D, V, A, R, share)
             cols = [D, V, A, roll, maint]
+            wall = sum(W) + short
         else:
             cols = [[], [], [], [], []]
         m = n - nr
@@ -765,13 +760,7 @@ class Rebuilder:
                     roll_left = roll_t - (r0[3] if r0 is not None else 0)
                     share = min(max(roll_left / rest, 0.0), 1.0)
         if nr:
-            roll = []
-            maint = []
-            for w, d, v, a, r in zip(W, D, V, A, R, strict=True):
-                x = round(r * share)
-                roll.append(x)
-                m = w - d - v - a - x
-                maint.append(m if m > 0 else 0)
+            roll, maint, _ = _rest_split(W, D, V, A, R, share)
             cols = [list(D), list(V), list(A), roll, maint]
             if r0 is not None:
                 for col, x in zip(cols, r0, strict=True):
@@ -791,6 +780,22 @@ class Rebuilder:
             )
             self._means(cols, totals, m)
         return cols, counts, sum(map(sum, cols))
+
+
+def _rest_split(
+    W: list[int], D: list[int], V: list[int], A: list[int], R: list[int], share: float
+) -> tuple[list[int], list[int], int]:
+    """Rows' ``rest`` as rollback (``round(rest * share)``) and maint: what the row's wall
+    leaves after draft, verify, accept and rollback (the f32 roundings), never below 0. The
+    third value is how much walls grow where maint was held at 0 (the round's wall is then
+    d + v + a + roll)."""
+    roll = list(map(round, map(mul, R, repeat(share))))
+    maint = list(map(sub, map(sub, map(sub, map(sub, W, D), V), A), roll))
+    short = 0
+    if min(maint) < 0:
+        short = -sum(m for m in maint if m < 0)
+        maint = [m if m > 0 else 0 for m in maint]
+    return roll, maint, short
 
 
 def _put_row(rows: list[list[Any]], v: tuple[Any, ...]) -> None:
