@@ -80,7 +80,7 @@ def loop(obs: Any, rounds: int, warmup: int = 50) -> list[float]:
 def child(mode: str, rounds: int) -> dict[str, Any]:
     """One measurement in this (fresh) process; the agent mode starts its agent first."""
     from memra_obs.observer import NOOP_OBSERVER
-    from memra_obs.setup import build_observer
+    from memra_obs.wiring import build_observer
 
     agent = None
     if mode == "agent":

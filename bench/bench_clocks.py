@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from memra_obs.clock import SyncClock
-from memra_obs.device.events import EventClock
+from memra_obs.device.event_clock import EventClock
 from memra_obs.device.workload import GpuWorkload, _ops
 from memra_obs.observer import NOOP_OBSERVER, Observer
 

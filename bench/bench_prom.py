@@ -14,7 +14,6 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 
-from memra_obs.events import PHASES, FirstTokenRecord, RoundRecord, SessionRecord
 from memra_obs.prom import (
     PHASE_BUCKETS,
     ROUND_BUCKETS,
@@ -24,6 +23,7 @@ from memra_obs.prom import (
 )
 from memra_obs.prom.exposition import encode
 from memra_obs.records import FIRST_TOKEN_MS_FIELDS, SpecFirstTokenProf
+from memra_obs.timeline import PHASES, FirstTokenRecord, RoundRecord, SessionRecord
 
 FAMILIES = ("glm5", "qwen3")
 OM = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"

@@ -9,27 +9,24 @@ The input is a realistic worker's stderr at trace level 2 with the profile on: p
 production). Lines are formatted by :mod:`memra_obs.legacy` itself from random records, so
 they are byte-identical to a worker's.
 
-Everything runs on the calling thread (the tail's publisher thread is bypassed: its handoff
-is one ``deque.append`` per 64 KiB chunk, and on one core it would only interleave the same
-work), in 64 KiB chunks as the tail reads them. Stages, each timed over the whole input:
+Everything runs on the calling thread (the tail's export worker is bypassed: on one core it
+would only interleave the same work), in 64 KiB chunks as the tail reads them. Pure Python:
+the one parser (:func:`memra_obs.legacy.parse_line`), no C. Stages, each timed over the
+whole input:
 
-``scan``        ``legacy.scan_line`` on every line (the strict parser alone)
-``rebuild``     ``Tail.feed``: split, scan, rebuild records; records discarded (the
-                compact records of the ``+prom`` wiring: a RoundBlock per burst)
-``+prom``       the same, exported to a ``PrometheusExporter`` (the /metrics state), wired
-                as ``memra-obs tail`` wires it with ``MEMRA_OBS_SINKS=prometheus``
-``+prom, py``   ``+prom`` with the C line scanner switched off (its pure-Python path; an
-                install without a C compiler also counts buckets in Python)
+``parse``       ``legacy.parse_line`` on every line (the parser alone)
+``rebuild``     ``Tail.feed``: split, parse, rebuild records; records discarded
+``+prom``       the same, exported to a ``PrometheusExporter`` (the /metrics state), as
+                ``memra-obs tail`` wires it with ``MEMRA_OBS_SINKS=prometheus``
 ``prom alone``  that exporter fed the same batches, prebuilt: its share of ``+prom``
-``+prom+spans`` records (a RoundRecord per round) to the PrometheusExporter and the span
-                exporter writing OTLP-JSON to a file (the tail's default sinks)
-``prom records`` the PrometheusExporter fed those RoundRecords, prebuilt (an in-process
-                worker's or the agent's path, in large batches)
+``+prom+spans`` the records to the PrometheusExporter and the span exporter writing
+                OTLP-JSON to a file (the tail's default sinks)
 
-The goal is 200,000 tagged lines/s for ``+prom`` (metrics are the tail's main product);
-``+prom+spans`` is quoted for what a span per round and phase costs on top. ``--trace-only``
-drops the profile's lines (a worker with only ``MEMRA_SPEC_TRACE=2``: 2.9 rounds per line).
-Figures, and where the time goes: the README's tail section.
+The goal is 100,000 tagged lines/s for ``+prom`` on one core (metrics are the tail's main
+product; a live worker prints a few hundred lines a second, so one tail core keeps up with
+hundreds of busy workers); ``+prom+spans`` is quoted for what a span per round and phase
+costs on top. ``--trace-only`` drops the profile's lines (a worker with only
+``MEMRA_SPEC_TRACE=2``: 2.9 rounds per line). Figures: the README's tail section.
 """
 
 from __future__ import annotations
@@ -48,11 +45,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from memra_obs.legacy import (
+    parse_line,
     phase_lines,
     prof_line,
     prof_rounds_lines,
     prof_summary_line,
-    scan_line,
 )
 from memra_obs.records import (
     SPEC_PROF_ROUNDS,
@@ -62,9 +59,9 @@ from memra_obs.records import (
     SpecRoundsLog,
     VerifySplit,
 )
-from memra_obs.tail import Rebuilder, Tail, core, rebuilder_for
+from memra_obs.tail import Rebuilder, Tail
 
-GOAL = 200_000
+GOAL = 100_000
 BURST = 6
 
 
@@ -174,17 +171,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(blob) / 1e6:.1f} MB; mix: " + ", ".join(f"{k} {v / n:.0%}" for k, v in kinds.items()))  # fmt: skip
     if not a.trace_only:
         print(f"rows cover the first {SPEC_PROF_ROUNDS} rounds of each session")
-    from memra_obs.prom import model
 
-    print("C helpers: line scanner " + ("built" if core.C_SCAN is not None else "NOT built")
-          + ", bucket counter " + ("built" if model.C_COUNT is not None else "NOT built")
-          + " (setup.py builds them where a C compiler is found)")  # fmt: skip
-
-    def scan_all() -> None:
+    def parse_all() -> None:
         for line in lines:
-            scan_line(line)
+            parse_line(line)
 
-    stage("scan", n, scan_all, a.repeat)
+    stage("parse", n, parse_all, a.repeat)
 
     def new_prom() -> Any:
         from memra_obs.prom import PrometheusExporter
@@ -193,22 +185,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def with_prom() -> None:
         prom = new_prom()
-        run_tail(parts, prom.export, rebuilder_for([prom], "bench"))
+        run_tail(parts, prom.export, Rebuilder("bench"))
 
-    stage("rebuild", n, lambda: run_tail(parts, lambda b: None, Rebuilder("bench", compact=True)),
-          a.repeat)  # fmt: skip
+    stage("rebuild", n, lambda: run_tail(parts, lambda b: None, Rebuilder("bench")), a.repeat)
     rate = stage("+prom", n, with_prom, a.repeat)
-    if core.C_SCAN is not None:
-        scanner = core.C_SCAN
-        core.C_SCAN = None
-        try:
-            stage("+prom, py", n, with_prom, a.repeat)
-        finally:
-            core.C_SCAN = scanner
 
     # The exporter alone, on the batches rebuilt beforehand: its share of +prom.
     batches: list[list[Any]] = []
-    run_tail(parts, batches.append, Rebuilder("bench", compact=True))
+    run_tail(parts, batches.append, Rebuilder("bench"))
 
     def prom_only() -> None:
         prom = new_prom()
@@ -234,20 +218,11 @@ def main(argv: list[str] | None = None) -> int:
                 # drop spans (their writing then missing from the figure).
                 sx.flush(30.0)
 
-            run_tail(parts, both, rebuilder_for([prom, sx], "bench"))
+            run_tail(parts, both, Rebuilder("bench"))
             sx.shutdown(30.0)
             assert not sx.dropped_spans, sx.dropped_spans
 
     stage("+prom+spans", n, with_spans, max(1, a.repeat - 1))
-    records: list[list[Any]] = []
-    run_tail(parts, records.append, Rebuilder("bench"))
-
-    def prom_records() -> None:
-        prom = new_prom()
-        for b in records:
-            prom.export(b)
-
-    stage("prom records", n, prom_records, a.repeat)
     verdict = "meets" if rate >= GOAL else "misses"
     print(f"+prom {verdict} the goal of {GOAL:,} tagged lines/s ({rate / GOAL:.2f}x); "
           f"the PrometheusExporter's share: {1e6 / floor:.2f} us/line "
@@ -256,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.profile:
         prom = new_prom()
         cProfile.runctx("run_tail(parts, prom.export, rb)", globals(), {"parts": parts,
-                        "prom": prom, "run_tail": run_tail, "rb": rebuilder_for([prom], "bench")},
+                        "prom": prom, "run_tail": run_tail, "rb": Rebuilder("bench")},
                         "/tmp/bench_tail.prof")  # fmt: skip
         pstats.Stats("/tmp/bench_tail.prof").sort_stats("tottime").print_stats(18)
     return 0

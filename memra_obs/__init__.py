@@ -21,7 +21,9 @@ from .flags import (
     spec_trace_on,
 )
 from .records import (
+    SEQ_ROWS,
     SPEC_PROF_ROUNDS,
+    VERIFY_SPLIT,
     SeqRows,
     SpecFirstTokenProf,
     SpecPhaseNs,
@@ -52,12 +54,6 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-#: The process-wide level-2 verify accumulators (the seed's V_KDA_NS / V_KDA_SCAN_NS /
-#: V_MLA_NS / V_FFN_NS): the verify walk adds, the burst's level-2 line drains.
-VERIFY_SPLIT = VerifySplit()
-#: The process-wide per-row-arm verify row counter (the seed's V_SEQ_ROWS).
-SEQ_ROWS = SeqRows()
-
 _observer = None
 _lock = threading.Lock()
 
@@ -72,7 +68,7 @@ def get_observer():  # type: ignore[no-untyped-def]
     if obs is None:
         with _lock:
             if _observer is None:
-                from .setup import build_observer
+                from .wiring import build_observer
 
                 _observer = build_observer()
             obs = _observer
@@ -81,9 +77,9 @@ def get_observer():  # type: ignore[no-untyped-def]
 
 def configure(**kwargs):  # type: ignore[no-untyped-def]
     """Build the process observer from arguments (argument > environment > default) and
-    make it the one :func:`get_observer` returns. See :func:`memra_obs.setup.build_observer`."""
+    make it the one :func:`get_observer` returns. See :func:`memra_obs.wiring.build_observer`."""
     global _observer
-    from .setup import build_observer
+    from .wiring import build_observer
 
     with _lock:
         # The old observer goes first: it holds resources the new one takes (the /metrics port).

@@ -104,7 +104,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     from . import flags
     from .demo import DemoConfig, install_stop_handlers, run_demo
-    from .setup import build_observer
+    from .wiring import build_observer
 
     # The demo shows everything unless the environment says otherwise.
     if flags.MEMRA_SPEC_TRACE not in os.environ and flags.MEMRA_GLM5_SPEC_TRACE not in os.environ:
@@ -127,28 +127,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     dev = SimDevice()
     obs = build_observer(memory=None if cfg.gpu else dev.snapshot)
-    st = obs.settings
-    where = []
-    if st is not None:
-        if st.agent:
-            where.append(f"records -> agent rings in {st.agent}")
-        else:
-            if "prometheus" in st.sinks and st.metrics_addr is not None:
-                host, port = st.metrics_addr
-                server_port = port
-                for c in getattr(obs, "closers", []):
-                    srv = getattr(c, "__self__", None)
-                    server_port = getattr(srv, "port", server_port)
-                where.append(f"/metrics on http://{host}:{server_port}/metrics")
-            if "otel" in st.sinks:
-                exp = os.environ.get("OTEL_TRACES_EXPORTER", "")
-                if exp or any(
-                    k.startswith("OTEL_EXPORTER_OTLP") and k.endswith("ENDPOINT")
-                    for k in os.environ
-                ):
-                    where.append(f"spans -> OTEL_TRACES_EXPORTER={exp or 'otlp'}")
-                else:
-                    where.append(f"spans -> {st.spans_file}")
+    where = list(getattr(obs, "where", ()))
     if cfg.duration_s:
         bound = f"{cfg.duration_s:g}s"
     elif cfg.requests:

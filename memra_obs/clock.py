@@ -7,7 +7,7 @@ anything with ``.synchronize()`` (a CuPy or torch stream, a test double), or ``N
 loop with no device. Nothing here imports CuPy or torch.
 
 Two clocks implement :class:`PhaseClock` for the observer: :class:`SyncClock` (drain at every
-boundary, the default) and the CUDA-event clock in :mod:`memra_obs.device.events`
+boundary, the default) and the CUDA-event clock in :mod:`memra_obs.device.event_clock`
 (``MEMRA_OBS_CLOCK=event``), which records events instead and settles the stamps once per
 burst.
 """

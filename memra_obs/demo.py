@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from . import SEQ_ROWS, VERIFY_SPLIT
 from .clock import Stream
+from .records import SEQ_ROWS, VERIFY_SPLIT
 
 __all__ = ["DemoConfig", "SimStream", "SimWorkload", "Workload", "run_demo"]
 
@@ -323,7 +323,7 @@ def run_demo(
     stop = stop or threading.Event()
     dev = device if device is not None else SimDevice()
     if obs is None:
-        from .setup import build_observer
+        from .wiring import build_observer
 
         obs = build_observer(memory=None if cfg.gpu else dev.snapshot)
     st = DemoStats()

@@ -230,6 +230,11 @@ class Settings:
                 values[name] = parse(var, env[var])
             else:
                 values[name] = default() if callable(default) else default
+        if bool(values["metrics_tls_cert"]) != bool(values["metrics_tls_key"]):
+            raise ConfigError(
+                f"{MEMRA_OBS_METRICS_TLS_CERT} and {MEMRA_OBS_METRICS_TLS_KEY} go together: "
+                "set both (HTTPS) or neither"
+            )
         return cls(**values)
 
 

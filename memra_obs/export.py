@@ -1,48 +1,51 @@
-"""In-process publication: a bounded hand-off queue and a background exporter that works
-in short stretches.
+"""Records to exporters, off the loop: the one worker loop, and the in-process queue it drains.
 
-The loop's side (:class:`QueueSink`) is an append to a deque: it never blocks, and when the
-queue is full it drops the newest record and counts it. The other side (:class:`ExportWorker`)
-is one daemon thread that wakes every ``interval_ms`` (or on ``flush``), takes small batches,
-hands each batch to every :class:`RecordExporter` (span building, metric aggregation, ...) and
-then sleeps a little so the loop gets the GIL back.
+Three places publish records — a worker in-process, ``memra-obs agent`` (from shared-memory
+rings) and ``memra-obs tail`` (from legacy lines) — and all three do it through one
+:class:`ExportWorker`: a daemon thread that takes batches from a :class:`RecordSource`,
+hands each to every :class:`RecordExporter` (span building, metric aggregation, ...) through
+one guarded :class:`ExporterSet`, tells the source the batch is out (the agent commits its
+ring cursors there), and ticks the exporters after each drain.
 
-Why stretches: the loop and this thread share one GIL. When the loop comes back from device
-work (GIL released) while this thread runs Python, the loop waits until this thread lets go
-— voluntarily (a sleep, I/O) or when the interpreter's switch interval (5 ms) forces it. So
-the loop's tail latency is this thread's longest stretch. The worker sizes its batches to
-keep each stretch near ``stretch_ms`` (0.3 ms by default; it measures and adapts, since
-the exporters' cost per record varies), then sleeps ``pause_s``: a real sleep, because
-``time.sleep(0)`` does not reliably hand the GIL over. Production loads go to the
-out-of-process agent instead (``MEMRA_OBS_AGENT``), which shares no GIL.
+In-process, the source is a :class:`QueueSink`: the loop's side is an append to a deque that
+never blocks; a full queue drops the newest record and counts it. The worker works in short
+stretches there, because the loop and this thread share one GIL: when the loop comes back
+from device work while this thread runs Python, it waits until this thread lets go — so the
+loop's tail latency is this thread's longest stretch. The worker sizes its batches to keep
+each stretch near ``stretch_ms`` (0.3 ms; it measures and adapts) and then sleeps
+``pause_s``: a real sleep, since ``time.sleep(0)`` does not reliably hand the GIL over. The
+tail, which has no loop to protect, fills the same queue with ``put_many(block=True)``: it
+waits for room instead of dropping (backpressure on its reading).
 
-At interpreter exit every started queue is shut down (bounded, ``EXIT_TIMEOUT_S`` for all
-of them), so sessions still open are flushed and what is queued gets out.
+At interpreter exit every started queue is shut down (bounded, ``EXIT_TIMEOUT_S`` for all of
+them); after ``fork()`` a queue re-arms in the child (a fresh, empty queue and thread), as the
+OpenTelemetry SDK's batch processor does.
 
-Exporters receive records in the order the loop produced them (per process), so they can keep
-per-session state; they must keep each ``export`` call short and never raise (the worker
+Exporters receive records in the order the source produced them, so they can keep
+per-session state; they must keep each ``export`` call short and never raise (the set
 guards them anyway, counting the failure).
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
-from .events import Record
-from .linewriter import stderr_writer
+from .diagnostics import say_once
 from .sinks.base import Sink
+from .timeline import Record
 
-__all__ = ["ExportWorker", "ExporterSet", "QueueSink", "RecordExporter"]
+__all__ = ["ExportWorker", "ExporterSet", "QueueSink", "RecordExporter", "RecordSource"]
 
 
 class RecordExporter(Protocol):
-    """Consumes records off the loop's thread (the export worker, or the agent)."""
+    """Consumes records off the loop's thread (in the export worker)."""
 
     def export(self, batch: Sequence[Record]) -> None: ...
 
@@ -51,161 +54,117 @@ class RecordExporter(Protocol):
     def shutdown(self, timeout_s: float = 5.0) -> None: ...
 
 
-def _say(msg: str) -> None:
-    stderr_writer().write_lines([f"[memra-obs] {msg}"])
+class RecordSource(Protocol):
+    """Where an :class:`ExportWorker` takes its records from."""
+
+    def take(self, limit: int) -> list[Record]:
+        """Up to ``limit`` records, oldest first; ``[]`` when there are none now."""
+        ...
+
+    def taken(self) -> None:
+        """The records of the latest ``take`` are exported."""
+        ...
+
+    def pending(self) -> bool:
+        """More records are waiting right now."""
+        ...
 
 
 class ExporterSet:
-    """RecordExporters called as one, off the loop (the export worker, the tail, the agent):
-    every call is guarded, a failing exporter is counted in ``errors`` and reported once, and
-    the others carry on. Deadlines are ``time.monotonic()`` values shared by all of them."""
+    """RecordExporters called as one: every call is guarded, a failing exporter is counted
+    in ``errors`` and said once, and the others carry on. Deadlines are
+    ``time.monotonic()`` values shared by all of them."""
 
-    __slots__ = ("_report", "_reported", "errors", "exporters")
+    __slots__ = ("errors", "exporters")
 
-    def __init__(
-        self, exporters: Sequence[RecordExporter], report: Callable[[str], None] | None = None
-    ) -> None:
+    def __init__(self, exporters: Sequence[RecordExporter]) -> None:
         self.exporters = tuple(exporters)
         self.errors = 0
-        self._report = _say if report is None else report
-        self._reported: set[int] = set()
 
     def export(self, batch: Sequence[Record]) -> None:
-        for i, ex in enumerate(self.exporters):
+        for ex in self.exporters:
             try:
                 ex.export(batch)
             except Exception as exc:
-                self._fail(i, ex, exc)
+                self._fail(ex, exc)
 
     def tick(self) -> None:
         """Time-driven work (an exporter's ``tick``, when it has one)."""
-        for i, ex in enumerate(self.exporters):
+        for ex in self.exporters:
             tick = getattr(ex, "tick", None)
             if tick is not None:
                 try:
                     tick()
                 except Exception as exc:
-                    self._fail(i, ex, exc)
+                    self._fail(ex, exc)
 
     def flush(self, deadline: float) -> bool:
         """Flush every exporter; True when all of them got everything out in time."""
         ok = True
-        for i, ex in enumerate(self.exporters):
+        for ex in self.exporters:
             try:
                 ok = ex.flush(max(0.0, deadline - time.monotonic())) is not False and ok
             except Exception as exc:
-                self._fail(i, ex, exc)
+                self._fail(ex, exc)
                 ok = False
         return ok
 
     def shutdown(self, deadline: float, floor_s: float = 0.05) -> None:
         """Shut every exporter down; each gets what is left of ``deadline`` (at least
         ``floor_s``, so the last one is not cut to nothing)."""
-        for i, ex in enumerate(self.exporters):
+        for ex in self.exporters:
             try:
                 ex.shutdown(max(floor_s, deadline - time.monotonic()))
             except Exception as exc:
-                self._fail(i, ex, exc)
+                self._fail(ex, exc)
 
-    def _fail(self, i: int, ex: object, exc: BaseException) -> None:
+    def _fail(self, ex: object, exc: BaseException) -> None:
         self.errors += 1
-        if i not in self._reported:
-            self._reported.add(i)
-            self._report(f"exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)")
-
-
-class QueueSink(Sink):
-    """Hands every record to a bounded queue drained by an :class:`ExportWorker`."""
-
-    wants_trace_ids = True
-
-    def __init__(
-        self,
-        exporters: Sequence[RecordExporter],
-        *,
-        capacity: int = 8192,
-        interval_ms: int = 200,
-        batch: int = 16,
-        pause_s: float = 0.0002,
-        stretch_ms: float = 0.3,
-        start: bool = True,
-    ) -> None:
-        self._q: deque[Record] = deque()
-        self._cap = capacity
-        self._drop_lock = threading.Lock()
-        self.dropped = 0
-        self.worker = ExportWorker(
-            self,
-            exporters,
-            interval_ms=interval_ms,
-            batch=batch,
-            pause_s=pause_s,
-            stretch_ms=stretch_ms,
+        say_once(
+            f"exporter:{id(ex)}",
+            f"exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)",
         )
-        self._closed = False
-        if start:
-            self.worker.start()
-            _LIVE.add(self)
-
-    def _put(self, rec: Record) -> None:
-        q = self._q
-        if len(q) < self._cap and not self._closed:
-            q.append(rec)
-        else:
-            with self._drop_lock:
-                self.dropped += 1
-
-    on_session = _put
-    on_round = _put
-    on_burst = _put
-    on_first_token = _put
-    on_session_end = _put
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def flush(self, timeout_s: float = 5.0) -> bool:
-        return self.worker.flush(timeout_s)
-
-    def shutdown(self, timeout_s: float = 5.0) -> None:
-        if self._closed:
-            return
-        self.worker.stop(timeout_s)
-        self._closed = True
-        _LIVE.discard(self)
 
 
 class ExportWorker:
-    """The daemon thread behind a :class:`QueueSink`.
+    """The daemon thread that drains a :class:`RecordSource` into exporters.
 
-    ``batch`` is the first batch size; after each batch the size is scaled toward
-    ``stretch_ms`` of work (between 1 and ``max_batch`` records).
+    Wakes every ``interval_ms`` (or on :meth:`wake`), exports batches until the source is
+    empty, then ticks the exporters (at most every ``tick_s``). ``batch`` is the first batch
+    size; with ``stretch_ms`` > 0 it is then scaled toward that much work per batch (1 to
+    ``max_batch`` records), with a ``pause_s`` sleep between batches; ``stretch_ms=0``
+    asks for ``max_batch`` at a time, no pause.
     """
 
     def __init__(
         self,
-        sink: QueueSink,
+        source: RecordSource,
         exporters: Sequence[RecordExporter],
         *,
-        interval_ms: int = 200,
+        interval_ms: float = 200,
         batch: int = 16,
         pause_s: float = 0.0002,
         stretch_ms: float = 0.3,
         max_batch: int = 256,
+        tick_s: float = 0.0,
+        name: str = "memra-obs-export",
     ) -> None:
-        self._sink = sink
+        self.source = source
+        self._tick_s = tick_s
+        self._next_tick = 0.0
         self.set = ExporterSet(exporters)
         self._interval = interval_ms / 1000.0
-        self.batch = max(1, batch)
+        self.batch = max(1, batch) if stretch_ms > 0 else max(1, max_batch)
         self._max_batch = max(self.batch, max_batch)
         self._stretch = stretch_ms / 1000.0
         self._pause = pause_s
+        self._name = name
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
         self._stop = False
         self.exported = 0
-        self._thread = threading.Thread(target=self._run, name="memra-obs-export", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -214,48 +173,9 @@ class ExportWorker:
     def started(self) -> bool:
         return self._thread.ident is not None
 
-    def _run(self) -> None:
-        while True:
-            self._wake.wait(self._interval)
-            self._wake.clear()
-            self._drain()
-            if self._stop:
-                self._drain()
-                return
-
-    def _drain(self) -> None:
-        q = self._sink._q
-        pop = q.popleft
-        clock = time.perf_counter
-        target = self._stretch
-        self._idle.clear()
-        try:
-            while q:
-                n = self.batch
-                batch = []
-                try:
-                    for _ in range(n):
-                        batch.append(pop())
-                except IndexError:
-                    pass
-                t0 = clock()
-                self._export(batch)
-                took = clock() - t0
-                if target > 0 and len(batch) == n:
-                    # Aim the next stretch at the target: shrink at once, grow gently.
-                    if took > target:
-                        self.batch = max(1, int(n * target / took))
-                    elif took < target / 2:
-                        self.batch = min(self._max_batch, n + (n >> 1) + 1)
-                if self._pause:
-                    time.sleep(self._pause)  # a real sleep: the loop re-takes the GIL here
-            self.set.tick()
-        finally:
-            self._idle.set()
-
-    def _export(self, batch: list[Record]) -> None:
-        self.set.export(batch)
-        self.exported += len(batch)
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     @property
     def exporters(self) -> tuple[RecordExporter, ...]:
@@ -266,18 +186,80 @@ class ExportWorker:
         """Exporter calls that raised (published as memra_obs_export_errors_total)."""
         return self.set.errors
 
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            self.drain()
+            if self._stop:
+                self.drain()
+                return
+
+    def _one(self, n: int) -> int:
+        batch = self.source.take(n)
+        if not batch:
+            return 0
+        self.set.export(batch)
+        self.source.taken()
+        self.exported += len(batch)
+        return len(batch)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_tick:
+            self._next_tick = now + self._tick_s
+            self.set.tick()
+
+    def drain_once(self) -> int:
+        """One batch, then maybe a tick: the records out (the agent's pass)."""
+        n = self._one(self.batch)
+        self._tick()
+        return n
+
+    def drain(self) -> int:
+        """Export until the source has nothing more right now, then tick; the records out."""
+        clock = time.perf_counter
+        target = self._stretch
+        out = 0
+        self._idle.clear()
+        try:
+            while True:
+                n = self.batch
+                t0 = clock()
+                got = self._one(n)
+                if not got:
+                    break
+                out += got
+                if target > 0:
+                    took = clock() - t0
+                    if got == n:  # aim the next stretch: shrink at once, grow gently
+                        if took > target:
+                            self.batch = max(1, int(n * target / took))
+                        elif took < target / 2:
+                            self.batch = min(self._max_batch, n + (n >> 1) + 1)
+                    if self._pause:
+                        time.sleep(self._pause)  # a real sleep: the loop re-takes the GIL here
+            self._tick()
+        finally:
+            self._idle.set()
+        return out
+
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Drain the queue and flush every exporter; True when all of it got out in time."""
+        """Export what the source holds and flush every exporter; True when all of it got
+        out within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         if self._thread.is_alive():
-            while self._sink._q and time.monotonic() < deadline:
+            while self.source.pending() and time.monotonic() < deadline:
                 self._idle.clear()
                 self._wake.set()
                 self._idle.wait(max(0.0, deadline - time.monotonic()))
             self._idle.wait(max(0.0, deadline - time.monotonic()))
         else:
-            self._drain()
-        ok = not self._sink._q
+            self.drain()
+        ok = not self.source.pending()
         return self.set.flush(deadline) and ok
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -290,6 +272,126 @@ class ExportWorker:
         if self._thread.is_alive():
             self._thread.join(max(0.0, deadline - time.monotonic()))
         self.set.shutdown(deadline)
+
+    def rearm(self) -> None:
+        """After ``fork()``, in the child: a new thread (the parent's did not come along)."""
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+
+
+class QueueSink(Sink):
+    """Hands every record to a bounded queue drained by an :class:`ExportWorker`."""
+
+    wants_trace_ids = True
+
+    def __init__(
+        self,
+        exporters: Sequence[RecordExporter],
+        *,
+        capacity: int = 8192,
+        interval_ms: float = 200,
+        batch: int = 16,
+        pause_s: float = 0.0002,
+        stretch_ms: float = 0.3,
+        max_batch: int = 256,
+        start: bool = True,
+    ) -> None:
+        self._q: deque[Record] = deque()
+        self._cap = capacity
+        self._room = threading.Condition()
+        self.dropped = 0
+        self._closed = False
+        self.worker = ExportWorker(
+            self,
+            exporters,
+            interval_ms=interval_ms,
+            batch=batch,
+            pause_s=pause_s,
+            stretch_ms=stretch_ms,
+            max_batch=max_batch,
+        )
+        if start:
+            self.worker.start()
+            _LIVE.add(self)
+
+    # -- the loop's side -----------------------------------------------------------------
+
+    def _put(self, rec: Record) -> None:
+        q = self._q
+        if len(q) < self._cap and not self._closed:
+            q.append(rec)
+        else:
+            with self._room:
+                self.dropped += 1
+
+    on_session = _put
+    on_round = _put
+    on_burst = _put
+    on_first_token = _put
+    on_session_end = _put
+
+    def put_many(self, recs: Sequence[Record], block: bool = True) -> None:
+        """Queue records in order; with ``block``, wait for room instead of dropping
+        (the tail: nothing waits on it, so its reading is held back)."""
+        q = self._q
+        for rec in recs:
+            if len(q) >= self._cap and block and not self._closed and self.worker.alive:
+                self.worker.wake()
+                with self._room:
+                    while len(q) >= self._cap and not self._closed and self.worker.alive:
+                        self._room.wait(0.05)
+            self._put(rec)
+        self.worker.wake()
+
+    # -- the worker's side (RecordSource) ------------------------------------------------
+
+    def take(self, limit: int) -> list[Record]:
+        q = self._q
+        pop = q.popleft
+        out = []
+        try:
+            for _ in range(limit):
+                out.append(pop())
+        except IndexError:
+            pass
+        if out:
+            with self._room:
+                self._room.notify_all()
+        return out
+
+    def taken(self) -> None:
+        pass
+
+    def pending(self) -> bool:
+        return bool(self._q)
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    # -- control -------------------------------------------------------------------------
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        return self.worker.flush(timeout_s)
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        if self._closed:
+            return
+        self.worker.stop(timeout_s)
+        self._closed = True
+        with self._room:
+            self._room.notify_all()
+        _LIVE.discard(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's queued records are the parent's to export."""
+        self._q.clear()
+        self._room = threading.Condition()
+        self.worker.rearm()
+        if not self._closed:
+            self.worker.start()
 
 
 #: Total time the interpreter-exit shutdown may take, for all queues together.
@@ -310,3 +412,15 @@ def _shutdown_at_exit() -> None:
             qs.shutdown(left)
         except Exception:
             pass
+
+
+def _rearm_in_child() -> None:
+    for qs in list(_LIVE):
+        try:
+            qs._after_fork()
+        except Exception as exc:
+            say_once("fork", f"re-arming the export queue after fork failed: {exc!r}")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_rearm_in_child)

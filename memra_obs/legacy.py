@@ -21,27 +21,27 @@ for every line this module writes.
 
 from __future__ import annotations
 
-import math
 import re
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
+from .diagnostics import say_once
 from .flags import override_line, spec_trace_level
 from .linewriter import LineWriter, stderr_writer
 from .records import (
     FIRST_TOKEN_FIELDS,
     FIRST_TOKEN_MS_FIELDS,
-    U16_MAX,
-    U32_MAX,
     U64_MAX,
+    VERIFY_SPLIT,
     SpecFirstTokenProf,
     SpecPhaseNs,
     SpecRoundProf,
     SpecRoundsLog,
     VerifySplit,
+    round_prof,
+    summary_text,
 )
 
 __all__ = [
@@ -69,8 +69,6 @@ __all__ = [
     "prof_line",
     "prof_rounds_lines",
     "prof_summary_line",
-    "round_prof",
-    "scan_line",
 ]
 
 _F32_PACK = struct.Struct("<f").pack
@@ -80,6 +78,14 @@ PROF_TAG = "spec-prof"
 PROF_ROUNDS_TAG = "spec-prof-rounds"
 PROF_SUMMARY_TAG = "spec-prof-summary"
 TRACE_TAG = "spec-trace"
+
+#: Line kinds (each record's ``kind``; the tail's ``kind`` label values).
+PHASE = "phase"
+VERIFY = "verify"
+PROF = "prof"
+PROF_ROUNDS = "prof_rounds"
+PROF_SUMMARY = "prof_summary"
+OVERRIDE = "override"
 
 
 # ------------------------------------------------------------------------------ numbers
@@ -142,35 +148,41 @@ def phase_lines(
     under ``tag_v``; ``[]`` when the burst ran no rounds.
 
     Like the seed, the level-2 line drains ``split`` (reads and zeroes it); ``None`` stands
-    for a split that recorded nothing.
+    for a split that recorded nothing. Every value is the seed's ``ns as f64 / 1e6`` (per
+    round: ``/ rounds`` after that), so the same f64 reaches the same ``{:.N}``.
     """
-    if p.rounds == 0:
+    n = p.rounds
+    if n == 0:
         return []
-    rounds = float(p.rounds)
-
-    def ms(ns: int) -> float:
-        return float(ns) / 1e6
-
-    def per(ns: int) -> float:
-        return float(ns) / 1e6 / rounds
-
+    r = float(n)
     total = p.total()
-    out = [
-        f"[{tag}] rounds={p.rounds} k={k} total={ms(total):.2f}ms | "
-        f"draft={ms(p.draft):.2f} verify={ms(p.verify):.2f} accept={ms(p.accept):.2f} "
-        f"roll={ms(p.roll):.2f} maint={ms(p.maint):.2f} | per-round ms: "
-        f"draft={per(p.draft):.3f} verify={per(p.verify):.3f} accept={per(p.accept):.3f} "
-        f"roll={per(p.roll):.3f} maint={per(p.maint):.3f} total={per(total):.3f}"
-    ]
+    ms = [float(x) / 1e6 for x in (total, p.draft, p.verify, p.accept, p.roll, p.maint)]
+    per = [float(x) / 1e6 / r for x in (p.draft, p.verify, p.accept, p.roll, p.maint, total)]
+    out = [_phase_text(tag, n, k, *ms, *per)]
     if level >= 2:
         vkda, scan, vmla, vffn = split.drain() if split is not None else (0, 0, 0, 0)
         vrest = max(p.verify - ((vkda + vmla) & U64_MAX), 0)  # u64 saturating_sub
         out.append(
-            f"[{tag_v}] rounds={p.rounds} k={k} | per-round ms: vkda={per(vkda):.3f} "
-            f"(scan={per(scan):.3f}) vmla={per(vmla):.3f} vrest={per(vrest):.3f} "
-            f"(vffn={per(vffn):.3f})"
+            _verify_text(
+                tag_v, n, k, *(float(x) / 1e6 / r for x in (vkda, scan, vmla, vrest, vffn))
+            )
         )
     return out
+
+
+def _phase_text(tag: str, n: int, k: int, *v: float) -> str:
+    return (
+        f"[{tag}] rounds={n} k={k} total={v[0]:.2f}ms | draft={v[1]:.2f} verify={v[2]:.2f} "
+        f"accept={v[3]:.2f} roll={v[4]:.2f} maint={v[5]:.2f} | per-round ms: draft={v[6]:.3f} "
+        f"verify={v[7]:.3f} accept={v[8]:.3f} roll={v[9]:.3f} maint={v[10]:.3f} total={v[11]:.3f}"
+    )
+
+
+def _verify_text(tag: str, n: int, k: int, *v: float) -> str:
+    return (
+        f"[{tag}] rounds={n} k={k} | per-round ms: vkda={v[0]:.3f} (scan={v[1]:.3f}) "
+        f"vmla={v[2]:.3f} vrest={v[3]:.3f} (vffn={v[4]:.3f})"
+    )
 
 
 def _fmt_free(v: Sequence[tuple[int, int]]) -> str:
@@ -230,7 +242,7 @@ def emit(
     try:
         lvl = spec_trace_level() if level is None else level
         if split is None and lvl >= 2:
-            from . import VERIFY_SPLIT as split  # the process-wide accumulators
+            split = VERIFY_SPLIT  # the process-wide accumulators
         lines = phase_lines(p, tag, tag_v, k, lvl, split)
         writer = (
             out
@@ -239,25 +251,19 @@ def emit(
         )
         writer.write_lines(lines)
     except Exception as exc:  # instrumentation never takes the loop down
-        _report_once("emit", exc)
-
-
-_reported: set[str] = set()
-
-
-def _report_once(where: str, exc: BaseException) -> None:
-    if where in _reported:
-        return
-    _reported.add(where)
-    stderr_writer().write_lines([f"[memra-obs] {where} failed and is skipped from now on: {exc!r}"])
+        say_once("legacy.emit", f"emit failed and is skipped from now on: {exc!r}")
 
 
 # ------------------------------------------------------------------------------ records
+#
+# Parsed lines are immutable tuples (cheap to build: the tail builds one per line); each
+# says its ``kind`` and gives its line back with ``line()``.
 
 
-@dataclass(frozen=True, slots=True)
-class PhaseLine:
+class PhaseLine(NamedTuple):
     """A parsed per-burst phase line (ms values as printed)."""
+
+    kind = PHASE
 
     tag: str
     rounds: int
@@ -276,19 +282,13 @@ class PhaseLine:
     per_total_ms: float
 
     def line(self) -> str:
-        return (
-            f"[{self.tag}] rounds={self.rounds} k={self.k} total={self.total_ms:.2f}ms | "
-            f"draft={self.draft_ms:.2f} verify={self.verify_ms:.2f} accept={self.accept_ms:.2f} "
-            f"roll={self.roll_ms:.2f} maint={self.maint_ms:.2f} | per-round ms: "
-            f"draft={self.per_draft_ms:.3f} verify={self.per_verify_ms:.3f} "
-            f"accept={self.per_accept_ms:.3f} roll={self.per_roll_ms:.3f} "
-            f"maint={self.per_maint_ms:.3f} total={self.per_total_ms:.3f}"
-        )
+        return _phase_text(self.tag, self.rounds, self.k, *self[3:])
 
 
-@dataclass(frozen=True, slots=True)
-class VerifyLine:
+class VerifyLine(NamedTuple):
     """A parsed level-2 verify sub-split line (per-round ms as printed)."""
+
+    kind = VERIFY
 
     tag: str
     rounds: int
@@ -300,16 +300,13 @@ class VerifyLine:
     vffn_ms: float
 
     def line(self) -> str:
-        return (
-            f"[{self.tag}] rounds={self.rounds} k={self.k} | per-round ms: "
-            f"vkda={self.vkda_ms:.3f} (scan={self.scan_ms:.3f}) vmla={self.vmla_ms:.3f} "
-            f"vrest={self.vrest_ms:.3f} (vffn={self.vffn_ms:.3f})"
-        )
+        return _verify_text(self.tag, self.rounds, self.k, *self[3:])
 
 
-@dataclass(frozen=True, slots=True)
-class FirstTokenLine:
+class FirstTokenLine(NamedTuple):
     """A parsed ``[spec-prof]`` line."""
+
+    kind = PROF
 
     prof: SpecFirstTokenProf
 
@@ -317,9 +314,10 @@ class FirstTokenLine:
         return prof_line(self.prof)
 
 
-@dataclass(frozen=True, slots=True)
-class RoundsLine:
+class RoundsLine(NamedTuple):
     """A parsed ``[spec-prof-rounds]`` line: one row of the session's round log."""
+
+    kind = PROF_ROUNDS
 
     row: int
     prof: SpecRoundProf
@@ -328,10 +326,11 @@ class RoundsLine:
         return prof_rounds_lines([self.prof], self.row)[0]
 
 
-@dataclass(frozen=True, slots=True)
-class SummaryLine:
+class SummaryLine(NamedTuple):
     """A parsed ``[spec-prof-summary]`` line (values as printed; ``rounds=0`` leaves the
     rest ``None``)."""
+
+    kind = PROF_SUMMARY
 
     rounds: int
     k_mean: float | None = None
@@ -352,20 +351,13 @@ class SummaryLine:
     def line(self) -> str:
         if self.k_mean is None:
             return f"[{PROF_SUMMARY_TAG}] rounds={self.rounds}"
-        return (
-            f"[{PROF_SUMMARY_TAG}] rounds={self.rounds} k_mean={self.k_mean:.2f} "
-            f"j_mean={self.j_mean:.2f} accept={self.accept:.3f} "
-            f"tok_per_round={self.tok_per_round:.2f} wall_ms mean={self.wall_mean_ms:.1f} "
-            f"min={self.wall_min_ms:.1f} med={self.wall_med_ms:.1f} max={self.wall_max_ms:.1f} "
-            f"slow_rounds(>1.5x med)={self.slow_rounds} draft_mean={self.draft_mean_ms:.1f} "
-            f"verify_mean={self.verify_mean_ms:.1f} seq_rows_total={self.seq_rows_total} "
-            f"ctx_first={self.ctx_first} ctx_last={self.ctx_last}"
-        )
+        return f"[{PROF_SUMMARY_TAG}] " + summary_text(*self)  # type: ignore[arg-type]
 
 
-@dataclass(frozen=True, slots=True)
-class OverrideLine:
+class OverrideLine(NamedTuple):
     """The flag-override line (``[spec-trace] MEMRA_SPEC_TRACE=.. overrides ..``)."""
+
+    kind = OVERRIDE
 
     general: int
     alias: int
@@ -384,368 +376,187 @@ def format_line(rec: LegacyLine) -> str:
 
 # ------------------------------------------------------------------------------ parsing
 #
-# Two layers: ``scan_line`` does every check and conversion and returns plain tuples (what
-# ``memra-obs tail`` consumes, hundreds of thousands of lines a second); ``parse_line`` wraps
-# them in the record classes above. Records built here skip their constructors' checks only
-# after the same checks ran here; any value those checks would refuse goes through the
-# constructor, so the refusal (and its message) is the record's own.
+# The one parser of these lines (every reader goes through it: the tail, the report, tests).
+# A regex per shape, then the record; rows, the commonest legacy line, skip their record's
+# checks only after the same checks ran here (records.round_prof).
 
 
 class LegacyParseError(ValueError):
-    """A line carries a legacy tag but not the shape that goes with it."""
+    """A line carries a legacy tag but not the shape that goes with it.
 
-    def __init__(self, line: str, reason: str) -> None:
+    ``kind`` is the kind the line claims to be (``phase``, ``verify``, ``prof``,
+    ``prof_rounds``, ``prof_summary``, ``override``), for counting refusals by kind.
+    """
+
+    def __init__(self, line: str, reason: str, kind: str = PHASE) -> None:
         super().__init__(f"{reason}: {line[:200]!r}")
         self.line = line
         self.reason = reason
+        self.kind = kind
 
-
-#: ``scan_line`` kinds (the first element of its tuple).
-PHASE = "phase"
-VERIFY = "verify"
-PROF = "prof"
-PROF_ROUNDS = "prof_rounds"
-PROF_SUMMARY = "prof_summary"
-OVERRIDE = "override"
 
 _N = r"(0|[1-9][0-9]*)"
 _F = r"(-?[0-9]+\.[0-9]+)"
-_TAGGED = re.compile(r"\[([^\]\s]+)\] (.*)", re.S)
-_TAG_HEAD = re.compile(r"\[([^\]\s]+)\] ")
+_TAG_HEAD = re.compile(r"\[([^\]\s]+)\] ").match
 _PHASE = re.compile(
     rf"rounds={_N} k={_N} total={_F}ms \| draft={_F} verify={_F} accept={_F} roll={_F} "
     rf"maint={_F} \| per-round ms: draft={_F} verify={_F} accept={_F} roll={_F} maint={_F} "
     rf"total={_F}"
-)
+).fullmatch
 _VERIFY = re.compile(
     rf"rounds={_N} k={_N} \| per-round ms: vkda={_F} \(scan={_F}\) vmla={_F} vrest={_F} "
     rf"\(vffn={_F}\)"
-)
+).fullmatch
 _SUMMARY = re.compile(
     rf"rounds={_N} k_mean={_F} j_mean={_F} accept={_F} tok_per_round={_F} "
     rf"wall_ms mean={_F} min={_F} med={_F} max={_F} slow_rounds\(>1\.5x med\)={_N} "
     rf"draft_mean={_F} verify_mean={_F} seq_rows_total={_N} ctx_first={_N} ctx_last={_N}"
-)
+).fullmatch
 _OVERRIDE = re.compile(
     r"MEMRA_SPEC_TRACE=([12]) overrides MEMRA_GLM5_SPEC_TRACE=([12]) "
     r"\(the general flag wins; unset one to silence this\)"
-)
+).fullmatch
 _ROW = re.compile(
     rf"row={_N} wall_ms={_F} draft_ms={_F} verify_ms={_F} accept_ms={_F} rest_ms={_F} "
     rf"k={_N} j={_N} ctx={_N} seq_rows={_N}"
-)
-
-# The tail's fast path: whole-line patterns (tag, body and the trailing "\r"s scan_line
-# strips) for a *subset* of the strict shapes above: every count short enough that int()
-# cannot fail nor leave the record's range, every row value unsigned and below 1e30 ms so
-# its f32 can neither overflow nor be refused. A line they match is one scan_line takes
-# and returns the same values for (phase and level-2 lines: unless the tag is one of
-# FAST_TAGS_EXCLUDED, which scan_line reads as another kind); memra_obs.tail hands every
-# other line to scan_line, which does every check and gives every reason.
-_N4 = r"(0|[1-9][0-9]{0,3})"  # < 10**4: inside u16 (k, j), a row index, seq_rows
-_N9 = r"(0|[1-9][0-9]{0,8})"  # < 10**9: inside u32 (ctx)
-_N18 = r"(0|[1-9][0-9]{0,17})"  # < 10**18: int() never meets its digit limit
-_F30 = r"([0-9]{1,30}\.[0-9]+)"  # no sign, < 1e30
-_FAST_ROW = (
-    rf"\[{PROF_ROUNDS_TAG}\] row={_N4} wall_ms={_F30} draft_ms={_F30} verify_ms={_F30} "
-    rf"accept_ms={_F30} rest_ms={_F30} k={_N4} j={_N4} ctx={_N9} seq_rows={_N4}\r*"
-)
-#: ``[spec-prof-rounds]`` row: groups row, wall, draft, verify, accept, rest, k, j, ctx, seq_rows.
-FAST_ROW = re.compile(_FAST_ROW).fullmatch
-#: Every line of a text whose lines all end in "\n", one tuple a line: a line FAST_ROW takes
-#: gives its ten groups and "" last; any other line gives ten "" and the line itself (the
-#: tail tokenizes a whole chunk with this, then converts the rows' numbers column-wise).
-FAST_ROW_LINES = re.compile(rf"(?:{_FAST_ROW}|(.*))\n").findall
-#: Phase line: groups tag, then :class:`PhaseLine`'s fields as printed.
-FAST_PHASE = re.compile(r"\[([^\]\s]+)\] " + _PHASE.pattern.replace(_N, _N18) + r"\r*").fullmatch
-#: Level-2 line: groups tag, then :class:`VerifyLine`'s fields as printed.
-FAST_VERIFY = re.compile(r"\[([^\]\s]+)\] " + _VERIFY.pattern.replace(_N, _N18) + r"\r*").fullmatch
-FAST_TAGS_EXCLUDED = frozenset((PROF_TAG, PROF_ROUNDS_TAG, PROF_SUMMARY_TAG, TRACE_TAG))
-
-_KV = re.compile(r"([a-z0-9_]+)=(\S*)")
-_FREE = re.compile(r"\[((?:[0-9]+:[0-9]+)(?:,[0-9]+:[0-9]+)*)?\]")
-_FLOAT = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
-_COUNT = re.compile(_N)
-_ARM_WORD = re.compile(r"[A-Za-z0-9_.:+-]*")
-
-_F32X5 = struct.Struct("<5f")
-_INF = math.inf
-_PHASE_MATCH = _PHASE.fullmatch
-_VERIFY_MATCH = _VERIFY.fullmatch
-_ROW_MATCH = _ROW.fullmatch
-_TAG_MATCH = _TAG_HEAD.match
-_new = object.__new__
-_set = object.__setattr__
-
-
-def scan_line(line: str) -> tuple[str, str, tuple[Any, ...]] | None:
-    """Parse one line into ``(kind, tag, values)``, ``None`` for anyone else's line.
-
-    The fast layer under :func:`parse_line`, with the same checks and the same
-    :class:`LegacyParseError` reasons. ``values`` per kind, in line order:
-    :data:`PHASE` the :class:`PhaseLine` fields after ``tag``; :data:`VERIFY` the
-    :class:`VerifyLine` fields after ``tag``; :data:`PROF` ``(SpecFirstTokenProf,)``;
-    :data:`PROF_ROUNDS` ``(row, wall_ms, draft_ms, verify_ms, accept_ms, rest_ms, k, j, ctx,
-    seq_rows)`` with the ms already rounded to f32; :data:`PROF_SUMMARY` the
-    :class:`SummaryLine` fields (just ``(0,)`` for ``rounds=0``); :data:`OVERRIDE`
-    ``(general, alias)``.
-    """
-    if line[:1] != "[":  # the common case for other programs' lines: one slice, no regex
-        return None
-    text = line.rstrip("\r\n")
-    if text[:19] == "[spec-prof-rounds] ":  # most legacy lines are rows: no tag regex
-        try:
-            return PROF_ROUNDS, PROF_ROUNDS_TAG, _scan_row(line, text[19:])
-        except LegacyParseError:
-            raise
-        except (TypeError, ValueError) as exc:
-            raise LegacyParseError(line, str(exc)) from None
-    m = _TAG_MATCH(text)
-    if m is None:
-        if text.startswith("[spec-prof") or text.startswith("[spec-trace]"):
-            raise LegacyParseError(line, "tag without a body")
-        return None
-    tag = m.group(1)
-    body = text[m.end() :]
-    try:
-        if tag[:5] == "spec-":
-            if tag == PROF_ROUNDS_TAG:
-                return PROF_ROUNDS, tag, _scan_row(line, body)
-            if tag == PROF_TAG:
-                return PROF, tag, (_parse_prof(line, body),)
-            if tag == PROF_SUMMARY_TAG:
-                return PROF_SUMMARY, tag, _scan_summary(line, body)
-            if tag == TRACE_TAG:
-                o = _OVERRIDE.fullmatch(body)
-                if o is None:
-                    raise LegacyParseError(line, "not the flag-override line")
-                return OVERRIDE, tag, (int(o.group(1)), int(o.group(2)))
-        if body[:7] != "rounds=":
-            return None  # some other program's tagged line
-        if " total=" in body:
-            p = _PHASE_MATCH(body)
-            if p is None:
-                raise LegacyParseError(line, "phase line truncated or malformed")
-            g = p.groups()
-            return PHASE, tag, (int(g[0]), int(g[1]), *map(float, g[2:]))
-        if "| per-round ms: vkda=" in body:
-            v = _VERIFY_MATCH(body)
-            if v is None:
-                raise LegacyParseError(line, "verify sub-split line truncated or malformed")
-            g = v.groups()
-            return VERIFY, tag, (int(g[0]), int(g[1]), *map(float, g[2:]))
-        raise LegacyParseError(line, "tagged rounds= line of no known shape")
-    except LegacyParseError:
-        raise
-    except (TypeError, ValueError) as exc:  # a record refused a parsed value
-        raise LegacyParseError(line, str(exc)) from None
+).fullmatch
+_FREE = re.compile(r"\[((?:[0-9]+:[0-9]+)(?:,[0-9]+:[0-9]+)*)?\]").fullmatch
+_FLOAT = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?").fullmatch
+_COUNT = re.compile(_N).fullmatch
+_FT_NAMES = list(FIRST_TOKEN_FIELDS)
+_ROW_HEAD = f"[{PROF_ROUNDS_TAG}] "
+_tuple_new = tuple.__new__  # a NamedTuple without its Python-level __new__
+#: The project's own tags: a line under a damaged one is refused, never passed off as foreign.
+_OWN_TAGS = {
+    PROF_ROUNDS_TAG: PROF_ROUNDS,
+    PROF_SUMMARY_TAG: PROF_SUMMARY,
+    PROF_TAG: PROF,
+    TRACE_TAG: OVERRIDE,
+}
 
 
 def parse_line(line: str) -> LegacyLine | None:
     """Parse one line: a record for a legacy line, ``None`` for anyone else's line.
 
-    Raises :class:`LegacyParseError` (with the reason) for a line that carries one of the
-    legacy tags or shapes but is malformed or truncated.
+    Raises :class:`LegacyParseError` (with the reason and the kind the line claims) for a
+    line that carries one of the legacy tags or shapes but is malformed or truncated.
     """
-    s = scan_line(line)
-    if s is None:
+    if line[:1] != "[":  # the common case for other programs' lines: one slice, no regex
         return None
-    kind, tag, v = s
-    if kind is PROF_ROUNDS:
-        return RoundsLine(v[0], round_prof(v))
-    if kind is PHASE:
-        return PhaseLine(tag, *v)
-    if kind is VERIFY:
-        return VerifyLine(tag, *v)
-    if kind is PROF:
-        return FirstTokenLine(v[0])
-    if kind is PROF_SUMMARY:
-        return SummaryLine(*v)
-    return OverrideLine(*v)
-
-
-def round_prof(v: Sequence[Any]) -> SpecRoundProf:
-    """The :class:`SpecRoundProf` of a scanned ``[spec-prof-rounds]`` row (values already
-    checked and f32-rounded by :func:`scan_line`, so the constructor's checks are skipped)."""
-    r = _new(SpecRoundProf)
-    _set(r, "wall_ms", v[1])
-    _set(r, "draft_ms", v[2])
-    _set(r, "verify_ms", v[3])
-    _set(r, "accept_ms", v[4])
-    _set(r, "rest_ms", v[5])
-    _set(r, "k", v[6])
-    _set(r, "j", v[7])
-    _set(r, "ctx", v[8])
-    _set(r, "seq_rows", v[9])
-    return r
-
-
-def _int(s: str) -> int:
-    return int(s)
-
-
-def _scan_row(line: str, body: str) -> tuple[Any, ...]:
-    m = _ROW_MATCH(body)
-    if m is None:
-        raise LegacyParseError(line, "[spec-prof-rounds] row truncated or malformed")
-    g = m.groups()
-    k, j, ctx, seq = map(int, g[6:])
-    # No sign, no 300-digit number (an infinity), counts in range: round to f32 here. Anything
-    # else, or an f32 overflow, is the record's to take or refuse (naming the field).
-    if (
-        "-" in body
-        or len(body) > 300
-        or k > U16_MAX
-        or j > U16_MAX
-        or ctx > U32_MAX
-        or seq > U32_MAX
-    ):
-        return _row_by_record(g, k, j, ctx, seq)
+    text = line.rstrip("\r\n")
     try:
-        w, d, v, a, r = _F32X5.unpack(_F32X5.pack(*map(float, g[1:6])))
-    except OverflowError:
-        return _row_by_record(g, k, j, ctx, seq)
-    return (int(g[0]), w, d, v, a, r, k, j, ctx, seq)
+        if text.startswith(_ROW_HEAD):  # most legacy lines are rows
+            return _row(line, text[len(_ROW_HEAD) :])
+        m = _TAG_HEAD(text)
+        if m is None:
+            if text.startswith("[spec-"):
+                raise LegacyParseError(line, "tag without a body", _claimed(text))
+            return None
+        tag = m.group(1)
+        body = text[m.end() :]
+        kind = _OWN_TAGS.get(tag)
+        if kind is not None:
+            return _own(line, kind, body)
+        if tag.startswith(("spec-prof", "spec-trace")):
+            raise LegacyParseError(line, f"unknown tag [{tag}]", _claimed(text))
+        if not body.startswith("rounds="):
+            return None  # some other program's tagged line
+        if " total=" in body:
+            p = _PHASE(body)
+            if p is None:
+                raise LegacyParseError(line, "phase line truncated or malformed", PHASE)
+            g = p.groups()
+            return PhaseLine(tag, int(g[0]), int(g[1]), *map(float, g[2:]))
+        if "| per-round ms: vkda=" in body:
+            v = _VERIFY(body)
+            if v is None:
+                raise LegacyParseError(line, "verify sub-split line truncated or malformed", VERIFY)
+            g = v.groups()
+            return VerifyLine(tag, int(g[0]), int(g[1]), *map(float, g[2:]))
+        raise LegacyParseError(line, "tagged rounds= line of no known shape", PHASE)
+    except ValueError as exc:  # a record (or int()) refused a parsed value
+        if isinstance(exc, LegacyParseError):
+            raise
+        raise LegacyParseError(line, str(exc), _claimed(text)) from None
 
 
-def _row_by_record(g: Sequence[str], k: int, j: int, ctx: int, seq: int) -> tuple[Any, ...]:
-    p = SpecRoundProf(*map(float, g[1:6]), k, j, ctx, seq)  # type: ignore[call-arg]
-    return (int(g[0]), p.wall_ms, p.draft_ms, p.verify_ms, p.accept_ms, p.rest_ms, k, j, ctx, seq)
+def _claimed(text: str) -> str:
+    """The kind a damaged tagged line claims to be (for counting it)."""
+    for tag, kind in _OWN_TAGS.items():
+        if text.startswith("[" + tag):
+            return kind
+    return VERIFY if "vkda=" in text else PHASE
 
 
-def _prof_fast_pattern() -> re.Pattern[str]:
-    """Every field in order, each value in a shape whose record needs no further check:
-    ms/MB unsigned, positional and below 1e30, counts and free-memory numbers of at most
-    19 digits (inside u64), the arm one bare word. A subset of what _parse_prof accepts
-    with its fast flag up, so both give the same record."""
-    parts = []
-    for name in FIRST_TOKEN_FIELDS:
-        if name in _FT_FLOAT:
-            pat = r"([0-9]{1,30}(?:\.[0-9]+)?)"
-        elif name in _FT_FREE:
-            pat = r"\[((?:[0-9]{1,19}:[0-9]{1,19})(?:,[0-9]{1,19}:[0-9]{1,19})*)?\]"
-        elif name == "draft_prime_arm":
-            pat = r"([A-Za-z0-9_.:+-]*)"
-        else:
-            pat = r"(0|[1-9][0-9]{0,18})"
-        parts.append(f"{name}={pat}")
-    return re.compile(" ".join(parts))
+def _own(line: str, kind: str, body: str) -> LegacyLine:
+    if kind is PROF_ROUNDS:
+        return _row(line, body)
+    if kind is PROF:
+        return FirstTokenLine(_prof(line, body))
+    if kind is PROF_SUMMARY:
+        return _summary(line, body)
+    o = _OVERRIDE(body)
+    if o is None:
+        raise LegacyParseError(line, "not the flag-override line", OVERRIDE)
+    return OverrideLine(int(o.group(1)), int(o.group(2)))
 
 
-_PROF_FAST = _prof_fast_pattern().fullmatch
-#: Where the fast pattern's groups sit, by kind (the arm stays a str).
-_PROF_FLOATS = tuple(i for i, n in enumerate(FIRST_TOKEN_FIELDS) if n in _FT_FLOAT)
-_PROF_FREES = tuple(i for i, n in enumerate(FIRST_TOKEN_FIELDS) if n in _FT_FREE)
-_PROF_COUNTS = tuple(
-    i
-    for i, n in enumerate(FIRST_TOKEN_FIELDS)
-    if n not in _FT_FLOAT and n not in _FT_FREE and n != "draft_prime_arm"
-)
-
-
-def _parse_prof(line: str, body: str) -> SpecFirstTokenProf:
-    m = _PROF_FAST(body)
+def _row(line: str, body: str) -> RoundsLine:
+    m = _ROW(body)
     if m is None:
-        return _parse_prof_strict(line, body)
-    v: list[Any] = list(m.groups())
-    for i in _PROF_FLOATS:
-        v[i] = float(v[i])
-    for i in _PROF_COUNTS:
-        v[i] = int(v[i])
-    for i in _PROF_FREES:
-        x = v[i]
-        v[i] = (
-            [(int(a), int(b)) for a, _, b in (p.partition(":") for p in x.split(","))] if x else []
-        )
-    prof = _new(SpecFirstTokenProf)
-    # every field, in the shape the constructor would keep it
-    prof.__dict__.update(zip(FIRST_TOKEN_FIELDS, v, strict=True))
-    return prof
+        raise LegacyParseError(line, "[spec-prof-rounds] row truncated or malformed", PROF_ROUNDS)
+    g = m.groups()
+    try:
+        prof = round_prof(
+            float(g[1]), float(g[2]), float(g[3]), float(g[4]), float(g[5]),
+            int(g[6]), int(g[7]), int(g[8]), int(g[9]),
+        )  # fmt: skip
+    except (TypeError, ValueError) as exc:
+        raise LegacyParseError(line, str(exc), PROF_ROUNDS) from None
+    return _tuple_new(RoundsLine, (int(g[0]), prof))
 
 
-def _parse_prof_strict(line: str, body: str) -> SpecFirstTokenProf:
+def _summary(line: str, body: str) -> SummaryLine:
+    if body == "rounds=0":
+        return SummaryLine(0)
+    m = _SUMMARY(body)
+    if m is None:
+        raise LegacyParseError(line, "[spec-prof-summary] truncated or malformed", PROF_SUMMARY)
+    g = m.groups()
+    return SummaryLine(
+        int(g[0]), *map(float, g[1:9]), int(g[9]), float(g[10]), float(g[11]),
+        int(g[12]), int(g[13]), int(g[14]),
+    )  # fmt: skip
+
+
+def _prof(line: str, body: str) -> SpecFirstTokenProf:
     pairs = body.split(" ")
     names = [p.partition("=")[0] for p in pairs]
     if names != _FT_NAMES:
         missing = [n for n in FIRST_TOKEN_FIELDS if n not in names]
         reason = f"missing {missing[0]}" if missing else "fields out of order or unknown"
-        raise LegacyParseError(line, f"[spec-prof] {reason}")
+        raise LegacyParseError(line, f"[spec-prof] {reason}", PROF)
     kw: dict[str, Any] = {}
-    fast = True
     for name, pair in zip(FIRST_TOKEN_FIELDS, pairs, strict=True):
         v = pair.partition("=")[2]
         if name in _FT_FLOAT:
-            if not _FLOAT.fullmatch(v):
-                raise LegacyParseError(line, f"{name}={v!r} is not a number")
-            x = float(v)
-            if not 0.0 <= x < _INF:
-                fast = False
-            kw[name] = x
+            if not _FLOAT(v):
+                raise LegacyParseError(line, f"{name}={v!r} is not a number", PROF)
+            kw[name] = float(v)
         elif name in _FT_FREE:
-            f = _FREE.fullmatch(v)
-            if f is None:
-                raise LegacyParseError(line, f"{name}={v!r} is not [ordinal:free_mb,...]")
-            pairs_ = [
+            if _FREE(v) is None:
+                raise LegacyParseError(line, f"{name}={v!r} is not [ordinal:free_mb,...]", PROF)
+            kw[name] = [
                 (int(a), int(b))
                 for a, _, b in (x.partition(":") for x in filter(None, v[1:-1].split(",")))
             ]
-            if any(a > U64_MAX or b > U64_MAX for a, b in pairs_):
-                fast = False
-            kw[name] = pairs_
         elif name == "draft_prime_arm":
-            if not _ARM_WORD.fullmatch(v):
-                fast = False
             kw[name] = v
         else:
-            if not _COUNT.fullmatch(v):
-                raise LegacyParseError(line, f"{name}={v!r} is not a count")
-            n = int(v)
-            if n > U64_MAX:
-                fast = False
-            kw[name] = n
-    if not fast:
-        try:
-            return SpecFirstTokenProf(**kw)  # refuses the bad value, naming the field
-        except (TypeError, ValueError) as exc:
-            raise LegacyParseError(line, str(exc)) from None
-    prof = _new(SpecFirstTokenProf)
-    prof.__dict__.update(kw)  # every field, each checked above as the constructor would
-    return prof
-
-
-_FT_NAMES = list(FIRST_TOKEN_FIELDS)
-
-
-def _parse_row(line: str, body: str) -> RoundsLine:
-    v = _scan_row(line, body)
-    return RoundsLine(v[0], round_prof(v))
-
-
-def _scan_summary(line: str, body: str) -> tuple[Any, ...]:
-    if body == "rounds=0":
-        return (0,)
-    m = _SUMMARY.fullmatch(body)
-    if m is None:
-        raise LegacyParseError(line, "[spec-prof-summary] truncated or malformed")
-    g = m.groups()
-    return (
-        int(g[0]),
-        float(g[1]),
-        float(g[2]),
-        float(g[3]),
-        float(g[4]),
-        float(g[5]),
-        float(g[6]),
-        float(g[7]),
-        float(g[8]),
-        int(g[9]),
-        float(g[10]),
-        float(g[11]),
-        int(g[12]),
-        int(g[13]),
-        int(g[14]),
-    )
-
-
-def _parse_summary(line: str, body: str) -> SummaryLine:
-    return SummaryLine(*_scan_summary(line, body))
+            if not _COUNT(v):
+                raise LegacyParseError(line, f"{name}={v!r} is not a count", PROF)
+            kw[name] = int(v)
+    try:
+        return SpecFirstTokenProf(**kw)  # refuses a bad value, naming the field
+    except (TypeError, ValueError) as exc:
+        raise LegacyParseError(line, str(exc), PROF) from None

@@ -16,12 +16,15 @@ import re
 import struct
 import threading
 from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 __all__ = [
+    "SEQ_ROWS",
     "SPEC_PROF_ROUNDS",
     "U16_MAX",
     "U32_MAX",
     "U64_MAX",
+    "VERIFY_SPLIT",
     "SeqRows",
     "SpecFirstTokenProf",
     "SpecPhaseNs",
@@ -179,6 +182,13 @@ class SeqRows:
 
     def peek(self) -> int:
         return self._n
+
+
+#: The process-wide level-2 verify accumulators (the seed's V_KDA_NS / V_KDA_SCAN_NS /
+#: V_MLA_NS / V_FFN_NS): the verify walk adds, the burst's level-2 line drains.
+VERIFY_SPLIT = VerifySplit()
+#: The process-wide per-row-arm verify row counter (the seed's V_SEQ_ROWS).
+SEQ_ROWS = SeqRows()
 
 
 # -------------------------------------------------------------------- first-token profile
@@ -344,15 +354,7 @@ FIRST_TOKEN_FIELDS = tuple(f.name for f in fields(SpecFirstTokenProf))
 # ------------------------------------------------------------------------- per-round row
 
 
-@dataclass(frozen=True, slots=True)
-class SpecRoundProf:
-    """One verify round's attribution row (``MEMRA_SPEC_PROF=1``, first SPEC_PROF_ROUNDS
-    rounds of a session).
-
-    Stored as the seed stores it: the ms fields are f32 (rounded on the way in), ``k``/``j``
-    u16, ``ctx``/``seq_rows`` u32. Out-of-range input raises naming the field; it never wraps.
-    """
-
+class _RoundProfFields(NamedTuple):
     wall_ms: float = 0.0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
@@ -363,63 +365,84 @@ class SpecRoundProf:
     ctx: int = 0
     seq_rows: int = 0
 
-    def __post_init__(self) -> None:
-        s = object.__setattr__
-        for name in ("wall_ms", "draft_ms", "verify_ms", "accept_ms", "rest_ms"):
-            x = _ms(f"SpecRoundProf.{name}", getattr(self, name))
+
+class SpecRoundProf(_RoundProfFields):
+    """One verify round's attribution row (``MEMRA_SPEC_PROF=1``, first SPEC_PROF_ROUNDS
+    rounds of a session).
+
+    Stored as the seed stores it: the ms fields are f32 (rounded on the way in), ``k``/``j``
+    u16, ``ctx``/``seq_rows`` u32. Out-of-range input raises naming the field; it never wraps.
+    An immutable tuple: one is built per logged round on the loop's thread and per
+    ``[spec-prof-rounds]`` line in the tail, so building it is cheap (:func:`round_prof`).
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        wall_ms: float = 0.0,
+        draft_ms: float = 0.0,
+        verify_ms: float = 0.0,
+        accept_ms: float = 0.0,
+        rest_ms: float = 0.0,
+        k: int = 0,
+        j: int = 0,
+        ctx: int = 0,
+        seq_rows: int = 0,
+    ) -> SpecRoundProf:
+        ms = []
+        for name, v in zip(
+            ROUND_PROF_FIELDS, (wall_ms, draft_ms, verify_ms, accept_ms, rest_ms), strict=False
+        ):
+            x = _ms(f"SpecRoundProf.{name}", v)
             y = f32(x)
             if math.isinf(y):
                 raise ValueError(f"SpecRoundProf.{name}={x!r} does not fit in an f32")
-            s(self, name, y)
-        _uint("SpecRoundProf.k", self.k, U16_MAX)
-        _uint("SpecRoundProf.j", self.j, U16_MAX)
-        _uint("SpecRoundProf.ctx", self.ctx, U32_MAX)
-        _uint("SpecRoundProf.seq_rows", self.seq_rows, U32_MAX)
+            ms.append(y)
+        counts = (
+            _uint("SpecRoundProf.k", k, U16_MAX),
+            _uint("SpecRoundProf.j", j, U16_MAX),
+            _uint("SpecRoundProf.ctx", ctx, U32_MAX),
+            _uint("SpecRoundProf.seq_rows", seq_rows, U32_MAX),
+        )
+        return tuple.__new__(cls, (*ms, *counts))
 
 
-ROUND_PROF_FIELDS = tuple(f.name for f in fields(SpecRoundProf))
+ROUND_PROF_FIELDS = _RoundProfFields._fields
+_INF = math.inf
 
 _F32X5 = struct.Struct("<5f")
-_new = object.__new__
-_set = object.__setattr__
+_tuple_new = tuple.__new__
 
 
-def round_prof_from_ns(
-    wall: int,
-    draft: int,
-    verify: int,
-    accept: int,
-    rest: int,
+def round_prof(
+    wall_ms: float,
+    draft_ms: float,
+    verify_ms: float,
+    accept_ms: float,
+    rest_ms: float,
     k: int,
     j: int,
     ctx: int,
     seq_rows: int,
 ) -> SpecRoundProf:
-    """The observer's fast path: a row from nanosecond phase lengths, stored as the seed
-    stores it. Values outside the row's widths go through the checking constructor, which
-    raises naming the field."""
+    """A row stored as the seed stores it, the fast way (the observer builds one per round,
+    the legacy parser one per ``[spec-prof-rounds]`` line). Values the checks would refuse
+    go through the checking constructor, which raises naming the field."""
     if (
-        wall < 0 or draft < 0 or verify < 0 or accept < 0 or rest < 0
-        or not (0 <= k <= U16_MAX and 0 <= j <= U16_MAX and 0 <= ctx <= U32_MAX and 0 <= seq_rows <= U32_MAX)
-        or type(k) is not int or type(j) is not int or type(ctx) is not int or type(seq_rows) is not int
+        type(k) is int and type(j) is int and type(ctx) is int and type(seq_rows) is int
+        and 0 <= k <= U16_MAX and 0 <= j <= U16_MAX and 0 <= ctx <= U32_MAX
+        and 0 <= seq_rows <= U32_MAX
+        and wall_ms >= 0.0 and draft_ms >= 0.0 and verify_ms >= 0.0 and accept_ms >= 0.0
+        and rest_ms >= 0.0
     ):  # fmt: skip
-        return SpecRoundProf(
-            wall / 1e6, draft / 1e6, verify / 1e6, accept / 1e6, rest / 1e6, k, j, ctx, seq_rows
-        )
-    r = _new(SpecRoundProf)
-    w, d, v, a, x = _F32X5.unpack(
-        _F32X5.pack(wall / 1e6, draft / 1e6, verify / 1e6, accept / 1e6, rest / 1e6)
-    )
-    _set(r, "wall_ms", w)
-    _set(r, "draft_ms", d)
-    _set(r, "verify_ms", v)
-    _set(r, "accept_ms", a)
-    _set(r, "rest_ms", x)
-    _set(r, "k", k)
-    _set(r, "j", j)
-    _set(r, "ctx", ctx)
-    _set(r, "seq_rows", seq_rows)
-    return r
+        try:
+            ms = _F32X5.unpack(_F32X5.pack(wall_ms, draft_ms, verify_ms, accept_ms, rest_ms))
+        except (TypeError, OverflowError):  # not a number, or past an f32
+            ms = (_INF,)
+        if _INF not in ms:
+            return _tuple_new(SpecRoundProf, (*ms, k, j, ctx, seq_rows))
+    return SpecRoundProf(wall_ms, draft_ms, verify_ms, accept_ms, rest_ms, k, j, ctx, seq_rows)
 
 
 # ---------------------------------------------------------------------------- round log
@@ -473,14 +496,10 @@ class SpecRoundsLog:
         draft_mean = _fsum(r.draft_ms for r in self.rounds) / nf
         seq = sum(r.seq_rows for r in self.rounds)
         accept = j / k if k > 0.0 else 0.0
-        return (
-            f"rounds={n} k_mean={k / nf:.2f} j_mean={j / nf:.2f} accept={accept:.3f} "
-            f"tok_per_round={(j + nf) / nf:.2f} "
-            f"wall_ms mean={mean:.1f} min={walls[0]:.1f} med={med:.1f} max={walls[n - 1]:.1f} "
-            f"slow_rounds(>1.5x med)={slow} "
-            f"draft_mean={draft_mean:.1f} verify_mean={verify_mean:.1f} seq_rows_total={seq} "
-            f"ctx_first={self.rounds[0].ctx} ctx_last={self.rounds[n - 1].ctx}"
-        )
+        return summary_text(
+            n, k / nf, j / nf, accept, (j + nf) / nf, mean, walls[0], med, walls[n - 1], slow,
+            draft_mean, verify_mean, seq, self.rounds[0].ctx, self.rounds[n - 1].ctx,
+        )  # fmt: skip
 
     def slow_rounds(self) -> int:
         """Rounds past 1.5x the median wall (the summary's bimodality count)."""
@@ -489,6 +508,21 @@ class SpecRoundsLog:
         walls = sorted(r.wall_ms for r in self.rounds)
         threshold = f32(1.5 * walls[len(walls) // 2])
         return sum(1 for w in walls if w > threshold)
+
+
+def summary_text(
+    n: int, k_mean: float, j_mean: float, accept: float, tok_per_round: float, wall_mean: float,
+    wall_min: float, wall_med: float, wall_max: float, slow: int, draft_mean: float,
+    verify_mean: float, seq_rows_total: int, ctx_first: int, ctx_last: int,
+) -> str:  # fmt: skip
+    """The summary's text (the seed's format string), from its values."""
+    return (
+        f"rounds={n} k_mean={k_mean:.2f} j_mean={j_mean:.2f} accept={accept:.3f} "
+        f"tok_per_round={tok_per_round:.2f} wall_ms mean={wall_mean:.1f} min={wall_min:.1f} "
+        f"med={wall_med:.1f} max={wall_max:.1f} slow_rounds(>1.5x med)={slow} "
+        f"draft_mean={draft_mean:.1f} verify_mean={verify_mean:.1f} "
+        f"seq_rows_total={seq_rows_total} ctx_first={ctx_first} ctx_last={ctx_last}"
+    )
 
 
 def _fsum(xs: object) -> float:

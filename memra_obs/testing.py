@@ -15,7 +15,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .events import (
+from .linewriter import LineWriter
+from .observer import Observer
+from .sinks.base import Sink
+from .sinks.stderr import StderrSink
+from .timeline import (
     BurstRecord,
     FirstTokenRecord,
     ProfRowsRecord,
@@ -25,10 +29,6 @@ from .events import (
     SessionEndRecord,
     SessionRecord,
 )
-from .linewriter import LineWriter
-from .observer import Observer
-from .sinks.base import Sink
-from .sinks.stderr import StderrSink
 
 __all__ = ["Capture", "RecordingSink", "capture"]
 

@@ -1,7 +1,6 @@
 # Sourced by scripts/demo.sh and scripts/test.sh: make ./.venv exist with the project
 # installed (editable) with the extras named in $EXTRAS, reinstalling only when
-# pyproject.toml, setup.py or a C helper changed. Needs python3 >= 3.10 with venv
-# (Debian: python3-venv); a C compiler (gcc) builds the optional C helpers.
+# pyproject.toml changed. Needs python3 >= 3.10 with venv (Debian: python3-venv).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -10,8 +9,8 @@ if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
 stamp=".venv/.memra-obs-installed-${EXTRAS:-core}"
-# Reinstall when the build inputs change (setup.py builds the C helpers in place).
-want="$(cat pyproject.toml setup.py memra_obs/*/_*.c | sha256sum | cut -d' ' -f1)"
+# Reinstall when the build inputs change.
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
   spec="."

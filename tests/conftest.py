@@ -98,3 +98,12 @@ def rust_oracle():
     o = Oracle(exe)
     yield o
     o.close()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_diagnostics():
+    """Every test starts with nothing said yet (the once-filter forgets)."""
+    from memra_obs import diagnostics
+
+    diagnostics.reset()
+    yield

@@ -27,7 +27,7 @@ import pytest
 from memra_obs.agent.format import KIND_SESSION
 from memra_obs.agent.loop import Agent
 from memra_obs.agent.reader import RingReader
-from memra_obs.events import BurstRecord, RoundRecord, SessionEndRecord, SessionRecord
+from memra_obs.timeline import BurstRecord, RoundRecord, SessionEndRecord, SessionRecord
 
 DONE = re.compile(r"demo done: sessions=(\d+) rounds=(\d+) tokens=(\d+)")
 AGENT_URL = re.compile(r"/metrics on (http://\S+/metrics)")

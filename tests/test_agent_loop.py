@@ -14,14 +14,14 @@ import pytest
 from memra_obs.agent import build_agent
 from memra_obs.agent.loop import Agent, AgentBusy
 from memra_obs.agent.ring import RingSink
-from memra_obs.events import (
+from memra_obs.observer import Observer
+from memra_obs.timeline import (
     BurstRecord,
     FirstTokenRecord,
     RoundRecord,
     SessionEndRecord,
     SessionRecord,
 )
-from memra_obs.observer import Observer
 
 
 class Collect:

@@ -16,15 +16,15 @@ from hypothesis import strategies as st
 from memra_obs.agent import format as F
 from memra_obs.agent.reader import FormatError, RingReader
 from memra_obs.agent.ring import RingSink
-from memra_obs.events import (
+from memra_obs.observer import Observer
+from memra_obs.records import FIRST_TOKEN_MS_FIELDS, SpecFirstTokenProf, SpecPhaseNs
+from memra_obs.timeline import (
     BurstRecord,
     FirstTokenRecord,
     RoundRecord,
     SessionEndRecord,
     SessionRecord,
 )
-from memra_obs.observer import Observer
-from memra_obs.records import FIRST_TOKEN_MS_FIELDS, SpecFirstTokenProf, SpecPhaseNs
 
 U64 = st.integers(0, (1 << 64) - 1)
 U32 = st.integers(0, (1 << 32) - 1)
@@ -43,6 +43,7 @@ rounds = st.builds(
     RoundRecord,
     session=U64, burst=U32, index=U32, t_ns_mono=st.tuples(U64, U64, U64, U64, U64, U64),
     k=U32, j=U32, ctx=U32, seq_rows=U32, split_ns=st.none() | st.tuples(U64, U64, U64, U64),
+    repeat=st.just(1),  # a loop's rounds: one a record
 )  # fmt: skip
 bursts = st.builds(
     BurstRecord,
@@ -178,7 +179,7 @@ _WRITER = textwrap.dedent(
     """
     import sys, time
     from memra_obs.agent.ring import RingSink
-    from memra_obs.events import FirstTokenRecord
+    from memra_obs.timeline import FirstTokenRecord
     from memra_obs.records import SpecFirstTokenProf
     sys.path.insert(0, {tests!r})
     from test_agent_ring import _round

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from memra_obs.clock import SyncClock
-from memra_obs.device import events as events_mod
-from memra_obs.device.events import EventClock
+from memra_obs.device import event_clock as events_mod
+from memra_obs.device.event_clock import EventClock
 from memra_obs.observer import Burst
 from memra_obs.testing import capture
 

@@ -135,7 +135,7 @@ def test_the_real_nvtx_package_without_a_profiler_is_off() -> None:
 
 def test_setup_wires_the_sink_by_name() -> None:
     """MEMRA_OBS_SINKS=nvtx builds an observer with an NvtxSink."""
-    from memra_obs.setup import build_observer
+    from memra_obs.wiring import build_observer
 
     obs = build_observer(
         level=1, prof=False, env={"MEMRA_OBS_SINKS": "nvtx", "MEMRA_OBS_METRICS_ADDR": ""}

@@ -92,7 +92,7 @@ def test_cpu_only_use_never_imports_gpu_libraries(tmp_path: Path) -> None:
         """
         import sys
         import memra_obs
-        import memra_obs.device, memra_obs.device.streams, memra_obs.device.events
+        import memra_obs.device, memra_obs.device.streams, memra_obs.device.event_clock
         import memra_obs.device.memory, memra_obs.device.workload, memra_obs.sinks.nvtx
         from memra_obs.testing import capture
         for clock in ("sync", "event"):

@@ -10,13 +10,6 @@ import pytest
 
 import memra_obs
 from memra_obs.demo import SimStream
-from memra_obs.events import (
-    BurstRecord,
-    FirstTokenRecord,
-    RoundRecord,
-    SessionEndRecord,
-    SessionRecord,
-)
 from memra_obs.export import QueueSink
 from memra_obs.legacy import (
     FirstTokenLine,
@@ -30,6 +23,13 @@ from memra_obs.observer import NOOP_OBSERVER, Observer
 from memra_obs.records import VerifySplit
 from memra_obs.sinks.base import Sink
 from memra_obs.testing import RecordingSink, capture
+from memra_obs.timeline import (
+    BurstRecord,
+    FirstTokenRecord,
+    RoundRecord,
+    SessionEndRecord,
+    SessionRecord,
+)
 
 
 def run_rounds(s, n, k=4, j=2, prime=False, work=None):
@@ -181,7 +181,7 @@ class Boom(Sink):
         raise RuntimeError("exporter bug")
 
 
-def test_a_failing_sink_is_reported_once_and_others_still_get_records(capsys):
+def test_a_failing_sink_is_reported_once_and_others_still_get_records(caplog):
     """A sink that raises never reaches the loop or the sinks after it."""
     keep = RecordingSink()
     obs = Observer([Boom(), keep], level=0, prof=False)
@@ -189,10 +189,10 @@ def test_a_failing_sink_is_reported_once_and_others_still_get_records(capsys):
     run_rounds(s, 5)
     s.end()
     assert len(keep.of(RoundRecord)) == 5
-    assert capsys.readouterr().err.count("Boom.on_round raised") == 1
+    assert caplog.text.count("Boom.on_round raised") == 1
 
 
-def test_misuse_is_reported_and_the_round_dropped(capsys):
+def test_misuse_is_reported_and_the_round_dropped(caplog):
     """A round with missing boundaries is dropped with one message; the loop never sees an error."""
     keep = RecordingSink()
     obs = Observer([keep], level=0, prof=False)
@@ -206,7 +206,7 @@ def test_misuse_is_reported_and_the_round_dropped(capsys):
     s.lap("not_a_bucket")
     s.end()
     assert len(keep.of(RoundRecord)) == 1
-    assert "end_round after" in capsys.readouterr().err
+    assert "end_round after" in caplog.text
 
 
 def test_full_queue_drops_newest_and_counts_without_blocking():
@@ -291,7 +291,7 @@ def test_process_observer_built_from_environment(monkeypatch, capsys):
 def test_bad_knob_is_a_clear_error_naming_the_variable(monkeypatch):
     """A bad MEMRA_OBS_* value fails at start-up and names the variable."""
     from memra_obs.environment import ConfigError
-    from memra_obs.setup import build_observer
+    from memra_obs.wiring import build_observer
 
     for var, value in [
         ("MEMRA_OBS_CLOCK", "fast"),
@@ -303,7 +303,7 @@ def test_bad_knob_is_a_clear_error_naming_the_variable(monkeypatch):
             build_observer(env={var: value}, level=1)
 
 
-def test_ending_a_burst_twice_emits_it_once(capsys):
+def test_ending_a_burst_twice_emits_it_once(caplog):
     """A second Burst.end is reported and ignored: no duplicate burst record or line."""
     keep = RecordingSink()
     obs = Observer([keep], level=0, prof=False)
@@ -312,4 +312,4 @@ def test_ending_a_burst_twice_emits_it_once(capsys):
     b.end()
     s.end()
     assert len(keep.of(BurstRecord)) == 1
-    assert "Burst.end called twice" in capsys.readouterr().err
+    assert "Burst.end called twice" in caplog.text

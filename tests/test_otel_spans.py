@@ -8,11 +8,11 @@ import itertools
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from memra_obs.events import SessionRecord, to_epoch_ns
 from memra_obs.observer import Observer
 from memra_obs.otel.spans import PHASE_SPAN_NAMES, SpanBuilder, burst_span_id, round_span_id
 from memra_obs.records import VerifySplit
 from memra_obs.testing import RecordingSink
+from memra_obs.timeline import SessionRecord, to_epoch_ns
 
 NAME, TID, SID, PID, START, END, ATTRS, STATUS = range(8)
 

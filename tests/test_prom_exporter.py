@@ -6,18 +6,18 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from memra_obs.events import (
+from memra_obs.export import QueueSink
+from memra_obs.observer import Observer
+from memra_obs.prom import FIRST_TOKEN_PHASES, PrometheusExporter
+from memra_obs.prom.exposition import encode
+from memra_obs.records import SpecFirstTokenProf, SpecPhaseNs, VerifySplit
+from memra_obs.timeline import (
     BurstRecord,
     FirstTokenRecord,
     RoundRecord,
     SessionEndRecord,
     SessionRecord,
 )
-from memra_obs.export import QueueSink
-from memra_obs.observer import Observer
-from memra_obs.prom import FIRST_TOKEN_PHASES, PrometheusExporter
-from memra_obs.prom.exposition import encode
-from memra_obs.records import SpecFirstTokenProf, SpecPhaseNs, VerifySplit
 
 MS = 1_000_000
 TRACE = 0x0AF7651916CD43DD8448EB211C80319C

@@ -16,8 +16,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from memra_obs.environment import ConfigError, Settings
-from memra_obs.events import RoundRecord, SessionRecord
 from memra_obs.prom import PrometheusExporter, serve_metrics
+from memra_obs.timeline import RoundRecord, SessionRecord
 
 TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 PROMETHEUS_ACCEPT = (
@@ -171,7 +171,7 @@ def test_knobs(tmp_path: Path, cert):
 
 def test_build_observer_serves_and_attaches_the_queue(tmp_path: Path, cert):
     """setup wiring: sinks=prometheus serves /metrics (TLS + auth from knobs) with self-metrics."""
-    from memra_obs.setup import build_observer
+    from memra_obs.wiring import build_observer
 
     auth = tmp_path / "auth"
     auth.write_text("u:p\n")
@@ -185,9 +185,9 @@ def test_build_observer_serves_and_attaches_the_queue(tmp_path: Path, cert):
         level=0, prof=False, registry=reg, env=env, sinks="prometheus", metrics_addr="127.0.0.1:0"
     )
     try:
-        srv = obs.closers[0].__self__
+        url = next(w for w in obs.where if w.startswith("/metrics on ")).split()[-1]
         hdr = {"Authorization": "Basic " + base64.b64encode(b"u:p").decode()}
-        body = get(srv.url, hdr, ctx=ssl.create_default_context(cafile=cert[0]))[2]
+        body = get(url, hdr, ctx=ssl.create_default_context(cafile=cert[0]))[2]
         assert b'memra_obs_dropped_total{signal="records"} 0.0' in body
         assert b'memra_obs_export_errors_total{signal="metrics"} 0.0' in body
         with pytest.raises(ConfigError, match="MEMRA_OBS_METRICS_TLS_KEY"):

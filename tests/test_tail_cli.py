@@ -13,8 +13,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from memra_obs.environment import Settings
-from memra_obs.events import RoundRecord
-from memra_obs.tail import Publisher, Rebuilder, Tail, build_wiring
+from memra_obs.export import QueueSink
+from memra_obs.tail import Rebuilder, Tail, TailCollector
+from memra_obs.timeline import RoundRecord
+from memra_obs.wiring import build_exporters
 
 PHASE = (
     "[glm5-phase] rounds=6 k=4 total=29.37ms | draft=9.49 verify=16.33 accept=1.77 roll=0.83 "
@@ -100,20 +102,21 @@ def test_bad_options_and_knobs_fail_loudly():
 
 
 def test_wiring_publishes_worker_labelled_metrics_and_its_own_counters():
-    """build_wiring: a worker-labelled PrometheusExporter plus the tail's own counters in
+    """The tail's wiring (build_exporters, worker-labelled) plus the tail's own counters in
     the same registry; promtool finds nothing to report on the exposition."""
     reg = CollectorRegistry()
     st = Settings.resolve({}, sinks="prometheus", metrics_addr="", worker="r7")
-    w = build_wiring(st, "r7", registry=reg, env={})
+    w = build_exporters(st, worker="r7", worker_label=True, registry=reg, env={})
     try:
         tail = Tail(
             Rebuilder("r7"),
-            lambda b: [ex.export(b) for ex in w.exporters],
+            lambda b: [ex.export(b) for ex in w.all],
             out=None,
             notes=lambda s: None,
         )
-        assert w.collector is not None
-        w.collector.add("r7", tail.stats)
+        collector = TailCollector()
+        collector.add("r7", tail.stats)
+        reg.register(collector)
         tail.feed(
             (PHASE + "\n" + VERIFY + "\n[glm5-phase] rounds=1 k=4 total=\n").encode(),
             time.perf_counter_ns(),
@@ -139,7 +142,7 @@ def test_wiring_publishes_worker_labelled_metrics_and_its_own_counters():
             )
             assert p.returncode == 0 and not p.stdout.strip() and not p.stderr.strip(), p.stderr
     finally:
-        for ex in w.exporters:
+        for ex in w.all:
             ex.shutdown(1.0)
         w.close()
 
@@ -166,65 +169,42 @@ class _Slow:
         pass
 
 
-def test_publisher_drops_for_a_pipe_and_waits_for_a_file():
-    """A stalled exporter never blocks a pipe's reader (batches dropped and counted); when
-    reading a file the reader waits instead and nothing is lost."""
+def test_the_tail_queue_waits_for_room_and_loses_nothing():
+    """A stalled exporter holds the tail's reading back (put_many blocks on a full queue)
+    instead of dropping: every record gets out once the exporter moves again."""
     import threading
 
     gate = threading.Event()
     ex = _Slow(gate)
-    pub = Publisher([ex], capacity=10, block=False)
-    try:
-        for _ in range(5):
-            pub.put([object()] * 4)  # type: ignore[list-item]
-        assert pub.dropped > 0
-    finally:
-        gate.set()
-        pub.close(5.0)
-    assert len(ex.records) + pub.dropped == 20
+    q = QueueSink([ex], capacity=16, pause_s=0, stretch_ms=0)
+    done = threading.Event()
 
-    ex2 = _Slow()
-    pub2 = Publisher([ex2], capacity=10, block=True)
-    for _ in range(20):
-        pub2.put([object()] * 4)  # type: ignore[list-item]
-    pub2.close(5.0)
-    assert (len(ex2.records), pub2.dropped) == (80, 0)
+    def reader() -> None:
+        for _ in range(20):
+            q.put_many([object()] * 4)  # type: ignore[list-item]
+        done.set()
 
-
-def test_publisher_counts_the_records_a_batch_stands_for():
-    """A compact batch (a RoundBlock per burst) fills the queue, and counts when dropped,
-    as the rounds it carries, as one record per round would."""
-    import threading
-
-    from memra_obs.tail.rebuild import RecordBatch
-
-    gate = threading.Event()
-    ex = _Slow(gate)
-    pub = Publisher([ex], capacity=100, block=False)
-    try:
-        for _ in range(3):
-            batch = RecordBatch([object(), object()])
-            batch.records = 60  # e.g. two RoundBlocks of 30 rounds
-            pub.put(batch)  # type: ignore[arg-type]
-        assert pub.dropped >= 60 and pub.dropped % 60 == 0
-    finally:
-        gate.set()
-        pub.close(5.0)
-    assert pub.exported + pub.dropped == 180
+    t = threading.Thread(target=reader)
+    t.start()
+    assert not done.wait(0.3), "the reader should be held back while the exporter stalls"
+    gate.set()
+    t.join(10)
+    q.shutdown(5.0)
+    assert (len(ex.records), q.dropped) == (80, 0)
 
 
-def test_a_failing_exporter_is_reported_once_and_the_others_go_on():
+def test_a_failing_exporter_is_reported_once_and_the_others_go_on(caplog):
     """One exporter raising does not stop the records reaching the next one."""
-    notes: list[str] = []
     bad, good = _Slow(fail=True), _Slow()
-    pub = Publisher([bad, good], report=notes.append)
-    tail = Tail(Rebuilder("w"), pub.put, out=None)
+    q = QueueSink([bad, good], pause_s=0, stretch_ms=0)
+    tail = Tail(Rebuilder("w"), q.put_many, out=None)
     for _ in range(3):
         tail.feed((PHASE + "\n").encode(), time.perf_counter_ns())
     tail.close(time.perf_counter_ns())
-    pub.close(5.0)
-    assert sum(1 for r in good.records if type(r) is RoundRecord) == 18
-    assert pub.errors >= 1 and len(notes) == 1 and "boom" in notes[0]
+    q.shutdown(5.0)
+    assert sum(r.repeat for r in good.records if type(r) is RoundRecord) == 18
+    said = [r.getMessage() for r in caplog.records if "boom" in r.getMessage()]
+    assert q.worker.errors >= 1 and len(said) == 1
 
 
 @pytest.mark.parametrize("sinks", ["otel", "otel,prometheus"])

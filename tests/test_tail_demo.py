@@ -15,13 +15,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from memra_obs.demo import DemoConfig, SimDevice, run_demo
-from memra_obs.events import BurstRecord, RoundRecord
 from memra_obs.export import QueueSink
 from memra_obs.prom import PrometheusExporter
 from memra_obs.prom.families import FIRST_TOKEN_PHASES
 from memra_obs.records import SPEC_PROF_ROUNDS
 from memra_obs.tail import Rebuilder, Tail
 from memra_obs.testing import capture
+from memra_obs.timeline import BurstRecord, RoundRecord
 
 DEADLINE_S = 60.0
 PHASES = ("draft", "verify", "accept", "rollback", "maint")

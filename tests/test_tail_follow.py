@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from memra_obs.events import RoundRecord
 from memra_obs.tail import Rebuilder, Tail, pump
 from memra_obs.tail.source import FollowSource
 from memra_obs.testing import capture
+from memra_obs.timeline import RoundRecord
 
 DEADLINE_S = 20.0
 

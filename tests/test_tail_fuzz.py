@@ -1,7 +1,9 @@
-"""The parser under random and mutated lines: only LegacyParseError, never a wrong record."""
+"""The parser and the tail under random and mutated lines: only LegacyParseError, never a
+wrong record; the tail's books hold whatever arrives, however it is chunked."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import time
@@ -25,8 +27,6 @@ from memra_obs.legacy import (
     phase_lines,
     prof_line,
     prof_rounds_lines,
-    round_prof,
-    scan_line,
 )
 from memra_obs.records import (
     SpecFirstTokenProf,
@@ -36,7 +36,7 @@ from memra_obs.records import (
     VerifySplit,
 )
 from memra_obs.tail import Rebuilder, Tail
-from memra_obs.tail.core import C_SCAN
+from memra_obs.timeline import BurstRecord, RoundRecord
 
 ms64 = st.one_of(
     st.floats(min_value=0, max_value=1e9, allow_nan=False),
@@ -115,31 +115,12 @@ def _check_valid(line: str, want: object) -> None:
         assert (rec.tag, rec.rounds, rec.k) == ((tag if kind == "phase" else tag + "-v"), rounds, k)
 
 
-def _scan_agrees(line: str) -> None:
-    """scan_line and parse_line say the same thing about ``line`` (record or reason)."""
-    try:
-        rec = parse_line(line)
-    except LegacyParseError as e1:
-        try:
-            scan_line(line)
-        except LegacyParseError as e2:
-            assert e2.reason == e1.reason
-        else:
-            raise AssertionError("scan_line accepted what parse_line refused") from None
-        return
-    s = scan_line(line)
-    assert (s is None) == (rec is None)
-    if rec is not None and isinstance(rec, RoundsLine):
-        assert round_prof(s[2]) == rec.prof  # type: ignore[index]
-
-
 @given(valid_lines(), st.sampled_from(["", "\n", "\r\n"]))
 def test_valid_lines_parse_to_their_own_record(lv, end):
     """Every line the formatters write (any ending) parses to exactly its record."""
     line, want = lv
     _check_valid(line, want)
     assert parse_line(line + end) == parse_line(line)
-    _scan_agrees(line + end)
 
 
 @st.composite
@@ -180,7 +161,6 @@ def test_damaged_lines_raise_only_legacy_parse_error(line):
     if rec is not None:  # format(parse(.)) is a projection: once normalized, a fixed point
         norm = format_line(rec)
         assert format_line(parse_line(norm)) == norm  # type: ignore[arg-type]
-    _scan_agrees(line)
 
 
 @settings(max_examples=100)
@@ -241,66 +221,35 @@ _VERIFY_L = (
 )
 
 
-def _prof_agrees(line: str) -> None:
-    """The [spec-prof] fast pattern gives the record the field-by-field parser gives (or
-    leaves the line to it)."""
-    if not line.startswith("[spec-prof] "):
-        return
-    body = line.rstrip("\r\n")[len("[spec-prof] ") :]
-    try:
-        want = legacy._parse_prof_strict(line, body)
-    except LegacyParseError as exc:
-        try:
-            legacy._parse_prof(line, body)
-        except LegacyParseError as exc2:
-            assert exc2.reason == exc.reason
-        else:
-            raise AssertionError("the fast path accepted what the parser refuses") from None
-        return
-    assert legacy._parse_prof(line, body) == want
-
-
-@given(valid_lines(), st.sampled_from(["", "\r", "\r\r"]))
-def test_prof_fast_pattern_gives_the_parser_s_record(lv, end):
-    _prof_agrees(lv[0] + end)
-
-
-@given(mutated())
-def test_prof_fast_pattern_on_damaged_lines(line):
-    _prof_agrees(line)
-
-
-def _tail_records(data: bytes, mode: str) -> tuple[Any, ...]:
-    """What a tail makes of ``data``: records, reports, counters, line count. ``mode``:
-    ``c`` (the C scanner), ``py`` (the pure-Python fast path), ``slow`` (every line
-    through scan_line, as before any fast path)."""
-    import pytest
-
-    import memra_obs.tail.core as core
-
-    with pytest.MonkeyPatch.context() as m:
-        if mode != "c":
-            m.setattr(core, "C_SCAN", None)
-        if mode == "slow":
-            for name in ("FAST_PHASE", "FAST_VERIFY"):
-                m.setattr(core, name, lambda text: None)
-            # A tokenizer that takes no row apart: every line comes back whole.
-            m.setattr(core, "FAST_ROW_LINES", re.compile(r"()" * 10 + r"(.*)\n").findall)
-        out: list[Any] = []
-        notes: list[str] = []
-        rb = Rebuilder("fuzz", rng=random.Random(3), epoch_ns=lambda: 5, mono_ns=lambda: 7)
-        tail = Tail(rb, out.extend, out=None, notes=notes.append, report_limit=10**6)
-        t = 10**12
-        for i in range(0, len(data), 997):
-            tail.feed(data[i : i + 997], t)
-            t += 10**6
-        tail.close(t)
+def _tail_records(data: bytes, chunk: int) -> tuple[Any, ...]:
+    """What a tail makes of ``data`` read in ``chunk``-byte pieces: records, reports,
+    counters, line count."""
+    out: list[Any] = []
+    notes: list[str] = []
+    rb = Rebuilder("fuzz", rng=random.Random(3), epoch_ns=lambda: 5, mono_ns=lambda: 7)
+    tail = Tail(rb, out.extend, out=None, notes=notes.append, report_limit=10**6)
+    t = 10**12
+    for i in range(0, len(data), chunk):
+        tail.feed(data[i : i + chunk], t)
+        t += 10**6
+    tail.close(t)
     st_ = tail.stats
     # Session ids come from a process-wide counter: compare them relative to the first.
     ids = sorted({r.session for r in out})
     rel = {sid: i for i, sid in enumerate(ids)}
     recs = [r._replace(session=rel[r.session]) for r in out]
     return (recs, notes, dict(st_.lines), dict(st_.malformed), dict(st_.orphans), tail.lineno)
+
+
+def _durations(r: Any) -> Any:
+    """A record without its absolute times (they follow the arrival of each chunk)."""
+    if type(r) is RoundRecord:
+        return r._replace(t_ns_mono=r.phase_ns())
+    if type(r) is BurstRecord:
+        return r._replace(start_ns_mono=0, end_ns_mono=r.end_ns_mono - r.start_ns_mono)
+    if hasattr(r, "intervals"):
+        return r._replace(intervals=tuple((n, b - a) for n, a, b in r.intervals))
+    return r._replace(**{f: 0 for f in ("start_ns_mono", "end_ns_mono") if f in r._fields})
 
 
 @st.composite
@@ -363,7 +312,7 @@ def worker_streams(draw: st.DrawFn) -> list[str]:
         elif op == "cr":
             lines[i] += "\r"
         elif op == "spec-tag":
-            tag = draw(st.sampled_from(sorted(legacy.FAST_TAGS_EXCLUDED)))
+            tag = draw(st.sampled_from(["spec-prof", "spec-prof-rounds", "spec-trace"]))
             lines.insert(i, _PHASE_L.replace("[glm5-phase]", f"[{tag}]"))
             lines.insert(i, _VERIFY_L.replace("[glm5-phase-v]", f"[{tag}]"))
         else:
@@ -404,32 +353,27 @@ def _damaged(line: str) -> st.SearchStrategy[str]:
         ),
     )
 )
-def test_fast_patterns_change_nothing_the_tail_does(lines):
-    """A worker's stream, damaged, or any mix of valid, damaged and odd lines: the
-    records, the reports (line numbers and reasons) and the counters are the same with
-    the fast paths (the C scanner, the Python one) as without them."""
+def test_the_tail_keeps_its_books_on_damaged_streams(lines):
+    """A worker's stream, damaged, or any mix of valid, damaged and odd lines: the records,
+    reports (line numbers and reasons) and counters do not depend on how the bytes were
+    chunked; every line is counted once; every refusal is reported with its line number;
+    rounds sit back to back inside their bursts."""
     data = "\n".join(lines).encode("utf-8", "surrogatepass") + b"\n"
-    want = _tail_records(data, "slow")
-    assert _tail_records(data, "py") == want
-    if C_SCAN is not None:
-        assert _tail_records(data, "c") == want
-
-
-def test_fast_patterns_accept_only_what_scan_line_takes_as_is():
-    """Shapes the fast patterns leave to scan_line: signs, exponents, huge counts, a
-    phase-shaped line under a [spec-*] tag the parser reads as another kind."""
-    assert legacy.FAST_ROW(_ROW) is not None and legacy.FAST_ROW(_ROW + "\r\r") is not None
-    for bad in (
-        _ROW.replace("k=4", "k=65536"),
-        _ROW.replace("ctx=100", "ctx=4294967296"),
-        _ROW.replace("wall_ms=5.25", "wall_ms=-5.25"),
-        _ROW.replace("wall_ms=5.25", "wall_ms=1" + "0" * 30 + ".0"),
-        _ROW.replace("row=0", "row=00"),
-        _ROW + " ",
-    ):
-        assert legacy.FAST_ROW(bad) is None, bad
-    assert legacy.FAST_PHASE(_PHASE_L) is not None
-    m = legacy.FAST_PHASE(_PHASE_L.replace("[glm5-phase]", "[spec-prof]"))
-    assert m is not None and m.group(1) in legacy.FAST_TAGS_EXCLUDED
-    assert legacy.FAST_PHASE(_PHASE_L.replace("rounds=6", "rounds=" + "9" * 19)) is None
-    assert legacy.FAST_VERIFY(_VERIFY_L) is not None
+    want = _tail_records(data, 1 << 16)
+    got = _tail_records(data, 997)
+    assert [_durations(r) for r in got[0]] == [_durations(r) for r in want[0]]
+    assert got[1:] == want[1:]
+    recs, notes, seen, malformed, orphans, lineno = want
+    assert sum(seen.values()) == lineno == data.count(b"\n")
+    assert len(notes) == sum(malformed.values()) + sum(orphans.values())
+    assert all(re.match(r"-:[0-9]+: ", n) for n in notes)
+    by_burst: dict[tuple[int, int], list[RoundRecord]] = {}
+    for r in recs:
+        if type(r) is RoundRecord:
+            assert list(r.t_ns_mono) == sorted(r.t_ns_mono) and r.repeat >= 1
+            by_burst.setdefault((r.session, r.burst), []).append(r)
+    for b in (r for r in recs if type(r) is BurstRecord):
+        rs = by_burst.get((b.session, b.index), [])
+        assert sum(r.repeat for r in rs) == b.phases.rounds
+        for r0, r1 in itertools.pairwise(rs):
+            assert r0.t_ns_mono[0] + r0.repeat * r0.wall_ns == r1.t_ns_mono[0]

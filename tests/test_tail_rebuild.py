@@ -10,18 +10,18 @@ from typing import Any
 import pytest
 
 from memra_obs import clock as clock_mod
-from memra_obs import observer as observer_mod
-from memra_obs.events import (
+from memra_obs import session as session_mod
+from memra_obs.records import VerifySplit
+from memra_obs.tail import Rebuilder, Tail
+from memra_obs.tail.rebuild import family_of
+from memra_obs.testing import capture
+from memra_obs.timeline import (
     BurstRecord,
     FirstTokenRecord,
     RoundRecord,
     SessionEndRecord,
     SessionRecord,
 )
-from memra_obs.records import VerifySplit
-from memra_obs.tail import Rebuilder, Tail
-from memra_obs.tail.rebuild import family_of
-from memra_obs.testing import capture
 
 MS = 1_000_000
 
@@ -38,7 +38,7 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         return t[0]
 
     monkeypatch.setattr(clock_mod, "now_ns", now)
-    monkeypatch.setattr(observer_mod, "now_ns", now)
+    monkeypatch.setattr(session_mod, "now_ns", now)
     yield
 
 
@@ -99,7 +99,18 @@ def by_session(records: list[Any]) -> list[list[Any]]:
 
 
 def of(records: list[Any], kind: type) -> list[Any]:
+    """The records of ``kind``; a run of equal rounds (``repeat`` > 1) as its rounds."""
+    if kind is RoundRecord:
+        return [x for r in records if type(r) is kind for x in _each(r)]
     return [r for r in records if type(r) is kind]
+
+
+def _each(r: RoundRecord) -> list[RoundRecord]:
+    t, w = r.t_ns_mono, r.wall_ns
+    return [
+        r._replace(index=r.index + i, t_ns_mono=tuple(x + i * w for x in t), repeat=1)
+        for i in range(r.repeat)
+    ]
 
 
 def test_profiled_stream_rebuilds_sessions_bursts_and_exact_rows(fake_clock):
@@ -113,6 +124,7 @@ def test_profiled_stream_rebuilds_sessions_bursts_and_exact_rows(fake_clock):
     want_s, got_s = by_session([r for r in truth if type(r) in _PUBLISHED]), by_session(got)
     assert len(got_s) == len(want_s) == 4
     for want, have in zip(want_s, got_s, strict=True):
+        have = [x for r in have for x in (_each(r) if type(r) is RoundRecord else [r])]
         assert [type(r) for r in have] == [type(r) for r in want], "the contract's order"
         s = have[0]
         assert (s.family, s.tag, s.tag_v, s.level, s.prof, s.worker) == (
@@ -326,56 +338,7 @@ def test_a_session_without_rounds_still_has_a_sane_span():
     assert e.end_ns_mono == s.start_ns_mono and (e.rounds, e.bursts) == (0, 0)
 
 
-# ----------------------------------------------------------------- compact / unknown counts
-
-
-def _published(lines: list[str], compact: bool, chunk: int) -> tuple[bytes, Any]:
-    """The exposition a worker-labelled PrometheusExporter ends with after a tail read
-    ``lines`` in ``chunk``-byte reads (deterministic ids and clocks)."""
-    from prometheus_client import CollectorRegistry
-
-    from memra_obs.prom import PrometheusExporter
-    from memra_obs.prom.exposition import encode
-
-    reg = CollectorRegistry()
-    prom = PrometheusExporter(reg, worker="w", worker_label=True)
-    rb = Rebuilder(
-        "w", compact=compact, rng=random.Random(9), epoch_ns=lambda: 1_700 * 10**15,
-        mono_ns=lambda: 10**12,
-    )  # fmt: skip
-    batches: list[Any] = []
-
-    def publish(batch: Any) -> None:
-        batches.append(batch)
-        prom.export(batch)
-
-    tail = Tail(rb, publish, out=None)
-    data = ("\n".join(lines) + "\n").encode()
-    t = 10**15
-    for i in range(0, len(data), chunk):
-        tail.feed(data[i : i + chunk], t)
-        t += 10**6
-    tail.close(t)
-    return encode(reg, "application/openmetrics-text; version=1.0.0")[0], batches
-
-
-@pytest.mark.parametrize(("level", "prof"), [(2, True), (1, True), (2, False), (0, True)])
-@pytest.mark.parametrize("chunk", [1 << 16, 300])
-def test_compact_blocks_publish_the_same_metrics(fake_clock, level, prof, chunk):
-    """The tail's compact wiring (a RoundBlock per burst, no burst records: what it picks
-    when only the Prometheus exporter listens) publishes byte for byte what one record
-    per round publishes, exemplars included; a batch counts the rounds it carries."""
-    kw: dict[str, Any] = {"memory": lambda: [(0, 4096)]} if prof else {}
-    with capture(level=level, prof=prof, verify_split=VerifySplit(), **kw) as cap:
-        drive(cap.observer, [10, 64, 100, 3, 70])
-    compact, blocks = _published(cap.lines, True, chunk)
-    records, recs = _published(cap.lines, False, chunk)
-    assert compact == records
-    assert any(type(r).__name__ == "RoundBlock" for b in blocks for r in b)
-    assert not any(type(r) is BurstRecord for b in blocks for r in b)
-    rounds = sum(1 for b in recs for r in b if type(r) is RoundRecord)
-    others = sum(1 for b in recs for r in b if type(r) not in (RoundRecord, BurstRecord))
-    assert sum(b.records for b in blocks) == rounds + others
+# ----------------------------------------------------------------------- unknown counts
 
 
 def test_rounds_without_a_row_have_unknown_counts_in_spans_and_metrics(fake_clock):

@@ -23,7 +23,9 @@ from typing import Any
 
 from ..environment import MEMRA_OBS_AGENT, MEMRA_OBS_SINKS, ConfigError, Settings
 from ..export import RecordExporter
+from ..wiring import build_exporters
 from .loop import Agent, AgentBusy
+from .metrics import AgentCollector
 from .ring import RingSink, ring_directory
 
 __all__ = ["Agent", "AgentBusy", "RingSink", "build_agent", "default_directory", "main"]
@@ -48,58 +50,28 @@ def build_agent(
     """The agent the environment asks for: ``(agent, closers, metrics_server_or_None)``.
 
     Sinks: ``MEMRA_OBS_SINKS`` (``otel``/``prometheus``; unset = both). Spans go where the
-    in-process observer would send them (``build_span_exporter``); metrics to a fresh
-    registry served on ``MEMRA_OBS_METRICS_ADDR``, every series labelled ``worker``.
+    in-process observer would send them; metrics to a fresh registry served on
+    ``MEMRA_OBS_METRICS_ADDR``, every series labelled ``worker`` (:func:`build_exporters`).
     """
+    from prometheus_client import CollectorRegistry
+
     env = os.environ if env is None else env
-    st = Settings.resolve(env)
-    if MEMRA_OBS_SINKS not in env or not env[MEMRA_OBS_SINKS].strip():
-        st = Settings.resolve(env, sinks="otel,prometheus")
+    knobs = {} if env.get(MEMRA_OBS_SINKS, "").strip() else {"sinks": "otel,prometheus"}
+    st = Settings.resolve(env, **knobs)
     directory = ring_directory(directory or st.agent or default_directory())
-    consumers: list[RecordExporter] = list(exporters)
-    span_ex = prom = None
-    closers: list[Callable[[], None]] = []
-    if "otel" in st.sinks:
-        from ..otel import build_span_exporter
-
-        span_ex = build_span_exporter(st, env=env)
-        if span_ex is not None:
-            consumers.append(span_ex)
-    if "prometheus" in st.sinks:
-        from prometheus_client import CollectorRegistry
-
-        from ..prom import PrometheusExporter
-        from ..setup import round_span_ids
-
-        registry = CollectorRegistry() if registry is None else registry
-        prom = PrometheusExporter(
-            registry=registry, worker="", worker_label=True, round_span_id=round_span_ids(st)
-        )
-        consumers.append(prom)
+    registry = CollectorRegistry() if registry is None else registry
+    built = build_exporters(st, worker_label=True, registry=registry, env=env, serve=serve)
     try:
-        agent = Agent(directory, consumers, **agent_kw)
+        agent = Agent(directory, [*exporters, *built.all], **agent_kw)
     except BaseException:
-        for c in consumers:
+        for c in built.all:
             c.shutdown(1.0)
+        built.close()
         raise
-    server = None
-    if prom is not None:
-        wire_metrics(agent, prom, span_ex)
-        from .metrics import AgentCollector
-
+    if built.prom is not None:
+        wire_metrics(agent, built.prom, built.spans)
         registry.register(AgentCollector(agent))
-        if serve and st.metrics_addr is not None:
-            from ..prom import serve_metrics
-
-            server = serve_metrics(
-                st.metrics_addr,
-                registry=registry,
-                certfile=st.metrics_tls_cert,
-                keyfile=st.metrics_tls_key,
-                basic_auth=st.metrics_basic_auth,
-            )
-            closers.append(server.close)
-    return agent, closers, server
+    return agent, [built.close], built.server
 
 
 def wire_metrics(agent: Agent, prom: Any, span_ex: Any = None) -> None:

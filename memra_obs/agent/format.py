@@ -27,7 +27,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from ..events import (
+from ..records import FIRST_TOKEN_FIELDS, FIRST_TOKEN_MS_FIELDS, SpecFirstTokenProf, SpecPhaseNs
+from ..timeline import (
     BurstRecord,
     FirstTokenRecord,
     Record,
@@ -35,7 +36,6 @@ from ..events import (
     SessionEndRecord,
     SessionRecord,
 )
-from ..records import FIRST_TOKEN_FIELDS, FIRST_TOKEN_MS_FIELDS, SpecFirstTokenProf, SpecPhaseNs
 
 __all__ = [
     "HEADER",
@@ -289,7 +289,7 @@ def _decode_end(buf: bytes | memoryview) -> SessionEndRecord:
 def _encode_round(r: RoundRecord) -> tuple[int, bytes]:
     # The writer packs rounds in place; this is the same layout minus the slot header,
     # for tests and for a round that reaches the generic path.
-    sid, burst, index, t, k, j, ctx, seq_rows, split = r
+    sid, burst, index, t, k, j, ctx, seq_rows, split, _ = r
     body = ROUND.pack(0, 0, sid, burst, index, *t, k, j, ctx, seq_rows)[SLOT_HDR:]
     if split is None:
         return KIND_ROUND, body

@@ -1,6 +1,10 @@
 """``memra-obs agent``'s engine: find every ring in the directory, read them in batches,
 publish through the RecordExporters, persist each cursor after its batch is published.
 
+The :class:`Agent` is a :class:`~memra_obs.export.RecordSource` (``take`` reads every ring
+once, ``taken`` commits the cursors), drained by the same
+:class:`~memra_obs.export.ExportWorker` loop that publishes an in-process queue.
+
 Delivery: at-least-once per record, exactly-once across a graceful restart (SIGTERM drains,
 publishes, commits, exits). A crash between an export and its commit republishes at most
 that one batch. Sessions open across a restart have their SessionRecord replayed to the
@@ -21,9 +25,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..events import Record
-from ..export import ExporterSet, RecordExporter
-from ..linewriter import stderr_writer
+from ..diagnostics import say
+from ..export import ExportWorker, RecordExporter
+from ..timeline import Record
 from .reader import FormatError, RingReader
 from .stream import RingStream
 
@@ -37,7 +41,7 @@ class AgentBusy(RuntimeError):
 
 
 def _say(msg: str) -> None:
-    stderr_writer().write_lines([f"[memra-obs agent] {msg}"])
+    say(f"agent: {msg}")
 
 
 class Agent:
@@ -62,7 +66,9 @@ class Agent:
         exclusive: bool = True,
     ) -> None:
         self.directory = directory
-        self.set = ExporterSet(exporters, report=_say)
+        self.worker = ExportWorker(
+            self, exporters, interval_ms=poll_s * 1000, stretch_ms=0, max_batch=1, tick_s=tick_s
+        )
         self.batch_slots = batch_slots
         self.poll_s = poll_s
         self.scan_s = scan_s
@@ -78,7 +84,9 @@ class Agent:
         if exclusive:
             self._take_lock()
         self._next_scan = 0.0
-        self._next_tick = 0.0
+        self._polled: list[RingStream] = []
+        self._finished: list[RingStream] = []
+        self._batch = 0
         # Totals over every ring this agent has read, including rings already removed.
         self.published = 0
         self.lost_removed = 0
@@ -154,9 +162,11 @@ class Agent:
 
     # -- the loop ------------------------------------------------------------------------
 
-    def step(self) -> int:
-        """One pass: maybe discover, read every ring once, export, commit; retire rings
-        whose writer is gone and that are fully read. Returns records published."""
+    def take(self, limit: int = 0) -> list[Record]:
+        """One pass (the RecordSource side): maybe discover, read every ring once (up to
+        ``batch_slots`` slots each); rings whose writer is gone and that are fully read are
+        retired once the batch is out (:meth:`taken`). ``limit`` is not used: a pass is a
+        batch."""
         now = time.monotonic()
         housekeeping = now >= self._next_scan
         if housekeeping:
@@ -180,17 +190,27 @@ class Agent:
                 s.reader.finish()
                 s.close_open(batch)
                 done.append(s)
-        if batch:
-            self._export(batch)
-        for s in polled:
+        self._polled, self._finished = polled, done
+        self._batch = len(batch)
+        if not batch:
+            self.taken()  # nothing to export: commit and retire now
+        return batch
+
+    def taken(self) -> None:
+        """The pass's records are exported: persist each cursor, retire finished rings."""
+        for s in self._polled:
             s.reader.commit()
-        for s in done:
+        for s in self._finished:
             self._retire(s)
-        if now >= self._next_tick:
-            self._next_tick = now + self.tick_s
-            self.set.tick()
-        self.published += len(batch)
-        return len(batch)
+        self.published += self._batch
+        self._polled, self._finished, self._batch = [], [], 0
+
+    def pending(self) -> bool:
+        return self.behind()
+
+    def step(self) -> int:
+        """One pass, exported: returns records published."""
+        return self.worker.drain_once()
 
     def _retire(self, s: RingStream, unlink: bool = True) -> None:
         with self._count_lock:
@@ -205,17 +225,14 @@ class Agent:
         if unlink and (not self.cleanup or os.path.exists(s.reader.path)):
             self._done.add(s.reader.path)
 
-    def _export(self, batch: list[Record]) -> None:
-        self.set.export(batch)
-
     @property
     def exporters(self) -> tuple[RecordExporter, ...]:
-        return self.set.exporters
+        return self.worker.exporters
 
     @property
     def export_errors(self) -> int:
         """Exporter calls that raised (published as memra_obs_export_errors_total)."""
-        return self.set.errors
+        return self.worker.errors
 
     def drain(self, timeout_s: float = 10.0) -> bool:
         """Read until every ring is caught up (and retire finished ones); True if done in time."""
@@ -251,10 +268,10 @@ class Agent:
         deadline = time.monotonic() + timeout_s
         for s in self._streams.values():
             s.reader.commit()
-        self.set.flush(max(deadline, time.monotonic() + 0.1))
+        self.worker.set.flush(max(deadline, time.monotonic() + 0.1))
         for ex in self.exporters:
             _forget_open_sessions(ex)
-        self.set.shutdown(deadline, floor_s=0.1)
+        self.worker.set.shutdown(deadline, floor_s=0.1)
         for s in list(self._streams.values()):
             self._retire(s, unlink=False)
         if self._lock_fd >= 0:

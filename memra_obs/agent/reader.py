@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from ..events import SessionRecord
+from ..timeline import SessionRecord
 from . import format as F
 
 __all__ = ["FormatError", "Item", "RingReader"]

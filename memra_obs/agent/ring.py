@@ -33,7 +33,9 @@ import weakref
 from collections.abc import Mapping
 
 from ..environment import MEMRA_OBS_AGENT, ConfigError
-from ..events import (
+from ..linewriter import stderr_writer
+from ..sinks.base import Sink
+from ..timeline import (
     BurstRecord,
     FirstTokenRecord,
     Record,
@@ -41,8 +43,6 @@ from ..events import (
     SessionEndRecord,
     SessionRecord,
 )
-from ..linewriter import stderr_writer
-from ..sinks.base import Sink
 from . import format as F
 
 __all__ = ["DEFAULT_SLOTS", "DEFAULT_TABLE", "RingSink", "ring_directory", "ring_name"]
@@ -177,7 +177,7 @@ class RingSink(Sink):
     # -- hot path ------------------------------------------------------------------------
 
     def on_round(self, rec: RoundRecord) -> None:
-        sid, burst, index, t, k, j, ctx, seq_rows, split = rec
+        sid, burst, index, t, k, j, ctx, seq_rows, split, _ = rec  # repeat: 1 from a loop
         with self._lock:
             mm = self._mm
             if mm is None:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..events import BurstRecord, Record, RoundRecord, SessionEndRecord, SessionRecord
+from ..timeline import BurstRecord, Record, RoundRecord, SessionEndRecord, SessionRecord
 from . import format as F
 from .reader import RingReader
 

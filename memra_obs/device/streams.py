@@ -10,7 +10,7 @@ Two things live here:
   when both name the same CUDA stream (the same object, or two Python wrappers of one handle,
   as ``torch.cuda.current_stream()`` hands out), so a boundary drains each stream once.
 * :class:`EventOps` and :func:`event_ops` — make / record / wait / elapsed of timing-capable
-  CUDA events for the stream's framework, used by :class:`memra_obs.device.events.EventClock`.
+  CUDA events for the stream's framework, used by :class:`memra_obs.device.event_clock.EventClock`.
   A stream of another kind that offers torch's duck API (``record_event()`` returning events
   with ``synchronize()`` and ``elapsed_time(other)`` in ms) is served by
   :class:`DuckEvents` — that is how test doubles and simulated streams take part.

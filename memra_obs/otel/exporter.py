@@ -23,8 +23,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ..events import Record
-from ..linewriter import stderr_writer
+from ..diagnostics import say_once
+from ..timeline import Record
 from .spans import Span, SpanBuilder
 from .transport import SendError
 
@@ -215,17 +215,10 @@ class SpanExporter:
         self.exported_spans = 0
         self.dropped_spans = 0
         self.export_errors = 0
-        self.queue: Any = None
-        self._reported: set[tuple[str, str]] = set()
         self._closed = False
         for o in self.outputs:
             o.parent = self
             o.start()
-
-    def attach_queue(self, qsink: Any) -> None:
-        """Keep the in-process queue in front of this exporter (its ``dropped`` counts
-        records lost before they reached us)."""
-        self.queue = qsink
 
     def forget_open(self) -> None:
         """Forget sessions still open instead of closing them at shutdown (agent hand-over)."""
@@ -287,11 +280,7 @@ class SpanExporter:
             self.export_errors += errors
 
     def _report(self, out: Output, kind: str, msg: str) -> None:
-        key = (out.name, kind)
-        if key not in self._reported:
-            self._reported.add(key)
-            stderr_writer().write_lines(
-                [
-                    f"[memra-obs] spans to {out.sender.url}: {msg} (counted in dropped_spans; reported once)"
-                ]
-            )
+        say_once(
+            f"spans:{id(self)}:{out.name}:{kind}",
+            f"spans to {out.sender.url}: {msg} (counted in dropped_spans; reported once)",
+        )

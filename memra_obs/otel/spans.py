@@ -7,7 +7,7 @@ A span here is a plain tuple (cheap to build, cheap to encode)::
 ``attrs`` is a tuple of ``(key, value)`` pairs (int, float, str, bool, or a tuple of one of
 those); ``status`` is ``None`` (unset) or ``(code, message)`` with OTLP's codes (2 = error).
 ``parent_span_id`` 0 means a root span. Start and end are the records' boundary stamps
-mapped to epoch ns through the session's anchor pair (:func:`memra_obs.events.to_epoch_ns`,
+mapped to epoch ns through the session's anchor pair (:func:`memra_obs.timeline.to_epoch_ns`,
 inlined as one offset per session) — never "now".
 
 The tree::
@@ -35,17 +35,17 @@ of its rounds were left out (``memra.spec.rounds_unsampled``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..events import (
+from ..records import FIRST_TOKEN_FIELDS
+from ..timeline import (
     BurstRecord,
     FirstTokenRecord,
     RoundRecord,
     SessionEndRecord,
     SessionRecord,
 )
-from ..records import FIRST_TOKEN_FIELDS
 
 __all__ = [
     "ATTR_PREFIX",
@@ -56,6 +56,7 @@ __all__ = [
     "burst_span_id",
     "derived_span_id",
     "round_span_id",
+    "round_span_ids",
 ]
 
 #: A span tuple (see the module doc); typed loosely on purpose, it is built on a hot path.
@@ -94,6 +95,19 @@ def round_span_id(session_span_id: int, round_index: int) -> int:
     """The ``spec.round`` span id of round ``round_index`` (0-based, per session): what a
     metric exemplar links to. Rounds past the round cap have no span (use the burst's)."""
     return derived_span_id(session_span_id, 8 * round_index + _K_ROUND)
+
+
+def round_span_ids(cap: int) -> Callable[[SessionRecord, RoundRecord], int] | None:
+    """The Prometheus exporter's ``round_span_id`` hook when rounds get spans up to ``cap``
+    per session (``MEMRA_OBS_ROUND_SPANS``): a round's exemplar names its span, 0 past the
+    cap. None when no round has a span (``cap`` 0)."""
+    if cap <= 0:
+        return None
+
+    def span_of(s: SessionRecord, r: RoundRecord) -> int:
+        return round_span_id(s.span_id, r.index) if r.index < cap else 0
+
+    return span_of
 
 
 # -- attribute keys (memra.spec.*; GenAI / general semantic conventions where one exists) --
@@ -264,20 +278,30 @@ class SpanBuilder:
     # -- per record ----------------------------------------------------------------------
 
     def _round(self, s: _Session, rec: RoundRecord, cap: int, out: list[Span]) -> None:
-        t0, t1, t2, t3, t4, t5 = rec.t_ns_mono
-        s.last = t5
+        rep = rec.repeat
         b = rec.burst
         j = rec.j
         if b != s.burst:
             s.burst = b
-            s.burst_start = t0
+            s.burst_start = rec.t_ns_mono[0]
             s.burst_rounds = 0
             s.burst_tokens = 0
-        s.burst_rounds += 1
-        s.burst_tokens += j + 1 if j >= 0 else 1  # j = -1: unknown; at least the bonus token
-        idx = rec.index
-        if idx >= cap:
-            return
+        s.burst_rounds += rep
+        s.burst_tokens += (j + 1 if j >= 0 else 1) * rep  # j = -1: unknown; the bonus token
+        t = rec.t_ns_mono
+        wall = t[5] - t[0]
+        s.last = t[5] + (rep - 1) * wall
+        # A run of equal rounds (the tail's burst means) gets a span per round, up to the cap.
+        for i in range(min(rep, cap - rec.index)):
+            tt = t if i == 0 else tuple(x + i * wall for x in t)
+            self._round_spans(s, rec, rec.index + i, tt, out)  # type: ignore[arg-type]
+
+    def _round_spans(
+        self, s: _Session, rec: RoundRecord, idx: int, t: tuple[int, ...], out: list[Span]
+    ) -> None:
+        t0, t1, t2, t3, t4, t5 = t
+        b = rec.burst
+        j = rec.j
         sid = s.sid
         tid = s.tid
         off = s.off

@@ -1,7 +1,7 @@
 """Prometheus publication: per-round histograms and counters, exemplars, ``/metrics``.
 
     prom = PrometheusExporter(registry)          # a RecordExporter behind the QueueSink
-    prom.export([session_record, round_record, RoundBlock(...), ...])
+    prom.export([session_record, round_record, ...])
     server = serve_metrics(("127.0.0.1", 0), registry=prom.registry)
     server.url, server.close()
 
@@ -17,7 +17,7 @@ from .buckets import (
     TOKEN_BUCKETS,
     TTFT_BUCKETS,
 )
-from .exporter import PrometheusExporter, RoundBlock
+from .exporter import PrometheusExporter
 from .exposition import encode
 from .families import FIRST_TOKEN_PHASES, SPLIT_PARTS
 from .server import MetricsServer, metrics_app, require_basic_auth, serve_metrics
@@ -32,7 +32,6 @@ __all__ = [
     "TTFT_BUCKETS",
     "MetricsServer",
     "PrometheusExporter",
-    "RoundBlock",
     "encode",
     "metrics_app",
     "require_basic_auth",

@@ -7,8 +7,8 @@ attributes, never a label lookup; :class:`FirstTokenChildren` does the same per 
 
 from __future__ import annotations
 
-from ..events import PHASES
 from ..records import FIRST_TOKEN_MS_FIELDS
+from ..timeline import PHASES
 from .buckets import (
     FIRST_TOKEN_PHASE_BUCKETS,
     PHASE_BUCKETS,

@@ -1,6 +1,6 @@
 """The sink contract, stated once.
 
-A sink receives the observer's records (:mod:`memra_obs.events`) **on the loop's thread**.
+A sink receives the observer's records (:mod:`memra_obs.timeline`) **on the loop's thread**.
 Every method must return quickly, must not block and must not raise: a sink that needs to
 do real work (build spans, encode, send, aggregate) hands the record to something that runs
 elsewhere — a bounded queue drained by a background thread (:class:`memra_obs.export.QueueSink`)
@@ -13,7 +13,7 @@ time which sinks to call for which record, so a method left as the base no-op co
 
 from __future__ import annotations
 
-from ..events import (
+from ..timeline import (
     BurstRecord,
     FirstTokenRecord,
     ProfRowsRecord,

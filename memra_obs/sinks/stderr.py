@@ -7,10 +7,16 @@ Each record's lines go out in one locked write, so threads never interleave a li
 
 from __future__ import annotations
 
-from ..events import BurstRecord, FirstTokenRecord, ProfRowsRecord, ProfSummaryRecord, SessionRecord
 from ..legacy import PROF_SUMMARY_TAG, phase_lines, prof_line, prof_rounds_lines
 from ..linewriter import LineWriter, stderr_writer
 from ..records import SpecPhaseNs, VerifySplit
+from ..timeline import (
+    BurstRecord,
+    FirstTokenRecord,
+    ProfRowsRecord,
+    ProfSummaryRecord,
+    SessionRecord,
+)
 from .base import Sink
 
 __all__ = ["StderrSink"]

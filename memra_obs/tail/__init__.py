@@ -4,16 +4,20 @@
     worker 2>&1 >/dev/null | memra-obs tail - --worker rank0
 
 Every byte read goes on to the tail's own stderr unchanged (grep keeps working); the legacy
-lines are parsed (:func:`memra_obs.legacy.scan_line`), turned back into the observer's
+lines are parsed (:func:`memra_obs.legacy.parse_line`), turned back into the observer's
 records (:mod:`.rebuild`) and published through the same exporters a worker uses in-process:
 ``/metrics`` on ``MEMRA_OBS_METRICS_ADDR`` (every series labelled ``worker``), spans to the
 ``OTEL_*`` exporter or ``MEMRA_OBS_SPANS_FILE``. ``MEMRA_OBS_SINKS`` picks them as for a
 worker; unset, the tail publishes both (publishing is what it is for).
 
-Modules: :mod:`.source` (pipe / followed file with rotation), :mod:`.core` (bytes ->
-pass-through + records; ``_scan``, a C extension built where a compiler is found, takes the
-common line shapes apart for it), :mod:`.rebuild` (lines -> records), :mod:`.publish` (records ->
-exporters, off the reading thread), :mod:`.stats` (the tail's own counters).
+Records go to the exporters through the in-process queue and its export worker
+(:class:`memra_obs.export.QueueSink`), filled with backpressure: when the exporters fall
+behind, the tail holds back its reading (the writer's pipe fills, or the file waits) rather
+than dropping, so every round read is published and the end line and ``/metrics`` agree.
+
+Modules: :mod:`.source` (pipe / followed file with rotation), :mod:`.passthrough` (bytes ->
+pass-through + records), :mod:`.rebuild` (lines -> records), :mod:`.stats` (the tail's own
+counters).
 """
 
 from __future__ import annotations
@@ -21,118 +25,20 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import stat
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..environment import (
-    MEMRA_OBS_METRICS_TLS_CERT,
-    MEMRA_OBS_METRICS_TLS_KEY,
-    MEMRA_OBS_SINKS,
-    MEMRA_OBS_WORKER,
-    ConfigError,
-    Settings,
-)
-from ..export import RecordExporter
-from .core import Tail
-from .publish import Publisher
+from ..environment import MEMRA_OBS_SINKS, MEMRA_OBS_WORKER, Settings
+from ..export import QueueSink
+from ..wiring import build_exporters
+from .passthrough import Tail
 from .rebuild import Rebuilder
 from .source import FollowSource, PipeSource
 from .stats import TailCollector, TailStats
 
-__all__ = [
-    "Publisher",
-    "Rebuilder",
-    "Tail",
-    "TailCollector",
-    "TailStats",
-    "Wiring",
-    "build_wiring",
-    "main",
-    "pump",
-    "rebuilder_for",
-]
-
-
-class Wiring:
-    """The exporters a tail publishes through, and what to close at the end."""
-
-    def __init__(self) -> None:
-        self.exporters: list[RecordExporter] = []
-        self.prom: Any = None
-        self.server: Any = None
-        self.collector: TailCollector | None = None
-        self.where: list[str] = []
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            self.server = None
-        if self.collector is not None and self.prom is not None:
-            try:
-                self.prom.registry.unregister(self.collector)
-            except KeyError:
-                pass
-
-
-def build_wiring(
-    settings: Settings,
-    worker: str,
-    *,
-    registry: Any = None,
-    env: Mapping[str, str] | None = None,
-) -> Wiring:
-    """Exporters for ``settings.sinks`` (``prometheus``: a worker-labelled
-    PrometheusExporter, its ``/metrics`` server and the tail's own counters; ``otel``: the
-    span exporter the ``OTEL_*`` environment asks for), as :func:`memra_obs.setup` wires a
-    worker's. Raises :class:`ConfigError` on a knob it cannot use."""
-    w = Wiring()
-    st = settings
-    if "otel" in st.sinks:
-        from ..otel import build_span_exporter
-
-        sx = build_span_exporter(st, env=env)
-        if sx is not None:
-            w.exporters.append(sx)
-            urls = [getattr(o.sender, "url", "?") for o in getattr(sx, "outputs", ())]
-            w.where.append("spans -> " + ", ".join(urls))
-    if "prometheus" in st.sinks:
-        from ..prom import PrometheusExporter, serve_metrics
-        from ..setup import round_span_ids
-
-        prom = PrometheusExporter(
-            registry=registry, worker=worker, worker_label=True, round_span_id=round_span_ids(st)
-        )
-        w.prom = prom
-        w.exporters.append(prom)
-        w.collector = TailCollector()
-        prom.registry.register(w.collector)
-        if st.metrics_addr is not None:
-            if bool(st.metrics_tls_cert) != bool(st.metrics_tls_key):
-                w.close()
-                raise ConfigError(
-                    f"{MEMRA_OBS_METRICS_TLS_CERT} and {MEMRA_OBS_METRICS_TLS_KEY} go together: "
-                    "set both (HTTPS) or neither"
-                )
-            w.server = serve_metrics(
-                st.metrics_addr,
-                registry=prom.registry,
-                certfile=st.metrics_tls_cert,
-                keyfile=st.metrics_tls_key,
-                basic_auth=st.metrics_basic_auth,
-            )
-            w.where.append(f"/metrics on {w.server.url}")
-    return w
-
-
-def rebuilder_for(exporters: Sequence[Any], worker: str, **kw: Any) -> Rebuilder:
-    """The :class:`Rebuilder` for ``exporters``: compact (a RoundBlock per burst, no burst
-    records) when every one of them takes RoundBlocks (``takes_round_blocks``: the
-    Prometheus exporter; also when there is none), else one RoundRecord per round."""
-    compact = all(getattr(ex, "takes_round_blocks", False) for ex in exporters)
-    return Rebuilder(worker, compact=compact, **kw)
+__all__ = ["Rebuilder", "Tail", "TailCollector", "TailStats", "main", "pump"]
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -211,53 +117,39 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
 
     early: list[str] = []
     source: PipeSource | FollowSource
-    if path == "-":
-        source = PipeSource(sys.stdin.fileno(), "stdin")
-        # Nobody waits on a file we read; a live worker waits on a full pipe: never block it.
-        block = stat.S_ISREG(os.fstat(source.fd).st_mode)
-    elif args.follow:
-        try:
+    try:
+        if path == "-":
+            source = PipeSource(sys.stdin.fileno(), "stdin")
+        elif args.follow:
             source = FollowSource(
                 path, from_start=opts.from_start, poll_s=opts.poll, on_wait=early.append
             )
-        except OSError as exc:
-            print(f"memra-obs tail: {path}: {exc.strerror}", file=sys.stderr)
-            return 2
-        block = True
-    else:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            print(f"memra-obs tail: {path}: {exc.strerror}", file=sys.stderr)
-            return 2
-        source = PipeSource(fd, path)
-        block = True
+        else:
+            source = PipeSource(os.open(path, os.O_RDONLY), path)
+    except OSError as exc:
+        print(f"memra-obs tail: {path}: {exc.strerror}", file=sys.stderr)
+        return 2
 
-    wiring = build_wiring(st, worker)
-
-    def report(msg: str) -> None:  # from the publisher's thread: exporter failures
-        print(f"[memra-obs] tail: {msg}", file=sys.stderr, flush=True)
-
-    publisher: Publisher | None = None
-    if wiring.exporters:
-        publisher = Publisher(wiring.exporters, capacity=st.queue_size, block=block, report=report)
-        for ex in wiring.exporters:
-            attach = getattr(ex, "attach_queue", None)
-            if attach is not None:
-                attach(publisher)
-    rb = rebuilder_for(
-        wiring.exporters,
+    built = build_exporters(st, worker=worker, worker_label=True)
+    queue: QueueSink | None = None
+    if built.all:
+        # Backpressure, not drops: nothing waits on a tail but the input it holds back.
+        queue = QueueSink(built.all, capacity=st.queue_size, pause_s=0, stretch_ms=0)
+    rb = Rebuilder(
         worker,
         linger_ns=int(opts.linger * 1e9),
         session_gap_ns=int(opts.session_gap * 1e9),
         max_bursts=opts.max_bursts,
     )
-    tail = Tail(rb, publisher.put if publisher is not None else _discard, out=2, name=source.name)
-    if wiring.collector is not None:
-        wiring.collector.add(worker, tail.stats)
+    tail = Tail(rb, queue.put_many if queue is not None else _discard, out=2, name=source.name)
+    if built.prom is not None:
+        built.prom.attach_queue(queue)
+        collector = TailCollector()
+        collector.add(worker, tail.stats)
+        built.prom.registry.register(collector)
     if not opts.quiet:
         mode = "following" if args.follow and path != "-" else "reading"
-        where = "; ".join(wiring.where) or "publishing nothing (MEMRA_OBS_SINKS)"
+        where = "; ".join(built.where) or "publishing nothing (MEMRA_OBS_SINKS)"
         tail.note(f"{mode} {source.name} as worker {worker!r}; {where}")
     for msg in early:
         tail.note(msg)
@@ -271,9 +163,9 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        if publisher is not None:
-            publisher.close(10.0)
-        wiring.close()
+        if queue is not None:
+            queue.shutdown(10.0)
+        built.close()
         source.close()
     if not opts.quiet:
         st_ = tail.stats
@@ -282,7 +174,7 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
             f"{'stopped' if stop else 'end of input'}: {tail.lineno} lines "
             f"({st_.total_lines - st_.lines['other']} legacy, {st_.total_malformed} malformed, "
             f"{st_.total_orphans} unplaced), {rb.sessions} sessions, {rows + means} rounds "
-            f"({rows} from rows), {publisher.dropped if publisher else 0} records dropped"
+            f"({rows} from rows), {queue.dropped if queue else 0} records dropped"
         )
     return 0
 

@@ -32,13 +32,17 @@ KINDS = ("phase", "verify", "prof", "prof_rounds", "prof_summary", "override", "
 class TailStats:
     """What one tail has seen; plain ints, written by the reading thread only."""
 
-    __slots__ = ("bytes", "lines", "malformed", "orphans", "rotations", "rounds", "sessions")
+    __slots__ = (
+        "bytes", "lines", "malformed", "orphans", "overlong", "rotations", "rounds", "sessions",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.bytes = 0
         self.lines = dict.fromkeys(KINDS, 0)
         self.malformed = dict.fromkeys(KINDS, 0)
         self.orphans = dict.fromkeys(KINDS, 0)
+        #: Lines over MAX_LINE bytes (passed through, reported, counted as ``other``).
+        self.overlong = 0
         self.rotations = {"rename": 0, "truncate": 0}
         #: Filled from the rebuilder when read (row / burst_mean).
         self.rounds: Callable[[], tuple[int, int]] = lambda: (0, 0)

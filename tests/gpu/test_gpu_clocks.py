@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from memra_obs.clock import SyncClock
-from memra_obs.device.events import EventClock
+from memra_obs.device.event_clock import EventClock
 from memra_obs.testing import capture
 
 PHASES = ("draft", "verify", "accept", "rollback", "maint")

@@ -73,6 +73,10 @@ class RoundRecord(NamedTuple):
     seq_rows: int
     #: Level-2 verify sub-split of this round, ns: (kda, kda_scan, mla, ffn); None below 2.
     split_ns: tuple[int, int, int, int] | None
+    #: Consecutive rounds this record stands for: 1 from a loop; more from ``memra-obs tail``
+    #: for a burst's rounds known only by its means. Each lasts as these bounds say and
+    #: starts where the previous one ended; their indices run from ``index``.
+    repeat: int = 1
 
     def phase_ns(self) -> tuple[int, int, int, int, int]:
         t = self.t_ns_mono

@@ -1,0 +1,58 @@
+"""The sinks of an observer, grouped per hook: a tuple that is replaced, never edited.
+
+Adding a sink builds a new :class:`Fanout` under the observer's lock and swaps it in; the
+loop reads the current one without a lock and iterates plain tuples. A hook a sink leaves as
+the base no-op is not in that hook's tuple, so it costs nothing (decided at configure time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .diagnostics import say_once
+from .sinks.base import Sink
+
+__all__ = ["HOOKS", "Fanout", "fan"]
+
+HOOKS = (
+    "on_session",
+    "on_round",
+    "on_burst",
+    "on_first_token",
+    "on_prof_rows",
+    "on_prof_summary",
+    "on_session_end",
+)
+
+
+class Fanout:
+    """Per-hook tuples of the sinks that implement that hook."""
+
+    __slots__ = ("all", "ranges", "wants_trace_ids", *HOOKS)
+
+    def __init__(self, sinks: Sequence[Sink]) -> None:
+        self.all = tuple(sinks)
+        #: Boundary-time range hooks (``push(name)``/``pop()``, e.g. NVTX): bursts get them only
+        #: when there are any, so without them a boundary stays one clock mark.
+        self.ranges = tuple(h for s in sinks if (h := getattr(s, "range_hook", None)) is not None)
+        for hook in HOOKS:
+            base = getattr(Sink, hook)
+            mine = tuple(
+                s for s in sinks if getattr(getattr(s, hook), "__func__", None) is not base
+            )
+            setattr(self, hook, mine)
+        self.wants_trace_ids = any(getattr(s, "wants_trace_ids", False) for s in sinks)
+
+
+def fan(sinks: tuple[Sink, ...], hook: str, rec: Any) -> None:
+    """``rec`` to every sink of ``hook``; a sink that raises is reported once and skipped."""
+    for s in sinks:
+        try:
+            getattr(s, hook)(rec)
+        except Exception as exc:
+            say_once(
+                f"sink:{id(s)}:{hook}",
+                f"sink {type(s).__name__}.{hook} raised {exc!r}; the loop carries on "
+                "(reported once)",
+            )

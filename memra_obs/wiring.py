@@ -1,0 +1,157 @@
+"""Wiring: from flags, knobs and arguments to exporters, and to an observer with its sinks.
+
+The one place that knows every sink and every exporter. :func:`build_exporters` builds the
+span exporter, the Prometheus exporter and the ``/metrics`` server from :class:`Settings` for
+all three publishers — a worker in-process (:func:`build_observer`), ``memra-obs agent`` and
+``memra-obs tail`` — so a knob is checked once and fails the same way everywhere.
+Argument > environment > default; a bad knob raises
+:class:`memra_obs.environment.ConfigError` at start-up, naming the variable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import flags
+from .environment import Settings
+from .export import QueueSink, RecordExporter
+from .observer import NOOP_OBSERVER, NoOpObserver, Observer
+from .sinks.base import Sink
+from .sinks.stderr import StderrSink
+
+__all__ = ["Exporters", "build_exporters", "build_observer"]
+
+
+@dataclass
+class Exporters:
+    """What :func:`build_exporters` made; ``close()`` stops the server (exporters are shut
+    down by whoever drains them)."""
+
+    spans: Any = None
+    prom: Any = None
+    server: Any = None
+    #: One line per destination, for a start-up banner.
+    where: list[str] = field(default_factory=list)
+
+    @property
+    def all(self) -> list[RecordExporter]:
+        return [x for x in (self.spans, self.prom) if x is not None]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+def build_exporters(
+    st: Settings,
+    *,
+    worker: str = "",
+    worker_label: bool = False,
+    registry: Any = None,
+    env: Mapping[str, str] | None = None,
+    serve: bool = True,
+) -> Exporters:
+    """The exporters ``st.sinks`` asks for: spans (``otel``: the ``OTEL_*`` exporter or the
+    embedded file), metrics (``prometheus``: into ``registry``, default prometheus_client's
+    global one) and, with ``serve``, ``/metrics`` on ``st.metrics_addr``. ``worker_label``
+    labels every series ``worker`` (the agent, the tail)."""
+    out = Exporters()
+    try:
+        if "otel" in st.sinks:
+            from .otel import build_span_exporter
+
+            out.spans = build_span_exporter(st, env=env)
+            if out.spans is not None:
+                urls = [getattr(o.sender, "url", "?") for o in out.spans.outputs]
+                out.where.append("spans -> " + ", ".join(urls))
+        if "prometheus" in st.sinks:
+            from .otel.spans import round_span_ids
+            from .prom import PrometheusExporter, serve_metrics
+
+            out.prom = PrometheusExporter(
+                registry=registry,
+                worker=worker,
+                worker_label=worker_label,
+                round_span_id=round_span_ids(st.round_spans) if "otel" in st.sinks else None,
+            )
+            if serve and st.metrics_addr is not None:
+                out.server = serve_metrics(
+                    st.metrics_addr,
+                    registry=out.prom.registry,
+                    certfile=st.metrics_tls_cert,
+                    keyfile=st.metrics_tls_key,
+                    basic_auth=st.metrics_basic_auth,
+                )
+                out.where.append(f"/metrics on {out.server.url}")
+    except BaseException:
+        if out.spans is not None:
+            out.spans.shutdown(0.5)
+        out.close()
+        raise
+    return out
+
+
+def build_observer(
+    *,
+    level: int | None = None,
+    prof: bool | None = None,
+    extra_sinks: Sequence[Sink] = (),
+    exporters: Sequence[RecordExporter] = (),
+    registry: Any = None,
+    memory: Callable[[], list[tuple[int, int]]] | None = None,
+    env: Mapping[str, str] | None = None,
+    **knobs: Any,
+) -> Observer | NoOpObserver:
+    """Build an observer.
+
+    ``level``/``prof`` override the seed's flags; ``knobs`` are the :class:`Settings` fields
+    (``sinks``, ``metrics_addr``, ``spans_file``, ``agent``, ``clock``, ``round_spans``,
+    ``queue_size``, ``export_interval_ms``, ``worker``, ...). ``exporters`` are extra off-loop
+    consumers behind the queue; ``registry`` is the prometheus_client registry to use
+    (default: the global one). Nothing on -> :data:`NOOP_OBSERVER`.
+    """
+    st = Settings.resolve(env, **knobs)
+    lvl = flags.spec_trace_level() if level is None else level
+    prf = flags.spec_prof_on() if prof is None else prof
+    sinks: list[Sink] = []
+    if lvl >= 1 or prf:
+        sinks.append(StderrSink(lvl, prf))
+    if "nvtx" in st.sinks:
+        from .sinks.nvtx import NvtxSink
+
+        sinks.append(NvtxSink())
+    consumers: list[RecordExporter] = list(exporters)
+    built = Exporters()
+    if st.sinks & {"otel", "prometheus"}:
+        if st.agent:
+            from .agent.ring import RingSink
+
+            sinks.append(RingSink.create(st.agent, worker=st.worker, slots=st.ring_slots))
+            built.where.append(f"records -> agent rings in {st.agent}")
+        else:
+            built = build_exporters(st, worker=st.worker, registry=registry, env=env)
+            consumers.extend(built.all)
+    qsink: QueueSink | None = None
+    if consumers:
+        qsink = QueueSink(consumers, capacity=st.queue_size, interval_ms=st.export_interval_ms)
+        sinks.append(qsink)
+        if built.prom is not None:
+            built.prom.attach_queue(qsink)
+    sinks.extend(extra_sinks)
+    if not sinks:
+        return NOOP_OBSERVER
+    return Observer(
+        sinks,
+        level=lvl,
+        prof=prf,
+        clock=st.clock,
+        memory=memory,
+        worker=st.worker,
+        settings=st,
+        queue=qsink,
+        closers=(built.close,),
+        where=built.where,
+    )
