@@ -291,102 +291,140 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--dry-run", action="store_true", help="CPU fake loop, small sizes")
     ap.add_argument("--curve", choices=sorted(CURVES), default="decaying")
-    ap.add_argument("--k", type=int, default=4, help="the short run's k")
+    ap.add_argument(
+        "--k", type=int, nargs="+", default=[8, 2], help="short-run k's (the first is the headline)"
+    )
     ap.add_argument("--short-rounds", type=int, default=None)
     ap.add_argument("--sweep-max", type=int, default=None)
     ap.add_argument("--sweep-rounds", type=int, default=None)
-    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=None, help="sweep repetitions (median)")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="no new repetition past this")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=768, help="tokens per session before a reset")
     args = ap.parse_args(argv)
     dry = args.dry_run
     short_n = args.short_rounds or (160 if dry else 600)
-    kmax = args.sweep_max or (6 if dry else 12)
+    kmax = args.sweep_max or (8 if dry else 12)
     sweep_n = args.sweep_rounds or (50 if dry else 300)
     repeats = args.repeats or (1 if dry else 3)
+    if max(args.k) > kmax:
+        ap.error(f"--k {max(args.k)} is past --sweep-max {kmax}")
     t_start = time.perf_counter()
     plant = Planted(CURVES[args.curve], args.seed)
     w: Any = FakeLoop(plant) if dry else GptLoop(plant, args.prompt, args.new_tokens, args.seed)
     print(f"# {w.describe()}; curve {args.curve}; clock {w.clock}", flush=True)
-    measure(w, args.k, 30 if not dry else 5)  # warm-up: kernels, allocator, caches
-    measure(w, 0, 30 if not dry else 5)
+    measure(w, args.k[0], 5 if dry else 200)  # warm-up: kernels, allocator, GPU clocks
+    measure(w, 0, 5 if dry else 100)
 
-    recs = short_run(w, args.k, short_n, 0.1, args.seed)
-    adv = advise(recs, max_k=kmax, clock=w.clock)
-    adv_const = advise(short_run(w, args.k, short_n, 0.0, args.seed), max_k=kmax, clock=w.clock)
+    # 1. short runs at one k each (10% of rounds gated shorter), and the headline k ungated
+    recs = {k: short_run(w, k, short_n, 0.1, args.seed) for k in args.k}
+    advice = {k: advise(r, max_k=kmax, clock=w.clock) for k, r in recs.items()}
+    k0 = args.k[0]
+    const = advise(short_run(w, k0, short_n, 0.0, args.seed), max_k=kmax, clock=w.clock)
+    print(f"# short runs done at {time.perf_counter() - t_start:.0f} s", flush=True)
 
+    # 2. + 3. the sweep and the plain loop (k = 0), order rotated per repetition: clocks drift
     per_k: dict[int, list[float]] = {k: [] for k in range(0, kmax + 1)}
     tpr: dict[int, float] = {}
-    order = list(range(0, kmax + 1))
-    for rep in range(repeats):  # rotate the order: the GPU's clocks drift over a run
+    order, done = list(range(0, kmax + 1)), 0
+    for rep in range(repeats):
+        t_rep = time.perf_counter()
         for k in order[rep % len(order) :] + order[: rep % len(order)]:
             tps, tpr[k] = measure(w, k, sweep_n)
             per_k[k].append(tps)
+        done += 1
+        now = time.perf_counter()
+        if now - t_start + (now - t_rep) > args.budget_s:
+            break
     measured = {k: statistics.median(v) for k, v in per_k.items()}
     plain = measured.pop(0)
     best_k = max(measured, key=lambda k: measured[k])
-    adv_m = advise(recs, max_k=kmax, clock=w.clock, plain_step_ns=1e9 / plain)
+    with_plain = advise(recs[k0], max_k=kmax, clock=w.clock, plain_step_ns=1e9 / plain)
 
+    print(
+        f"\n{'k':>3} {'measured tok/s':>15} {'tok/round':>10} {'estimated tok/s (95%), k=' + str(k0) + ' run':>34}"
+    )
+    adv = advice[k0]
+    for k in measured:
+        est = adv.curve[k - 1].tokens_per_s if adv else None
+        e = f"{est.value:9.1f} [{est.lo:7.1f}, {est.hi:7.1f}]" if est else "-"
+        marks = [" <- best"] if k == best_k else []
+        marks += [
+            f" <- advised from k={s}" for s, a in advice.items() if a and a.recommended_k == k
+        ]
+        print(f"{k:>3} {measured[k]:>15.1f} {tpr[k]:>10.3f} {e:>34}{''.join(marks)}")
+    print(f"plain loop: {plain:.1f} tok/s")
+    runs = []
+    for s, a in advice.items():
+        if a is None:
+            print(f"short run at k={s}: too few rounds for advice")
+            continue
+        ka, sp = a.recommended_k, a.estimated_speedup
+        ratio = measured[ka] / measured[best_k]
+        spm = with_plain.estimated_speedup if s == k0 and with_plain else None
+        runs.append(
+            {
+                "short_run_k": s,
+                "recommended_k": ka,
+                "measured_at_recommended": measured[ka],
+                "ratio_vs_best": ratio,
+                "goal_met": ratio >= 0.95,
+                "gain_vs_short_run_k": measured[ka] / measured[s],
+                "estimated_speedup": list(sp),
+                "estimated_speedup_measured_plain": list(spm) if spm else None,
+                "measured_speedup_at_recommended": measured[ka] / plain,
+                "advice": summary(a),
+            }
+        )
+        print(
+            f"from {short_n} rounds at k={s} (clock {a.clock}): advised k={ka}, measured "
+            f"{measured[ka]:.1f} tok/s = {ratio:.3f} of the best (k={best_k}; goal >= 0.95), "
+            f"{measured[ka] / measured[s]:.3f}x the loop's own k={s}"
+        )
+        print(
+            f"  speedup over plain at k={ka}: estimated {sp.value:.3f} [{sp.lo:.3f}, {sp.hi:.3f}]"
+            f" (plain step = verify fit at one row, {a.plain_step_ns / 1e6:.3f} ms"
+            + (f"; {spm.value:.3f} with the measured plain step" if spm else "")
+            + f"), measured {measured[ka] / plain:.3f}"
+        )
+    if const is not None:
+        kc = const.recommended_k
+        print(
+            f"constant k={k0} (no gate): advised k={kc} ({measured[kc] / measured[best_k]:.3f} "
+            f"of the best); {const.costs.assumption}"
+        )
     out: dict[str, Any] = {
         "device": w.describe(),
+        "clock": w.clock,
         "config": {
             "curve": args.curve,
             "planted_alpha": CURVES[args.curve][:kmax],
             "short_run_k": args.k,
             "short_rounds": short_n,
+            "gate": 0.1,
             "sweep_rounds": sweep_n,
-            "repeats": repeats,
+            "repeats": done,
             "prompt": args.prompt,
             "new_tokens": args.new_tokens,
             "seed": args.seed,
         },
         "measured": [
-            {"k": k, "tokens_per_s": measured[k], "tokens_per_round": tpr[k]} for k in measured
+            {"k": k, "tokens_per_s": measured[k], "tokens_per_round": tpr[k], "runs": per_k[k]}
+            for k in measured
         ],
         "best_k": best_k,
         "best_tokens_per_s": measured[best_k],
         "plain_tokens_per_s": plain,
-        "advice": summary(adv),
-        "advice_measured_plain": summary(adv_m),
-        "advice_constant_k": summary(adv_const),
+        "measured_speedup_best": measured[best_k] / plain,
+        "runs": runs,
+        "advice_constant_k": summary(const),
+        "advice_constant_k_ratio_vs_best": (
+            measured[const.recommended_k] / measured[best_k] if const else None
+        ),
+        "elapsed_s": time.perf_counter() - t_start,
     }
-    print(f"\n{'k':>3} {'measured tok/s':>15} {'tok/round':>10} {'estimated tok/s (95%)':>28}")
-    for k in measured:
-        est = adv.curve[k - 1].tokens_per_s if adv else None
-        e = f"{est.value:9.1f} [{est.lo:7.1f}, {est.hi:7.1f}]" if est else "-"
-        mark = " <- best" if k == best_k else ""
-        mark += " <- advised" if adv and k == adv.recommended_k else ""
-        print(f"{k:>3} {measured[k]:>15.1f} {tpr[k]:>10.3f} {e:>28}{mark}")
-    print(f"plain loop: {plain:.1f} tok/s")
-    if adv is not None:
-        ka = adv.recommended_k
-        ratio = measured[ka] / measured[best_k]
-        out["recommended_k"] = ka
-        out["measured_at_recommended"] = measured[ka]
-        out["ratio_vs_best"] = ratio
-        out["goal_met"] = ratio >= 0.95
-        out["measured_speedup_at_recommended"] = measured[ka] / plain
-        out["measured_speedup_best"] = measured[best_k] / plain
-        sp, spm = adv.estimated_speedup, adv_m.estimated_speedup if adv_m else None
-        print(
-            f"advised k={ka} (from {short_n} rounds at k={args.k}, clock {adv.clock}): measured "
-            f"{measured[ka]:.1f} tok/s = {ratio:.3f} of the best (k={best_k}); goal >= 0.95"
-        )
-        print(
-            f"speedup over plain at k={ka}: estimated {sp.value:.3f} [{sp.lo:.3f}, {sp.hi:.3f}] "
-            f"(plain step from the verify fit, {adv.plain_step_ns / 1e6:.3f} ms), "
-            + (f"{spm.value:.3f} with the measured plain step; " if spm else "")
-            + f"measured {measured[ka] / plain:.3f}"
-        )
-    if adv_const is not None:
-        print(
-            f"constant k={args.k} (no gate): advised k={adv_const.recommended_k} "
-            f"({measured[adv_const.recommended_k] / measured[best_k]:.3f} of the best); "
-            f"{adv_const.costs.assumption}"
-        )
-    out["elapsed_s"] = time.perf_counter() - t_start
-    text = json.dumps(out, indent=2)
+    text = json.dumps(out, indent=1)
     print(text)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "advisor.json").write_text(text + "\n")

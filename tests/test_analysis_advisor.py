@@ -76,6 +76,20 @@ def test_short_run_at_one_k_extrapolates(curve: str, cost: str):
         assert truth[a.recommended_k - 1] / max(truth) >= 0.98, (seed, a.recommended_k)
 
 
+def test_recommendation_steps_at_most_explore_past_the_data():
+    """A loop at k = 2 whose optimum is 6: the curve covers 1..16 (past k = 2 on the flat tail,
+    flagged extrapolated) but the advice goes to at most 2 + explore; a larger explore reaches
+    the optimum, since the flat tail is exact for a flat curve."""
+    alpha, c = CURVES["flat"], COSTS["cheap-draft"]
+    rs = rounds(alpha, 600, random.Random(2), gated(2), c)
+    a = advise(rs)
+    assert a is not None and a.observed_k == 2 and a.recommended_k == 4
+    assert [p.extrapolated for p in a.curve[:3]] == [False, False, True]
+    far = advise(rs, explore=16)
+    truth = [true_tokens_per_s(alpha, c, k) for k in range(1, 17)]
+    assert far is not None and truth[far.recommended_k - 1] / max(truth) >= 0.98
+
+
 def test_speedup_from_the_verify_fit_or_a_measured_plain_step():
     """The plain step is the verify fit at one row unless the loop measured one; the speedup
     is throughput(k*) x plain step, and its interval covers the true speedup."""

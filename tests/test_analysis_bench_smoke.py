@@ -19,6 +19,7 @@ def test_dry_run_writes_the_report(tmp_path: Path):
         "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
     )
     args = ["--dry-run", "--short-rounds", "80", "--sweep-max", "3", "--sweep-rounds", "20"]
+    args += ["--k", "3", "1"]
     env = {**os.environ, "OUT": str(tmp_path)}
     r = subprocess.run(
         [sys.executable, "-c", probe, str(BENCH), *args],
@@ -31,8 +32,10 @@ def test_dry_run_writes_the_report(tmp_path: Path):
     assert "advised k=" in r.stdout and "plain loop:" in r.stdout
     out = json.loads((tmp_path / "advisor.json").read_text())
     assert [m["k"] for m in out["measured"]] == [1, 2, 3]
-    assert 1 <= out["recommended_k"] <= 3 and out["advice"]["estimate"] is True
-    assert out["advice"]["clock"] == "host" and out["advice"]["plain_step_source"] == "verify_fit"
-    assert out["advice_measured_plain"]["plain_step_source"] == "measured"
-    assert not out["advice_constant_k"]["identifiable"]
-    assert out["ratio_vs_best"] <= 1.0 and out["plain_tokens_per_s"] > 0
+    assert [r["short_run_k"] for r in out["runs"]] == [3, 1]
+    for run in out["runs"]:
+        assert 1 <= run["recommended_k"] <= 3 and 0 < run["ratio_vs_best"] <= 1.0
+        assert run["advice"]["estimate"] is True and run["advice"]["clock"] == "host"
+        assert run["advice"]["plain_step_source"] == "verify_fit"
+    assert out["runs"][0]["estimated_speedup_measured_plain"] is not None
+    assert not out["advice_constant_k"]["identifiable"] and out["plain_tokens_per_s"] > 0

@@ -14,11 +14,12 @@ from .acceptance import (
     estimate_acceptance,
     position_counts,
 )
-from .advisor import MIN_ROUNDS, Advice, AdviceWindow, KPoint, advise
+from .advisor import EXPLORE, MIN_ROUNDS, Advice, AdviceWindow, KPoint, advise
 from .costs import CostModel, RoundLike, fit_costs
 from .record import spec_decode_record
 
 __all__ = [
+    "EXPLORE",
     "MIN_ROUNDS",
     "AcceptanceEstimate",
     "Advice",

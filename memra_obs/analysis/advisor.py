@@ -22,6 +22,10 @@ from .costs import CostModel, Moments, RoundLike, check_clock, fit_from
 #: Fewest rounds that drafted (k >= 1) before there is advice: below it E(k) is too loose
 #: to act on and the slopes swing.
 MIN_ROUNDS = 32
+#: Default for how far past the longest draft seen a recommendation may go: beyond the data,
+#: acceptance is the flat-tail extrapolation alone, so the loop steps there, the window sees
+#: it, and the next advice can step further.
+EXPLORE = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +34,7 @@ class KPoint:
     expected_tokens: Interval
     round_ns: float
     tokens_per_s: Interval
+    extrapolated: bool  # k past the positions seen: E(k) leans on the flat tail
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,7 @@ class Advice:
     estimated_speedup: Interval
     plain_step_ns: float
     plain_step_source: str  # "verify_fit" (verify at one row) or "measured"
+    observed_k: int  # the longest draft seen; recommended_k <= observed_k + explore
     current_k: float  # mean k of the rounds
     current_tokens_per_s: Interval  # the model's throughput at round(current_k)
     measured_tokens_per_s: float  # tokens / round time actually spent in these rounds
@@ -65,7 +71,13 @@ def _ratio(e: Interval, num_var: float, z: float, scale: float) -> Interval:
 
 
 def advise_from(
-    t: Tally, m: Moments, max_k: int, plain_step_ns: float | None, clock: str, level: float
+    t: Tally,
+    m: Moments,
+    max_k: int,
+    plain_step_ns: float | None,
+    clock: str,
+    level: float,
+    explore: int,
 ) -> Advice | None:
     acc = from_tally(t, level)
     if not acc.positions or acc.positions[0].at_risk < MIN_ROUNDS or max_k < 1:
@@ -75,8 +87,10 @@ def advise_from(
     for k in range(1, max_k + 1):
         e, tk = acc.expected_tokens(k), c.round_ns(k)
         var_t = c.var_round * c.leverage(k, k) / tk**2
-        curve.append(KPoint(k, e, tk, _ratio(e, var_t, z, 1e9 / tk)))
-    best = max(curve, key=lambda p: p.tokens_per_s.value)  # first of equals: the smaller k
+        curve.append(KPoint(k, e, tk, _ratio(e, var_t, z, 1e9 / tk), k > len(acc.positions)))
+    seen = max(i for i, n in enumerate(t.by_k) if n)
+    reach = curve[: max(1, seen + explore)]
+    best = max(reach, key=lambda p: p.tokens_per_s.value)  # first of equals: the smaller k
     k, tk = best.k, best.round_ns
     var = c.var_round * c.leverage(k, k) / tk**2
     if plain_step_ns is None:
@@ -92,7 +106,7 @@ def advise_from(
     measured = tokens * 1e9 / m.s[m.W] if m.s[m.W] > 0 else math.nan
     speedup = _ratio(best.expected_tokens, max(0.0, var), z, plain / tk)
     return Advice(
-        *(k, best.expected_tokens, best.tokens_per_s, speedup, plain, source, mean_k, now),
+        *(k, best.expected_tokens, best.tokens_per_s, speedup, plain, source, seen, mean_k, now),
         *(measured, clock, t.n, level, tuple(curve), acc, c),
     )
 
@@ -104,16 +118,18 @@ def advise(
     plain_step_ns: float | None = None,
     clock: str = "event",
     level: float = 0.95,
+    explore: int = EXPLORE,
 ) -> Advice | None:
     """Advice over ``rounds`` (unknown counts skipped; j outside 0..k raises ValueError), or
     None with fewer than MIN_ROUNDS drafting rounds. ``plain_step_ns``: a measured plain
-    one-token step; else the verify fit at one row stands in for it."""
+    one-token step; else the verify fit at one row stands in for it. The recommendation stays
+    within ``explore`` of the longest draft seen; the curve covers 1..max_k."""
     t, m = Tally(), Moments()
     for r in rounds:
         if known(r.k, r.j):
             t.add(r.k, r.j)
             m.add(r.k, r.phase_ns())
-    return advise_from(t, m, max_k, plain_step_ns, check_clock(clock), level)
+    return advise_from(t, m, max_k, plain_step_ns, check_clock(clock), level, explore)
 
 
 class AdviceWindow:
@@ -132,11 +148,12 @@ class AdviceWindow:
         clock: str = "event",
         plain_step_ns: float | None = None,
         level: float = 0.95,
+        explore: int = EXPLORE,
     ) -> None:
         if size < MIN_ROUNDS:
             raise ValueError(f"size={size}: a window holds at least MIN_ROUNDS={MIN_ROUNDS}")
         self.size, self.refused = size, 0
-        self._opts = (max_k, plain_step_ns, check_clock(clock), level)
+        self._opts = (max_k, plain_step_ns, check_clock(clock), level, explore)
         self._t, self._m = Tally(), Moments()
         self._q: deque[tuple[int, int, tuple[int, int, int, int, int]]] = deque()
         self._lock = threading.Lock()
