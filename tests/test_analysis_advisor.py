@@ -90,6 +90,33 @@ def test_recommendation_steps_at_most_explore_past_the_data():
     assert far is not None and truth[far.recommended_k - 1] / max(truth) >= 0.98
 
 
+@pytest.mark.parametrize("curve", ["cliff", "decaying"])
+def test_following_the_window_with_some_exploration_converges(curve: str):
+    """A loop that sets k from the window's advice every 400 rounds, drafting fewer on 10% of
+    rounds and 1-3 more on another 10% (so positions past k stay observed), ends within 5% of
+    the optimum from k = 2 and from k = 12 (docs/ADVISOR.md: following the advice)."""
+    alpha = CURVES[curve]
+
+    def explore(k: int):
+        def k_of(r: random.Random) -> int:
+            u = r.random()
+            return r.randint(1, k) if u < 0.1 else min(16, k + r.randint(1, 3)) if u < 0.2 else k
+
+        return k_of
+
+    for cost in ("launch-bound", "compute-bound"):
+        truth = [true_tokens_per_s(alpha, COSTS[cost], k) for k in range(1, 17)]
+        for k0, seed in ((2, 0), (12, 1)):
+            rng, k, w = random.Random(seed), k0, AdviceWindow(400)
+            for _ in range(6):
+                for r in rounds(alpha, 400, rng, explore(k), COSTS[cost]):
+                    w.add(r)
+                a = w.advice()
+                assert a is not None
+                k = a.recommended_k
+            assert truth[k - 1] / max(truth) >= 0.95, (cost, k0, k)
+
+
 def test_speedup_from_the_verify_fit_or_a_measured_plain_step():
     """The plain step is the verify fit at one row unless the loop measured one; the speedup
     is throughput(k*) x plain step, and its interval covers the true speedup."""
