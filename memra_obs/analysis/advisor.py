@@ -124,12 +124,13 @@ def advise(
     None with fewer than MIN_ROUNDS drafting rounds. ``plain_step_ns``: a measured plain
     one-token step; else the verify fit at one row stands in for it. The recommendation stays
     within ``explore`` of the longest draft seen; the curve covers 1..max_k."""
+    check_clock(clock)
     t, m = Tally(), Moments()
     for r in rounds:
         if known(r.k, r.j):
             t.add(r.k, r.j)
             m.add(r.k, r.phase_ns())
-    return advise_from(t, m, max_k, plain_step_ns, check_clock(clock), level, explore)
+    return advise_from(t, m, max_k, plain_step_ns, clock, level, explore)
 
 
 class AdviceWindow:
