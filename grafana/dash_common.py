@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from grafana_foundation_sdk.builders import bargauge, heatmap, prometheus, stat, timeseries
+from grafana_foundation_sdk.builders import (
+    barchart,
+    bargauge,
+    heatmap,
+    prometheus,
+    stat,
+    timeseries,
+)
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as dm
@@ -205,3 +212,34 @@ def bars(
     for tr in transformations:
         p = p.with_transformation(tr)
     return _finish(p, ids, title, desc, [t], w, h)
+
+
+def bar_chart(
+    ids: Ids,
+    title: str,
+    desc: str,
+    targets: Sequence[prometheus.Dataquery],
+    *,
+    unit: str,
+    x_field: str,
+    transformations: Sequence[dm.DataTransformerConfig] = (),
+    w: int = 12,
+    h: int = 9,
+) -> barchart.Panel:
+    """Bars over a categorical x field (a label turned into a table column), grouped by query."""
+    p = (
+        barchart.Panel()
+        .unit(unit)
+        .x_field(x_field)
+        .show_value(common.VisibilityMode.NEVER)
+        .group_width(0.8)
+        .legend(
+            cb.VizLegendOptions()
+            .display_mode(common.LegendDisplayMode.LIST)
+            .placement(common.LegendPlacement.BOTTOM)
+            .show_legend(True)
+        )
+    )
+    for tr in transformations:
+        p = p.with_transformation(tr)
+    return _finish(p, ids, title, desc, targets, w, h)

@@ -14,6 +14,7 @@ from dash_common import (
     SPARSE,
     SPEC,
     Ids,
+    bar_chart,
     bars,
     heatmap_panel,
     mean,
@@ -287,6 +288,128 @@ def acceptance(ids: Ids) -> Section:
     ]
 
 
+# The k advisor's gauges (sliding window of recent rounds, memra_obs.analysis.AdviceWindow).
+# Every one of them is an estimate from the loop's own acceptance and phase costs; the titles
+# say so. docs/ADVISOR.md has the formulas.
+EST_TPS = "memra_spec_estimated_tokens_per_second"  # {family, k}: throughput(k) for k = 1..bound
+REC_K = "memra_spec_recommended_k"
+SPEEDUP = "memra_spec_estimated_speedup"
+EXP_TOK = "memra_spec_expected_tokens_per_round"
+#: The advisor row's panels take ids from here, so the rows after it keep theirs.
+ADVISOR_IDS = 100
+
+
+def _throughput_vs_k(ids: Ids):
+    est = f"avg by (family, k) ({EST_TPS}{{{SPEC}}})"
+    # count_values turns the recommended k into a `k` label: the bar at the advised k.
+    rec = f'count_values by (family) ("k", max by (family) ({REC_K}{{{SPEC}}}))'
+    # Two instant tables (every k; the advised k) merged on (family, k), k made a number so
+    # the bars sort 1, 2, ..., 16 rather than as strings.
+    transformations = [
+        dm.DataTransformerConfig(id_val="merge", options={}),
+        dm.DataTransformerConfig(
+            id_val="convertFieldType",
+            options={"conversions": [{"targetField": "k", "destinationType": "number"}]},
+        ),
+        dm.DataTransformerConfig(id_val="sortBy", options={"sort": [{"field": "k"}]}),
+        dm.DataTransformerConfig(
+            id_val="organize",
+            options={
+                "excludeByName": {"Time": True},
+                "renameByName": {
+                    "Value #A": "estimated tokens/s (estimate)",
+                    "Value #B": "at the recommended k",
+                },
+            },
+        ),
+    ]
+    return bar_chart(
+        ids,
+        "Throughput vs k (estimate)",
+        "The advisor's estimated tokens/s at each draft length k, E(k) / t_round(k), from the "
+        "acceptance curve and the phase costs of the window's recent rounds (an estimate, not "
+        "a measurement); the second bar marks the recommended k. Pick one family: the bars of "
+        "several families share each k.",
+        [
+            target(est, "{{family}}", instant=True, fmt="table"),
+            target(
+                f"{est} and on (family, k) {rec}",
+                "{{family}} recommended",
+                instant=True,
+                fmt="table",
+            ),
+        ],
+        unit="ops",
+        x_field="k",
+        transformations=transformations,
+    )
+
+
+def advisor(ids: Ids) -> Section:
+    acc = "memra_spec_accepted_tokens_by_position_total"
+    dr = "memra_spec_drafted_tokens_by_position_total"
+    by = ("family", "position")
+    return "Acceptance & k advisor", [
+        ts(
+            ids,
+            "Acceptance by position",
+            "Accepted / drafted tokens at each draft position (0-based, as vLLM's "
+            "num_accepted_tokens_per_pos): the share of drafts made at that position that were "
+            "accepted, every draft before them accepted too. Its ratio to the previous position "
+            "is the conditional acceptance the k advisor works from (docs/ADVISOR.md).",
+            [target(f"{sum_rate(acc, by)} / {sum_rate(dr, by)}", "{{family}} pos {{position}}")],
+            unit="percentunit",
+            min_val=0,
+            max_val=1,
+            h=9,
+        ),
+        _throughput_vs_k(ids),
+        ts(
+            ids,
+            "Recommended k (estimate) and current k",
+            "The draft length that maximises the estimated tokens/s over the window of recent "
+            "rounds, per worker, beside the mean k the loop actually drafted.",
+            [
+                target(
+                    f"max by (family, instance, worker) ({REC_K}{{{SPEC}}})",
+                    "{{family}} recommended (estimate) {{instance}} {{worker}}",
+                ),
+                target(
+                    per_round_mean("memra_spec_drafted_tokens_per_round", ("family",)),
+                    "{{family}} current mean k",
+                ),
+            ],
+            unit="short",
+            w=8,
+        ),
+        ts(
+            ids,
+            "Expected tokens per round at the recommended k (estimate)",
+            "E(k) = 1 + Σ S(i) at the recommended k (an estimate), beside the tokens a round "
+            "actually commits now (1 + mean accepted j, at the current k).",
+            [
+                target(f"avg by (family) ({EXP_TOK}{{{SPEC}}})", "{{family}} E(k*) estimate"),
+                target(
+                    f"1 + {per_round_mean('memra_spec_accepted_tokens_per_round', ('family',))}",
+                    "{{family}} measured now",
+                ),
+            ],
+            unit="short",
+            w=8,
+        ),
+        ts(
+            ids,
+            "Estimated speedup over plain decoding (estimate)",
+            "Estimated tokens/s at the recommended k over a plain one-token-per-step loop's "
+            "(its step is the verify fit at one row unless the loop measured one). Below 1, "
+            "speculation costs more than it buys.",
+            [target(f"avg by (family) ({SPEEDUP}{{{SPEC}}})", "{{family}} speedup (estimate)")],
+            unit="suffix:×",
+            w=8,
+        ),
+    ]
+
+
 def slow_rounds(ids: Ids) -> Section:
     slow, rd = "memra_spec_slow_rounds_total", "memra_spec_rounds_total"
     return "Slow rounds", [
@@ -433,17 +556,21 @@ def build() -> db.Dashboard:
     )
     # Expanded rows with their panels at the top level, after the row: Grafana only reads a
     # row's own `panels` list when the row is collapsed.
+    advisor_ids = Ids()
+    advisor_ids.n = ADVISOR_IDS
     for section in (
         overview,
         round_latency,
         phases,
         acceptance,
+        advisor,
         slow_rounds,
         first_token,
         device_and_exporter,
     ):
-        title, panels = section(ids)
-        d = d.with_row(db.Row(title).id(ids.next()))
+        own = advisor_ids if section is advisor else ids
+        title, panels = section(own)
+        d = d.with_row(db.Row(title).id(own.next()))
         for panel in panels:
             d = d.with_panel(panel)
     return d
