@@ -179,10 +179,10 @@ def shares_by_burst(views: Sequence[View]) -> str:
         groups = np.array_split(tot, min(len(b), 120))
         share = np.stack([g.sum(axis=0) for g in groups]).T
         share = share / np.maximum(share.sum(axis=0), 1e-12)
-        bottom = np.zeros(share.shape[1])
-        for p, row in zip(PHASES, share, strict=True):
-            ax.bar(np.arange(len(row)), row, 1.0, bottom=bottom, color=COLORS[p], label=p)
-            bottom += row
+        bottom, edges = np.zeros(share.shape[1]), np.arange(share.shape[1] + 1)
+        for p, row in zip(PHASES, share, strict=True):  # one filled step path a phase
+            ax.stairs(bottom + row, edges, baseline=bottom, fill=True, color=COLORS[p], label=p)
+            bottom = bottom + row
         per = -(-len(b) // len(groups))
         ax.set_xlabel(f"burst, in order ({per} a bar)" if per > 1 else "burst, in order")
         ax.set_ylim(0, 1)

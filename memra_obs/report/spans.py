@@ -72,6 +72,12 @@ def read_spans(lines: Iterable[str], run: Run) -> None:
             _session(sid, tid, sp, kids, run)
         except (TypeError, ValueError, KeyError) as exc:
             run.refused.append((0, f"session span {sp[1]:016x} refused: {exc!r}", ""))
+    if run.kinds["sessions_without_log"]:
+        run.notes.append(
+            f"{run.kinds['sessions_without_log']} profiled sessions have rounds of their first "
+            f"{SPEC_PROF_ROUNDS} without spans (or without k, j): their [spec-prof-summary] "
+            "cannot be recomputed, and they are left out of the slow-round count."
+        )
     if run.unsampled:
         run.notes.append(
             f"{run.unsampled} of {len(run.rounds)} rounds were past the span cap "
@@ -89,8 +95,10 @@ def _session(sid: int, tid: int, sp: Span, kids: dict[int, list[Span]], run: Run
                         at.get(A + "worker", ""), start, 0, 0, tid, span_id, parent, level, prof))  # fmt: skip
     mine = kids.get(span_id, [])
     rounds: list[RoundRecord] = []
+    before = len(run.rounds)
     for b in sorted((k for k in mine if k[0] == "spec.burst"), key=lambda k: k[3]):
         rounds += _burst(sid, b, kids, run)
+    logged = min(len(run.rounds) - before, SPEC_PROF_ROUNDS)  # rows the worker's log kept
     for ft in (k for k in mine if k[0] == "spec.first_token"):
         run.first_tokens.append(_first_token(sid, ft, kids))
     if A + "rounds" in at:  # unfinished sessions (process exit) carry no totals
@@ -98,16 +106,16 @@ def _session(sid: int, tid: int, sp: Span, kids: dict[int, list[Span]], run: Run
                                          at.get(A + "tokens", 0), at.get("error.type", "")))  # fmt: skip
     # The worker's round log, exactly: its rows are round_prof_from_ns of these stamps.
     first = [r for r in rounds if r.index < SPEC_PROF_ROUNDS]
-    if (
-        prof
-        and [r.index for r in first] == list(range(len(first)))
-        and all(r.k >= 0 for r in first)
-    ):
-        rows = [round_prof_from_ns(r.wall_ns, *r.phase_ns()[:3], r.t_ns_mono[5] - r.t_ns_mono[3],
-                                   r.k, r.j, r.ctx, r.seq_rows) for r in first]  # fmt: skip
-        line = parse_line(f"[spec-prof-summary] {SpecRoundsLog(rounds=rows).summary()}")
-        assert isinstance(line, SummaryLine)
-        run.logs.append(RoundLog(rows, line))
+    if not prof or not logged:
+        return
+    if [r.index for r in first] != list(range(logged)) or any(r.k < 0 for r in first):
+        run.kinds["sessions_without_log"] += 1  # the span cap (or a tail's spans) hid rows
+        return
+    rows = [round_prof_from_ns(r.wall_ns, *r.phase_ns()[:3], r.t_ns_mono[5] - r.t_ns_mono[3],
+                               r.k, r.j, r.ctx, r.seq_rows) for r in first]  # fmt: skip
+    line = parse_line(f"[spec-prof-summary] {SpecRoundsLog(rounds=rows).summary()}")
+    assert isinstance(line, SummaryLine)
+    run.logs.append(RoundLog(rows, line))
 
 
 def _burst(sid: int, b: Span, kids: dict[int, list[Span]], run: Run) -> list[RoundRecord]:
