@@ -6,7 +6,7 @@ The log is what a worker prints at trace level 2 with the profile on (the demo's
 burst of 6 rounds a phase line and its level-2 line, a ``[spec-prof-rounds]`` row per logged
 round (the first 64 of a session), per session a ``[spec-prof]`` and a
 ``[spec-prof-summary]``; sessions of 20-120 rounds, so later bursts have no rows; and other
-programs' lines in between (~5 %). Lines are formatted by :mod:`memra_obs.legacy` itself, so
+programs' lines in between (~3 %). Lines are formatted by :mod:`memra_obs.legacy` itself, so
 they are byte-identical to a worker's. :func:`worker_log` is also the A/B tests' input
 (``verify_scale`` plants a verify slowdown).
 

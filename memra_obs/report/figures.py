@@ -81,7 +81,7 @@ def wall_distribution(views: Sequence[View]) -> str:
     fig, axes = _panels(views)
     walls = [v.cols.metric("wall") for v in views]
     allw = np.concatenate(walls)
-    edges = np.linspace(allw.min(), np.quantile(allw, 0.999), 81) if len(allw) else None
+    edges = np.linspace(allw.min(), np.quantile(allw, 0.995), 81) if len(allw) else None
     for ax, w in zip(axes, walls, strict=True):
         if not len(w):
             _empty(ax, "no round with its own wall")
@@ -93,7 +93,7 @@ def wall_distribution(views: Sequence[View]) -> str:
             thr, color="#e15759", ls="--", lw=1, label=f"1.5x median {thr:.3f} ms: {above} above"
         )
         ax.legend(loc="upper right")
-        ax.set_xlabel("round wall, ms (last bin: everything past the 99.9th percentile)")
+        ax.set_xlabel("round wall, ms (last bin: all past the 99.5th percentile)")
     axes[0].set_ylabel("rounds")
     cap = (
         "Per-round wall of every round with its own measurement (a log's rows, the first 64 "
@@ -134,12 +134,13 @@ def wall_by_index(views: Sequence[View]) -> str:
             med = [median(c.wall_ms[c.own & (c.index == i)]) for i in idx[:512]]
             ax.plot(idx[:512], med, color="k", lw=0.8, label="median per index")
         ax.set_xlabel("round index in its session")
+        ax.set_ylim(0, float(np.quantile(c.wall_ms, 0.995)) * 1.3)
         ax.legend(loc="upper right", markerscale=3)
     axes[0].set_ylabel("round wall, ms")
     return _figure(
         fig,
         "round wall over round index",
-        "Round wall over the round's index in its session.",
+        "Round wall over the round's index in its session (y cut at 1.3 x the 99.5th percentile).",
         "png",
     )
 
@@ -263,6 +264,7 @@ def waterfall(views: Sequence[View]) -> str:
                     (b - a) / 1e6,
                     left=(a - t0) / 1e6,
                     height=0.4 if inner else 0.8,
+                    zorder=3 if inner else 2,
                     color=col,
                     label=name,
                 )
@@ -273,7 +275,16 @@ def waterfall(views: Sequence[View]) -> str:
                 for share, w in shares:
                     if w > 0:
                         col = colors.setdefault(share, cmap(len(colors) % 20))
-                        ax.barh(y - 0.3, w, left=x, height=0.2, color=col, hatch="//", label=share)
+                        ax.barh(
+                            y - 0.3,
+                            w,
+                            left=x,
+                            height=0.2,
+                            color=col,
+                            hatch="//",
+                            label=share,
+                            zorder=3,
+                        )
                         x += w
         ax.set_yticks(range(len(pick)), [f"TTFT {fts[i].prof.total_ms():.1f} ms" for i in pick])
         ax.invert_yaxis()

@@ -79,9 +79,8 @@ def main(args: argparse.Namespace) -> int:
     bar = Progress(not args.quiet and (args.progress or sys.stderr.isatty()))
     views = []
     for i, path in enumerate(args.inputs):
-        label = ("AB"[i] + ": " if len(args.inputs) == 2 else "") + (
-            "stdin" if path == "-" else path
-        )
+        name = "stdin" if path == "-" else os.path.basename(path) or path
+        label = ("AB"[i] + ": " if len(args.inputs) == 2 else "") + name
         try:
             run = read(path, bar.reading(label))  # type: ignore[arg-type]
         except OSError as exc:
