@@ -38,9 +38,7 @@ from ..legacy import (
     VerifyLine,
     parse_line,
 )
-from ..records import (
-    SpecRoundProf,
-)
+from ..records import SpecRoundProf
 
 __all__ = ["RoundLog", "Run", "read", "rebuild"]
 

@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 __all__ = ["add_options", "main"]
@@ -38,7 +39,7 @@ class Progress:
             self.out.write(f"\r[memra-obs] report: {text}\x1b[K")
             self.out.flush()
 
-    def reading(self, name: str) -> object:
+    def reading(self, name: str) -> Callable[[int, int], None]:
         def update(done: int, total: int) -> None:
             if total and total < LARGE:
                 return
@@ -82,18 +83,14 @@ def main(args: argparse.Namespace) -> int:
         name = "stdin" if path == "-" else os.path.basename(path) or path
         label = ("AB"[i] + ": " if len(args.inputs) == 2 else "") + name
         try:
-            run = read(path, bar.reading(label))  # type: ignore[arg-type]
+            run = read(path, bar.reading(label))
         except OSError as exc:
             bar.done()
             print(f"memra-obs report: {path}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         views.append(View(label, run, Rounds(run.rounds)))
     bar.step("A/B table" if len(views) == 2 else "figures")
-    ab = (
-        ab_table(views[0].run, views[1].run, views[0].cols, views[1].cols)
-        if len(views) == 2
-        else None
-    )
+    ab = ab_table(*views) if len(views) == 2 else None
     html = render(views, ab, bar.step)
     tmp = f"{args.output}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:

@@ -11,29 +11,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from html import escape
 from typing import Any
 
 import numpy as np
 
 from .. import __version__
+from ..legacy import SummaryLine
 from . import acceptance, figures
-from .stats import REL_THRESHOLD, ABRow, View, median, slow_rounds
+from .stats import CAP, N_BOOT, REL_THRESHOLD, ABRow, View, median, slow_rounds
 
 __all__ = ["SECTIONS", "render", "totals"]
 
-SECTIONS = (
-    "ab",
-    "totals",
-    "round-wall",
-    "phases",
-    "first-token",
-    "acceptance",
-    "memory",
-    "summaries",
-    "refused",
-    "notes",
-)
+SECTIONS = ("ab", "totals", "round-wall", "phases", "first-token", "acceptance", "memory",
+            "summaries", "refused", "notes")  # fmt: skip
 LIST_CAP = 200  # rows of the summary and refusal tables shown per run (the rest counted)
 
 CSS = """
@@ -95,16 +87,17 @@ def _td(x: Any, key: str = "", cls: str = "n") -> str:
     return f'<td class="{cls}"{k}>{escape(str(x))}</td>'
 
 
+def _table(head: Sequence[str], rows: Sequence[str]) -> str:
+    th = "".join(f"<th>{escape(h)}</th>" for h in head)
+    return f"<div class=scroll><table><tr>{th}</tr>{''.join(rows)}</table></div>"
+
+
 def _totals_table(views: Sequence[View]) -> str:
-    head = "".join(f"<th>{escape(v.label)}</th>" for v in views)
     cols = [totals(v) for v in views]
-    body = "".join(
-        f"<tr><td>{escape(label)}</td><td>{escape(covers)}</td>"
-        + "".join(_td(col[i][3], key) for col in cols)
-        + "</tr>"
-        for i, (key, label, covers, _) in enumerate(cols[0])
-    )
-    return f"<table><tr><th>quantity</th><th>covers</th>{head}</tr>{body}</table>"
+    rows = [f"<tr><td>{escape(label)}</td><td>{escape(covers)}</td>"
+            + "".join(_td(col[i][3], key) for col in cols) + "</tr>"
+            for i, (key, label, covers, _) in enumerate(cols[0])]  # fmt: skip
+    return _table(["quantity", "covers", *(v.label for v in views)], rows)
 
 
 def _ab_table(rows: Sequence[ABRow]) -> str:
@@ -115,83 +108,50 @@ def _ab_table(rows: Sequence[ABRow]) -> str:
             if r.flagged
             else "no change shown"
         )
-        out.append(
-            f'<tr data-ab="{r.metric}" data-flag="{int(r.flagged)}"{" class=flag" if r.flagged else ""}>'
-            f"<td>{r.metric}</td><td>{r.population}</td>{_td(r.n_a)}{_td(r.n_b)}"
-            f"{_td(f'{r.med_a:.4f}')}{_td(f'{r.med_b:.4f}')}{_td(f'{r.diff:+.4f}')}"
-            f"{_td(f'[{r.lo:+.4f}, {r.hi:+.4f}]')}{_td(f'{r.rel:+.2%}')}<td>{verdict}</td></tr>"
-        )
-    return (
-        "<table><tr><th>per round</th><th>population</th><th>n A</th><th>n B</th><th>median A, ms</th>"
-        "<th>median B, ms</th><th>B - A</th><th>95% CI (bootstrap)</th><th>relative</th>"
-        f"<th>verdict</th></tr>{''.join(out)}</table><p class=note>Medians are the seed's "
-        "(sorted[n/2]). The CI resamples A and B independently (1000 resamples, fixed seed, at "
-        f"most 20,000 values a run). Flagged: the CI excludes 0 and |B - A| is at least "
-        f"{REL_THRESHOLD:.0%} of median A.</p>"
+        nums = (r.n_a, r.n_b, f"{r.med_a:.4f}", f"{r.med_b:.4f}", f"{r.diff:+.4f}",
+                f"[{r.lo:+.4f}, {r.hi:+.4f}]", f"{r.rel:+.2%}")  # fmt: skip
+        out.append(f'<tr data-ab="{r.metric}" data-flag="{int(r.flagged)}"{" class=flag" * r.flagged}>'
+                   f"<td>{r.metric}</td><td>{r.population}</td>{''.join(map(_td, nums))}<td>{verdict}</td></tr>")  # fmt: skip
+    head = ["per round", "population", "n A", "n B", "median A, ms", "median B, ms", "B - A",
+            "95% CI (bootstrap)", "relative", "verdict"]  # fmt: skip
+    return _table(head, out) + (
+        "<p class=note>Medians are the seed's (sorted[n/2]). The CI resamples A and B "
+        f"independently ({N_BOOT} resamples, fixed seed, at most {CAP:,} values a run). Flagged: "
+        f"the CI excludes 0 and |B - A| is at least {REL_THRESHOLD:.0%} of median A.</p>"
     )
 
 
+_SUMMARY = [f.name for f in fields(SummaryLine)]
+
+
 def _summaries(v: View) -> str:
-    slow = slow_rounds(v.run)
     rows = []
-    for g, s in list(zip(v.run.logs, slow, strict=True))[:LIST_CAP]:
+    for g, slow in list(zip(v.run.logs, slow_rounds(v.run), strict=True))[:LIST_CAP]:
         m = g.summary
-        vals = (
-            ["-"] * 14
-            if m is None
-            else [
-                m.rounds,
-                m.k_mean,
-                m.j_mean,
-                m.accept,
-                m.tok_per_round,
-                m.wall_mean_ms,
-                m.wall_min_ms,
-                m.wall_med_ms,
-                m.wall_max_ms,
-                m.slow_rounds,
-                m.draft_mean_ms,
-                m.verify_mean_ms,
-                m.seq_rows_total,
-                f"{m.ctx_first}..{m.ctx_last}",
-            ]
-        )
-        bad = m is None or m.slow_rounds != s or m.rounds != len(g.rows)
+        vals = [getattr(m, f) if m is not None else "-" for f in _SUMMARY]
+        bad = m is None or m.slow_rounds != slow or m.rounds != len(g.rows)
         line = g.lineno or ("recomputed" if m is not None else "none")
-        cells = "".join(_td(x) for x in vals[:10]) + _td(s, cls="n bad" if bad else "n")
-        rows.append(
-            f"<tr>{_td(line)}{_td(len(g.rows))}{cells}{''.join(_td(x) for x in vals[10:])}</tr>"
-        )
+        rule = _td(slow, cls="n bad" if bad else "n")
+        rows.append(f"<tr>{_td(line)}{_td(len(g.rows))}{''.join(map(_td, vals[:10]))}{rule}"
+                    f"{''.join(map(_td, vals[10:]))}</tr>")  # fmt: skip
     more = len(v.run.logs) - LIST_CAP
-    return (
-        f"<h3>{escape(v.label)}</h3><div class=scroll><table><tr><th>line</th><th>rows</th><th>rounds</th>"
-        "<th>k_mean</th><th>j_mean</th><th>accept</th><th>tok/round</th><th>wall mean</th><th>min</th>"
-        "<th>med</th><th>max</th><th>slow (printed)</th><th>slow (rule, rows)</th><th>draft_mean</th>"
-        f"<th>verify_mean</th><th>seq_rows</th><th>ctx</th></tr>{''.join(rows)}</table></div>"
-        + (f"<p class=note>{more} more round logs not listed.</p>" if more > 0 else "")
+    head = ["line", "rows", *_SUMMARY[:10], "slow (the rule, rows)", *_SUMMARY[10:]]
+    return f"<h3>{escape(v.label)}</h3>{_table(head, rows)}" + (
+        f"<p class=note>{more} more round logs not listed.</p>" if more > 0 else ""
     )
 
 
 def _refused(v: View) -> str:
     r = v.run
-    items = [(n, why, text) for n, why, text in r.refused] + [
-        (n, f"unplaced: {w}", "") for n, w in r.unplaced
-    ]
+    items = [*r.refused, *((n, f"unplaced: {w}", "") for n, w in r.unplaced)]
     if not items:
         return f"<h3>{escape(v.label)}</h3><p>Nothing refused: every tagged line parsed and was placed.</p>"
-    rows = "".join(
-        f"<tr>{_td(n or '-')}<td>{escape(w)}</td><td><code>{escape(t[:120])}</code></td></tr>"
-        for n, w, t in items[:LIST_CAP]
-    )
-    more = (
-        f"<p class=note>{len(items) - LIST_CAP} more not listed.</p>"
-        if len(items) > LIST_CAP
-        else ""
-    )
-    return (
-        f"<h3>{escape(v.label)}</h3><p>{len(r.refused)} refused, {len(r.unplaced)} unplaced.</p>"
-        f"<table><tr><th>line</th><th>reason</th><th>line starts</th></tr>{rows}</table>{more}"
-    )
+    rows = [f"<tr>{_td(n or '-')}<td>{escape(w)}</td><td><code>{escape(t[:120])}</code></td></tr>"
+            for n, w, t in items[:LIST_CAP]]  # fmt: skip
+    more = len(items) - LIST_CAP
+    return (f"<h3>{escape(v.label)}</h3><p>{len(r.refused)} refused, {len(r.unplaced)} unplaced.</p>"
+            + _table(["line", "reason", "line starts"], rows)
+            + (f"<p class=note>{more} more not listed.</p>" if more > 0 else ""))  # fmt: skip
 
 
 NOTES = """<ul>
@@ -212,63 +172,38 @@ the lines; concurrent loop threads interleave and are attributed by adjacency).<
 def render(views: Sequence[View], ab: Sequence[ABRow] | None, step: Callable[[str], None]) -> str:
     """The whole page; ``step(name)`` is called before each figure (for a progress line)."""
 
-    def fig(name: str, fn: Callable[[Sequence[View]], str | None]) -> str:
-        step(name)
+    def fig(fn: Callable[[Sequence[View]], str | None]) -> str:
+        step(fn.__name__.replace("_", " "))
         return fn(views) or ""
 
-    def sec(sid: str, title: str, body: str) -> str:
-        return f'<section id="{sid}"><h2>{title}</h2>{body}</section>'
+    def sec(sid: str, title: str, *body: str) -> str:
+        return f'<section id="{sid}"><h2>{title}</h2>{"".join(body)}</section>'
 
+    f = figures
     names = " vs ".join(escape(v.label) for v in views)
-    parts = [
-        f"<header><h1>memra-obs report</h1><p class=meta>{names}<br>generated "
-        f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} by memra_obs {__version__}</p></header><nav>"
-        + "".join(f'<a href="#{s}">{s}</a>' for s in SECTIONS if s != "ab" or ab)
-        + "</nav>"
-    ]
-    if ab:
-        parts.append(sec("ab", "A/B: B against A", _ab_table(ab)))
-    parts.append(sec("totals", "Totals and what they cover", _totals_table(views)))
-    parts.append(
-        sec(
-            "round-wall",
-            "Round wall",
-            fig("wall", figures.wall_distribution) + fig("wall/index", figures.wall_by_index),
-        )
-    )
-    split = (
-        fig("verify split", figures.verify_split)
-        or "<p>No level-2 ([tag-v]) lines: trace level 1.</p>"
-    )
-    parts.append(
-        sec(
-            "phases",
-            "Phase shares",
-            fig("rounds", figures.shares_by_round)
-            + fig("bursts", figures.shares_by_burst)
-            + "<h3>Level-2 verify split</h3>"
-            + split,
-        )
-    )
-    parts.append(
-        sec(
-            "first-token",
-            "First token",
-            fig("waterfall", figures.waterfall) + fig("ttft", figures.ttft),
-        )
-    )
-    step("acceptance")
+    nav = "".join(f'<a href="#{s}">{s}</a>' for s in SECTIONS if s != "ab" or ab)
+    split = fig(f.verify_split) or "<p>No level-2 ([tag-v]) lines: trace level 1.</p>"
     cols = "".join(
         f"<div><h3>{escape(v.label)}</h3>{acceptance.section(v.run.rounds)}</div>" for v in views
     )
-    parts.append(sec("acceptance", "Acceptance (estimates)", f"<div class=cols>{cols}</div>"))
-    parts.append(sec("memory", "Free device memory", fig("memory", figures.free_memory)))
-    parts.append(sec("summaries", "[spec-prof-summary] lines", "".join(map(_summaries, views))))
-    parts.append(sec("refused", "What the parser refused", "".join(map(_refused, views))))
     notes = "".join(
         f"<p class=note>{escape(v.label)}: {escape(n)}</p>" for v in views for n in v.run.notes
     )
-    parts.append(sec("notes", "What each number covers", NOTES + notes))
+    parts = [
+        f"<header><h1>memra-obs report</h1><p class=meta>{names}<br>generated "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} by memra_obs {__version__}</p></header><nav>{nav}</nav>",
+        sec("ab", "A/B: B against A", _ab_table(ab)) if ab else "",
+        sec("totals", "Totals and what they cover", _totals_table(views)),
+        sec("round-wall", "Round wall", fig(f.wall_distribution), fig(f.wall_by_index)),
+        sec("phases", "Phase shares", fig(f.shares_by_round), fig(f.shares_by_burst),
+            "<h3>Level-2 verify split</h3>", split),
+        sec("first-token", "First token", fig(f.waterfall), fig(f.ttft)),
+        sec("acceptance", "Acceptance (estimates)", f"<div class=cols>{cols}</div>"),
+        sec("memory", "Free device memory", fig(f.free_memory)),
+        sec("summaries", "[spec-prof-summary] lines", *map(_summaries, views)),
+        sec("refused", "What the parser refused", *map(_refused, views)),
+        sec("notes", "What each number covers", NOTES, notes),
+    ]  # fmt: skip
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
         'content="width=device-width,initial-scale=1"><link rel="icon" href="data:,">'

@@ -17,24 +17,16 @@ from ..events import PHASES, BurstRecord, RoundRecord
 from ..records import SpecRoundsLog, f32
 from .inputs import Run
 
-__all__ = [
-    "AB_METRICS",
-    "REL_THRESHOLD",
-    "ABRow",
-    "Rounds",
-    "View",
-    "ab_table",
-    "bootstrap",
-    "median",
-]
+__all__ = ["AB_METRICS", "REL_THRESHOLD", "ABRow", "Rounds", "View", "ab_table", "bootstrap"]
+__all__ += ["burst_ms", "median", "slow_rounds", "threshold"]
 
 #: The A/B table's rows: the round wall, then each phase (per round, ms).
 AB_METRICS = ("wall", *PHASES)
 #: A difference is flagged when its 95% CI excludes 0 and it is at least this large
-#: relative to A's median (smaller ones are real but rarely worth a sentence).
+#: relative to A's median (rounds of a session are not independent draws: see docs/REPORT.md).
 REL_THRESHOLD = 0.02
-#: The bootstrap: resamples, values drawn from per run (a fixed-seed subsample beyond it:
-#: a wider, never narrower, interval), seed.
+#: The bootstrap: resamples, values drawn from per run (past it, a fixed-seed subsample: a
+#: wider interval, never a narrower one), seed.
 N_BOOT, CAP, SEED = 1000, 20_000, 0
 
 
@@ -53,9 +45,9 @@ class Rounds:
         t = t.reshape(n, 6)
         self.phase_ms = np.diff(t, axis=1) / 1e6
         self.wall_ms = (t[:, 5] - t[:, 0]) / 1e6
-        self.index = np.fromiter((r.index for r in rounds), np.int64, n)
-        self.k = np.fromiter((r.k for r in rounds), np.int64, n)
-        self.j = np.fromiter((r.j for r in rounds), np.int64, n)
+        self.index, self.k, self.j = (
+            np.fromiter((getattr(r, a) for r in rounds), np.int64, n) for a in ("index", "k", "j")
+        )
         self.own = self.k >= 0
 
     def metric(self, name: str) -> np.ndarray:
@@ -73,24 +65,13 @@ class View:
     cols: Rounds
 
 
-def burst_means(bursts: list[BurstRecord], name: str) -> np.ndarray:
-    """One value per burst: its per-round mean ms of ``name`` (logs without rows)."""
-    i = None if name == "wall" else PHASES.index(name)
-    vals = [
-        (b.phases.total() if i is None else _phase_ns(b)[i]) / 1e6 / b.phases.rounds
+def burst_ms(bursts: list[BurstRecord]) -> np.ndarray:
+    """Each burst's phase totals, ms, one row a burst (the phase line's numbers)."""
+    p = [
+        (b.phases.draft, b.phases.verify, b.phases.accept, b.phases.roll, b.phases.maint)
         for b in bursts
-        if b.phases.rounds
     ]
-    return np.asarray(vals, dtype=float)
-
-
-def _phase_ns(b: BurstRecord) -> tuple[int, int, int, int, int]:
-    p = b.phases
-    return (p.draft, p.verify, p.accept, p.roll, p.maint)
-
-
-def phase_totals(b: BurstRecord) -> np.ndarray:
-    return np.asarray(_phase_ns(b), dtype=float)
+    return np.array(p, dtype=float).reshape(-1, 5) / 1e6
 
 
 def slow_rounds(run: Run) -> list[int]:
@@ -99,8 +80,8 @@ def slow_rounds(run: Run) -> list[int]:
 
 
 def threshold(walls_ms: np.ndarray) -> tuple[float, float, int]:
-    """Median, the seed's threshold ``f32(1.5 * median)`` and how many walls pass it, with
-    the walls taken as the f32 the seed stores."""
+    """Median, the seed's threshold ``f32(1.5 * median)`` and how many walls pass it, the
+    walls taken as the f32 the seed stores."""
     w = walls_ms.astype(np.float32)
     med = median(w)
     thr = f32(1.5 * med)
@@ -109,23 +90,25 @@ def threshold(walls_ms: np.ndarray) -> tuple[float, float, int]:
 
 def bootstrap(a: np.ndarray, b: np.ndarray, seed: int = SEED) -> tuple[float, float, float]:
     """``median(b) - median(a)`` and its 95% percentile-bootstrap interval (A and B resampled
-    independently; at most CAP values each, the rest a fixed-seed subsample)."""
+    independently, N_BOOT times, from at most CAP values each)."""
     rng = np.random.default_rng(seed)
     diff = median(b) - median(a)
     a, b = (x if len(x) <= CAP else rng.choice(x, CAP, replace=False) for x in (a, b))
     out = np.empty(N_BOOT)
-    step = max(1, 2_000_000 // max(len(a), len(b)))
+    step = max(1, 2_000_000 // max(len(a), len(b)))  # resamples at once: ~16 MB of indices
     for i in range(0, N_BOOT, step):
         m = min(step, N_BOOT - i)
-        ma = np.partition(a[rng.integers(0, len(a), (m, len(a)))], len(a) // 2, axis=1)
-        mb = np.partition(b[rng.integers(0, len(b), (m, len(b)))], len(b) // 2, axis=1)
-        out[i : i + m] = mb[:, len(b) // 2] - ma[:, len(a) // 2]
+        ma, mb = (np.partition(x[rng.integers(0, len(x), (m, len(x)))], len(x) // 2, axis=1)
+                  [:, len(x) // 2] for x in (a, b))  # fmt: skip
+        out[i : i + m] = mb - ma
     lo, hi = np.quantile(out, [0.025, 0.975])
     return diff, float(lo), float(hi)
 
 
 @dataclass(frozen=True)
 class ABRow:
+    """One row of the A/B table: B - A of a per-round median, with its interval."""
+
     metric: str
     med_a: float
     med_b: float
@@ -145,18 +128,23 @@ class ABRow:
         return (self.lo > 0 or self.hi < 0) and abs(self.rel) >= REL_THRESHOLD
 
 
-def ab_table(a: Run, b: Run, ra: Rounds, rb: Rounds) -> list[ABRow]:
-    """Per metric: medians, the difference B - A and its bootstrap CI. Population: rounds
-    with their own measurement when both runs have some, else one per-round mean a burst."""
-    own = bool(ra.own.sum() and rb.own.sum())
+def ab_table(a: View, b: View) -> list[ABRow]:
+    """Per metric: the medians, B - A and its bootstrap CI. Population: the rounds with their
+    own measurement when both runs have some, else one per-round mean a burst."""
+    own = bool(a.cols.own.any() and b.cols.own.any())
     rows = []
-    for m in AB_METRICS:
+    for i, m in enumerate(AB_METRICS):
         if own:
-            xa, xb, pop = ra.metric(m), rb.metric(m), "rounds with their own times"
-        else:
-            xa, xb, pop = burst_means(a.bursts, m), burst_means(b.bursts, m), "burst means"
-        if not len(xa) or not len(xb):
-            continue
-        d, lo, hi = bootstrap(xa, xb)
-        rows.append(ABRow(m, median(xa), median(xb), d, lo, hi, len(xa), len(xb), pop))
+            xa, xb = a.cols.metric(m), b.cols.metric(m)
+        else:  # a trace-only log: the burst's per-round means
+            xa, xb = ((t.sum(axis=1) if i == 0 else t[:, i - 1]) for t in map(_per_round, (a, b)))
+        if len(xa) and len(xb):
+            d, lo, hi = bootstrap(xa, xb)
+            pop = "rounds with their own times" if own else "bursts' per-round means"
+            rows.append(ABRow(m, median(xa), median(xb), d, lo, hi, len(xa), len(xb), pop))
     return rows
+
+
+def _per_round(v: View) -> np.ndarray:
+    n = np.array([x.phases.rounds for x in v.run.bursts], dtype=float)
+    return burst_ms(v.run.bursts)[n > 0] / n[n > 0, None]
