@@ -324,3 +324,19 @@ def test_bench_report_runs(tmp_path, capsys):
         line.split(" ", 1)[0] for line in (tmp_path / "worker.log").read_text().splitlines()
     )
     assert kinds["[spec-prof-rounds]"] > kinds["[glm5-phase]"] > kinds["[spec-prof]"] > 0
+
+
+def test_trace_only_logs_compare_burst_means_and_an_empty_input_still_reports(tmp_path):
+    """Phase lines only (no profile, no rows): A/B falls back to one per-round mean a burst
+    and still flags a 20% verify slowdown; an empty input gives a page of empty sections."""
+    a, b, e = tmp_path / "a.log", tmp_path / "b.log", tmp_path / "empty.log"
+    for path, kw in ((a, {"seed": 4}), (b, {"seed": 5, "verify_scale": 1.2})):
+        lines = bench_report.worker_log(80, **kw)  # type: ignore[arg-type]
+        path.write_text("\n".join(x for x in lines if x.startswith("[glm5-phase")) + "\n")
+    e.write_text("")
+    html = report(a, b, out=tmp_path / "ab.html")
+    flags = dict(re.findall(r'data-ab="(\w+)" data-flag="(\d)"', html))
+    assert flags["verify"] == "1" and flags["draft"] == "0"
+    assert "bursts' per-round means" in html and keys(html)["rounds_own"] == ["0", "0"]
+    k = keys(report(e, out=tmp_path / "empty.html"))
+    assert k["sessions"] == ["0"] and k["lines"] == ["0"]

@@ -42,7 +42,8 @@ def _img(fig: Figure, alt: str, fmt: str) -> str:
 
 def per_run(views: Sequence[View], draw: Draw, alt: str, cap: str, ylabel: str, *, fmt: str = "svg",
             h: float = 2.8, sharey: bool = True, legend: str = "") -> str:  # fmt: skip
-    """One panel per run, ``draw`` on each; ``legend="right"``: one legend, right of the last."""
+    """One panel per run, ``draw`` on each; ``legend``: "" one in each panel, else one for
+    all, ``"right"`` of them or ``"below"``."""
     with matplotlib.rc_context(_RC):  # type: ignore[arg-type]
         fig = Figure(
             figsize=(9.6 if len(views) == 1 else 5.2 * len(views), h), layout="constrained"
@@ -58,13 +59,12 @@ def per_run(views: Sequence[View], draw: Draw, alt: str, cap: str, ylabel: str, 
             elif not legend:
                 ax.legend(loc="upper right", markerscale=3)
         axes[0].set_ylabel(ylabel)
-        if legend == "right":
-            axes[-1].legend(loc="upper left", bbox_to_anchor=(1, 1), fontsize=7.5)
-        elif legend == "below":
-            hs = {
-                lb: h for ax in axes for h, lb in zip(*ax.get_legend_handles_labels(), strict=True)
-            }
-            fig.legend(hs.values(), hs.keys(), loc="outside lower center", ncols=7, fontsize=7)
+        hs = {lb: h for ax in axes for h, lb in zip(*ax.get_legend_handles_labels(), strict=True)}
+        if legend and hs:  # one legend for the panels: right of them, or below
+            right = legend == "right"
+            where = "outside right upper" if right else "outside lower center"
+            fig.legend(list(hs.values()), list(hs.keys()), loc=where, ncols=1 if right else 7,  # type: ignore[call-overload]
+                       fontsize=7)  # fmt: skip
         return f"{_img(fig, alt, fmt)}<figcaption>{cap}</figcaption></figure>"
 
 
