@@ -5,7 +5,8 @@ tokens per round, throughput vs k with the recommended k: ``estimate_acceptance(
 ``advise(rounds, ...)``). Until it lands this shows the exact by-position counts the
 estimator starts from, and says that the estimates are pending. Replacing the body of
 :func:`section` is all it takes: the page calls it once per run and lays the fragments
-side by side.
+side by side. A figure: draw a ``matplotlib.figure.Figure`` and return
+``figures.inline(fig, alt, caption)`` (matplotlib is importable here: the report needs it).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from ..events import PHASES
 from .stats import View, burst_ms, median, threshold
 
-__all__ = ["free_memory", "per_run", "shares_by_burst", "shares_by_round", "ttft"]
+__all__ = ["free_memory", "inline", "per_run", "shares_by_burst", "shares_by_round", "ttft"]
 __all__ += ["verify_split", "wall_by_index", "wall_distribution", "waterfall"]
 
 COLORS = dict(zip(PHASES, ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2"), strict=True))
@@ -32,12 +32,15 @@ _RC = {"font.size": 8.5, "svg.fonttype": "none", "svg.hashsalt": "memra-obs", "a
 Draw = Callable[[Axes, View], "str | None"]
 
 
-def _img(fig: Figure, alt: str, fmt: str) -> str:
+def inline(fig: Figure, alt: str, caption: str, fmt: str = "svg") -> str:
+    """A figure as the page's ``<figure>``: the image inline (a data URI), then its caption.
+    Any section (the acceptance one too) hands its own matplotlib Figure here."""
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt, dpi=100, metadata={"Date": None} if fmt == "svg" else {})
     data = base64.b64encode(buf.getvalue()).decode()
     mime = "image/svg+xml" if fmt == "svg" else "image/png"
-    return f'<figure><img alt="{escape(alt)}" src="data:{mime};base64,{data}">'
+    return (f'<figure><img alt="{escape(alt)}" src="data:{mime};base64,{data}">'
+            f"<figcaption>{caption}</figcaption></figure>")  # fmt: skip
 
 
 def per_run(views: Sequence[View], draw: Draw, alt: str, cap: str, ylabel: str, *, fmt: str = "svg",
@@ -65,7 +68,7 @@ def per_run(views: Sequence[View], draw: Draw, alt: str, cap: str, ylabel: str, 
             where = "outside right upper" if right else "outside lower center"
             fig.legend(list(hs.values()), list(hs.keys()), loc=where, ncols=1 if right else 7,  # type: ignore[call-overload]
                        fontsize=7)  # fmt: skip
-        return f"{_img(fig, alt, fmt)}<figcaption>{cap}</figcaption></figure>"
+        return inline(fig, alt, cap, fmt)
 
 
 def _wall_hist(ax: Axes, v: View, edges: np.ndarray) -> str | None:
@@ -185,7 +188,7 @@ def verify_split(views: Sequence[View]) -> str | None:
         ax.set_xlabel("verify, per-round mean ms")
         ax.legend(loc="upper left", bbox_to_anchor=(1, 1), fontsize=7.5)
         cap = "Level-2 verify sub-split over the bursts that printed it (vrest = verify - vkda - vmla)."
-        return f"{_img(fig, 'verify split', 'svg')}<figcaption>{cap}</figcaption></figure>"
+        return inline(fig, "verify split", cap)
 
 
 #: First-token fields that are shares inside a bucket (not additive to it), by bucket.
