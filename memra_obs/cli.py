@@ -3,6 +3,7 @@
     memra-obs demo [--duration SECONDS | --requests N] [--gpu]   simulated worker, all sinks on
     memra-obs tail [--follow] FILE|-                             legacy stderr -> metrics and spans
     memra-obs agent                                              per-host publisher (agent mode)
+    memra-obs report INPUT... [-o report.html]                   one HTML page; two inputs = A/B
 
 Imports everything; nothing imports it.
 """
@@ -71,6 +72,11 @@ def _parser() -> argparse.ArgumentParser:
 
     add_options(t)
 
+    r = sub.add_parser("report", help="one self-contained HTML page from a log or span file")
+    from .report.main import add_options as report_options
+
+    report_options(r)
+
     # The agent parses its own options (memra-obs agent --help).
     sub.add_parser("agent", add_help=False, help="publish every local worker's ring (agent mode)")
     return p
@@ -87,6 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .tail import main as tail_main
 
             return tail_main(args, rest)
+        if args.command == "report":
+            if rest:
+                _parser().error(f"unrecognized arguments: {' '.join(rest)}")
+            from .report.main import main as report_main
+
+            return report_main(args)
         if args.command == "agent":
             from .agent import main as agent_main
 

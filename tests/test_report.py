@@ -1,0 +1,342 @@
+"""memra-obs report: the page's numbers are the package's own (parser, Rebuilder, seed rule),
+a span file gives the records a log gives, A/B flags what changed and only that."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from memra_obs.legacy import FirstTokenLine, RoundsLine, SummaryLine, parse_line
+from memra_obs.report.inputs import read
+from memra_obs.report.main import Progress
+from memra_obs.report.stats import bootstrap, median, slow_rounds
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import bench_report  # noqa: E402
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_", "OTEL_"))}
+    return {**env, **extra}
+
+
+def demo(tmp: Path, name: str, *args: str, **env: str) -> tuple[Path, Path]:
+    """A demo run's stderr log and span file (no /metrics served)."""
+    log, spans = tmp / f"{name}.log", tmp / f"{name}.jsonl"
+    cmd = [sys.executable, "-m", "memra_obs.cli", "demo", *args]
+    e = _env(MEMRA_OBS_METRICS_ADDR="", MEMRA_OBS_SPANS_FILE=str(spans), **env)
+    with open(log, "wb") as f:
+        p = subprocess.run(cmd, stderr=f, stdout=subprocess.DEVNULL, env=e, cwd=tmp, timeout=120)
+    assert p.returncode == 0, log.read_text()[-2000:]
+    return log, spans
+
+
+def report(*inputs: Path | str, out: Path, stdin: bytes | None = None) -> str:
+    cmd = [sys.executable, "-m", "memra_obs.cli", "report", *map(str, inputs), "-o", str(out)]
+    p = subprocess.run(cmd, input=stdin, capture_output=True, env=_env(), timeout=300)
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    return out.read_text()
+
+
+def keys(html: str) -> dict[str, list[str]]:
+    """The page's ``data-key`` cells: key -> values, one per run column."""
+    out: dict[str, list[str]] = {}
+    for k, v in re.findall(r'data-key="([\w]+)">([^<]*)<', html):
+        out.setdefault(k, []).append(v)
+    return out
+
+
+def legacy(path: Path) -> list:
+    recs = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            r = parse_line(line)
+        except ValueError:
+            continue
+        if r is not None:
+            recs.append(r)
+    return recs
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two demo runs: the default span cap, and a cap of 16 rounds a session."""
+    tmp = tmp_path_factory.mktemp("report")
+    log, spans = demo(tmp, "demo", "--requests", "8", "--seed", "11", "--speed", "0.2")
+    clog, cspans = demo(tmp, "capped", "--requests", "4", "--seed", "12", "--speed", "0.2",
+                        MEMRA_OBS_ROUND_SPANS="16")  # fmt: skip
+    return {"tmp": tmp, "log": log, "spans": spans, "clog": clog, "cspans": cspans}
+
+
+def test_a_span_file_gives_the_records_its_log_gives(runs):
+    """Same demo run, both inputs: sessions, bursts, rounds, profiles and burst totals agree;
+    the round logs rebuilt from the spans summarize to the very lines the worker printed."""
+    a, b = read(str(runs["log"])), read(str(runs["spans"]))
+    assert (a.kind, b.kind) == ("log", "spans")
+    assert len(a.sessions) == len(b.sessions) == 8
+    assert len(a.rounds) == len(b.rounds) and len(a.bursts) == len(b.bursts)
+    assert [f.prof for f in a.first_tokens] == [f.prof for f in b.first_tokens]
+    for x, y in zip(a.bursts, b.bursts, strict=True):  # a log: the line's 0.01 ms precision
+        assert x.phases.rounds == y.phases.rounds and x.k == y.k
+        assert abs(x.phases.total() - y.phases.total()) <= 10_000
+    printed = [r.line() for r in legacy(runs["log"]) if isinstance(r, SummaryLine)]
+    assert [g.summary.line() for g in a.logs] == printed  # type: ignore[union-attr]
+    assert [g.summary.line() for g in b.logs] == printed  # type: ignore[union-attr]
+    assert not a.refused and not a.unplaced and not b.refused
+
+
+def test_slow_rounds_are_counted_as_the_summary_counts_them(runs):
+    """Per session, the seed's rule over the rows equals each printed summary's count, for
+    the demo and for a long synthetic log (thousands of sessions)."""
+    syn = runs["tmp"] / "syn.log"
+    syn.write_text("\n".join(bench_report.worker_log(300, seed=5)) + "\n")
+    for path in (runs["log"], syn):
+        run = read(str(path))
+        want = [r.slow_rounds for r in legacy(path) if isinstance(r, SummaryLine)]
+        assert slow_rounds(run) == want and sum(want) > 0
+
+
+def test_the_page_table_matches_the_lines(runs):
+    """Totals on the page against counts taken straight from the log's lines."""
+    html = report(runs["log"], out=runs["tmp"] / "one.html")
+    k = keys(html)
+    recs = legacy(runs["log"])
+    summaries = [r for r in recs if isinstance(r, SummaryLine)]
+    assert k["summaries"] == [str(len(summaries))]
+    assert (
+        k["slow_rounds"] == k["slow_rounds_printed"] == [str(sum(s.slow_rounds for s in summaries))]
+    )
+    assert k["rounds_own"] == [str(sum(isinstance(r, RoundsLine) for r in recs))]
+    assert k["ttft_n"] == [str(sum(isinstance(r, FirstTokenLine) for r in recs))]
+    assert k["drafted"] == [str(sum(r.prof.k for r in recs if isinstance(r, RoundsLine)))]
+    assert k["refused"] == ["0"]
+
+
+def _sample_sum(text: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(a) == b for a, b in labels.items()):
+                total += s.value
+    return total
+
+
+@pytest.mark.integration
+def test_the_page_table_matches_the_tails_metrics(runs):
+    """``memra-obs tail -`` fed the same log, its /metrics scraped over HTTP: rounds (and by
+    source), tokens, seq_rows, first-token profiles, sessions, lines by kind agree."""
+    k = keys(report(runs["log"], out=runs["tmp"] / "tail.html"))
+    data = runs["log"].read_bytes()
+    err = runs["tmp"] / "tail.err"
+    with open(err, "wb") as ferr:
+        env = _env(MEMRA_OBS_SINKS="prometheus", MEMRA_OBS_METRICS_ADDR="127.0.0.1:0")
+        tail = subprocess.Popen(
+            [sys.executable, "-m", "memra_obs.cli", "tail", "-", "--worker", "w", "--linger", "0.1",
+             "--session-gap", "0.2"], stdin=subprocess.PIPE, stderr=ferr, env=env)  # fmt: skip
+        try:
+            assert tail.stdin is not None
+            tail.stdin.write(data)
+            tail.stdin.flush()
+            deadline = time.monotonic() + 60
+            text = ""
+            while time.monotonic() < deadline:
+                m = re.search(rb"/metrics on (\S+)", err.read_bytes())
+                if m:
+                    text = urllib.request.urlopen(m.group(1).decode(), timeout=5).read().decode()
+                    lines = _sample_sum(text, "memra_obs_tail_lines_total")
+                    done = _sample_sum(text, "memra_obs_tail_sessions_total") == int(
+                        k["sessions"][0]
+                    )
+                    if lines == data.count(b"\n") and done:
+                        break
+                time.sleep(0.3)
+            time.sleep(0.5)  # the last burst's linger and session gap
+            text = urllib.request.urlopen(m.group(1).decode(), timeout=5).read().decode()  # type: ignore[union-attr]
+        finally:
+            tail.stdin.close()  # type: ignore[union-attr]
+            tail.wait(30)
+    assert _sample_sum(text, "memra_spec_rounds_total") == int(k["rounds"][0])
+    assert _sample_sum(text, "memra_obs_tail_rounds_total", source="row") == int(k["rounds_own"][0])
+    assert _sample_sum(text, "memra_obs_tail_rounds_total", source="burst_mean") == int(
+        k["rounds_means"][0]
+    )
+    assert _sample_sum(text, "memra_spec_drafted_tokens_total") == int(k["drafted"][0])
+    assert _sample_sum(text, "memra_spec_accepted_tokens_total") == int(k["accepted"][0])
+    assert _sample_sum(text, "memra_spec_verify_seq_rows_total") == int(k["seq_rows"][0])
+    assert _sample_sum(text, "memra_spec_first_token_seconds_count") == int(k["ttft_n"][0])
+    assert _sample_sum(text, "memra_obs_tail_sessions_total") == int(k["sessions"][0])
+    for kind in ("phase", "verify", "prof", "prof_rounds", "prof_summary"):
+        assert _sample_sum(text, "memra_obs_tail_lines_total", kind=kind) == int(
+            k[f"lines_{kind}"][0]
+        )
+    assert _sample_sum(text, "memra_obs_tail_orphan_lines_total") == int(k["unplaced"][0])
+
+
+def _ab(tmp: Path, a: dict, b: dict) -> dict[str, str]:
+    pa, pb = tmp / "a.log", tmp / "b.log"
+    pa.write_text("\n".join(bench_report.worker_log(120, **a)) + "\n")
+    pb.write_text("\n".join(bench_report.worker_log(120, **b)) + "\n")
+    html = report(pa, pb, out=tmp / "ab.html")
+    return dict(re.findall(r'data-ab="(\w+)" data-flag="(\d)"', html))
+
+
+def test_ab_flags_a_planted_verify_regression(tmp_path):
+    """B's verify 10% slower (other phases drawn alike): verify and the wall are flagged,
+    draft, accept, rollback and maint are not; the page says by how much."""
+    flags = _ab(tmp_path, {"seed": 1}, {"seed": 2, "verify_scale": 1.10})
+    assert flags == {
+        "wall": "1",
+        "draft": "0",
+        "verify": "1",
+        "accept": "0",
+        "rollback": "0",
+        "maint": "0",
+    }
+    html = (tmp_path / "ab.html").read_text()
+    rel = re.search(r'data-ab="verify".*?B slower by ([\d.]+)%', html)
+    assert rel is not None and 8.0 < float(rel.group(1)) < 12.0
+
+
+def test_ab_two_runs_of_one_configuration_are_not_flagged(tmp_path):
+    """Same configuration, different seeds: nothing is flagged."""
+    assert set(_ab(tmp_path, {"seed": 1}, {"seed": 3}).values()) == {"0"}
+
+
+def test_rounds_past_the_span_cap_are_rebuilt_and_said(runs):
+    """With 16 round spans a session, the rounds past it come from the burst totals: the
+    round count and every burst's phase sums still equal the log's; the page says so."""
+    a, b = read(str(runs["clog"])), read(str(runs["cspans"]))
+    assert b.unsampled > 0 and len(b.rounds) == len(a.rounds)
+    assert sum(r.k < 0 for r in b.rounds) == b.unsampled
+    for x in b.bursts:
+        mine = [r for r in b.rounds if r.session == x.session and r.burst == x.index]
+        assert len(mine) == x.phases.rounds
+        assert abs(sum(r.phase_ns()[1] for r in mine) - x.phases.verify) < len(mine)
+    html = report(runs["cspans"], out=runs["tmp"] / "capped.html")
+    assert f"{b.unsampled} of {len(b.rounds)} rounds were past the span cap" in html
+    assert keys(html)["round_logs"] == ["0"]  # 16 < 64: the summaries' rows are not in the file
+
+
+def test_refused_lines_are_listed_by_number(tmp_path):
+    """Truncated and non-UTF-8 tagged lines: refused with their line number and reason, the
+    rest of the log still reported."""
+    good = [x.encode() for x in bench_report.worker_log(3, seed=9)]
+    bad = [*good[:5], good[0][:50], b"[spec-prof-rounds] row=0 wall_ms=\xe9\xe9", *good[5:]]
+    path = tmp_path / "bad.log"
+    path.write_bytes(b"\n".join(bad) + b"\n")
+    run = read(str(path))
+    assert [n for n, _, _ in run.refused] == [6, 7]
+    assert "phase line truncated" in run.refused[0][1]
+    html = report(path, out=tmp_path / "bad.html")
+    assert keys(html)["refused"] == ["2"] and "phase line truncated or malformed" in html
+
+
+def test_standard_input_is_read(runs):
+    """``-`` reads the log from standard input."""
+    html = report("-", out=runs["tmp"] / "stdin.html", stdin=runs["log"].read_bytes())
+    assert keys(html)["sessions"] == ["8"] and "stdin" in html
+
+
+def test_page_is_self_contained_and_small(runs):
+    """No script, no URL but data: and in-page anchors, under 5 MB; every section there."""
+    html = report(runs["log"], runs["spans"], out=runs["tmp"] / "ab2.html")
+    assert "<script" not in html
+    assert not [
+        u for u in re.findall(r'(?:src|href)="([^"]*)"', html) if not u.startswith(("data:", "#"))
+    ]
+    assert len(html.encode()) < 5e6
+    from memra_obs.report.page import SECTIONS
+
+    for s in SECTIONS:
+        assert f'<section id="{s}">' in html
+
+
+def test_without_matplotlib_it_says_what_to_install(tmp_path):
+    """matplotlib missing: exit 2, one line naming the extra."""
+    code = ("import sys; sys.modules['matplotlib'] = None; from memra_obs.cli import main; "
+            f"sys.exit(main(['report', {str(tmp_path / 'x.log')!r}]))")  # fmt: skip
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "memra-obs report needs matplotlib: pip install 'memra_obs[report]'"
+    ]
+
+
+def test_the_core_package_does_not_import_matplotlib():
+    """Importing memra_obs, its CLI and the report package leaves matplotlib and numpy out."""
+    code = ("import sys, memra_obs, memra_obs.cli, memra_obs.report, memra_obs.report.main; "
+            "print('matplotlib' in sys.modules, 'numpy' in sys.modules)")  # fmt: skip
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
+    assert p.stdout.split() == ["False", "False"], p.stderr
+
+
+def test_an_unreadable_input_exits_2(tmp_path):
+    """A missing file: exit 2 with the file's name, no page written."""
+    p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "report", str(tmp_path / "nope"),
+                        "-o", str(tmp_path / "r.html")], capture_output=True, text=True, env=_env())  # fmt: skip
+    assert p.returncode == 2 and "nope" in p.stderr and not (tmp_path / "r.html").exists()
+
+
+def test_median_and_bootstrap():
+    """The seed's median (sorted[n/2]); the bootstrap is repeatable and brackets a shift."""
+    import numpy as np
+
+    assert median(np.array([3.0, 1.0, 2.0, 4.0])) == 3.0
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(10, 1, 4000), rng.normal(10.5, 1, 4000)
+    d, lo, hi = bootstrap(a, b)
+    assert (d, lo, hi) == bootstrap(a, b) and lo < 0.5 < hi and lo > 0
+    d, lo, hi = bootstrap(a, rng.normal(10, 1, 4000))
+    assert lo < 0 < hi
+
+
+def test_progress_bar_for_large_inputs():
+    """Large or unknown-size inputs get a bar; small ones do not."""
+    out = io.StringIO()
+    bar = Progress(True, out)
+    bar.reading("small.log")(1000, 2000)  # type: ignore[operator]
+    assert out.getvalue() == ""
+    bar.reading("big.log")(50 << 20, 100 << 20)  # type: ignore[operator]
+    assert "big.log |###############" in out.getvalue() and "52/105 MB" in out.getvalue()
+
+
+def test_bench_report_runs(tmp_path, capsys):
+    """bench/bench_report.py end to end on a small log (the figure is not judged here)."""
+    assert bench_report.main(["--lines", "20000", "--keep", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "memra-obs report:" in out and "load average" in out
+    kinds = Counter(
+        line.split(" ", 1)[0] for line in (tmp_path / "worker.log").read_text().splitlines()
+    )
+    assert kinds["[spec-prof-rounds]"] > kinds["[glm5-phase]"] > kinds["[spec-prof]"] > 0
+
+
+def test_trace_only_logs_compare_burst_means_and_an_empty_input_still_reports(tmp_path):
+    """Phase lines only (no profile, no rows): A/B falls back to one per-round mean a burst
+    and still flags a 20% verify slowdown; an empty input gives a page of empty sections."""
+    a, b, e = tmp_path / "a.log", tmp_path / "b.log", tmp_path / "empty.log"
+    for path, kw in ((a, {"seed": 4}), (b, {"seed": 5, "verify_scale": 1.2})):
+        lines = bench_report.worker_log(80, **kw)  # type: ignore[arg-type]
+        path.write_text("\n".join(x for x in lines if x.startswith("[glm5-phase")) + "\n")
+    e.write_text("")
+    html = report(a, b, out=tmp_path / "ab.html")
+    flags = dict(re.findall(r'data-ab="(\w+)" data-flag="(\d)"', html))
+    assert flags["verify"] == "1" and flags["draft"] == "0"
+    assert "bursts' per-round means" in html and keys(html)["rounds_own"] == ["0", "0"]
+    k = keys(report(e, out=tmp_path / "empty.html"))
+    assert k["sessions"] == ["0"] and k["lines"] == ["0"]
