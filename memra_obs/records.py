@@ -445,6 +445,15 @@ def round_prof(
     return SpecRoundProf(wall_ms, draft_ms, verify_ms, accept_ms, rest_ms, k, j, ctx, seq_rows)
 
 
+def round_prof_from_ns(
+    wall: int, draft: int, verify: int, accept: int, rest: int, k: int, j: int, ctx: int, seq: int
+) -> SpecRoundProf:
+    """:func:`round_prof` from nanosecond phase lengths (``ns / 1e6``, as the loop measures)."""
+    return round_prof(
+        wall / 1e6, draft / 1e6, verify / 1e6, accept / 1e6, rest / 1e6, k, j, ctx, seq
+    )
+
+
 # ---------------------------------------------------------------------------- round log
 
 

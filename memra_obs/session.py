@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 from .clock import ProfClock, Stream, now_ns
 from .diagnostics import say_once
 from .fanout import Fanout, fan
-from .records import SPEC_PROF_ROUNDS, SpecFirstTokenProf, SpecPhaseNs, SpecRoundsLog, round_prof
+from .records import (
+    SPEC_PROF_ROUNDS,
+    SpecFirstTokenProf,
+    SpecPhaseNs,
+    SpecRoundsLog,
+    round_prof_from_ns,
+)
 from .timeline import (
     BurstRecord,
     FirstTokenRecord,
@@ -471,10 +477,9 @@ class Burst:
                 s.prof.first_round_tokens = j + 1  # type: ignore[union-attr]
             if len(log.rounds) < SPEC_PROF_ROUNDS:
                 try:
-                    row = round_prof(
-                        _ms(t5 - t0), _ms(t1 - t0), _ms(t2 - t1), _ms(t3 - t2), _ms(t5 - t3),
-                        k, j, ctx, seq_rows,
-                    )  # fmt: skip
+                    row = round_prof_from_ns(
+                        t5 - t0, t1 - t0, t2 - t1, t3 - t2, t5 - t3, k, j, ctx, seq_rows
+                    )
                     log.rounds.append(row)
                 except (TypeError, ValueError) as exc:
                     say_once("roundprof", f"round log row refused: {exc}")

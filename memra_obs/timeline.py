@@ -25,6 +25,7 @@ __all__ = [
     "RoundRecord",
     "SessionEndRecord",
     "SessionRecord",
+    "each_round",
     "to_epoch_ns",
 ]
 
@@ -157,6 +158,17 @@ Record = (
     | ProfSummaryRecord
     | SessionEndRecord
 )
+
+
+def each_round(r: RoundRecord) -> list[RoundRecord]:
+    """A record's rounds one by one (``repeat`` > 1: a run of equal rounds, back to back)."""
+    if r.repeat == 1:
+        return [r]
+    t, w = r.t_ns_mono, r.wall_ns
+    return [
+        r._replace(index=r.index + i, t_ns_mono=tuple(x + i * w for x in t), repeat=1)
+        for i in range(r.repeat)
+    ]
 
 
 def to_epoch_ns(s: SessionRecord, ns_mono: int) -> int:

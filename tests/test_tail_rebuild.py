@@ -21,6 +21,7 @@ from memra_obs.timeline import (
     RoundRecord,
     SessionEndRecord,
     SessionRecord,
+    each_round,
 )
 
 MS = 1_000_000
@@ -105,12 +106,7 @@ def of(records: list[Any], kind: type) -> list[Any]:
     return [r for r in records if type(r) is kind]
 
 
-def _each(r: RoundRecord) -> list[RoundRecord]:
-    t, w = r.t_ns_mono, r.wall_ns
-    return [
-        r._replace(index=r.index + i, t_ns_mono=tuple(x + i * w for x in t), repeat=1)
-        for i in range(r.repeat)
-    ]
+_each = each_round
 
 
 def test_profiled_stream_rebuilds_sessions_bursts_and_exact_rows(fake_clock):

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..events import RoundRecord
+from ..timeline import RoundRecord
 
 __all__ = ["section"]
 

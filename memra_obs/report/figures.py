@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ..events import PHASES
+from ..timeline import PHASES
 from .stats import View, burst_ms, median, threshold
 
 __all__ = ["free_memory", "inline", "per_run", "shares_by_burst", "shares_by_round", "ttft"]

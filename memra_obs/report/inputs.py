@@ -16,41 +16,30 @@ import random
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, fields
-from typing import Any, BinaryIO
+from dataclasses import dataclass, field
+from typing import BinaryIO
 
-from ..events import (
+from ..legacy import (
+    LegacyLine,
+    LegacyParseError,
+    RoundsLine,
+    SummaryLine,
+    parse_line,
+)
+from ..records import SpecRoundProf
+from ..timeline import (
     BurstRecord,
     FirstTokenRecord,
     Record,
     RoundRecord,
     SessionEndRecord,
     SessionRecord,
+    each_round,
 )
-from ..legacy import (
-    FirstTokenLine,
-    LegacyLine,
-    LegacyParseError,
-    OverrideLine,
-    PhaseLine,
-    RoundsLine,
-    SummaryLine,
-    VerifyLine,
-    parse_line,
-)
-from ..records import SpecRoundProf
 
 __all__ = ["RoundLog", "Run", "read", "rebuild"]
 
 CHUNK = 1 << 22
-_KIND = {
-    PhaseLine: "phase",
-    VerifyLine: "verify",
-    FirstTokenLine: "prof",
-    RoundsLine: "prof_rounds",
-    SummaryLine: "prof_summary",
-    OverrideLine: "override",
-}
 
 
 @dataclass
@@ -149,7 +138,7 @@ def _read_log(lines: Iterable[str], run: Run) -> None:
                 continue
             if rec is None:
                 continue
-            run.kinds[_KIND[type(rec)]] += 1
+            run.kinds[rec.kind] += 1
             # The round logs as the worker kept them: row 0 opens a session's log, its
             # summary closes it (concurrent sessions interleave: see docs/REPORT.md).
             if isinstance(rec, RoundsLine):
@@ -166,46 +155,30 @@ def _read_log(lines: Iterable[str], run: Run) -> None:
         run.lines = n
 
     records, run.unplaced = rebuild(parsed())
+    into = {SessionRecord: run.sessions, BurstRecord: run.bursts,
+            FirstTokenRecord: run.first_tokens, SessionEndRecord: run.ends}  # fmt: skip
     for r in records:
-        {SessionRecord: run.sessions, RoundRecord: run.rounds, BurstRecord: run.bursts,
-         FirstTokenRecord: run.first_tokens, SessionEndRecord: run.ends}[type(r)].append(r)  # type: ignore[attr-defined]  # fmt: skip
+        if type(r) is RoundRecord:
+            run.rounds.extend(each_round(r))  # type: ignore[arg-type]
+        else:
+            into[type(r)].append(r)  # type: ignore[index]
 
 
 def rebuild(lines: Iterable[tuple[int, LegacyLine]]) -> tuple[list[Record], list[tuple[int, str]]]:
     """Parsed legacy lines ``(line number, record)`` -> the observer's records as the tail
     rebuilds them, and ``(line number, why)`` for each line it could not place.
 
-    The only use of :class:`memra_obs.tail.rebuild.Rebuilder` in the report. It takes the
-    parser's scanned tuples today, so each record is put back into that shape here. Line
-    numbers stand in for arrival stamps (1 ns apart): as when the tail reads a finished log,
-    bursts lie back to back and no session ends by silence.
+    The only use of :class:`memra_obs.tail.rebuild.Rebuilder` in the report. Line numbers
+    stand in for arrival stamps (1 ns apart): as when the tail reads a finished log, bursts
+    lie back to back and no session ends by silence.
     """
-    from ..legacy import OVERRIDE, PHASE, PROF, PROF_ROUNDS, PROF_SUMMARY, VERIFY
     from ..tail.rebuild import Rebuilder
 
-    kinds = {
-        PhaseLine: PHASE,
-        VerifyLine: VERIFY,
-        SummaryLine: PROF_SUMMARY,
-        OverrideLine: OVERRIDE,
-    }
-    names = {t: [f.name for f in fields(t) if f.name != "tag"] for t in kinds}
     rb = Rebuilder("report", rng=random.Random(0), epoch_ns=lambda: 0, mono_ns=lambda: 0)
     out: list[Record] = []
     unplaced: list[tuple[int, str]] = []
     for n, rec in lines:
-        if isinstance(rec, RoundsLine):
-            p = rec.prof
-            v: tuple[Any, ...] = (rec.row, p.wall_ms, p.draft_ms, p.verify_ms, p.accept_ms,
-                                  p.rest_ms, p.k, p.j, p.ctx, p.seq_rows)  # fmt: skip
-            why = rb.feed(PROF_ROUNDS, "spec-prof-rounds", v, n)
-        elif isinstance(rec, FirstTokenLine):
-            why = rb.feed(PROF, "spec-prof", (rec.prof,), n)
-        else:
-            v = tuple(getattr(rec, a) for a in names[type(rec)])
-            if isinstance(rec, SummaryLine) and rec.k_mean is None:
-                v = v[:1]
-            why = rb.feed(kinds[type(rec)], getattr(rec, "tag", ""), v, n)
+        why = rb.feed(rec, n)
         if why is not None:
             unplaced.append((n, why))
         if rb.problems:  # bursts refused while being laid out

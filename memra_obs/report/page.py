@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import fields
 from html import escape
 from typing import Any
 
@@ -121,7 +120,7 @@ def _ab_table(rows: Sequence[ABRow]) -> str:
     )
 
 
-_SUMMARY = [f.name for f in fields(SummaryLine)]
+_SUMMARY = list(SummaryLine._fields)
 
 
 def _summaries(v: View) -> str:

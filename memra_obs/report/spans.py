@@ -14,7 +14,6 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from ..events import BurstRecord, FirstTokenRecord, RoundRecord, SessionEndRecord, SessionRecord
 from ..legacy import SummaryLine, parse_line
 from ..records import (
     FIRST_TOKEN_FIELDS,
@@ -24,6 +23,7 @@ from ..records import (
     SpecRoundsLog,
     round_prof_from_ns,
 )
+from ..timeline import BurstRecord, FirstTokenRecord, RoundRecord, SessionEndRecord, SessionRecord
 from .inputs import RoundLog, Run
 
 __all__ = ["read_spans"]
@@ -137,7 +137,7 @@ def _burst(sid: int, b: Span, kids: dict[int, list[Span]], run: Run) -> list[Rou
             ra.get(A + "ctx", 0),
             ra.get(A + "seq_rows", 0),
         )
-        rounds.append(RoundRecord._make((sid, idx, ra.get(A + "round", 0), t, *kj, split)))
+        rounds.append(RoundRecord._make((sid, idx, ra.get(A + "round", 0), t, *kj, split, 1)))
     n = at.get(A + "rounds", len(rounds))
     own = [sum(r.phase_ns()[i] for r in rounds) for i in range(5)]
     tot = [at[a] for a in PHASE_ATTRS] if PHASE_ATTRS[0] in at else own  # unfinished: its rounds
@@ -153,7 +153,7 @@ def _burst(sid: int, b: Span, kids: dict[int, list[Span]], run: Run) -> list[Rou
         for d in per:
             ts.append(ts[-1] + d)
         run.rounds.append(
-            RoundRecord._make((sid, idx, first + n - u + i, tuple(ts), -1, -1, 0, 0, each))
+            RoundRecord._make((sid, idx, first + n - u + i, tuple(ts), -1, -1, 0, 0, each, 1))
         )
         t0 = ts[-1]
     run.unsampled += u

@@ -13,8 +13,8 @@ from itertools import chain
 
 import numpy as np
 
-from ..events import PHASES, BurstRecord, RoundRecord
 from ..records import SpecRoundsLog, f32
+from ..timeline import PHASES, BurstRecord, RoundRecord
 from .inputs import Run
 
 __all__ = ["AB_METRICS", "REL_THRESHOLD", "ABRow", "Rounds", "View", "ab_table", "bootstrap"]
