@@ -31,6 +31,7 @@ from .records import (
     SpecRoundsLog,
     VerifySplit,
 )
+from .version import __version__
 
 __all__ = [
     "SEQ_ROWS",
@@ -42,6 +43,7 @@ __all__ = [
     "SpecRoundProf",
     "SpecRoundsLog",
     "VerifySplit",
+    "__version__",
     "configure",
     "first_token_eager",
     "get_observer",
@@ -52,7 +54,6 @@ __all__ = [
     "spec_trace_on",
 ]
 
-__version__ = "0.1.0"
 
 _observer = None
 _lock = threading.Lock()

@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return report_main(args)
         if args.command == "agent":
-            from .agent import main as agent_main
+            from .agent.main import main as agent_main
 
             return agent_main(rest)
     except ConfigError as exc:

@@ -163,7 +163,7 @@ def test_the_agent_publishes_exactly_what_the_workers_did(tmp_path, procs):
     on the record stream and on the agent's Prometheus counters."""
     from prometheus_client import CollectorRegistry
 
-    from memra_obs.agent import build_agent
+    from memra_obs.agent.main import build_agent
 
     rings = tmp_path / "rings"
     reg = CollectorRegistry()

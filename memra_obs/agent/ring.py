@@ -32,8 +32,8 @@ import time
 import weakref
 from collections.abc import Mapping
 
+from ..diagnostics import say_once
 from ..environment import MEMRA_OBS_AGENT, ConfigError
-from ..linewriter import stderr_writer
 from ..sinks.base import Sink
 from ..timeline import (
     BurstRecord,
@@ -333,12 +333,11 @@ def fs_type(path: str) -> str:
 def _warn_if_on_disk(directory: str) -> None:
     kind = fs_type(directory)
     if kind and kind not in _MEMORY_FS:
-        stderr_writer().write_lines(
-            [
-                f"[memra-obs] {MEMRA_OBS_AGENT}={directory} is on {kind}, not in memory: the "
-                "kernel's writeback of the ring costs the loop page faults; use /dev/shm or a "
-                "k8s emptyDir with medium: Memory"
-            ]
+        say_once(
+            f"ring-fs:{directory}",
+            f"{MEMRA_OBS_AGENT}={directory} is on {kind}, not in memory: the kernel's writeback "
+            "of the ring costs the loop page faults; use /dev/shm or a k8s emptyDir with "
+            "medium: Memory",
         )
 
 

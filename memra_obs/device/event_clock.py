@@ -43,18 +43,14 @@ from collections.abc import Callable
 from typing import Any
 
 from ..clock import Stream, drain, now_ns
-from ..linewriter import stderr_writer
+from ..diagnostics import say_once
 from .streams import EventOps, event_ops, framework, pair, stream_device, stream_handle
 
 __all__ = ["EventClock"]
 
-_said: set[str] = set()
-
 
 def _say_once(key: str, msg: str) -> None:
-    if key not in _said:
-        _said.add(key)
-        stderr_writer().write_lines([f"[memra-obs] {msg}"])
+    say_once(f"event-clock:{key}", msg)
 
 
 #: Unsettled marks kept at most (a loop whose bursts never settle must not grow without bound).

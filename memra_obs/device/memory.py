@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from ..linewriter import stderr_writer
+from ..diagnostics import say_once
 
 __all__ = [
     "CudaQuery",
@@ -291,7 +291,7 @@ class Slot(NamedTuple):
 
 
 def _say(key: str, msg: str) -> None:
-    stderr_writer().write_lines([f"[memra-obs] {msg}"])
+    say_once(f"memory:{key}", msg)
 
 
 class FreeMemory:
@@ -300,7 +300,8 @@ class FreeMemory:
     ``nvml``: loader of a pynvml-like module (default :func:`load_pynvml`); ``cuda``: loader of
     a :class:`CudaQuery` or None (default :func:`default_cuda`); ``environ``: where
     ``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER`` are read when neither CuPy nor torch is
-    there; ``report(key, message)``: where fallbacks are said (default stderr), once per key.
+    there; ``report(key, message)``: where fallbacks are said (default: the package's
+    diagnostics, once per key).
     The ordinal -> device plan is made on the first snapshot and kept.
     """
 
@@ -316,7 +317,6 @@ class FreeMemory:
         self._load_cuda = default_cuda if cuda is None else cuda
         self._environ = environ
         self._report = _say if report is None else report
-        self._said: set[str] = set()
         self._lock = threading.Lock()
         self._slots: list[Slot] | None = None
         self._nv: Any = None
@@ -324,12 +324,10 @@ class FreeMemory:
         self._handles: dict[int, Any] = {}
 
     def _once(self, key: str, msg: str) -> None:
-        if key not in self._said:
-            self._said.add(key)
-            try:
-                self._report(key, msg)
-            except Exception:
-                pass
+        try:
+            self._report(key, msg)
+        except Exception:
+            pass
 
     # -- plan ----------------------------------------------------------------------------
 

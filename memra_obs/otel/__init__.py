@@ -42,7 +42,7 @@ SCOPE_NAME = "memra_obs"
 
 
 def _scope_version() -> str:
-    from .. import __version__
+    from ..version import __version__
 
     return __version__
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
 from ..legacy import SummaryLine
+from ..version import __version__
 from . import acceptance, figures
 from .stats import CAP, N_BOOT, REL_THRESHOLD, ABRow, View, median, slow_rounds
 

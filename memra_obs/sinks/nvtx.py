@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from ..linewriter import stderr_writer
+from ..diagnostics import say_once
 from .base import Sink
 
 __all__ = ["DOMAIN", "RANGE_NAMES", "NvtxSink"]
@@ -45,13 +45,9 @@ _ARGB = {
     "purple": 0xFF9467BD,
 }
 
-_said: set[str] = set()
-
 
 def _say_once(key: str, msg: str) -> None:
-    if key not in _said:
-        _said.add(key)
-        stderr_writer().write_lines([f"[memra-obs] {msg}"])
+    say_once(f"nvtx:{key}", msg)
 
 
 class _DomainRanges:
