@@ -52,6 +52,7 @@ FIRST_TOKEN_WATERFALL: tuple[tuple[str, str], ...] = (
     ("first_roll", "  burst › round-1 rollback"),
     ("first_maint", "  burst › round-1 maint"),
     ("first_burst_hook", "  burst › commit hook"),
+    ("unattributed", "unattributed (snapshots, set-up)"),
 )
 
 _ALL = dm.VariableOption(text="All", value="$__all", selected=True)

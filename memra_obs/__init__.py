@@ -11,7 +11,10 @@ OpenTelemetry spans, Prometheus histograms and NVTX ranges.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
+from .environment import ConfigError
 from .flags import (
     first_token_eager,
     parse_level,
@@ -33,10 +36,15 @@ from .records import (
 )
 from .version import __version__
 
+if TYPE_CHECKING:
+    from .observer import NoOpObserver, Observer
+    from .sinks.base import Sink
+
 __all__ = [
     "SEQ_ROWS",
     "SPEC_PROF_ROUNDS",
     "VERIFY_SPLIT",
+    "ConfigError",
     "SeqRows",
     "SpecFirstTokenProf",
     "SpecPhaseNs",
@@ -55,11 +63,11 @@ __all__ = [
 ]
 
 
-_observer = None
+_observer: Any = None
 _lock = threading.Lock()
 
 
-def get_observer():  # type: ignore[no-untyped-def]
+def get_observer() -> Observer | NoOpObserver:
     """The process observer, built once from the flags and ``MEMRA_OBS_*`` knobs.
 
     Returns the no-op observer when nothing is on, so a loop can always call it.
@@ -73,19 +81,64 @@ def get_observer():  # type: ignore[no-untyped-def]
 
                 _observer = build_observer()
             obs = _observer
-    return obs
+    return obs  # type: ignore[no-any-return]
 
 
-def configure(**kwargs):  # type: ignore[no-untyped-def]
-    """Build the process observer from arguments (argument > environment > default) and
-    make it the one :func:`get_observer` returns. See :func:`memra_obs.wiring.build_observer`."""
+def configure(
+    *,
+    level: int | None = None,
+    prof: bool | None = None,
+    sinks: str | Iterable[str] | None = None,
+    metrics_addr: str | None = None,
+    spans_file: str | None = None,
+    agent: str | None = None,
+    clock: str | None = None,
+    round_spans: int | None = None,
+    queue_size: int | None = None,
+    export_interval_ms: int | None = None,
+    worker: str | None = None,
+    ring_slots: int | None = None,
+    metrics_tls_cert: str | None = None,
+    metrics_tls_key: str | None = None,
+    metrics_basic_auth: str | None = None,
+    max_devices: int | None = None,
+    extra_sinks: Sequence[Sink] = (),
+    exporters: Sequence[Any] = (),
+    registry: Any = None,
+    memory: Callable[[], list[tuple[int, int]]] | None = None,
+) -> Observer | NoOpObserver:
+    """Build the process observer from arguments and make it the one :func:`get_observer`
+    returns. Each argument is the knob of the same name (README "Knobs"; ``None``: the
+    environment's value, else the default): argument > environment > default.
+
+    ``level`` (0, 1, 2) and ``prof`` override the seed's flags (``MEMRA_SPEC_TRACE``,
+    ``MEMRA_SPEC_PROF``). A value no loop can use raises :class:`ConfigError` naming the
+    argument; nothing is built then.
+    """
     global _observer
     from .wiring import build_observer
 
+    if level is not None and (type(level) is not int or level not in (0, 1, 2)):
+        raise ConfigError(f"configure(level={level!r}): expected 0, 1 or 2")
+    if prof is not None and type(prof) is not bool:
+        raise ConfigError(f"configure(prof={prof!r}): expected True or False")
+    if sinks is not None and not isinstance(sinks, str):
+        sinks = ",".join(sinks)
+    knobs = {k: v for k, v in locals().items() if k in _KNOBS and v is not None}
     with _lock:
         # The old observer goes first: it holds resources the new one takes (the /metrics port).
         old, _observer = _observer, None
         if old is not None:
             old.shutdown()
-        _observer = build_observer(**kwargs)
-        return _observer
+        _observer = build_observer(
+            level=level, prof=prof, extra_sinks=extra_sinks, exporters=exporters,
+            registry=registry, memory=memory, **knobs,
+        )  # fmt: skip
+        return _observer  # type: ignore[no-any-return]
+
+
+_KNOBS = frozenset(
+    ("sinks", "metrics_addr", "spans_file", "agent", "clock", "round_spans", "queue_size",
+     "export_interval_ms", "worker", "ring_slots", "metrics_tls_cert", "metrics_tls_key",
+     "metrics_basic_auth", "max_devices")
+)  # fmt: skip

@@ -138,7 +138,7 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import SimDevice
 
     dev = SimDevice()
-    obs = build_observer(memory=None if cfg.gpu else dev.snapshot)
+    obs = build_observer(memory=None if cfg.gpu else dev.snapshot, strict=True)
     where = list(getattr(obs, "where", ()))
     if cfg.duration_s:
         bound = f"{cfg.duration_s:g}s"

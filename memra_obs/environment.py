@@ -13,6 +13,7 @@ are read where they are used, under those names.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -21,6 +22,7 @@ __all__ = [
     "MEMRA_OBS_AGENT",
     "MEMRA_OBS_CLOCK",
     "MEMRA_OBS_EXPORT_INTERVAL_MS",
+    "MEMRA_OBS_MAX_DEVICES",
     "MEMRA_OBS_METRICS_ADDR",
     "MEMRA_OBS_METRICS_BASIC_AUTH_FILE",
     "MEMRA_OBS_METRICS_TLS_CERT",
@@ -90,6 +92,11 @@ Unset: plain HTTP. Set it (and basic auth) before exposing ``/metrics`` beyond l
 MEMRA_OBS_METRICS_TLS_KEY = "MEMRA_OBS_METRICS_TLS_KEY"
 """PEM private key of ``MEMRA_OBS_METRICS_TLS_CERT``."""
 
+MEMRA_OBS_MAX_DEVICES = "MEMRA_OBS_MAX_DEVICES"
+"""CUDA ordinals published at most (``memra_gpu_free_bytes`` series, a ``[spec-prof]`` line's
+free-memory lists): bounds the series a garbled or hostile profile could create. Default 64
+(a node has 8 or 16 GPUs)."""
+
 MEMRA_OBS_METRICS_BASIC_AUTH_FILE = "MEMRA_OBS_METRICS_BASIC_AUTH_FILE"
 """A file holding ``user:password`` (one line): ``/metrics`` then requires those HTTP basic
 auth credentials. A file, not the secret itself, so it never shows in the environment
@@ -97,18 +104,29 @@ auth credentials. A file, not the secret itself, so it never shows in the enviro
 
 
 def parse_addr(var: str, value: str) -> tuple[str, int] | None:
-    """``host:port`` / ``[v6]:port`` -> (host, port); empty -> None (not served)."""
+    """``host:port`` / ``[v6]:port`` -> (host, port); empty -> None (not served). The host
+    must resolve to an address of this machine (checked by binding port 0 on it)."""
     v = value.strip()
     if not v:
         return None
     host, sep, port = v.rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    if not sep or not (port.isascii() and port.isdigit()) or not host:
         raise ConfigError(f"{var}={value!r}: expected host:port, e.g. 127.0.0.1:9464")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     p = int(port)
     if p > 65535:
         raise ConfigError(f"{var}={value!r}: port {p} is out of range 0..65535")
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind(sockaddr)
+    except socket.gaierror as exc:
+        raise ConfigError(f"{var}={value!r}: cannot resolve {host!r} ({exc.strerror})") from None
+    except OSError as exc:
+        raise ConfigError(
+            f"{var}={value!r}: {host!r} is not an address of this host ({exc.strerror})"
+        ) from None
     return host, p
 
 
@@ -136,10 +154,11 @@ def _parse_clock(var: str, value: str) -> str:
 
 def _int_in(lo: int, hi: int) -> Callable[[str, str], int]:
     def parse(var: str, value: str) -> int:
-        try:
-            n = int(value.strip())
-        except ValueError:
-            raise ConfigError(f"{var}={value!r}: expected an integer") from None
+        v = value.strip()
+        # ASCII digits only: int() would also take "1_024" and other scripts' digits.
+        if not (v.isascii() and v.isdigit()):
+            raise ConfigError(f"{var}={value!r}: expected an integer (digits 0-9 only)")
+        n = int(v)
         if not lo <= n <= hi:
             raise ConfigError(f"{var}={value!r}: expected {lo}..{hi}")
         return n
@@ -154,7 +173,9 @@ def _ring_slots(var: str, value: str) -> int:
     return n
 
 
-def _text(var: str, value: str) -> str:
+def _nonblank(var: str, value: str) -> str:
+    if not value.strip():
+        raise ConfigError(f"{var}={value!r}: must not be empty (unset it for the default)")
     return value
 
 
@@ -188,8 +209,10 @@ def _basic_auth_file(var: str, value: str) -> tuple[str, str] | None:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{var}={value!r}: cannot read it ({exc})") from None
     user, sep, password = line.partition(":")
-    if not sep or not user:
-        raise ConfigError(f"{var}={value!r}: the file must hold one line 'user:password'")
+    if not sep or not user or not password:
+        raise ConfigError(
+            f"{var}={value!r}: the file must hold one line 'user:password', both non-empty"
+        )
     return user, password
 
 
@@ -211,6 +234,7 @@ class Settings:
     metrics_tls_key: str | None = None
     #: (user, password); an argument may also name a file, as the variable does.
     metrics_basic_auth: tuple[str, str] | None = field(default=None, repr=False)
+    max_devices: int = 64
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -223,33 +247,50 @@ class Settings:
         for name, var, parse, default in _TABLE:
             if overrides.get(name) is not None:
                 v = overrides[name]
-                values[name] = (
-                    parse(f"{name}=", v) if isinstance(v, str) and name != "worker" else v
-                )
+                # an argument is checked as the variable would be (ints as their digits)
+                if isinstance(v, int) and not isinstance(v, bool):
+                    v = str(v)
+                values[name] = parse(f"argument {name}", v) if isinstance(v, str) else v
             elif var in env:
                 values[name] = parse(var, env[var])
             else:
                 values[name] = default() if callable(default) else default
-        if bool(values["metrics_tls_cert"]) != bool(values["metrics_tls_key"]):
-            raise ConfigError(
-                f"{MEMRA_OBS_METRICS_TLS_CERT} and {MEMRA_OBS_METRICS_TLS_KEY} go together: "
-                "set both (HTTPS) or neither"
-            )
+        _check_tls(values["metrics_tls_cert"], values["metrics_tls_key"])
         return cls(**values)
 
 
 _TABLE: tuple[tuple[str, str, Callable[[str, str], Any], Any], ...] = (
     ("sinks", MEMRA_OBS_SINKS, _parse_sinks, frozenset()),
     ("metrics_addr", MEMRA_OBS_METRICS_ADDR, parse_addr, ("127.0.0.1", 9464)),
-    ("spans_file", MEMRA_OBS_SPANS_FILE, _text, "memra-obs-spans.jsonl"),
+    ("spans_file", MEMRA_OBS_SPANS_FILE, _nonblank, "memra-obs-spans.jsonl"),
     ("agent", MEMRA_OBS_AGENT, _optional_text, None),
     ("clock", MEMRA_OBS_CLOCK, _parse_clock, "sync"),
     ("round_spans", MEMRA_OBS_ROUND_SPANS, _int_in(0, 1 << 20), 256),
     ("queue_size", MEMRA_OBS_QUEUE_SIZE, _int_in(16, 1 << 24), 8192),
     ("export_interval_ms", MEMRA_OBS_EXPORT_INTERVAL_MS, _int_in(1, 60_000), 200),
-    ("worker", MEMRA_OBS_WORKER, _text, _default_worker),
+    ("worker", MEMRA_OBS_WORKER, _nonblank, _default_worker),
     ("ring_slots", MEMRA_OBS_RING_SLOTS, _ring_slots, 65536),
     ("metrics_tls_cert", MEMRA_OBS_METRICS_TLS_CERT, _readable_file, None),
     ("metrics_tls_key", MEMRA_OBS_METRICS_TLS_KEY, _readable_file, None),
     ("metrics_basic_auth", MEMRA_OBS_METRICS_BASIC_AUTH_FILE, _basic_auth_file, None),
+    ("max_devices", MEMRA_OBS_MAX_DEVICES, _int_in(1, 4096), 64),
 )
+
+
+def _check_tls(cert: str | None, key: str | None) -> None:
+    """Both or neither, and a certificate chain with its key, both PEM."""
+    if bool(cert) != bool(key):
+        raise ConfigError(
+            f"{MEMRA_OBS_METRICS_TLS_CERT} and {MEMRA_OBS_METRICS_TLS_KEY} go together: "
+            "set both (HTTPS) or neither"
+        )
+    if cert and key:
+        import ssl
+
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(
+                f"{MEMRA_OBS_METRICS_TLS_CERT}={cert!r} / {MEMRA_OBS_METRICS_TLS_KEY}={key!r}: "
+                f"not a PEM certificate chain and its private key ({exc})"
+            ) from None

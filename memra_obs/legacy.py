@@ -532,6 +532,9 @@ def _summary(line: str, body: str) -> SummaryLine:
 def _prof(line: str, body: str) -> SpecFirstTokenProf:
     pairs = body.split(" ")
     names = [p.partition("=")[0] for p in pairs]
+    if names == _FT_NAMES[:-1]:  # a line from before the last field (unattributed_ms) was
+        pairs.append("unattributed_ms=0.0")
+        names = _FT_NAMES
     if names != _FT_NAMES:
         missing = [n for n in FIRST_TOKEN_FIELDS if n not in names]
         reason = f"missing {missing[0]}" if missing else "fields out of order or unknown"

@@ -89,6 +89,9 @@ class Observer:
         self._fan = Fanout(sinks)
         self._ids = itertools.count(1)
         self._closed = False
+        #: Rounds dropped for misuse (boundaries out of order or missing, bad counts); the
+        #: loop's thread adds, a scrape reads (memra_obs_dropped_total{signal="rounds"}).
+        self.dropped_rounds = 0
         #: The resolved knobs (:class:`memra_obs.environment.Settings`), when wired from them.
         self.settings = settings
         #: The in-process hand-off (:class:`memra_obs.export.QueueSink`), if any.

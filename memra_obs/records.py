@@ -16,7 +16,7 @@ import re
 import struct
 import threading
 from dataclasses import dataclass, field, fields
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 __all__ = [
     "SEQ_ROWS",
@@ -184,11 +184,32 @@ class SeqRows:
         return self._n
 
 
-#: The process-wide level-2 verify accumulators (the seed's V_KDA_NS / V_KDA_SCAN_NS /
-#: V_MLA_NS / V_FFN_NS): the verify walk adds, the burst's level-2 line drains.
-VERIFY_SPLIT = VerifySplit()
-#: The process-wide per-row-arm verify row counter (the seed's V_SEQ_ROWS).
-SEQ_ROWS = SeqRows()
+class _PerThread:
+    """A process-wide accumulator whose state is the calling thread's own: the loop's
+    verify walk adds on the loop's thread, and that thread's burst drains it, so concurrent
+    sessions on different threads never mix their splits."""
+
+    __slots__ = ("_local", "_make")
+
+    def __init__(self, make: Any) -> None:
+        self._local = threading.local()
+        self._make = make
+
+    def _mine(self) -> Any:
+        acc = getattr(self._local, "acc", None)
+        if acc is None:
+            acc = self._local.acc = self._make()
+        return acc
+
+    def __getattr__(self, name: str) -> Any:  # add / drain / take / peek of this thread's
+        return getattr(self._mine(), name)
+
+
+#: The level-2 verify accumulators (the seed's V_KDA_NS / V_KDA_SCAN_NS / V_MLA_NS /
+#: V_FFN_NS), one per thread: the verify walk adds, the burst's level-2 line drains.
+VERIFY_SPLIT: VerifySplit = _PerThread(VerifySplit)  # type: ignore[assignment]
+#: The per-row-arm verify row counter (the seed's V_SEQ_ROWS), one per thread.
+SEQ_ROWS: SeqRows = _PerThread(SeqRows)  # type: ignore[assignment]
 
 
 # -------------------------------------------------------------------- first-token profile
@@ -215,6 +236,7 @@ FIRST_TOKEN_MS_FIELDS = (
     "draft_prime_h2d_ms",
     "draft_prime_feat_ms",
     "draft_prime_kv_ms",
+    "unattributed_ms",
 )
 _FIRST_TOKEN_COUNT_FIELDS = (
     "first_round_tokens",
@@ -306,6 +328,10 @@ class SpecFirstTokenProf:
     free_mb_before: list[tuple[int, int]] = field(default_factory=list)
     #: Free device memory per CUDA ordinal after the drafter KV allocation.
     free_mb_after: list[tuple[int, int]] = field(default_factory=list)
+    #: Not in the seed: what no bucket covers between the session's drained start and the
+    #: first burst's return (free-memory snapshots, burst set-up), so the buckets add up to
+    #: that wall.
+    unattributed_ms: float = 0.0
 
     def __setattr__(self, name: str, value: object) -> None:
         object.__setattr__(self, name, _check_first_token(name, value))
@@ -324,6 +350,7 @@ class SpecFirstTokenProf:
             + self.anchor_ms
             + self.draft_alloc_ms
             + self.first_burst_ms
+            + self.unattributed_ms
         )
 
 

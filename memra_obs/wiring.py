@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import flags
-from .environment import Settings
+from .diagnostics import say_once
+from .environment import MEMRA_OBS_AGENT, MEMRA_OBS_METRICS_ADDR, ConfigError, Settings
 from .export import QueueSink, RecordExporter
 from .observer import NOOP_OBSERVER, NoOpObserver, Observer
 from .sinks.base import Sink
@@ -53,11 +54,16 @@ def build_exporters(
     registry: Any = None,
     env: Mapping[str, str] | None = None,
     serve: bool = True,
+    strict: bool = True,
 ) -> Exporters:
     """The exporters ``st.sinks`` asks for: spans (``otel``: the ``OTEL_*`` exporter or the
     embedded file), metrics (``prometheus``: into ``registry``, default prometheus_client's
     global one) and, with ``serve``, ``/metrics`` on ``st.metrics_addr``. ``worker_label``
-    labels every series ``worker`` (the agent, the tail)."""
+    labels every series ``worker`` (the agent, the tail).
+
+    ``/metrics`` on an address that cannot be bound (a second worker on the default port):
+    with ``strict`` (the CLI) a :class:`ConfigError` naming the address and the variable;
+    without (a library observer) the same line said once, and no ``/metrics``."""
     out = Exporters()
     try:
         if "otel" in st.sinks:
@@ -69,7 +75,7 @@ def build_exporters(
                 out.where.append("spans -> " + ", ".join(urls))
         if "prometheus" in st.sinks:
             from .otel.spans import round_span_ids
-            from .prom import PrometheusExporter, serve_metrics
+            from .prom import PrometheusExporter
 
             out.prom = PrometheusExporter(
                 registry=registry,
@@ -78,20 +84,39 @@ def build_exporters(
                 round_span_id=round_span_ids(st.round_spans) if "otel" in st.sinks else None,
             )
             if serve and st.metrics_addr is not None:
-                out.server = serve_metrics(
-                    st.metrics_addr,
-                    registry=out.prom.registry,
-                    certfile=st.metrics_tls_cert,
-                    keyfile=st.metrics_tls_key,
-                    basic_auth=st.metrics_basic_auth,
-                )
-                out.where.append(f"/metrics on {out.server.url}")
+                out.server = _serve(st, out.prom.registry, strict)
+                if out.server is not None:
+                    out.where.append(f"/metrics on {out.server.url}")
     except BaseException:
         if out.spans is not None:
             out.spans.shutdown(0.5)
         out.close()
         raise
     return out
+
+
+def _serve(st: Settings, registry: Any, strict: bool) -> Any:
+    from .prom import serve_metrics
+
+    try:
+        return serve_metrics(
+            st.metrics_addr,  # type: ignore[arg-type]
+            registry=registry,
+            certfile=st.metrics_tls_cert,
+            keyfile=st.metrics_tls_key,
+            basic_auth=st.metrics_basic_auth,
+        )
+    except OSError as exc:
+        host, port = st.metrics_addr  # type: ignore[misc]
+        msg = (
+            f"{MEMRA_OBS_METRICS_ADDR}={host}:{port}: cannot serve /metrics there "
+            f"({exc.strerror or exc}); several workers on one host: use agent mode "
+            f"({MEMRA_OBS_AGENT}) or one port per rank"
+        )
+        if strict:
+            raise ConfigError(msg) from None
+        say_once(f"metrics-addr:{host}:{port}", msg + "; carrying on without /metrics")
+        return None
 
 
 def build_observer(
@@ -103,6 +128,7 @@ def build_observer(
     registry: Any = None,
     memory: Callable[[], list[tuple[int, int]]] | None = None,
     env: Mapping[str, str] | None = None,
+    strict: bool = False,
     **knobs: Any,
 ) -> Observer | NoOpObserver:
     """Build an observer.
@@ -111,47 +137,36 @@ def build_observer(
     (``sinks``, ``metrics_addr``, ``spans_file``, ``agent``, ``clock``, ``round_spans``,
     ``queue_size``, ``export_interval_ms``, ``worker``, ...). ``exporters`` are extra off-loop
     consumers behind the queue; ``registry`` is the prometheus_client registry to use
-    (default: the global one). Nothing on -> :data:`NOOP_OBSERVER`.
+    (default: the global one); ``strict``: a ``/metrics`` address that cannot be bound is an
+    error (the CLI) rather than said once. Nothing on -> :data:`NOOP_OBSERVER`.
     """
     st = Settings.resolve(env, **knobs)
     lvl = flags.spec_trace_level() if level is None else level
     prf = flags.spec_prof_on() if prof is None else prof
-    sinks: list[Sink] = []
-    if lvl >= 1 or prf:
-        sinks.append(StderrSink(lvl, prf))
+    sinks: list[Sink] = [StderrSink(lvl, prf)] if lvl >= 1 or prf else []
     if "nvtx" in st.sinks:
         from .sinks.nvtx import NvtxSink
 
         sinks.append(NvtxSink())
-    consumers: list[RecordExporter] = list(exporters)
     built = Exporters()
-    if st.sinks & {"otel", "prometheus"}:
-        if st.agent:
-            from .agent.ring import RingSink
+    if st.sinks & {"otel", "prometheus"} and st.agent:
+        from .agent.ring import RingSink
 
-            sinks.append(RingSink.create(st.agent, worker=st.worker, slots=st.ring_slots))
-            built.where.append(f"records -> agent rings in {st.agent}")
-        else:
-            built = build_exporters(st, worker=st.worker, registry=registry, env=env)
-            consumers.extend(built.all)
-    qsink: QueueSink | None = None
+        sinks.append(RingSink.create(st.agent, worker=st.worker, slots=st.ring_slots))
+        built.where.append(f"records -> agent rings in {st.agent}")
+    elif st.sinks & {"otel", "prometheus"}:
+        built = build_exporters(st, worker=st.worker, registry=registry, env=env, strict=strict)
+    consumers = [*exporters, *built.all]
+    qsink = None
     if consumers:
         qsink = QueueSink(consumers, capacity=st.queue_size, interval_ms=st.export_interval_ms)
         sinks.append(qsink)
-        if built.prom is not None:
-            built.prom.attach_queue(qsink)
     sinks.extend(extra_sinks)
     if not sinks:
         return NOOP_OBSERVER
-    return Observer(
-        sinks,
-        level=lvl,
-        prof=prf,
-        clock=st.clock,
-        memory=memory,
-        worker=st.worker,
-        settings=st,
-        queue=qsink,
-        closers=(built.close,),
-        where=built.where,
-    )
+    obs = Observer(sinks, level=lvl, prof=prf, clock=st.clock, memory=memory, worker=st.worker,
+                   settings=st, queue=qsink, closers=(built.close,), where=built.where)  # fmt: skip
+    if built.prom is not None:
+        built.prom.attach_queue(qsink)
+        built.prom.watch("dropped", "rounds", lambda: obs.dropped_rounds)
+    return obs

@@ -44,6 +44,15 @@ def test_golden_lines_round_trip():
         assert format_line(rec) == line
 
 
+def test_a_spec_prof_line_from_before_unattributed_ms_still_parses():
+    """Lines written before the profile's last field existed read it as 0.0."""
+    new = next(x for x in GOLDEN.read_text().splitlines() if x.startswith("[spec-prof] "))
+    old = new.rsplit(" unattributed_ms=", 1)[0]
+    rec = parse_line(old)
+    assert isinstance(rec, FirstTokenLine) and rec.prof.unattributed_ms == 0.0
+    assert rec.prof.prime_ms == parse_line(new).prof.prime_ms  # type: ignore[union-attr]
+
+
 def test_phase_line_known_bytes():
     """A burst's two lines, checked by hand against the seed's format strings."""
     p = SpecPhaseNs(

@@ -206,7 +206,8 @@ def test_misuse_is_reported_and_the_round_dropped(caplog):
     s.lap("not_a_bucket")
     s.end()
     assert len(keep.of(RoundRecord)) == 1
-    assert "end_round after" in caplog.text
+    assert "Burst.end_round() after end_draft() (expected end_verify())" in caplog.text
+    assert obs.dropped_rounds == 2
 
 
 def test_full_queue_drops_newest_and_counts_without_blocking():

@@ -157,7 +157,7 @@ def test_first_token_phases_total_and_gpu_gauges(reg):
     assert val(reg, "memra_gpu_free_bytes", device="0", point="before") == 80_000 * 2**20
     assert val(reg, "memra_gpu_free_bytes", device="1", point="before") == 79_000 * 2**20
     assert val(reg, "memra_gpu_free_bytes", device="0", point="after") == 60_000 * 2**20
-    assert len(FIRST_TOKEN_PHASES) == 18 and "first_burst_hook" in FIRST_TOKEN_PHASES
+    assert len(FIRST_TOKEN_PHASES) == 19 and "first_burst_hook" in FIRST_TOKEN_PHASES
 
 
 def test_worker_label(reg):

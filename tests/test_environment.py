@@ -1,0 +1,85 @@
+"""Every knob refuses what it cannot use at start-up, naming the variable."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from memra_obs.environment import ConfigError, Settings
+
+
+@pytest.fixture
+def pem(tmp_path):
+    """A self-signed certificate and its key (openssl), and a file that is not PEM."""
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    return str(cert), str(key), str(junk)
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "why"),
+    [
+        ("MEMRA_OBS_METRICS_ADDR", "nowhere.invalid:9464", "cannot resolve"),
+        ("MEMRA_OBS_METRICS_ADDR", "192.0.2.1:9464", "not an address of this host"),
+        ("MEMRA_OBS_METRICS_ADDR", "127.0.0.1:٩٤٦٤", "expected host:port"),
+        ("MEMRA_OBS_WORKER", "", "must not be empty"),
+        ("MEMRA_OBS_SPANS_FILE", "   ", "must not be empty"),
+        ("MEMRA_OBS_QUEUE_SIZE", "1_024", "digits 0-9 only"),
+        ("MEMRA_OBS_QUEUE_SIZE", "١٠٢٤", "digits 0-9 only"),
+        ("MEMRA_OBS_ROUND_SPANS", "+5", "digits 0-9 only"),
+        ("MEMRA_OBS_MAX_DEVICES", "0", "expected 1..4096"),
+    ],
+)
+def test_a_bad_value_names_its_variable(var, value, why):
+    """Each refusal says which variable and why."""
+    with pytest.raises(ConfigError, match=why) as e:
+        Settings.resolve({var: value})
+    assert var in str(e.value)
+
+
+def test_tls_files_must_be_a_pem_chain_and_its_key(pem):
+    """A certificate or key that is not PEM (or not a pair) fails at start-up."""
+    cert, key, junk = pem
+    assert (
+        Settings.resolve(
+            {"MEMRA_OBS_METRICS_TLS_CERT": cert, "MEMRA_OBS_METRICS_TLS_KEY": key}
+        ).metrics_tls_cert
+        == cert
+    )
+    for c, k in ((junk, key), (cert, junk), (key, cert)):
+        with pytest.raises(ConfigError, match="not a PEM certificate chain") as e:
+            Settings.resolve({"MEMRA_OBS_METRICS_TLS_CERT": c, "MEMRA_OBS_METRICS_TLS_KEY": k})
+        assert "MEMRA_OBS_METRICS_TLS_CERT" in str(e.value)
+
+
+def test_basic_auth_needs_a_user_and_a_password(tmp_path):
+    """``user:`` (empty password) and ``:pw`` are refused; ``user:pw`` is taken."""
+    f = tmp_path / "auth"
+    for bad in ("user:\n", ":pw\n", "nocolon\n"):
+        f.write_text(bad)
+        with pytest.raises(ConfigError, match="MEMRA_OBS_METRICS_BASIC_AUTH_FILE"):
+            Settings.resolve({"MEMRA_OBS_METRICS_BASIC_AUTH_FILE": str(f)})
+    f.write_text("user:pw\n")
+    assert Settings.resolve({"MEMRA_OBS_METRICS_BASIC_AUTH_FILE": str(f)}).metrics_basic_auth == (
+        "user",
+        "pw",
+    )
+
+
+def test_the_cli_exits_2_with_one_line_on_a_bad_knob():
+    """``memra-obs demo`` with a bad knob: exit status 2 and the variable named."""
+    p = subprocess.run(
+        [sys.executable, "-m", "memra_obs.cli", "demo", "--requests", "1"],
+        env={"PATH": "/usr/bin:/bin", "MEMRA_OBS_QUEUE_SIZE": "1_024"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    assert "MEMRA_OBS_QUEUE_SIZE" in p.stderr and "Traceback" not in p.stderr

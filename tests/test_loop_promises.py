@@ -1,0 +1,305 @@
+"""The loop's promises under misuse: nothing raises into the loop, spoiled rounds are dropped
+and counted, open bursts are closed, the profile covers its wall, memory stays bounded."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+import memra_obs
+from memra_obs.environment import ConfigError
+from memra_obs.legacy import PhaseLine, parse_line
+from memra_obs.observer import Observer
+from memra_obs.records import SEQ_ROWS, VERIFY_SPLIT
+from memra_obs.testing import RecordingSink, capture
+from memra_obs.timeline import BurstRecord, FirstTokenRecord, RoundRecord
+
+
+def one_round(b, k=4, j=2, **kw):
+    b.begin_round()
+    b.end_draft()
+    b.end_verify()
+    b.end_accept()
+    b.end_rollback()
+    b.end_round(k=k, j=j, **kw)
+
+
+def test_a_stream_without_synchronize_is_said_not_raised(caplog):
+    """``session(e=object())``: no AttributeError; the session runs undrained, said once."""
+    with capture(level=1) as cap:
+        for _ in range(2):
+            with cap.observer.session("glm5", e=object()) as s, s.burst(4) as b:
+                one_round(b)
+    assert len(cap.rounds) == 2
+    assert caplog.text.count("expected a stream with .synchronize()") == 1
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"j": None}, {"j": 5}, {"j": -1}, {"k": -2, "j": 0}, {"k": 4.5}, {"ctx": -1}, {"k": 70_000}],
+)
+def test_bad_counts_drop_the_round_whole(caplog, kw):
+    """``end_round(k=4, j=None)`` and counts no loop produces (j > k, negatives, floats): no
+    error, the round is dropped and counted, the burst's totals hold only the good round."""
+    with capture(level=1) as cap:
+        obs = cap.observer
+        with obs.session("glm5") as s, s.burst(4) as b:
+            one_round(b)
+            one_round(b, **{"k": 4, "j": 2, **kw})
+    (burst,) = cap.bursts
+    assert burst.phases.rounds == 1 and len(cap.rounds) == 1
+    assert obs.dropped_rounds == 1
+    assert "the round is dropped" in caplog.text
+    line = parse_line(next(x for x in cap.lines if x.startswith("[glm5-phase]")))
+    assert isinstance(line, PhaseLine) and line.rounds == 1
+
+
+def test_every_boundary_knows_its_place(caplog):
+    """Out of order or missing boundaries: that round is dropped and counted once, said
+    once per kind, the next good round still counts, and nothing raises."""
+    with capture(level=0) as cap:
+        obs = cap.observer
+        with obs.session("glm5") as s, s.burst(4) as b:
+            b.begin_round()
+            b.end_verify()  # before end_draft
+            b.end_draft()
+            b.end_accept()
+            b.end_rollback()
+            b.end_round(k=4, j=1)
+            b.begin_round()
+            b.end_draft()
+            b.begin_round()  # end_verify..end_round missing
+            b.end_draft()
+            b.end_verify()
+            b.end_accept()
+            b.end_rollback()
+            b.end_round(k=4, j=1)
+            b.end_round(k=4, j=1)  # no begin_round
+            b.end_draft()  # no round open
+            one_round(b)
+    assert obs.dropped_rounds == 4
+    assert len(cap.rounds) == 2
+    said = caplog.text
+    assert "Burst.end_verify() after begin_round() (expected end_draft())" in said
+    assert "Burst.begin_round() after end_draft() (expected end_verify())" in said
+    assert "Burst.end_round() after no open round (expected begin_round())" in said
+
+
+def test_an_open_burst_is_closed_by_its_session(caplog):
+    """Forgetting ``b.end()``: the next ``burst()`` and ``end()`` close it; its rounds, its
+    line and the first-token profile are published; said once."""
+    with capture(level=1, prof=True, memory=lambda: [(0, 1)]) as cap:
+        s = cap.observer.session("glm5")
+        one_round(s.burst(4))
+        one_round(s.burst(4))  # the first burst was never ended
+        s.end()  # nor the second
+    assert [b.index for b in cap.bursts] == [0, 1]
+    assert len(cap.rounds) == 2 and len(cap.sink.of(FirstTokenRecord)) == 1
+    assert sum(1 for x in cap.lines if x.startswith("[glm5-phase]")) == 2
+    assert "previous burst was not ended" in caplog.text
+    assert "Session.end() with a burst not ended" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("kw", "why"),
+    [
+        ({"level": "2"}, "configure\\(level='2'\\): expected 0, 1 or 2"),
+        ({"level": 3}, "expected 0, 1 or 2"),
+        ({"level": True}, "expected 0, 1 or 2"),
+        ({"prof": 1}, "configure\\(prof=1\\)"),
+        ({"queue_size": -5}, "argument queue_size"),
+        ({"round_spans": "many"}, "argument round_spans"),
+    ],
+)
+def test_configure_refuses_what_no_loop_can_use(kw, why):
+    """A typed signature; every refusal names the argument."""
+    with pytest.raises(ConfigError, match=why):
+        memra_obs.configure(**kw)
+
+
+def test_configure_lists_its_knobs():
+    """``help(memra_obs.configure)`` shows each knob by name."""
+    import inspect
+
+    params = inspect.signature(memra_obs.configure).parameters
+    for knob in ("level", "prof", "sinks", "metrics_addr", "spans_file", "clock", "max_devices"):
+        assert knob in params
+
+
+def test_free_memory_snapshots_land_in_no_bucket():
+    """A slow snapshot (NVML's first call) is not charged to cache_alloc; the profile's
+    unattributed_ms carries it, and the buckets sum to the first-token wall."""
+
+    def slow_snapshot():
+        time.sleep(0.05)
+        return [(0, 80_000)]
+
+    with capture(level=0, prof=True, memory=slow_snapshot) as cap, cap.observer.session("g") as s:
+        s.free_memory("before")
+        s.lap("cache_alloc")
+        s.lap("prime")
+        s.free_memory("after")
+        with s.burst(4) as b:
+            one_round(b)
+    (ft,) = cap.sink.of(FirstTokenRecord)
+    p = ft.prof
+    assert p.cache_alloc_ms < 20 and p.unattributed_ms >= 100
+    (sess,) = cap.sessions
+    (burst,) = cap.bursts
+    wall_ms = (burst.end_ns_mono - sess.start_ns_mono) / 1e6
+    assert p.total_ms() == pytest.approx(wall_ms, rel=0.005)
+
+
+def test_first_token_buckets_cover_the_wall():
+    """Every stretch from the session's start to the first burst's return is in a bucket or
+    in unattributed_ms: the sum is the wall (within 0.5 %), also with set-up between them."""
+    with (
+        capture(level=0, prof=True, memory=lambda: [(0, 1)]) as cap,
+        cap.observer.session("g") as s,
+    ):
+        for lap in ("cache_alloc", "prime", "anchor", "draft_alloc"):
+            time.sleep(0.002)
+            s.lap(lap)
+        time.sleep(0.01)  # burst set-up that no bucket names
+        with s.burst(4) as b:
+            b.begin_round()
+            time.sleep(0.003)
+            s.lap("draft_prime")
+            for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+                time.sleep(0.001)
+                end()
+            b.end_round(k=4, j=2)
+    (ft,) = cap.sink.of(FirstTokenRecord)
+    (sess,) = cap.sessions
+    (burst,) = cap.bursts
+    wall_ms = (burst.end_ns_mono - sess.start_ns_mono) / 1e6
+    assert ft.prof.unattributed_ms >= 9.0
+    assert ft.prof.total_ms() == pytest.approx(wall_ms, rel=0.005)
+
+
+def test_a_long_sync_burst_holds_bounded_memory():
+    """100,000 rounds in one burst keep only the open round's marks."""
+    obs = Observer([RecordingSink()], level=1, prof=False)
+    with obs.session("glm5") as s, s.burst(4) as b:
+        for _ in range(100_000):
+            one_round(b)
+        assert len(b._t) <= 6
+        assert b.rounds == 100_000
+
+
+class _FakeEventClock:
+    """A deferred clock (like the event clock): stamps are settled later, in one call."""
+
+    immediate = False
+
+    def __init__(self, e, eh):
+        self.n = 0
+        self.settles = 0
+
+    def mark(self):
+        self.n += 1
+        return self.n
+
+    def settle(self, stamps):
+        self.settles += 1
+        return list(stamps)
+
+
+def test_a_long_event_clock_burst_settles_in_chunks():
+    """A deferred clock settles every SETTLE_ROUNDS rounds: the marks kept stay bounded."""
+    from memra_obs.session import SETTLE_ROUNDS
+
+    clocks = []
+
+    def factory(e, eh):
+        clocks.append(_FakeEventClock(e, eh))
+        return clocks[-1]
+
+    keep = RecordingSink()
+    obs = Observer([keep], level=0, prof=False, clock=factory)
+    with obs.session("glm5") as s, s.burst(4) as b:
+        for _ in range(3 * SETTLE_ROUNDS + 5):
+            one_round(b)
+            assert len(b._t) <= 6 * SETTLE_ROUNDS
+    assert len(keep.of(RoundRecord)) == 3 * SETTLE_ROUNDS + 5
+    assert clocks[0].settles == 4
+
+
+def test_level2_splits_of_concurrent_sessions_do_not_mix():
+    """Two loop threads at level 2, each adding its own split to the process-wide
+    accumulators: each burst's split is its own thread's."""
+    results: dict[int, BurstRecord] = {}
+    keep = RecordingSink()
+    obs = Observer([keep], level=2, prof=False)
+    start = threading.Barrier(2)
+
+    def loop(kda: int) -> None:
+        start.wait()
+        with obs.session("glm5") as s, s.burst(4) as b:
+            for _ in range(200):
+                b.begin_round()
+                b.end_draft()
+                VERIFY_SPLIT.add(kda=kda, mla=1)
+                SEQ_ROWS.add(kda)
+                b.end_verify()
+                b.end_accept()
+                b.end_rollback()
+                b.end_round(k=4, j=1)
+                time.sleep(0)
+        results[kda] = next(r for r in keep.of(BurstRecord) if r.session == s.id)
+
+    ts = [threading.Thread(target=loop, args=(k,)) for k in (10, 1000)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert results[10].split_ns[0] == 10 * 200
+    assert results[1000].split_ns[0] == 1000 * 200
+    seq = {r.session: r.seq_rows for r in keep.of(RoundRecord)}
+    assert sorted(set(seq.values())) == [10, 1000]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_exports_its_own_records():
+    """After fork() the child's export worker runs again: its records reach its exporters."""
+
+    class Count:
+        def __init__(self):
+            self.rounds = 0
+
+        def export(self, batch):
+            self.rounds += sum(1 for r in batch if type(r) is RoundRecord)
+
+        def flush(self, timeout_s=5.0):
+            return True
+
+        def shutdown(self, timeout_s=5.0):
+            pass
+
+    from memra_obs.export import QueueSink
+
+    ex = Count()
+    q = QueueSink([ex], interval_ms=10)
+    obs = Observer([q], level=0, prof=False)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        try:
+            os.close(r)
+            with obs.session("glm5") as s, s.burst(4) as b:
+                for _ in range(103):
+                    one_round(b)
+            q.flush(5.0)
+            os.write(w, str(ex.rounds).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = b""
+    while chunk := os.read(r, 64):
+        got += chunk
+    os.waitpid(pid, 0)
+    q.shutdown(1.0)
+    assert got == b"103"
