@@ -466,18 +466,29 @@ def parse_line(line: str) -> LegacyLine | None:
             if p is None:
                 raise LegacyParseError(line, "phase line truncated or malformed", PHASE)
             g = p.groups()
-            return PhaseLine(tag, int(g[0]), int(g[1]), *map(float, g[2:]))
+            return PhaseLine(tag, int(g[0]), int(g[1]), *_durations(line, g[2:], PHASE))
         if "| per-round ms: vkda=" in body:
             v = _VERIFY(body)
             if v is None:
                 raise LegacyParseError(line, "verify sub-split line truncated or malformed", VERIFY)
             g = v.groups()
-            return VerifyLine(tag, int(g[0]), int(g[1]), *map(float, g[2:]))
+            return VerifyLine(tag, int(g[0]), int(g[1]), *_durations(line, g[2:], VERIFY))
         raise LegacyParseError(line, "tagged rounds= line of no known shape", PHASE)
     except ValueError as exc:  # a record (or int()) refused a parsed value
         if isinstance(exc, LegacyParseError):
             raise
         raise LegacyParseError(line, str(exc), _claimed(text)) from None
+
+
+def _durations(line: str, values: Sequence[str], kind: str) -> tuple[float, ...]:
+    """Printed ms values as floats: no clock gives a negative or an infinite one."""
+    out = tuple(map(float, values))
+    if min(out) < 0.0 or max(out) == _INF:
+        raise LegacyParseError(line, "a negative or infinite duration (no clock gives one)", kind)
+    return out
+
+
+_INF = float("inf")
 
 
 def _claimed(text: str) -> str:
@@ -523,10 +534,8 @@ def _summary(line: str, body: str) -> SummaryLine:
     if m is None:
         raise LegacyParseError(line, "[spec-prof-summary] truncated or malformed", PROF_SUMMARY)
     g = m.groups()
-    return SummaryLine(
-        int(g[0]), *map(float, g[1:9]), int(g[9]), float(g[10]), float(g[11]),
-        int(g[12]), int(g[13]), int(g[14]),
-    )  # fmt: skip
+    f = _durations(line, (*g[1:9], g[10], g[11]), PROF_SUMMARY)
+    return SummaryLine(int(g[0]), *f[:8], int(g[9]), f[8], f[9], int(g[12]), int(g[13]), int(g[14]))
 
 
 def _prof(line: str, body: str) -> SpecFirstTokenProf:

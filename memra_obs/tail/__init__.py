@@ -141,7 +141,8 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
         session_gap_ns=int(opts.session_gap * 1e9),
         max_bursts=opts.max_bursts,
     )
-    tail = Tail(rb, queue.put_many if queue is not None else _discard, out=2, name=source.name)
+    publish = queue.put_many if queue is not None else _discard
+    tail = Tail(rb, publish, out=2, name=source.name, max_devices=st.max_devices)
     if built.prom is not None:
         built.prom.attach_queue(queue)
         collector = TailCollector()

@@ -20,7 +20,8 @@ import select
 from collections.abc import Callable
 from typing import BinaryIO
 
-from ..legacy import PHASE, LegacyParseError, parse_line
+from ..legacy import PHASE, PROF, LegacyParseError, parse_line
+from ..records import SpecFirstTokenProf
 from ..timeline import Record
 from .rebuild import Rebuilder
 from .stats import TailStats
@@ -40,6 +41,8 @@ class Tail:
     ``notes``: where the tail's own lines (reports) go; default: the output, between
     passed-through lines.
     ``report_limit``: malformed/orphan lines reported one by one before only counting.
+    ``max_devices``: CUDA ordinals a ``[spec-prof]`` line may name (``MEMRA_OBS_MAX_DEVICES``):
+    a profile naming more is refused, so a garbled line cannot mint series.
     """
 
     def __init__(
@@ -52,7 +55,9 @@ class Tail:
         stats: TailStats | None = None,
         notes: Callable[[str], None] | None = None,
         report_limit: int = 20,
+        max_devices: int = 64,
     ) -> None:
+        self.max_devices = max_devices
         self.rebuilder = rebuilder
         self.publish = publish
         self.name = name
@@ -197,12 +202,13 @@ class Tail:
             self._bol = True
         self._flush_notes()
 
+    def _overlong_line(self, lineno: int) -> None:
+        self.stats.overlong += 1
+        self._bad(lineno, f"a line over {MAX_LINE} bytes; passed through, not parsed", "")
+
     def _overlong(self) -> None:
         if not self._skipping:
-            self.stats.overlong += 1
-            self._bad(
-                self.lineno + 1, f"a line over {MAX_LINE} bytes; passed through, not parsed", ""
-            )
+            self._overlong_line(self.lineno + 1)
         self._write(self._buf[self._written :])
         self._buf = b""
         self._written = 0
@@ -240,6 +246,10 @@ class Tail:
             if line[:1] != "[":  # the common case for other programs' lines
                 other += 1
                 continue
+            if len(line) > MAX_LINE:  # (whole within one read; longer ones are skipped)
+                other += 1
+                self._overlong_line(n)
+                continue
             try:
                 rec = parse_line(line)
             except LegacyParseError as exc:
@@ -250,6 +260,8 @@ class Tail:
             if rec is None:
                 other += 1
                 continue
+            if rec.kind is PROF and self._too_many_devices(rec.prof, n, line):  # type: ignore[union-attr]
+                continue
             lines_seen[rec.kind] += 1
             why = feed(rec, t)
             if why is not None:
@@ -259,6 +271,18 @@ class Tail:
         self.lineno = n
         lines_seen["other"] += other
         self._publish()
+
+    def _too_many_devices(self, prof: SpecFirstTokenProf, n: int, line: str) -> bool:
+        top = self.max_devices
+        for name in ("free_mb_before", "free_mb_after"):
+            snap = getattr(prof, name)
+            if len(snap) > top or any(o >= top for o, _ in snap):
+                self.stats.lines[PROF] += 1
+                self.stats.malformed[PROF] += 1
+                why = f"{name} names more than {top} devices (MEMRA_OBS_MAX_DEVICES)"
+                self._bad(n, f"malformed prof line: {why}", line)
+                return True
+        return False
 
     def _orphan(self, kind: str, lineno: int, why: str, text: str | None) -> None:
         """A valid line the rebuilder could not place: counted by kind and reported."""
