@@ -33,6 +33,8 @@ from .linewriter import LineWriter, stderr_writer
 from .records import (
     FIRST_TOKEN_FIELDS,
     FIRST_TOKEN_MS_FIELDS,
+    U16_MAX,
+    U32_MAX,
     U64_MAX,
     VERIFY_SPLIT,
     SpecFirstTokenProf,
@@ -40,7 +42,6 @@ from .records import (
     SpecRoundProf,
     SpecRoundsLog,
     VerifySplit,
-    round_prof,
     summary_text,
 )
 
@@ -71,6 +72,7 @@ __all__ = [
     "prof_summary_line",
 ]
 
+_F32X5 = struct.Struct("<5f")
 _F32_PACK = struct.Struct("<f").pack
 _F32_UNPACK = struct.Struct("<f").unpack
 
@@ -516,15 +518,23 @@ def _row(line: str, body: str) -> RoundsLine:
     m = _ROW(body)
     if m is None:
         raise LegacyParseError(line, "[spec-prof-rounds] row truncated or malformed", PROF_ROUNDS)
-    g = m.groups()
+    i, w, d, v, a, r, k, j, c, q = m.groups()
+    k, j, c, q = int(k), int(j), int(c), int(q)
+    # The regex took digits: with no sign and the counts in range, only an f32 overflow is
+    # left to check, so the row is built as the record would store it. Anything else goes
+    # through the record, which refuses it naming the field.
+    if "-" not in body and k <= U16_MAX and j <= U16_MAX and c <= U32_MAX and q <= U32_MAX:
+        try:
+            ms = _F32X5.unpack(_F32X5.pack(float(w), float(d), float(v), float(a), float(r)))
+        except OverflowError:
+            ms = (_INF,)
+        if _INF not in ms:
+            return _tuple_new(RoundsLine, (int(i), _tuple_new(SpecRoundProf, (*ms, k, j, c, q))))
     try:
-        prof = round_prof(
-            float(g[1]), float(g[2]), float(g[3]), float(g[4]), float(g[5]),
-            int(g[6]), int(g[7]), int(g[8]), int(g[9]),
-        )  # fmt: skip
+        prof = SpecRoundProf(float(w), float(d), float(v), float(a), float(r), k, j, c, q)
     except (TypeError, ValueError) as exc:
         raise LegacyParseError(line, str(exc), PROF_ROUNDS) from None
-    return _tuple_new(RoundsLine, (int(g[0]), prof))
+    return _tuple_new(RoundsLine, (int(i), prof))
 
 
 def _summary(line: str, body: str) -> SummaryLine:

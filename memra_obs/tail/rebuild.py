@@ -421,17 +421,7 @@ class Rebuilder:
         self._last_end = end
         if s is None:
             s = self._open(b.tag, prof is not None, start - lead, b.arrival, b)
-        n = sum(g[0] for g in groups)
-        nrows = sum(1 for g in groups if g[2][0] >= 0)
-        # j + 1 tokens a round with a row, 1 a round without (its counts unknown)
-        tokens = (
-            prof.first_burst_tokens
-            if prof is not None
-            else n + sum(g[2][1] for g in groups if g[2][0] >= 0)
-        )
-        self.rounds_from_rows += nrows
-        self.rounds_from_means += n - nrows
-        self._records(b, s, start, end, groups, split, tokens, hook)
+        n, tokens = self._records(b, s, start, end, groups, split, hook)
         if prof is not None:
             self._out.append(FirstTokenRecord(s.id, prof, _intervals(creation, round0, start, end)))
         s.rounds += n
@@ -452,16 +442,18 @@ class Rebuilder:
         end: int,
         groups: list[Group],
         split: tuple[int, int, int, int] | None,
-        tokens: int,
         hook: int,
-    ) -> None:
+    ) -> tuple[int, int]:
         """The burst as the observer records it: its rounds (runs of equal means as one
-        record with ``repeat``), then its BurstRecord."""
+        record with ``repeat``), then its BurstRecord. Returns its rounds and tokens."""
         out = self._out
         bidx, idx = s.bursts, s.rounds
         t0 = start
-        td = tv = ta = tr = tm = 0
+        td = tv = ta = tr = tm = rows = jsum = 0
         for rep, (d, v, a, r, m), (k, j, ctx, seq) in groups:
+            if k >= 0:
+                rows += 1
+                jsum += j
             t1 = t0 + d
             t2 = t1 + v
             t3 = t2 + a
@@ -477,10 +469,15 @@ class Rebuilder:
             tr += r * rep
             tm += m * rep
         n = idx - s.rounds
+        self.rounds_from_rows += rows
+        self.rounds_from_means += n - rows
+        # j + 1 tokens a round with a row, 1 a round without (its counts unknown)
+        tokens = b.prof.first_burst_tokens if b.prof is not None else n + jsum
         k = b.k if b.phase is not None or not b.rows else max(row[5][0] for row in b.rows)
         phases = _phase_totals(td, tv, ta, tr, tm, n)
         bsplit = None if split is None else (split[0] * n, split[1] * n, split[2] * n, split[3] * n)
         out.append(BurstRecord(s.id, bidx, k, start, end, phases, bsplit, tokens, hook, s.rounds))
+        return n, tokens
 
     def _layout(self, b: _Burst) -> tuple[list[Group], int]:
         """The burst's rounds as groups — round 0 from the profile, then the rows' own,
@@ -503,9 +500,11 @@ class Rebuilder:
             dp, fd, fv, fa, fr, fm = (ns(getattr(prof, f)) for f in _ROUND0_MS)
             r0 = (dp + fd, fv, fa, fr, fm)
         share = self._roll_share
+        totals: list[int] = []
         if ph is not None:  # the line's fields: totals at 4..8, per round at 9..13
-            roll_t = _burst_total_ns(ph[7], ph[12], ph.rounds)
-            maint_t = _burst_total_ns(ph[8], ph[13], ph.rounds)
+            r = ph.rounds
+            totals = [_burst_total_ns(ph[4 + i], ph[9 + i], r) for i in range(5)]
+            roll_t, maint_t = totals[3], totals[4]
             if roll_t + maint_t > 0:
                 share = self._roll_share = roll_t / (roll_t + maint_t)
             if rows and len(rows) == n:
@@ -532,8 +531,7 @@ class Rebuilder:
                 groups.append((1, r0, _UNKNOWN))
                 wall += sum(r0)
         m = n - len(groups)
-        if m > 0 and ph is not None:
-            totals = [_burst_total_ns(ph[4 + i], ph[9 + i], ph.rounds) for i in range(5)]
+        if m > 0 and totals:
             left = [max(t - sum(g[1][p] for g in groups), 0) for p, t in enumerate(totals)]
             groups.extend(_mean_runs(left, m))
             wall += sum(left)
@@ -594,13 +592,13 @@ def _burst_total_ns(total_ms: float, per_ms: float, rounds: int) -> int:
     """A phase's burst total from its two printed forms: ``total`` is exact to 0.005 ms,
     ``per-round`` to 0.0005 ms per round; the truth lies in both intervals, so take the
     middle of their intersection (per-round alone when rounding left them disjoint)."""
-    if rounds <= 0:
-        return 0
     t = total_ms * 1e6
     p = per_ms * 1e6 * rounds
     w = 500.0 * rounds
-    lo = max(t - 5000.0, p - w, 0.0)
-    hi = min(t + 5000.0, p + w)
+    lo = p - w if p - w > t - 5000.0 else t - 5000.0
+    hi = p + w if p + w < t + 5000.0 else t + 5000.0
+    if lo < 0.0:
+        lo = 0.0
     if lo > hi:
         return round(p) if p > 0.0 else 0
     return round((lo + hi) * 0.5)
