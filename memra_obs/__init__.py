@@ -11,7 +11,7 @@ OpenTelemetry spans, Prometheus histograms and NVTX ranges.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .environment import ConfigError
@@ -106,14 +106,15 @@ def configure(
     exporters: Sequence[Any] = (),
     registry: Any = None,
     memory: Callable[[], list[tuple[int, int]]] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Observer | NoOpObserver:
     """Build the process observer from arguments and make it the one :func:`get_observer`
     returns. Each argument is the knob of the same name (README "Knobs"; ``None``: the
     environment's value, else the default): argument > environment > default.
 
     ``level`` (0, 1, 2) and ``prof`` override the seed's flags (``MEMRA_SPEC_TRACE``,
-    ``MEMRA_SPEC_PROF``). A value no loop can use raises :class:`ConfigError` naming the
-    argument; nothing is built then.
+    ``MEMRA_SPEC_PROF``); ``env`` replaces ``os.environ`` as where knobs are read. A value no
+    loop can use raises :class:`ConfigError` naming the argument; nothing is built then.
     """
     global _observer
     from .wiring import build_observer
@@ -132,7 +133,7 @@ def configure(
             old.shutdown()
         _observer = build_observer(
             level=level, prof=prof, extra_sinks=extra_sinks, exporters=exporters,
-            registry=registry, memory=memory, **knobs,
+            registry=registry, memory=memory, env=env, **knobs,
         )  # fmt: skip
         return _observer  # type: ignore[no-any-return]
 

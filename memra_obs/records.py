@@ -15,24 +15,15 @@ import math
 import re
 import struct
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 __all__ = [
-    "SEQ_ROWS",
-    "SPEC_PROF_ROUNDS",
-    "U16_MAX",
-    "U32_MAX",
-    "U64_MAX",
-    "VERIFY_SPLIT",
-    "SeqRows",
-    "SpecFirstTokenProf",
-    "SpecPhaseNs",
-    "SpecRoundProf",
-    "SpecRoundsLog",
-    "VerifySplit",
-    "f32",
-]
+    "SEQ_ROWS", "SPEC_PROF_ROUNDS", "U16_MAX", "U32_MAX", "U64_MAX", "VERIFY_SPLIT", "SeqRows",
+    "SpecFirstTokenProf", "SpecPhaseNs", "SpecRoundProf", "SpecRoundsLog", "VerifySplit", "f32",
+    "round_prof", "round_prof_from_ns", "summary_text",
+]  # fmt: skip
 
 #: Rounds the per-round depth log keeps per session (lane/spec-route-depth-20260902).
 SPEC_PROF_ROUNDS = 64
@@ -42,6 +33,9 @@ U32_MAX = (1 << 32) - 1
 U64_MAX = (1 << 64) - 1
 
 _F32 = struct.Struct("<f")
+_F32X5 = struct.Struct("<5f")
+_INF = math.inf
+_tuple_new = tuple.__new__
 
 
 def f32(x: float) -> float:
@@ -93,12 +87,8 @@ class SpecPhaseNs:
 
     def add(self, o: SpecPhaseNs) -> None:
         """Fold another accumulator in (the per-round log feeding the per-burst trace)."""
-        self.draft = (self.draft + o.draft) & U64_MAX
-        self.verify = (self.verify + o.verify) & U64_MAX
-        self.accept = (self.accept + o.accept) & U64_MAX
-        self.roll = (self.roll + o.roll) & U64_MAX
-        self.maint = (self.maint + o.maint) & U64_MAX
-        self.rounds = (self.rounds + o.rounds) & U64_MAX
+        for f in ("draft", "verify", "accept", "roll", "maint", "rounds"):
+            setattr(self, f, (getattr(self, f) + getattr(o, f)) & U64_MAX)
 
     def total(self) -> int:
         """draft + verify + accept + roll + maint, wrapping like the seed's u64 sum."""
@@ -117,53 +107,47 @@ class VerifySplit:
     tear and ``drain`` reads-and-zeroes all four in one step, as the seed's swaps do.
     """
 
-    __slots__ = ("_ffn", "_kda", "_kda_scan", "_lock", "_mla")
+    __slots__ = ("_lock", "_v")
 
     def __init__(self, kda: int = 0, kda_scan: int = 0, mla: int = 0, ffn: int = 0) -> None:
-        self._kda = _uint("VerifySplit.kda", kda, U64_MAX)
-        self._kda_scan = _uint("VerifySplit.kda_scan", kda_scan, U64_MAX)
-        self._mla = _uint("VerifySplit.mla", mla, U64_MAX)
-        self._ffn = _uint("VerifySplit.ffn", ffn, U64_MAX)
+        names = ("kda", "kda_scan", "mla", "ffn")
+        vals = (kda, kda_scan, mla, ffn)
+        self._v = [_uint(f"VerifySplit.{n}", v, U64_MAX) for n, v in zip(names, vals, strict=True)]
         self._lock = threading.Lock()
 
     def add(self, kda: int = 0, kda_scan: int = 0, mla: int = 0, ffn: int = 0) -> None:
         """Add nanoseconds to any of the buckets (wrapping u64, like ``fetch_add``)."""
         with self._lock:
-            self._kda = (self._kda + kda) & U64_MAX
-            self._kda_scan = (self._kda_scan + kda_scan) & U64_MAX
-            self._mla = (self._mla + mla) & U64_MAX
-            self._ffn = (self._ffn + ffn) & U64_MAX
+            v = self._v
+            v[0] = (v[0] + kda) & U64_MAX
+            v[1] = (v[1] + kda_scan) & U64_MAX
+            v[2] = (v[2] + mla) & U64_MAX
+            v[3] = (v[3] + ffn) & U64_MAX
 
     def drain(self) -> tuple[int, int, int, int]:
         """Read and zero all four buckets at once: ``(kda, kda_scan, mla, ffn)``."""
         with self._lock:
-            out = (self._kda, self._kda_scan, self._mla, self._ffn)
-            self._kda = self._kda_scan = self._mla = self._ffn = 0
-        return out
+            out, self._v = self._v, [0, 0, 0, 0]
+        return (out[0], out[1], out[2], out[3])
 
     def peek(self) -> tuple[int, int, int, int]:
         """The current values, without zeroing."""
         with self._lock:
-            return (self._kda, self._kda_scan, self._mla, self._ffn)
+            v = self._v
+            return (v[0], v[1], v[2], v[3])
 
     def __repr__(self) -> str:
-        kda, scan, mla, ffn = self.peek()
-        return f"VerifySplit(kda={kda}, kda_scan={scan}, mla={mla}, ffn={ffn})"
+        return "VerifySplit(kda={}, kda_scan={}, mla={}, ffn={})".format(*self.peek())
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, VerifySplit):
-            return NotImplemented
-        return self.peek() == other.peek()
+        return self.peek() == other.peek() if isinstance(other, VerifySplit) else NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
 
 
 class SeqRows:
-    """Verify rows that took the PER-ROW mixer arm; the walk adds, the round log takes.
-
-    The seed's ``V_SEQ_ROWS`` atomic: incremented by the sequential verify loop, sampled per
-    round. ``take`` reads and zeroes, so each round sees only its own rows.
-    """
+    """Verify rows that took the PER-ROW mixer arm (the seed's ``V_SEQ_ROWS``): the
+    sequential verify loop adds, each round ``take``s (reads and zeroes) its own rows."""
 
     __slots__ = ("_lock", "_n")
 
@@ -195,14 +179,11 @@ class _PerThread:
         self._local = threading.local()
         self._make = make
 
-    def _mine(self) -> Any:
+    def __getattr__(self, name: str) -> Any:  # add / drain / take / peek of this thread's
         acc = getattr(self._local, "acc", None)
         if acc is None:
             acc = self._local.acc = self._make()
-        return acc
-
-    def __getattr__(self, name: str) -> Any:  # add / drain / take / peek of this thread's
-        return getattr(self._mine(), name)
+        return getattr(acc, name)
 
 
 #: The level-2 verify accumulators (the seed's V_KDA_NS / V_KDA_SCAN_NS / V_MLA_NS /
@@ -216,52 +197,6 @@ SEQ_ROWS: SeqRows = _PerThread(SeqRows)  # type: ignore[assignment]
 
 _ARM = re.compile(r"[A-Za-z0-9_.:+-]*")
 
-#: The ms buckets of :class:`SpecFirstTokenProf`, in the struct's field order.
-FIRST_TOKEN_MS_FIELDS = (
-    "cache_alloc_ms",
-    "prime_ms",
-    "capture_ms",
-    "anchor_ms",
-    "draft_alloc_ms",
-    "draft_prime_ms",
-    "first_draft_ms",
-    "first_verify_ms",
-    "first_accept_ms",
-    "first_roll_ms",
-    "first_maint_ms",
-    "first_burst_ms",
-    "first_burst_hook_ms",
-    "sink_alloc_ms",
-    "prime_tap_dtoh_ms",
-    "draft_prime_h2d_ms",
-    "draft_prime_feat_ms",
-    "draft_prime_kv_ms",
-    "unattributed_ms",
-)
-_FIRST_TOKEN_COUNT_FIELDS = (
-    "first_round_tokens",
-    "first_burst_rounds",
-    "first_burst_tokens",
-    "draft_prime_rows",
-    "draft_prime_chunks",
-)
-
-
-def _free_mb(name: str, v: object) -> list[tuple[int, int]]:
-    if not isinstance(v, (list, tuple)):
-        raise TypeError(f"{name} must be a list of (cuda_ordinal, free_mb) pairs, got {v!r}")
-    out: list[tuple[int, int]] = []
-    for i, pair in enumerate(v):
-        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise TypeError(f"{name}[{i}] must be a (cuda_ordinal, free_mb) pair, got {pair!r}")
-        out.append(
-            (
-                _uint(f"{name}[{i}].ordinal", pair[0], U64_MAX),
-                _uint(f"{name}[{i}].free_mb", pair[1], U64_MAX),
-            )
-        )
-    return out
-
 
 @dataclass
 class SpecFirstTokenProf:
@@ -274,63 +209,37 @@ class SpecFirstTokenProf:
     fails where it is set, naming the field.
     """
 
-    #: Session creation: the trunk cache allocation.
-    cache_alloc_ms: float = 0.0
-    #: Session creation: the target prime over the prompt, including the tap DtoHs.
-    prime_ms: float = 0.0
-    #: Session creation: the prompt-boundary prefix capture (0 with the prefix door shut).
-    capture_ms: float = 0.0
-    #: Session creation: the boundary token draw.
-    anchor_ms: float = 0.0
-    #: Session creation: the draft-source state build.
-    draft_alloc_ms: float = 0.0
-    #: Round 1: the drafter's ctx ingest of the whole prompt (0 on the native arm).
-    draft_prime_ms: float = 0.0
-    #: Round 1: draft production after the ingest.
-    first_draft_ms: float = 0.0
-    #: Round 1: the t=K+1 verify walk.
-    first_verify_ms: float = 0.0
-    #: Round 1: the accept walk.
-    first_accept_ms: float = 0.0
-    #: Round 1: the trunk rollback to the accepted prefix.
-    first_roll_ms: float = 0.0
-    #: Round 1: draft-source maintenance.
-    first_maint_ms: float = 0.0
-    #: Round 1: tokens the round committed (j accepted drafts + the bonus).
-    first_round_tokens: int = 0
-    #: First burst: wall from burst entry to return, no extra drains (hook included).
-    first_burst_ms: float = 0.0
-    #: First burst: time inside the caller's commit hook (0 with no hook).
-    first_burst_hook_ms: float = 0.0
-    #: First burst: rounds it ran.
-    first_burst_rounds: int = 0
-    #: First burst: tokens it returned (anchor included).
-    first_burst_tokens: int = 0
-    #: Session creation: the prime tap sink's host allocation (eager arm only).
-    sink_alloc_ms: float = 0.0
-    #: Inside the target prime: the host-staged tap DtoHs (a share of prime_ms).
-    prime_tap_dtoh_ms: float = 0.0
-    #: Drafter prime split: host->device movement of the tap rows.
-    draft_prime_h2d_ms: float = 0.0
-    #: Drafter prime split: the fc feature GEMM.
-    draft_prime_feat_ms: float = 0.0
-    #: Drafter prime split: the k/v ingest.
-    draft_prime_kv_ms: float = 0.0
-    #: Drafter prime geometry: rows ingested.
-    draft_prime_rows: int = 0
-    #: Drafter prime geometry: chunks.
-    draft_prime_chunks: int = 0
-    #: Drafter prime geometry: which arm ran (``eager`` / ``chunked``; "" when none).
-    draft_prime_arm: str = ""
-    #: The drafter ctx KV allocation at the session ctx, in MB.
-    draft_kv_mb: float = 0.0
-    #: Free device memory per CUDA ordinal before the trunk cache allocation.
+    cache_alloc_ms: float = 0.0  #: creation: the trunk cache allocation
+    prime_ms: float = 0.0  #: creation: the target prime over the prompt (tap DtoHs included)
+    capture_ms: float = 0.0  #: creation: the prompt-boundary prefix capture
+    anchor_ms: float = 0.0  #: creation: the boundary token draw
+    draft_alloc_ms: float = 0.0  #: creation: the draft-source state build
+    draft_prime_ms: float = 0.0  #: round 1: the drafter's ingest of the whole prompt
+    first_draft_ms: float = 0.0  #: round 1: draft production after the ingest
+    first_verify_ms: float = 0.0  #: round 1: the t=K+1 verify walk
+    first_accept_ms: float = 0.0  #: round 1: the accept walk
+    first_roll_ms: float = 0.0  #: round 1: the trunk rollback to the accepted prefix
+    first_maint_ms: float = 0.0  #: round 1: draft-source maintenance
+    first_round_tokens: int = 0  #: round 1: tokens committed (j accepted + the bonus)
+    first_burst_ms: float = 0.0  #: first burst: entry to return, no extra drains
+    first_burst_hook_ms: float = 0.0  #: first burst: inside the caller's commit hook
+    first_burst_rounds: int = 0  #: first burst: rounds it ran
+    first_burst_tokens: int = 0  #: first burst: tokens it returned (anchor included)
+    sink_alloc_ms: float = 0.0  #: creation: the prime tap sink's host allocation
+    prime_tap_dtoh_ms: float = 0.0  #: inside the prime: the host-staged tap DtoHs
+    draft_prime_h2d_ms: float = 0.0  #: drafter prime split: host->device tap rows
+    draft_prime_feat_ms: float = 0.0  #: drafter prime split: the fc feature GEMM
+    draft_prime_kv_ms: float = 0.0  #: drafter prime split: the k/v ingest
+    draft_prime_rows: int = 0  #: drafter prime geometry: rows ingested
+    draft_prime_chunks: int = 0  #: drafter prime geometry: chunks
+    draft_prime_arm: str = ""  #: which arm ran (``eager`` / ``chunked``; "" when none)
+    draft_kv_mb: float = 0.0  #: the drafter ctx KV allocation at the session ctx, MB
+    #: Free device memory per CUDA ordinal before the trunk cache allocation / after the
+    #: drafter KV allocation: ``[(ordinal, free_mb)]``.
     free_mb_before: list[tuple[int, int]] = field(default_factory=list)
-    #: Free device memory per CUDA ordinal after the drafter KV allocation.
     free_mb_after: list[tuple[int, int]] = field(default_factory=list)
     #: Not in the seed: what no bucket covers between the session's drained start and the
-    #: first burst's return (free-memory snapshots, burst set-up), so the buckets add up to
-    #: that wall.
+    #: first burst's return (free-memory snapshots, burst set-up), so the buckets add up.
     unattributed_ms: float = 0.0
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -338,20 +247,22 @@ class SpecFirstTokenProf:
 
     def total_ms(self) -> float:
         """Session creation plus the first burst: the first-token latency this profile saw.
-
-        Shares (tap DtoH, drafter-prime split, hook) sit inside other buckets and are not
-        added again; round-1 buckets sit inside ``first_burst_ms``.
-        """
+        Shares (tap DtoH, drafter-prime split, hook) sit inside other buckets; round-1
+        buckets sit inside ``first_burst_ms``."""
         return (
-            self.cache_alloc_ms
-            + self.sink_alloc_ms
-            + self.prime_ms
-            + self.capture_ms
-            + self.anchor_ms
-            + self.draft_alloc_ms
-            + self.first_burst_ms
-            + self.unattributed_ms
-        )
+            self.cache_alloc_ms + self.sink_alloc_ms + self.prime_ms + self.capture_ms
+            + self.anchor_ms + self.draft_alloc_ms + self.first_burst_ms + self.unattributed_ms
+        )  # fmt: skip
+
+
+#: Every field of SpecFirstTokenProf in declaration order (the [spec-prof] line's order).
+FIRST_TOKEN_FIELDS = tuple(f.name for f in fields(SpecFirstTokenProf))
+#: Its ms buckets, in that order.
+FIRST_TOKEN_MS_FIELDS = tuple(f for f in FIRST_TOKEN_FIELDS if f.endswith("_ms"))
+_FT_MS = frozenset((*FIRST_TOKEN_MS_FIELDS, "draft_kv_mb"))
+_FT_COUNT = frozenset(
+    f for f in FIRST_TOKEN_FIELDS if f.endswith(("_tokens", "_rounds", "_rows", "_chunks"))
+)
 
 
 def _check_first_token(name: str, value: object) -> object:
@@ -365,17 +276,16 @@ def _check_first_token(name: str, value: object) -> object:
             raise ValueError(f"{label} must be a word like 'eager' or 'chunked', got {value!r}")
         return value
     if name in ("free_mb_before", "free_mb_after"):
-        return _free_mb(label, value)
-    if name == "draft_kv_mb":
-        return _ms(label, value)
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"{label} must be a list of (cuda_ordinal, free_mb) pairs: {value!r}")
+        out = []
+        for i, pair in enumerate(value):
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise TypeError(f"{label}[{i}] must be a (cuda_ordinal, free_mb) pair: {pair!r}")
+            out.append((_uint(f"{label}[{i}].ordinal", pair[0], U64_MAX),
+                        _uint(f"{label}[{i}].free_mb", pair[1], U64_MAX)))  # fmt: skip
+        return out
     raise AttributeError(f"SpecFirstTokenProf has no field {name!r}")
-
-
-_FT_MS = frozenset(FIRST_TOKEN_MS_FIELDS)
-_FT_COUNT = frozenset(_FIRST_TOKEN_COUNT_FIELDS)
-
-#: Every field of SpecFirstTokenProf in declaration order (the [spec-prof] line's order).
-FIRST_TOKEN_FIELDS = tuple(f.name for f in fields(SpecFirstTokenProf))
 
 
 # ------------------------------------------------------------------------- per-round row
@@ -405,63 +315,41 @@ class SpecRoundProf(_RoundProfFields):
 
     __slots__ = ()
 
-    def __new__(
-        cls,
-        wall_ms: float = 0.0,
-        draft_ms: float = 0.0,
-        verify_ms: float = 0.0,
-        accept_ms: float = 0.0,
-        rest_ms: float = 0.0,
-        k: int = 0,
-        j: int = 0,
-        ctx: int = 0,
-        seq_rows: int = 0,
-    ) -> SpecRoundProf:
+    def phase_ns(self) -> tuple[float, float, float, float, float]:
+        """(draft, verify, accept, rollback + maint, 0) ns: a row as a round for
+        :mod:`memra_obs.analysis` (the row keeps rollback and maint as one ``rest``)."""
+        return (self.draft_ms * 1e6, self.verify_ms * 1e6, self.accept_ms * 1e6,
+                self.rest_ms * 1e6, 0.0)  # fmt: skip
+
+    def __new__(cls, wall_ms: float = 0.0, draft_ms: float = 0.0, verify_ms: float = 0.0,
+                accept_ms: float = 0.0, rest_ms: float = 0.0, k: int = 0, j: int = 0,
+                ctx: int = 0, seq_rows: int = 0) -> SpecRoundProf:  # fmt: skip
         ms = []
         for name, v in zip(
-            ROUND_PROF_FIELDS, (wall_ms, draft_ms, verify_ms, accept_ms, rest_ms), strict=False
+            ROUND_PROF_FIELDS[:5], (wall_ms, draft_ms, verify_ms, accept_ms, rest_ms), strict=True
         ):
             x = _ms(f"SpecRoundProf.{name}", v)
-            y = f32(x)
-            if math.isinf(y):
+            if math.isinf(y := f32(x)):
                 raise ValueError(f"SpecRoundProf.{name}={x!r} does not fit in an f32")
             ms.append(y)
-        counts = (
-            _uint("SpecRoundProf.k", k, U16_MAX),
-            _uint("SpecRoundProf.j", j, U16_MAX),
-            _uint("SpecRoundProf.ctx", ctx, U32_MAX),
-            _uint("SpecRoundProf.seq_rows", seq_rows, U32_MAX),
-        )
-        return tuple.__new__(cls, (*ms, *counts))
+        counts = [_uint(f"SpecRoundProf.{n}", v, top) for n, v, top in
+                  (("k", k, U16_MAX), ("j", j, U16_MAX), ("ctx", ctx, U32_MAX),
+                   ("seq_rows", seq_rows, U32_MAX))]  # fmt: skip
+        return _tuple_new(cls, (*ms, *counts))
 
 
 ROUND_PROF_FIELDS = _RoundProfFields._fields
-_INF = math.inf
-
-_F32X5 = struct.Struct("<5f")
-_tuple_new = tuple.__new__
 
 
-def round_prof(
-    wall_ms: float,
-    draft_ms: float,
-    verify_ms: float,
-    accept_ms: float,
-    rest_ms: float,
-    k: int,
-    j: int,
-    ctx: int,
-    seq_rows: int,
-) -> SpecRoundProf:
-    """A row stored as the seed stores it, the fast way (the observer builds one per round,
-    the legacy parser one per ``[spec-prof-rounds]`` line). Values the checks would refuse
-    go through the checking constructor, which raises naming the field."""
+def round_prof(wall_ms: float, draft_ms: float, verify_ms: float, accept_ms: float,
+               rest_ms: float, k: int, j: int, ctx: int, seq_rows: int) -> SpecRoundProf:  # fmt: skip
+    """A row stored as the seed stores it, the fast way (the observer builds one per logged
+    round). Values the checks would refuse go through the checking constructor, which
+    raises naming the field."""
     if (
         type(k) is int and type(j) is int and type(ctx) is int and type(seq_rows) is int
         and 0 <= k <= U16_MAX and 0 <= j <= U16_MAX and 0 <= ctx <= U32_MAX
-        and 0 <= seq_rows <= U32_MAX
-        and wall_ms >= 0.0 and draft_ms >= 0.0 and verify_ms >= 0.0 and accept_ms >= 0.0
-        and rest_ms >= 0.0
+        and 0 <= seq_rows <= U32_MAX and min(wall_ms, draft_ms, verify_ms, accept_ms, rest_ms) >= 0
     ):  # fmt: skip
         try:
             ms = _F32X5.unpack(_F32X5.pack(wall_ms, draft_ms, verify_ms, accept_ms, rest_ms))
@@ -476,9 +364,8 @@ def round_prof_from_ns(
     wall: int, draft: int, verify: int, accept: int, rest: int, k: int, j: int, ctx: int, seq: int
 ) -> SpecRoundProf:
     """:func:`round_prof` from nanosecond phase lengths (``ns / 1e6``, as the loop measures)."""
-    return round_prof(
-        wall / 1e6, draft / 1e6, verify / 1e6, accept / 1e6, rest / 1e6, k, j, ctx, seq
-    )
+    return round_prof(wall / 1e6, draft / 1e6, verify / 1e6, accept / 1e6, rest / 1e6, k, j,
+                      ctx, seq)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- round log
@@ -504,8 +391,7 @@ class SpecRoundsLog:
 
     def fresh(self) -> list[SpecRoundProf]:
         """Rows not yet printed; marks them printed."""
-        start = self.printed
-        self.printed = len(self.rounds)
+        start, self.printed = self.printed, len(self.rounds)
         return self.rounds[start:]
 
     def summary(self) -> str:
@@ -517,40 +403,36 @@ class SpecRoundsLog:
         from -0.0 (Rust's ``Sum for f64``), the mean runs over the *sorted* walls, and the
         slow-round threshold ``1.5 * med`` is an f32 product.
         """
-        n = len(self.rounds)
+        rs = self.rounds
+        n = len(rs)
         if n == 0:
             return "rounds=0"
         nf = float(n)
-        k = _fsum(float(r.k) for r in self.rounds)
-        j = _fsum(float(r.j) for r in self.rounds)
-        walls = sorted(r.wall_ms for r in self.rounds)  # stable, like slice::sort_by
-        med = walls[n // 2]
-        mean = _fsum(walls) / nf
-        threshold = f32(1.5 * med)
-        slow = sum(1 for w in walls if w > threshold)
-        verify_mean = _fsum(r.verify_ms for r in self.rounds) / nf
-        draft_mean = _fsum(r.draft_ms for r in self.rounds) / nf
-        seq = sum(r.seq_rows for r in self.rounds)
-        accept = j / k if k > 0.0 else 0.0
+        k = _fsum(float(r.k) for r in rs)
+        j = _fsum(float(r.j) for r in rs)
+        walls = sorted(r.wall_ms for r in rs)  # stable, like slice::sort_by
         return summary_text(
-            n, k / nf, j / nf, accept, (j + nf) / nf, mean, walls[0], med, walls[n - 1], slow,
-            draft_mean, verify_mean, seq, self.rounds[0].ctx, self.rounds[n - 1].ctx,
+            n, k / nf, j / nf, j / k if k > 0.0 else 0.0, (j + nf) / nf, _fsum(walls) / nf,
+            walls[0], walls[n // 2], walls[n - 1], _slow(walls),
+            _fsum(r.draft_ms for r in rs) / nf, _fsum(r.verify_ms for r in rs) / nf,
+            sum(r.seq_rows for r in rs), rs[0].ctx, rs[n - 1].ctx,
         )  # fmt: skip
 
     def slow_rounds(self) -> int:
         """Rounds past 1.5x the median wall (the summary's bimodality count)."""
-        if not self.rounds:
-            return 0
-        walls = sorted(r.wall_ms for r in self.rounds)
-        threshold = f32(1.5 * walls[len(walls) // 2])
-        return sum(1 for w in walls if w > threshold)
+        return _slow(sorted(r.wall_ms for r in self.rounds)) if self.rounds else 0
 
 
-def summary_text(
-    n: int, k_mean: float, j_mean: float, accept: float, tok_per_round: float, wall_mean: float,
-    wall_min: float, wall_med: float, wall_max: float, slow: int, draft_mean: float,
-    verify_mean: float, seq_rows_total: int, ctx_first: int, ctx_last: int,
-) -> str:  # fmt: skip
+def _slow(walls: list[float]) -> int:
+    """Sorted walls past the seed's f32 threshold ``1.5 * med`` (``med = walls[n / 2]``)."""
+    threshold = f32(1.5 * walls[len(walls) // 2])
+    return sum(1 for w in walls if w > threshold)
+
+
+def summary_text(n: int, k_mean: float, j_mean: float, accept: float, tok_per_round: float,
+                 wall_mean: float, wall_min: float, wall_med: float, wall_max: float, slow: int,
+                 draft_mean: float, verify_mean: float, seq_rows_total: int, ctx_first: int,
+                 ctx_last: int) -> str:  # fmt: skip
     """The summary's text (the seed's format string), from its values."""
     return (
         f"rounds={n} k_mean={k_mean:.2f} j_mean={j_mean:.2f} accept={accept:.3f} "
@@ -561,10 +443,10 @@ def summary_text(
     )
 
 
-def _fsum(xs: object) -> float:
+def _fsum(xs: Iterable[float]) -> float:
     # A left fold from -0.0: Rust's `Iterator::sum::<f64>()`. Never builtins.sum, which
     # compensates on Python >= 3.12 and would print different digits.
     acc = -0.0
-    for x in xs:  # type: ignore[attr-defined]
+    for x in xs:
         acc += x
     return acc

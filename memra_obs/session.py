@@ -23,9 +23,11 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from .analysis import advise
 from .clock import ProfClock, Stream, SyncClock, now_ns
 from .diagnostics import say_once
 from .fanout import Fanout, fan
+from .legacy import advice_line
 from .records import (
     SPEC_PROF_ROUNDS,
     U16_MAX,
@@ -116,6 +118,11 @@ class Session:
         except Exception as exc:
             say_once("clock", f"the phase clock failed to start ({exc!r}); using the sync clock")
             self._clock = SyncClock(self.e, self.eh)
+        #: Which clock times this session's phases (what the advice was fitted from).
+        self._clock_name = (
+            "host" if self.e is None and self.eh is None
+            else "event" if not self._clock.immediate else "sync"
+        )  # fmt: skip
         self._rounds = self._bursts = self._tokens = 0
         self._ended = self._first_token_sent = False
         self._intervals: list[tuple[str, int, int]] = []
@@ -249,7 +256,13 @@ class Session:
 
     def _summarize(self, fo: Fanout, log: SpecRoundsLog) -> None:
         log.summarized = True
-        rec = ProfSummaryRecord(self.id, log.summary(), log.slow_rounds())
+        try:
+            a = advise(log.rounds, clock=self._clock_name)
+            advice = advice_line(a) if a is not None else ""
+        except Exception as exc:
+            say_once("advice", f"the k advisor failed ({exc!r}); no [spec-advice] line")
+            advice = ""
+        rec = ProfSummaryRecord(self.id, log.summary(), log.slow_rounds(), advice)
         fan(fo.on_prof_summary, "on_prof_summary", rec)
 
     def _first_token(self, burst: Burst, end: int, tokens: int) -> None:

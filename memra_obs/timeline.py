@@ -130,11 +130,13 @@ class ProfRowsRecord(NamedTuple):
 
 
 class ProfSummaryRecord(NamedTuple):
-    """The round log's one-line summary (``SpecRoundsLog.summary``), once per session."""
+    """The round log's one-line summary (``SpecRoundsLog.summary``), once per session, and the
+    k advisor's ``[spec-advice]`` line over the same rows ("" when too few drafted)."""
 
     session: int
     summary: str
     slow_rounds: int
+    advice: str = ""
 
 
 class SessionEndRecord(NamedTuple):

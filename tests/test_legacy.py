@@ -224,3 +224,45 @@ def test_malformed_tagged_lines_say_why(line, why):
     with pytest.raises(LegacyParseError, match=why) as e:
         parse_line(line)
     assert e.value.line == line
+
+
+iv3 = st.tuples(
+    st.floats(0, 1e6, allow_nan=False), st.floats(0, 1e6, allow_nan=False),
+    st.one_of(st.floats(0, 1e6, allow_nan=False), st.just(float("inf"))),
+)  # fmt: skip
+
+
+@given(
+    st.integers(0, 10**6), st.sampled_from(["sync", "event", "host"]), st.floats(0, 64),
+    st.integers(1, 64), iv3, iv3, iv3, st.floats(0, 1e4), st.sampled_from(["verify_fit", "measured"]),
+)  # fmt: skip
+def test_advice_lines_round_trip(n, clock, k_now, k_rec, tpr, tps, sp, step, src):
+    """A [spec-advice] line re-formats to itself, whatever its figures (inf included)."""
+    from memra_obs.legacy import AdviceLine
+
+    line = AdviceLine(n, clock, k_now, k_rec, tpr, tps, sp, step, src).line()
+    rec = parse_line(line)
+    assert isinstance(rec, AdviceLine) and (rec.rounds, rec.clock, rec.k_rec) == (n, clock, k_rec)
+    assert format_line(rec) == line
+
+
+def test_the_advice_is_printed_with_the_summary():
+    """A profiled session of 64 rounds prints [spec-advice] right after its summary, over the
+    same rows, labelled an estimate, with the clock that timed it; the line parses back."""
+    from memra_obs.legacy import AdviceLine
+    from memra_obs.testing import capture
+
+    cap = capture(level=0, prof=True, memory=lambda: [(0, 1)])
+    with cap as c, c.observer.session("glm5") as s, s.burst(4) as b:
+        for i in range(64):
+            b.begin_round()
+            b.end_draft()
+            b.end_verify()
+            b.end_accept()
+            b.end_rollback()
+            b.end_round(k=2 + i % 4, j=i % 3)
+    cap = c
+    i = next(n for n, x in enumerate(cap.lines) if x.startswith("[spec-prof-summary]"))
+    advice = parse_line(cap.lines[i + 1])
+    assert isinstance(advice, AdviceLine) and advice.rounds == 64 and advice.clock == "host"
+    assert cap.lines[i + 1].startswith("[spec-advice] (estimate) ")

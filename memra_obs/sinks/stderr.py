@@ -59,4 +59,5 @@ class StderrSink(Sink):
         self.writer.write_lines(prof_rounds_lines(rec.rows, rec.start))
 
     def on_prof_summary(self, rec: ProfSummaryRecord) -> None:
-        self.writer.write_lines([f"[{PROF_SUMMARY_TAG}] {rec.summary}"])
+        lines = [f"[{PROF_SUMMARY_TAG}] {rec.summary}"]
+        self.writer.write_lines([*lines, rec.advice] if rec.advice else lines)

@@ -26,7 +26,7 @@ from typing import Any
 __all__ = ["KINDS", "TailCollector", "TailStats"]
 
 #: Line kinds, as ``scan_line`` names them, plus ``other``.
-KINDS = ("phase", "verify", "prof", "prof_rounds", "prof_summary", "override", "other")
+KINDS = ("phase", "verify", "prof", "prof_rounds", "prof_summary", "override", "advice", "other")
 
 
 class TailStats:

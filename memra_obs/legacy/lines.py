@@ -1,0 +1,372 @@
+"""The legacy lines' writers (byte for byte with the seed where the seed defines the line)
+and the records a parsed line becomes; the parser is :mod:`memra_obs.legacy.parse`."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any, NamedTuple, TextIO
+
+from ..diagnostics import say_once
+from ..flags import override_line, spec_trace_level
+from ..linewriter import LineWriter, stderr_writer
+from ..records import (
+    FIRST_TOKEN_FIELDS,
+    FIRST_TOKEN_MS_FIELDS,
+    U64_MAX,
+    VERIFY_SPLIT,
+    SpecFirstTokenProf,
+    SpecPhaseNs,
+    SpecRoundProf,
+    SpecRoundsLog,
+    VerifySplit,
+    summary_text,
+)
+
+_F32X5 = struct.Struct("<5f")
+_F32_PACK = struct.Struct("<f").pack
+_F32_UNPACK = struct.Struct("<f").unpack
+
+PROF_TAG = "spec-prof"
+PROF_ROUNDS_TAG = "spec-prof-rounds"
+PROF_SUMMARY_TAG = "spec-prof-summary"
+TRACE_TAG = "spec-trace"
+
+#: Line kinds (each record's ``kind``; the tail's ``kind`` label values).
+PHASE = "phase"
+VERIFY = "verify"
+PROF = "prof"
+PROF_ROUNDS = "prof_rounds"
+PROF_SUMMARY = "prof_summary"
+OVERRIDE = "override"
+ADVICE = "advice"
+ADVICE_TAG = "spec-advice"
+
+
+# ------------------------------------------------------------------------------ numbers
+
+
+def _positional(s: str) -> str:
+    if "e" in s or "E" in s:
+        s = format(Decimal(s), "f")
+    if "." not in s:
+        s += ".0"
+    return s
+
+
+def exact_f64(x: float) -> str:
+    """Shortest decimal that reads back to the same double, without an exponent."""
+    return _positional(repr(float(x)))
+
+
+def exact_f32(x: float) -> str:
+    """A short decimal (the shortest, but for rare binade edges) that reads back to the same
+    f32, without an exponent. Per-round ms values mostly need 7 digits: try 7 and 6, then
+    bisect (round-tripping is monotonic in the digit count)."""
+    s = f"{x:.7g}"
+    if _f32_of(s) == x:
+        t = f"{x:.6g}"
+        if _f32_of(t) == x:
+            lo, hi, s = 1, 6, t  # the answer is in lo..hi; s holds hi's digits
+            while lo < hi:
+                mid = (lo + hi) // 2
+                t = f"{x:.{mid}g}"
+                if _f32_of(t) == x:
+                    hi, s = mid, t
+                else:
+                    lo = mid + 1
+    else:
+        s = f"{x:.8g}"
+        if _f32_of(s) != x:
+            s = f"{x:.9g}"  # 9 significant digits always identify an f32
+    if "e" in s or "." not in s:
+        return _positional(s)
+    return s
+
+
+def _f32_of(s: str) -> float:
+    return _F32_UNPACK(_F32_PACK(float(s)))[0]
+
+
+# ------------------------------------------------------------------------------ writers
+
+
+def phase_lines(
+    p: SpecPhaseNs,
+    tag: str,
+    tag_v: str,
+    k: int,
+    level: int = 1,
+    split: VerifySplit | None = None,
+) -> list[str]:
+    """The per-burst line under ``tag`` and, at ``level >= 2``, the verify sub-split line
+    under ``tag_v``; ``[]`` when the burst ran no rounds.
+
+    Like the seed, the level-2 line drains ``split`` (reads and zeroes it); ``None`` stands
+    for a split that recorded nothing. Every value is the seed's ``ns as f64 / 1e6`` (per
+    round: ``/ rounds`` after that), so the same f64 reaches the same ``{:.N}``.
+    """
+    n = p.rounds
+    if n == 0:
+        return []
+    r = float(n)
+    total = p.total()
+    ms = [float(x) / 1e6 for x in (total, p.draft, p.verify, p.accept, p.roll, p.maint)]
+    per = [float(x) / 1e6 / r for x in (p.draft, p.verify, p.accept, p.roll, p.maint, total)]
+    out = [_phase_text(tag, n, k, *ms, *per)]
+    if level >= 2:
+        vkda, scan, vmla, vffn = split.drain() if split is not None else (0, 0, 0, 0)
+        vrest = max(p.verify - ((vkda + vmla) & U64_MAX), 0)  # u64 saturating_sub
+        out.append(
+            _verify_text(
+                tag_v, n, k, *(float(x) / 1e6 / r for x in (vkda, scan, vmla, vrest, vffn))
+            )
+        )
+    return out
+
+
+def _phase_text(tag: str, n: int, k: int, *v: float) -> str:
+    return (
+        f"[{tag}] rounds={n} k={k} total={v[0]:.2f}ms | draft={v[1]:.2f} verify={v[2]:.2f} "
+        f"accept={v[3]:.2f} roll={v[4]:.2f} maint={v[5]:.2f} | per-round ms: draft={v[6]:.3f} "
+        f"verify={v[7]:.3f} accept={v[8]:.3f} roll={v[9]:.3f} maint={v[10]:.3f} total={v[11]:.3f}"
+    )
+
+
+def _verify_text(tag: str, n: int, k: int, *v: float) -> str:
+    return (
+        f"[{tag}] rounds={n} k={k} | per-round ms: vkda={v[0]:.3f} (scan={v[1]:.3f}) "
+        f"vmla={v[2]:.3f} vrest={v[3]:.3f} (vffn={v[4]:.3f})"
+    )
+
+
+def _fmt_free(v: Sequence[tuple[int, int]]) -> str:
+    return "[" + ",".join(f"{o}:{mb}" for o, mb in v) + "]"
+
+
+_FT_FLOAT = frozenset((*FIRST_TOKEN_MS_FIELDS, "draft_kv_mb"))
+_FT_FREE = frozenset(("free_mb_before", "free_mb_after"))
+
+
+def prof_line(prof: SpecFirstTokenProf) -> str:
+    """The ``[spec-prof]`` line: every field of the first-token profile, exact."""
+    parts = [f"[{PROF_TAG}]"]
+    for name in FIRST_TOKEN_FIELDS:
+        v = getattr(prof, name)
+        if name in _FT_FLOAT:
+            parts.append(f"{name}={exact_f64(v)}")
+        elif name in _FT_FREE:
+            parts.append(f"{name}={_fmt_free(v)}")
+        else:
+            parts.append(f"{name}={v}")
+    return " ".join(parts)
+
+
+def prof_rounds_lines(rows: Sequence[SpecRoundProf], start: int = 0) -> list[str]:
+    """One ``[spec-prof-rounds]`` line per row; ``start`` is the first row's log index."""
+    out = []
+    for i, r in enumerate(rows, start):
+        out.append(
+            f"[{PROF_ROUNDS_TAG}] row={i} wall_ms={exact_f32(r.wall_ms)} "
+            f"draft_ms={exact_f32(r.draft_ms)} verify_ms={exact_f32(r.verify_ms)} "
+            f"accept_ms={exact_f32(r.accept_ms)} rest_ms={exact_f32(r.rest_ms)} "
+            f"k={r.k} j={r.j} ctx={r.ctx} seq_rows={r.seq_rows}"
+        )
+    return out
+
+
+def prof_summary_line(log: SpecRoundsLog) -> str:
+    return f"[{PROF_SUMMARY_TAG}] {log.summary()}"
+
+
+def emit(
+    p: SpecPhaseNs,
+    tag: str,
+    tag_v: str,
+    k: int,
+    *,
+    level: int | None = None,
+    split: VerifySplit | None = None,
+    out: TextIO | LineWriter | None = None,
+) -> None:
+    """The seed's ``SpecPhaseNs::emit``: the burst's lines to stderr, never raising.
+
+    ``level`` defaults to the process trace level; ``split`` to the process-wide level-2
+    accumulators (:data:`memra_obs.VERIFY_SPLIT`), drained here as the seed drains its atomics.
+    """
+    try:
+        lvl = spec_trace_level() if level is None else level
+        if split is None and lvl >= 2:
+            split = VERIFY_SPLIT  # the process-wide accumulators
+        lines = phase_lines(p, tag, tag_v, k, lvl, split)
+        writer = (
+            out
+            if isinstance(out, LineWriter)
+            else (stderr_writer() if out is None else LineWriter(out))
+        )
+        writer.write_lines(lines)
+    except Exception as exc:  # instrumentation never takes the loop down
+        say_once("legacy.emit", f"emit failed and is skipped from now on: {exc!r}")
+
+
+# ------------------------------------------------------------------------------ records
+#
+# Parsed lines are immutable tuples (cheap to build: the tail builds one per line); each
+# says its ``kind`` and gives its line back with ``line()``.
+
+
+class PhaseLine(NamedTuple):
+    """A parsed per-burst phase line (ms values as printed)."""
+
+    kind = PHASE
+
+    tag: str
+    rounds: int
+    k: int
+    total_ms: float
+    draft_ms: float
+    verify_ms: float
+    accept_ms: float
+    roll_ms: float
+    maint_ms: float
+    per_draft_ms: float
+    per_verify_ms: float
+    per_accept_ms: float
+    per_roll_ms: float
+    per_maint_ms: float
+    per_total_ms: float
+
+    def line(self) -> str:
+        return _phase_text(self.tag, self.rounds, self.k, *self[3:])
+
+
+class VerifyLine(NamedTuple):
+    """A parsed level-2 verify sub-split line (per-round ms as printed)."""
+
+    kind = VERIFY
+
+    tag: str
+    rounds: int
+    k: int
+    vkda_ms: float
+    scan_ms: float
+    vmla_ms: float
+    vrest_ms: float
+    vffn_ms: float
+
+    def line(self) -> str:
+        return _verify_text(self.tag, self.rounds, self.k, *self[3:])
+
+
+class FirstTokenLine(NamedTuple):
+    """A parsed ``[spec-prof]`` line."""
+
+    kind = PROF
+
+    prof: SpecFirstTokenProf
+
+    def line(self) -> str:
+        return prof_line(self.prof)
+
+
+class RoundsLine(NamedTuple):
+    """A parsed ``[spec-prof-rounds]`` line: one row of the session's round log."""
+
+    kind = PROF_ROUNDS
+
+    row: int
+    prof: SpecRoundProf
+
+    def line(self) -> str:
+        return prof_rounds_lines([self.prof], self.row)[0]
+
+
+class SummaryLine(NamedTuple):
+    """A parsed ``[spec-prof-summary]`` line (values as printed; ``rounds=0`` leaves the
+    rest ``None``)."""
+
+    kind = PROF_SUMMARY
+
+    rounds: int
+    k_mean: float | None = None
+    j_mean: float | None = None
+    accept: float | None = None
+    tok_per_round: float | None = None
+    wall_mean_ms: float | None = None
+    wall_min_ms: float | None = None
+    wall_med_ms: float | None = None
+    wall_max_ms: float | None = None
+    slow_rounds: int | None = None
+    draft_mean_ms: float | None = None
+    verify_mean_ms: float | None = None
+    seq_rows_total: int | None = None
+    ctx_first: int | None = None
+    ctx_last: int | None = None
+
+    def line(self) -> str:
+        if self.k_mean is None:
+            return f"[{PROF_SUMMARY_TAG}] rounds={self.rounds}"
+        return f"[{PROF_SUMMARY_TAG}] " + summary_text(*self)  # type: ignore[arg-type]
+
+
+class OverrideLine(NamedTuple):
+    """The flag-override line (``[spec-trace] MEMRA_SPEC_TRACE=.. overrides ..``)."""
+
+    kind = OVERRIDE
+
+    general: int
+    alias: int
+
+    def line(self) -> str:
+        return override_line(self.general, self.alias)
+
+
+class AdviceLine(NamedTuple):
+    """A parsed ``[spec-advice]`` line: the k advisor's estimates over a session's logged
+    rounds (each figure with its interval, as printed)."""
+
+    kind = ADVICE
+
+    rounds: int
+    clock: str
+    k_now: float
+    k_rec: int
+    tokens_per_round: tuple[float, float, float]
+    tokens_per_s: tuple[float, float, float]
+    speedup: tuple[float, float, float]
+    plain_step_ms: float
+    plain_source: str
+
+    def line(self) -> str:
+        t, s, x = self.tokens_per_round, self.tokens_per_s, self.speedup
+        return (
+            f"[{ADVICE_TAG}] (estimate) rounds={self.rounds} clock={self.clock} "
+            f"k_now={self.k_now:.2f} k_rec={self.k_rec} "
+            f"tokens_per_round={t[0]:.3f} ({t[1]:.3f}..{t[2]:.3f}) "
+            f"tokens_per_s={s[0]:.1f} ({s[1]:.1f}..{s[2]:.1f}) "
+            f"speedup={x[0]:.3f} ({x[1]:.3f}..{x[2]:.3f}) "
+            f"plain_step_ms={self.plain_step_ms:.3f} ({self.plain_source})"
+        )
+
+
+def advice_line(a: Any) -> str:
+    """The ``[spec-advice]`` line of an :class:`memra_obs.analysis.Advice`."""
+
+    def iv(x: Any) -> tuple[float, float, float]:
+        return (x.value, x.lo, x.hi)
+
+    return AdviceLine(
+        a.rounds, a.clock, a.current_k, a.recommended_k, iv(a.expected_tokens),
+        iv(a.tokens_per_s), iv(a.estimated_speedup), a.plain_step_ns / 1e6, a.plain_step_source,
+    ).line()  # fmt: skip
+
+
+LegacyLine = (
+    PhaseLine | VerifyLine | FirstTokenLine | RoundsLine | SummaryLine | OverrideLine | AdviceLine
+)
+
+
+def format_line(rec: LegacyLine) -> str:
+    """The line a parsed record came from (exactly, for every line this module writes)."""
+    return rec.line()

@@ -1,0 +1,261 @@
+"""The one parser of the legacy lines: every reader (the tail, the report, tests) goes
+through :func:`parse_line`. A regex per shape, then the record."""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from ..records import (
+    FIRST_TOKEN_FIELDS,
+    U16_MAX,
+    U32_MAX,
+    SpecFirstTokenProf,
+    SpecRoundProf,
+)
+from .lines import (
+    _FT_FLOAT,
+    _FT_FREE,
+    ADVICE,
+    ADVICE_TAG,
+    OVERRIDE,
+    PHASE,
+    PROF,
+    PROF_ROUNDS,
+    PROF_ROUNDS_TAG,
+    PROF_SUMMARY,
+    PROF_SUMMARY_TAG,
+    PROF_TAG,
+    TRACE_TAG,
+    VERIFY,
+    AdviceLine,
+    FirstTokenLine,
+    LegacyLine,
+    OverrideLine,
+    PhaseLine,
+    RoundsLine,
+    SummaryLine,
+    VerifyLine,
+)
+
+__all__ = ["LegacyParseError", "parse_line"]
+
+_F32X5 = struct.Struct("<5f")
+
+
+class LegacyParseError(ValueError):
+    """A line carries a legacy tag but not the shape that goes with it.
+
+    ``kind`` is the kind the line claims to be (``phase``, ``verify``, ``prof``,
+    ``prof_rounds``, ``prof_summary``, ``override``), for counting refusals by kind.
+    """
+
+    def __init__(self, line: str, reason: str, kind: str = PHASE) -> None:
+        super().__init__(f"{reason}: {line[:200]!r}")
+        self.line = line
+        self.reason = reason
+        self.kind = kind
+
+
+_N = r"(0|[1-9][0-9]*)"
+_F = r"(-?[0-9]+\.[0-9]+)"
+_TAG_HEAD = re.compile(r"\[([^\]\s]+)\] ").match
+_PHASE = re.compile(
+    rf"rounds={_N} k={_N} total={_F}ms \| draft={_F} verify={_F} accept={_F} roll={_F} "
+    rf"maint={_F} \| per-round ms: draft={_F} verify={_F} accept={_F} roll={_F} maint={_F} "
+    rf"total={_F}"
+).fullmatch
+_VERIFY = re.compile(
+    rf"rounds={_N} k={_N} \| per-round ms: vkda={_F} \(scan={_F}\) vmla={_F} vrest={_F} "
+    rf"\(vffn={_F}\)"
+).fullmatch
+_SUMMARY = re.compile(
+    rf"rounds={_N} k_mean={_F} j_mean={_F} accept={_F} tok_per_round={_F} "
+    rf"wall_ms mean={_F} min={_F} med={_F} max={_F} slow_rounds\(>1\.5x med\)={_N} "
+    rf"draft_mean={_F} verify_mean={_F} seq_rows_total={_N} ctx_first={_N} ctx_last={_N}"
+).fullmatch
+_OVERRIDE = re.compile(
+    r"MEMRA_SPEC_TRACE=([12]) overrides MEMRA_GLM5_SPEC_TRACE=([12]) "
+    r"\(the general flag wins; unset one to silence this\)"
+).fullmatch
+_ROW = re.compile(
+    rf"row={_N} wall_ms={_F} draft_ms={_F} verify_ms={_F} accept_ms={_F} rest_ms={_F} "
+    rf"k={_N} j={_N} ctx={_N} seq_rows={_N}"
+).fullmatch
+_FREE = re.compile(r"\[((?:[0-9]+:[0-9]+)(?:,[0-9]+:[0-9]+)*)?\]").fullmatch
+_FLOAT = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?").fullmatch
+_COUNT = re.compile(_N).fullmatch
+_FT_NAMES = list(FIRST_TOKEN_FIELDS)
+_ROW_HEAD = f"[{PROF_ROUNDS_TAG}] "
+_tuple_new = tuple.__new__  # a NamedTuple without its Python-level __new__
+#: The project's own tags: a line under a damaged one is refused, never passed off as foreign.
+_OWN_TAGS = {
+    PROF_ROUNDS_TAG: PROF_ROUNDS,
+    PROF_SUMMARY_TAG: PROF_SUMMARY,
+    PROF_TAG: PROF,
+    TRACE_TAG: OVERRIDE,
+    ADVICE_TAG: ADVICE,
+}
+_IV = r"([0-9]+\.[0-9]+|inf) \(([0-9]+\.[0-9]+|inf)\.\.([0-9]+\.[0-9]+|inf)\)"
+_ADVICE = re.compile(
+    rf"\(estimate\) rounds={_N} clock=([a-z]+) k_now=([0-9]+\.[0-9]+) k_rec={_N} "
+    rf"tokens_per_round={_IV} tokens_per_s={_IV} speedup={_IV} "
+    r"plain_step_ms=([0-9]+\.[0-9]+) \(([a-z_]+)\)"
+).fullmatch
+
+
+def parse_line(line: str) -> LegacyLine | None:
+    """Parse one line: a record for a legacy line, ``None`` for anyone else's line.
+
+    Raises :class:`LegacyParseError` (with the reason and the kind the line claims) for a
+    line that carries one of the legacy tags or shapes but is malformed or truncated.
+    """
+    if line[:1] != "[":  # the common case for other programs' lines: one slice, no regex
+        return None
+    text = line.rstrip("\r\n")
+    try:
+        if text.startswith(_ROW_HEAD):  # most legacy lines are rows
+            return _row(line, text[len(_ROW_HEAD) :])
+        m = _TAG_HEAD(text)
+        if m is None:
+            if text.startswith("[spec-"):
+                raise LegacyParseError(line, "tag without a body", _claimed(text))
+            return None
+        tag = m.group(1)
+        body = text[m.end() :]
+        kind = _OWN_TAGS.get(tag)
+        if kind is not None:
+            return _own(line, kind, body)
+        if tag.startswith(("spec-prof", "spec-trace", "spec-advice")):
+            raise LegacyParseError(line, f"unknown tag [{tag}]", _claimed(text))
+        if not body.startswith("rounds="):
+            return None  # some other program's tagged line
+        if " total=" in body:
+            p = _PHASE(body)
+            if p is None:
+                raise LegacyParseError(line, "phase line truncated or malformed", PHASE)
+            g = p.groups()
+            return PhaseLine(tag, int(g[0]), int(g[1]), *_durations(line, g[2:], PHASE))
+        if "| per-round ms: vkda=" in body:
+            v = _VERIFY(body)
+            if v is None:
+                raise LegacyParseError(line, "verify sub-split line truncated or malformed", VERIFY)
+            g = v.groups()
+            return VerifyLine(tag, int(g[0]), int(g[1]), *_durations(line, g[2:], VERIFY))
+        raise LegacyParseError(line, "tagged rounds= line of no known shape", PHASE)
+    except ValueError as exc:  # a record (or int()) refused a parsed value
+        if isinstance(exc, LegacyParseError):
+            raise
+        raise LegacyParseError(line, str(exc), _claimed(text)) from None
+
+
+def _durations(line: str, values: Sequence[str], kind: str) -> tuple[float, ...]:
+    """Printed ms values as floats: no clock gives a negative or an infinite one."""
+    out = tuple(map(float, values))
+    if min(out) < 0.0 or max(out) == _INF:
+        raise LegacyParseError(line, "a negative or infinite duration (no clock gives one)", kind)
+    return out
+
+
+_INF = float("inf")
+
+
+def _claimed(text: str) -> str:
+    """The kind a damaged tagged line claims to be (for counting it)."""
+    for tag, kind in _OWN_TAGS.items():
+        if text.startswith("[" + tag):
+            return kind
+    return VERIFY if "vkda=" in text else PHASE
+
+
+def _own(line: str, kind: str, body: str) -> LegacyLine:
+    if kind is PROF_ROUNDS:
+        return _row(line, body)
+    if kind is PROF:
+        return FirstTokenLine(_prof(line, body))
+    if kind is PROF_SUMMARY:
+        return _summary(line, body)
+    if kind is ADVICE:
+        a = _ADVICE(body)
+        if a is None:
+            raise LegacyParseError(line, "[spec-advice] truncated or malformed", ADVICE)
+        g = a.groups()
+        f = [float(x) for x in g[4:13]]
+        iv = (f[0], f[1], f[2]), (f[3], f[4], f[5]), (f[6], f[7], f[8])
+        return AdviceLine(int(g[0]), g[1], float(g[2]), int(g[3]), *iv, float(g[13]), g[14])
+    o = _OVERRIDE(body)
+    if o is None:
+        raise LegacyParseError(line, "not the flag-override line", OVERRIDE)
+    return OverrideLine(int(o.group(1)), int(o.group(2)))
+
+
+def _row(line: str, body: str) -> RoundsLine:
+    m = _ROW(body)
+    if m is None:
+        raise LegacyParseError(line, "[spec-prof-rounds] row truncated or malformed", PROF_ROUNDS)
+    i, w, d, v, a, r, k, j, c, q = m.groups()
+    k, j, c, q = int(k), int(j), int(c), int(q)
+    # The regex took digits: with no sign and the counts in range, only an f32 overflow is
+    # left to check, so the row is built as the record would store it. Anything else goes
+    # through the record, which refuses it naming the field.
+    if "-" not in body and k <= U16_MAX and j <= U16_MAX and c <= U32_MAX and q <= U32_MAX:
+        try:
+            ms = _F32X5.unpack(_F32X5.pack(float(w), float(d), float(v), float(a), float(r)))
+        except OverflowError:
+            ms = (_INF,)
+        if _INF not in ms:
+            return _tuple_new(RoundsLine, (int(i), _tuple_new(SpecRoundProf, (*ms, k, j, c, q))))
+    try:
+        prof = SpecRoundProf(float(w), float(d), float(v), float(a), float(r), k, j, c, q)
+    except (TypeError, ValueError) as exc:
+        raise LegacyParseError(line, str(exc), PROF_ROUNDS) from None
+    return _tuple_new(RoundsLine, (int(i), prof))
+
+
+def _summary(line: str, body: str) -> SummaryLine:
+    if body == "rounds=0":
+        return SummaryLine(0)
+    m = _SUMMARY(body)
+    if m is None:
+        raise LegacyParseError(line, "[spec-prof-summary] truncated or malformed", PROF_SUMMARY)
+    g = m.groups()
+    f = _durations(line, (*g[1:9], g[10], g[11]), PROF_SUMMARY)
+    return SummaryLine(int(g[0]), *f[:8], int(g[9]), f[8], f[9], int(g[12]), int(g[13]), int(g[14]))
+
+
+def _prof(line: str, body: str) -> SpecFirstTokenProf:
+    pairs = body.split(" ")
+    names = [p.partition("=")[0] for p in pairs]
+    if names == _FT_NAMES[:-1]:  # a line from before the last field (unattributed_ms) was
+        pairs.append("unattributed_ms=0.0")
+        names = _FT_NAMES
+    if names != _FT_NAMES:
+        missing = [n for n in FIRST_TOKEN_FIELDS if n not in names]
+        reason = f"missing {missing[0]}" if missing else "fields out of order or unknown"
+        raise LegacyParseError(line, f"[spec-prof] {reason}", PROF)
+    kw: dict[str, Any] = {}
+    for name, pair in zip(FIRST_TOKEN_FIELDS, pairs, strict=True):
+        v = pair.partition("=")[2]
+        if name in _FT_FLOAT:
+            if not _FLOAT(v):
+                raise LegacyParseError(line, f"{name}={v!r} is not a number", PROF)
+            kw[name] = float(v)
+        elif name in _FT_FREE:
+            if _FREE(v) is None:
+                raise LegacyParseError(line, f"{name}={v!r} is not [ordinal:free_mb,...]", PROF)
+            kw[name] = [
+                (int(a), int(b))
+                for a, _, b in (x.partition(":") for x in filter(None, v[1:-1].split(",")))
+            ]
+        elif name == "draft_prime_arm":
+            kw[name] = v
+        else:
+            if not _COUNT(v):
+                raise LegacyParseError(line, f"{name}={v!r} is not a count", PROF)
+            kw[name] = int(v)
+    try:
+        return SpecFirstTokenProf(**kw)  # refuses a bad value, naming the field
+    except (TypeError, ValueError) as exc:
+        raise LegacyParseError(line, str(exc), PROF) from None
