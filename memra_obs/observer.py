@@ -24,7 +24,8 @@ that wants rounds. Sinks run on this thread and must not block (see :mod:`memra_
 anything heavier happens behind them. Nothing here raises into the loop: misuse and sink
 failures are said once (:mod:`memra_obs.diagnostics`) and skipped.
 
-Modules: this one (the observer and the disabled path), :mod:`memra_obs.session` (sessions,
+Modules: this one (the observer and the disabled path), :mod:`memra_obs.session` and
+:mod:`memra_obs.burst` (sessions,
 bursts, rounds), :mod:`memra_obs.fanout` (which sink gets which record).
 """
 
@@ -37,11 +38,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from . import flags
+from .burst import Burst
 from .clock import PhaseClock, Stream, SyncClock
 from .diagnostics import say_once
 from .fanout import Fanout
 from .records import SEQ_ROWS, VERIFY_SPLIT, SeqRows, VerifySplit
-from .session import Burst, Session
+from .session import Session
 from .sinks.base import Sink
 
 __all__ = ["NOOP_OBSERVER", "Burst", "NoOpObserver", "Observer", "Session"]

@@ -210,7 +210,7 @@ class _FakeEventClock:
 
 def test_a_long_event_clock_burst_settles_in_chunks():
     """A deferred clock settles every SETTLE_ROUNDS rounds: the marks kept stay bounded."""
-    from memra_obs.session import SETTLE_ROUNDS
+    from memra_obs.burst import SETTLE_ROUNDS
 
     clocks = []
 

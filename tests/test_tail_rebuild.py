@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from memra_obs import burst as burst_mod
 from memra_obs import clock as clock_mod
 from memra_obs import session as session_mod
 from memra_obs.records import VerifySplit
@@ -40,6 +41,7 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(clock_mod, "now_ns", now)
     monkeypatch.setattr(session_mod, "now_ns", now)
+    monkeypatch.setattr(burst_mod, "now_ns", now)
     yield
 
 

@@ -1,0 +1,319 @@
+"""A burst (a run of rounds between two returns to the caller): where the loop's boundary
+marks become round records.
+
+A boundary is one clock mark (plus the drain the sync clock's contract asks for); a round end
+builds one :class:`~memra_obs.timeline.RoundRecord` and hands it to each sink that wants
+rounds. Each boundary knows its place (``begin_round``, ``end_draft``, ``end_verify``,
+``end_accept``, ``end_rollback``, ``end_round``): one out of order, a missing one or counts no
+loop produces drop the round they belong to, said once and counted in
+``Observer.dropped_rounds`` (``memra_obs_dropped_total{signal="rounds"}``). Marks are kept
+per round (the sync clock) or per settle (the event clock settles every
+:data:`SETTLE_ROUNDS` rounds), so a long burst holds bounded memory.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from .clock import now_ns
+from .diagnostics import say_once
+from .fanout import fan
+from .records import SPEC_PROF_ROUNDS, U16_MAX, U32_MAX, SpecPhaseNs, round_prof_from_ns
+from .timeline import BurstRecord, ProfRowsRecord, RoundRecord
+
+if TYPE_CHECKING:
+    from .session import Session
+
+__all__ = ["SETTLE_ROUNDS", "Burst"]
+
+#: The event clock settles (one drain) at least every this many rounds of a burst.
+SETTLE_ROUNDS = 1024
+#: The boundaries of a round, in order (misuse messages name the one expected).
+_ORDER = ("begin_round", "end_draft", "end_verify", "end_accept", "end_rollback", "end_round")
+_index = operator.index
+
+
+class Burst:
+    """A run of rounds between two returns to the caller.
+
+    Boundaries: ``begin_round``, then ``end_draft``, ``end_verify``, ``end_accept``,
+    ``end_rollback``, and ``end_round(k, j, ctx)`` closing maintenance: one clock mark each;
+    ``end_round`` turns the round's six marks into a record.
+    """
+
+    __slots__ = (
+        "_at", "_clock", "_ended", "_hook_ns", "_mark", "_pending", "_phases", "_r0", "_s",
+        "_split", "_t", "_tokens", "first_round", "index", "k", "rounds", "start_ns_mono",
+    )  # fmt: skip
+
+    def __init__(self, s: Session, k: int) -> None:
+        self._s = s
+        self.k = k
+        self.index = s._bursts
+        s._bursts += 1
+        self.first_round = s._rounds
+        self.rounds = self._tokens = self._hook_ns = 0
+        self._clock = s._clock
+        self._mark = s._clock.mark
+        #: This round's marks (sync clock), or every mark since the last settle (event).
+        self._t: list[int] = []
+        #: The boundary reached in the open round (an index of _ORDER); -1: none open; -2: the
+        #: open round was dropped (its remaining boundaries are ignored until begin_round).
+        self._at = -1
+        self._r0 = 0  # where the open round's marks start in _t
+        self._phases = SpecPhaseNs()
+        self._split = [0, 0, 0, 0] if s.level >= 2 else None
+        self._pending: list[tuple[int, int, int, int, int, Any]] = []
+        self._ended = False
+        self.start_ns_mono = now_ns()
+        s._open_burst = self
+
+    # -- the hot path --------------------------------------------------------------------
+
+    def begin_round(self) -> None:
+        if self._at >= 0:
+            self._drop("begin_round")
+        if self._clock.immediate:
+            self._t = []
+        self._at = 0
+        self._r0 = len(self._t)
+        self._t.append(self._mark())
+
+    def _step(self, at: int) -> None:
+        if self._at != at - 1:
+            if self._at != -2:
+                self._drop(_ORDER[at])
+            return
+        self._at = at
+        self._t.append(self._mark())
+
+    def end_draft(self) -> None:
+        self._step(1)
+
+    def end_verify(self) -> None:
+        self._step(2)
+
+    def end_accept(self) -> None:
+        self._step(3)
+
+    def end_rollback(self) -> None:
+        self._step(4)
+
+    def end_round(self, k: int, j: int, ctx: int = 0, seq_rows: int | None = None) -> None:
+        """Close maintenance and the round: ``k`` drafted, ``j`` accepted (0 <= j <= k),
+        ``ctx`` trunk rows at round entry; ``seq_rows`` defaults to what the walk added to
+        ``SEQ_ROWS``. Bad counts drop the round (said once), as missing boundaries do."""
+        if self._at != 4:
+            if self._at == -2:
+                self._at = -1
+            else:
+                self._drop("end_round")
+                self._at = -1
+            return
+        t = self._t
+        t.append(self._mark())
+        self._at = -1
+        try:
+            obs = self._s._obs
+            seq = obs.seq_rows.take() if seq_rows is None else _index(seq_rows)
+            k, j, ctx = _index(k), _index(j), _index(ctx)
+            if not (0 <= j <= k <= U16_MAX and 0 <= ctx <= U32_MAX and 0 <= seq <= U32_MAX):
+                raise ValueError
+        except (TypeError, ValueError):
+            self._drop("end_round", f"k={k!r}, j={j!r}, ctx={ctx!r}, seq_rows={seq_rows!r}")
+            self._at = -1
+            return
+        split = obs.verify_split.drain() if self._split is not None else None
+        if self._clock.immediate:
+            self._finish_round(t, k, j, ctx, seq, split)
+            return
+        self._pending.append((self._r0, k, j, ctx, seq, split))
+        if len(self._pending) >= SETTLE_ROUNDS:
+            self._settle()
+
+    @contextmanager
+    def hook(self) -> Iterator[None]:
+        """Time the caller's commit hook (detext + token sends) inside this burst."""
+        t0 = now_ns()
+        try:
+            yield
+        finally:
+            self._hook_ns += now_ns() - t0
+
+    def add_hook_ns(self, ns: int) -> None:
+        self._hook_ns += ns
+
+    def end(self, tokens: int | None = None) -> None:
+        """Return to the caller: settle the clock, emit the burst (and, after the session's
+        first burst, the first-token profile). ``tokens`` defaults to the rounds' tokens
+        (plus the anchor token on the first burst)."""
+        end = now_ns()
+        if self._ended:
+            say_once("burst-end", "Burst.end called twice; the second call is ignored")
+            return
+        self._ended = True
+        s = self._s
+        if s._open_burst is self:
+            s._open_burst = None
+        try:
+            if self._at >= 0:
+                self._drop("end")
+            self._settle()
+            self._publish(end, tokens)
+        except Exception as exc:
+            say_once("burst-end-error", f"Burst.end failed ({exc!r}); the burst is dropped")
+
+    def __enter__(self) -> Burst:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end()
+
+    # -- the rest ------------------------------------------------------------------------
+
+    def _settle(self) -> None:
+        if not self._pending:
+            return
+        try:
+            settled = self._clock.settle(self._t)
+            for r0, k, j, ctx, seq, split in self._pending:
+                self._finish_round(settled[r0 : r0 + 6], k, j, ctx, seq, split)
+        except Exception as exc:
+            say_once("settle", f"clock settle failed ({exc!r}); those rounds are dropped")
+            self._s._obs.dropped_rounds += len(self._pending)
+        self._pending.clear()
+        self._t = []
+
+    def _publish(self, end: int, tokens: int | None) -> None:
+        s = self._s
+        first = not s._first_token_sent
+        if tokens is None:
+            tokens = self._tokens + (1 if first else 0)
+        s._tokens += tokens
+        fo = s._obs._fan
+        split = tuple(self._split) if self._split is not None else None
+        rec = BurstRecord(s.id, self.index, self.k, self.start_ns_mono, end, self._phases,
+                          split, tokens, self._hook_ns, self.first_round)  # type: ignore[arg-type]  # fmt: skip
+        fan(fo.on_burst, "on_burst", rec)
+        if first:
+            s._first_token(self, end, tokens)
+        log = s.log
+        if log is not None:
+            fresh = log.fresh()
+            if fresh:
+                rows = ProfRowsRecord(s.id, log.printed - len(fresh), tuple(fresh))
+                fan(fo.on_prof_rows, "on_prof_rows", rows)
+            if not log.wants_more() and not log.summarized:
+                s._summarize(fo, log)
+
+    def _finish_round(
+        self, b: list[int], k: int, j: int, ctx: int, seq_rows: int, split: Any
+    ) -> None:
+        s = self._s
+        t0, t1, t2, t3, t4, t5 = b
+        ph = self._phases
+        ph.draft += t1 - t0
+        ph.verify += t2 - t1
+        ph.accept += t3 - t2
+        ph.roll += t4 - t3
+        ph.maint += t5 - t4
+        ph.rounds += 1
+        if split is not None:
+            acc = self._split
+            for i in range(4):
+                acc[i] += split[i]  # type: ignore[index]
+        index = s._rounds
+        s._rounds += 1
+        self.rounds += 1
+        self._tokens += j + 1
+        t = (t0, t1, t2, t3, t4, t5)
+        fo = s._obs._fan
+        if fo.on_round:
+            rec = RoundRecord(s.id, self.index, index, t, k, j, ctx, seq_rows, split)
+            fan(fo.on_round, "on_round", rec)
+        log = s.log
+        if log is not None:
+            if index == 0:
+                s._round1 = t
+                s.prof.first_round_tokens = j + 1  # type: ignore[union-attr]
+            if len(log.rounds) < SPEC_PROF_ROUNDS:
+                try:
+                    row = round_prof_from_ns(
+                        t5 - t0, t1 - t0, t2 - t1, t3 - t2, t5 - t3, k, j, ctx, seq_rows
+                    )
+                    log.rounds.append(row)
+                except (TypeError, ValueError) as exc:
+                    say_once("roundprof", f"round log row refused: {exc}")
+
+    def _drop(self, call: str, bad: str = "") -> None:
+        """The open round is spoiled: drop it, count it, say so once (per kind of misuse).
+        Its remaining boundaries are ignored (``_at`` -2) until the next ``begin_round``; its
+        marks, if any, stay where they are (the event clock settles them with the rest)."""
+        at = self._at
+        self._at = -2
+        self._s._obs.dropped_rounds += 1
+        if bad:
+            say_once("round-counts", f"Burst.end_round({bad}): expected integers with "
+                     "0 <= j <= k <= 65535, ctx and seq_rows >= 0; the round is dropped "
+                     "(memra_obs_dropped_total{signal=\"rounds\"})")  # fmt: skip
+            return
+        after = "no open round" if at < 0 else f"{_ORDER[at]}()"
+        want = "begin_round()" if at < 0 else f"{_ORDER[at + 1]}()"
+        say_once(f"round-order:{call}:{at}", f"Burst.{call}() after {after} (expected {want}); "
+                 "the round is dropped (memra_obs_dropped_total{signal=\"rounds\"})")  # fmt: skip
+
+
+class _RangedBurst(Burst):
+    """A :class:`Burst` that also opens and closes named ranges (NVTX) at each boundary, right
+    after the clock's mark: ``spec.burst`` > ``spec.round`` > one range per phase. Chosen per
+    burst only when a sink offers a ``range_hook``; the plain Burst's hot path is untouched.
+    Tracks its own depth so a misused round never leaves ranges unbalanced."""
+
+    __slots__ = ("_depth", "_ranges")
+    _NEXT = ("spec.verify", "spec.accept", "spec.rollback", "spec.maint")
+
+    def __init__(self, s: Session, k: int, ranges: tuple[Any, ...]) -> None:
+        super().__init__(s, k)
+        self._ranges = ranges
+        self._depth = 0
+        self._push("spec.burst")
+
+    def _push(self, name: str) -> None:
+        self._depth += 1
+        for h in self._ranges:
+            try:
+                h.push(name)
+            except Exception as exc:
+                say_once(f"range:{id(h)}", f"range hook {type(h).__name__} raised {exc!r}")
+
+    def _pop_to(self, depth: int) -> None:
+        while self._depth > depth:
+            self._depth -= 1
+            for h in self._ranges:
+                try:
+                    h.pop()
+                except Exception as exc:
+                    say_once(f"range:{id(h)}", f"range hook {type(h).__name__} raised {exc!r}")
+
+    def begin_round(self) -> None:
+        super().begin_round()
+        self._pop_to(1)
+        self._push("spec.round")
+        self._push("spec.draft")
+
+    def _step(self, at: int) -> None:
+        super()._step(at)
+        if self._depth == 3 and self._at == at:
+            self._pop_to(2)
+            self._push(self._NEXT[at - 1])
+
+    def end_round(self, k: int, j: int, ctx: int = 0, seq_rows: int | None = None) -> None:
+        super().end_round(k, j, ctx, seq_rows)
+        self._pop_to(1)
+
+    def end(self, tokens: int | None = None) -> None:
+        self._pop_to(0)
+        super().end(tokens)
