@@ -135,9 +135,7 @@ class Observer:
             try:
                 s.shutdown(timeout_s)
             except Exception as exc:
-                say_once(
-                    f"sink:{id(s)}:shutdown", f"sink {type(s).__name__}.shutdown raised {exc!r}"
-                )
+                say_once(f"sink:{id(s)}:stop", f"sink {type(s).__name__}.shutdown raised {exc!r}")
         for close in self._closers:
             try:
                 close()
@@ -186,46 +184,29 @@ def _clock_factory(
 
 
 # ---------------------------------------------------------------------- everything off
+#
+# The disabled path is an object (the OTel API's NoOpTracer, structlog's ``_nop``): a loop on
+# the no-op observer pays one call per boundary to a function that does nothing.
+
+
+def _nop(*args: object, **kw: object) -> None:
+    return None
 
 
 class _NoOpBurst:
     __slots__ = ()
-    rounds = 0
-    k = 0
-
-    def begin_round(self) -> None:
-        pass
-
-    def end_draft(self) -> None:
-        pass
-
-    def end_verify(self) -> None:
-        pass
-
-    def end_accept(self) -> None:
-        pass
-
-    def end_rollback(self) -> None:
-        pass
-
-    def end_round(self, k: int = 0, j: int = 0, ctx: int = 0, seq_rows: int | None = None) -> None:
-        pass
+    rounds = k = 0
+    begin_round = end_draft = end_verify = end_accept = end_rollback = end_round = staticmethod(
+        _nop
+    )
+    add_hook_ns = end = __exit__ = staticmethod(_nop)
 
     @contextmanager
     def hook(self) -> Iterator[None]:
         yield
 
-    def add_hook_ns(self, ns: int) -> None:
-        pass
-
-    def end(self, tokens: int | None = None) -> None:
-        pass
-
     def __enter__(self) -> _NoOpBurst:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
 
 _NOOP_BURST = _NoOpBurst()
@@ -233,18 +214,12 @@ _NOOP_BURST = _NoOpBurst()
 
 class _NoOpSession:
     __slots__ = ()
-    prof = None
-    log = None
+    prof = log = None
     id = 0
+    add = set = end = __exit__ = staticmethod(_nop)
 
     def lap(self, bucket: str) -> float:
         return 0.0
-
-    def add(self, **shares_ms: float) -> None:
-        pass
-
-    def set(self, **fields: object) -> None:
-        pass
 
     def free_memory(self, point: str) -> list[tuple[int, int]]:
         return []
@@ -252,14 +227,8 @@ class _NoOpSession:
     def burst(self, k: int) -> _NoOpBurst:
         return _NOOP_BURST
 
-    def end(self, error: object = None) -> None:
-        pass
-
     def __enter__(self) -> _NoOpSession:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
 
 _NOOP_SESSION = _NoOpSession()
@@ -270,22 +239,19 @@ class NoOpObserver:
 
     enabled = False
     sinks: tuple[Sink, ...] = ()
-    level = 0
+    level = dropped_rounds = 0
     prof = False
+    where: tuple[str, ...] = ()
+    shutdown = staticmethod(_nop)
 
     def session(self, family: str = "spec", **kw: object) -> _NoOpSession:
         return _NOOP_SESSION
 
     def add_sink(self, sink: Sink) -> None:
-        raise RuntimeError(
-            "the no-op observer takes no sinks; build an Observer (memra_obs.configure)"
-        )
+        raise RuntimeError("the no-op observer takes no sinks; build one (memra_obs.configure)")
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         return True
-
-    def shutdown(self, timeout_s: float = 5.0) -> None:
-        pass
 
 
 NOOP_OBSERVER = NoOpObserver()
