@@ -102,6 +102,8 @@ def configure(
     metrics_tls_key: str | None = None,
     metrics_basic_auth: str | None = None,
     max_devices: int | None = None,
+    requests_file: str | None = None,
+    requests_detail: bool | None = None,
     extra_sinks: Sequence[Sink] = (),
     exporters: Sequence[Any] = (),
     registry: Any = None,
@@ -141,5 +143,5 @@ def configure(
 _KNOBS = frozenset(
     ("sinks", "metrics_addr", "spans_file", "agent", "clock", "round_spans", "queue_size",
      "export_interval_ms", "worker", "ring_slots", "metrics_tls_cert", "metrics_tls_key",
-     "metrics_basic_auth", "max_devices")
+     "metrics_basic_auth", "max_devices", "requests_file", "requests_detail")
 )  # fmt: skip

@@ -189,6 +189,9 @@ class Burst:
 
     def _publish(self, end: int, tokens: int | None) -> None:
         s = self._s
+        p, tot = self._phases, s._phase_ns
+        for i, ns in enumerate((p.draft, p.verify, p.accept, p.roll, p.maint)):
+            tot[i] += ns
         first = not s._first_token_sent
         if tokens is None:
             tokens = self._tokens + (1 if first else 0)
@@ -229,6 +232,9 @@ class Burst:
         s._rounds += 1
         self.rounds += 1
         self._tokens += j + 1
+        if k > 0:
+            s._ks.append(k)
+            s._js.append(j)
         t = (t0, t1, t2, t3, t4, t5)
         fo = s._obs._fan
         if fo.on_round:

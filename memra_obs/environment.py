@@ -28,6 +28,8 @@ __all__ = [
     "MEMRA_OBS_METRICS_TLS_CERT",
     "MEMRA_OBS_METRICS_TLS_KEY",
     "MEMRA_OBS_QUEUE_SIZE",
+    "MEMRA_OBS_REQUESTS_DETAIL",
+    "MEMRA_OBS_REQUESTS_FILE",
     "MEMRA_OBS_RING_SLOTS",
     "MEMRA_OBS_ROUND_SPANS",
     "MEMRA_OBS_SINKS",
@@ -96,6 +98,14 @@ MEMRA_OBS_MAX_DEVICES = "MEMRA_OBS_MAX_DEVICES"
 """CUDA ordinals published at most (``memra_gpu_free_bytes`` series, a ``[spec-prof]`` line's
 free-memory lists): bounds the series a garbled or hostile profile could create. Default 64
 (a node has 8 or 16 GPUs)."""
+
+MEMRA_OBS_REQUESTS_FILE = "MEMRA_OBS_REQUESTS_FILE"
+"""A file that gets one JSON line per ended session (request): vLLM's / AIPerf's spec-decode
+fields, the phase totals and the first-token profile. Unset: none written."""
+
+MEMRA_OBS_REQUESTS_DETAIL = "MEMRA_OBS_REQUESTS_DETAIL"
+"""``1``: the requests file's lines also carry ``per_step_drafted`` / ``per_step_accepted``
+(one number per round). Default ``0``."""
 
 MEMRA_OBS_METRICS_BASIC_AUTH_FILE = "MEMRA_OBS_METRICS_BASIC_AUTH_FILE"
 """A file holding ``user:password`` (one line): ``/metrics`` then requires those HTTP basic
@@ -235,6 +245,8 @@ class Settings:
     #: (user, password); an argument may also name a file, as the variable does.
     metrics_basic_auth: tuple[str, str] | None = field(default=None, repr=False)
     max_devices: int = 64
+    requests_file: str | None = None
+    requests_detail: bool = False
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -274,6 +286,13 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any], Any], ...] = (
     ("metrics_tls_key", MEMRA_OBS_METRICS_TLS_KEY, _readable_file, None),
     ("metrics_basic_auth", MEMRA_OBS_METRICS_BASIC_AUTH_FILE, _basic_auth_file, None),
     ("max_devices", MEMRA_OBS_MAX_DEVICES, _int_in(1, 4096), 64),
+    ("requests_file", MEMRA_OBS_REQUESTS_FILE, _optional_text, None),
+    (
+        "requests_detail",
+        MEMRA_OBS_REQUESTS_DETAIL,
+        lambda var, v: _int_in(0, 1)(var, v) == 1,
+        False,
+    ),
 )
 
 

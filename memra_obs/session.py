@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import replace
+from array import array
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from .analysis import advise
@@ -25,6 +26,7 @@ from .records import (
     SpecFirstTokenProf,
     SpecRoundsLog,
 )
+from .requests import request_record
 from .timeline import (
     FirstTokenRecord,
     ProfSummaryRecord,
@@ -104,6 +106,9 @@ class Session:
             else "event" if not self._clock.immediate else "sync"
         )  # fmt: skip
         self._rounds = self._bursts = self._tokens = 0
+        #: (k, j) of each drafting round, and the phase totals: the per-request record.
+        self._ks, self._js = array("H"), array("H")
+        self._phase_ns = [0, 0, 0, 0, 0]
         self._ended = self._first_token_sent = False
         self._intervals: list[tuple[str, int, int]] = []
         self._round1: tuple[int, ...] | None = None
@@ -227,6 +232,19 @@ class Session:
         err = error if isinstance(error, str) else type(error).__name__ if error else ""
         rec = SessionEndRecord(self.id, now_ns(), self._rounds, self._bursts, self._tokens, err)
         fan(fo.on_session_end, "on_session_end", rec)
+
+    def spec_decode(self, detailed: bool = False) -> dict[str, Any]:
+        """This request's record so far, for a server's response: vLLM's
+        ``metrics.speculative_decoding`` fields (AIPerf's ``spec_decode_acceptance``), the
+        per-step lists with ``detailed``, the phase totals in ms, and the first-token profile
+        (``None`` with the profile off)."""
+        try:
+            out = request_record(self._ks, self._js, self._phase_ns, detailed)
+            out["first_token"] = asdict(self.prof) if self.prof is not None else None
+            return out
+        except Exception as exc:
+            say_once("spec-decode", f"Session.spec_decode failed ({exc!r})")
+            return {}
 
     def __enter__(self) -> Session:
         return self

@@ -36,9 +36,11 @@ class Exporters:
     #: One line per destination, for a start-up banner.
     where: list[str] = field(default_factory=list)
 
+    requests: Any = None
+
     @property
     def all(self) -> list[RecordExporter]:
-        return [x for x in (self.spans, self.prom) if x is not None]
+        return [x for x in (self.spans, self.prom, self.requests) if x is not None]
 
     def close(self) -> None:
         if self.server is not None:
@@ -66,6 +68,11 @@ def build_exporters(
     without (a library observer) the same line said once, and no ``/metrics``."""
     out = Exporters()
     try:
+        if st.requests_file:
+            from .requests import RequestsExporter
+
+            out.requests = RequestsExporter(st.requests_file, detailed=st.requests_detail)
+            out.where.append(f"requests -> {st.requests_file}")
         if "otel" in st.sinks:
             from .otel import build_span_exporter
 
@@ -154,7 +161,7 @@ def build_observer(
 
         sinks.append(RingSink.create(st.agent, worker=st.worker, slots=st.ring_slots))
         built.where.append(f"records -> agent rings in {st.agent}")
-    elif st.sinks & {"otel", "prometheus"}:
+    elif st.sinks & {"otel", "prometheus"} or st.requests_file:
         built = build_exporters(st, worker=st.worker, registry=registry, env=env, strict=strict)
     consumers = [*exporters, *built.all]
     qsink = None

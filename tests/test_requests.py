@@ -1,0 +1,58 @@
+"""The per-request record: vLLM's / AIPerf's spec-decode fields for every session, returned by
+``Session.spec_decode()`` and written as JSON lines when MEMRA_OBS_REQUESTS_FILE names a file."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from memra_obs.wiring import build_observer
+
+VLLM_KEYS = [
+    "mean_acceptance_length", "draft_acceptance_rate", "acceptance_histogram", "num_spec_steps",
+    "num_accepted_draft_tokens", "num_draft_tokens", "num_spec_tokens",
+]  # fmt: skip
+
+
+def _session(obs, rng, n=40):
+    with obs.session("glm5") as s:
+        truth = []
+        for _ in range(4):
+            with s.burst(4) as b:
+                for _ in range(n // 4):
+                    k = rng.randint(0, 4)
+                    j = rng.randint(0, k)
+                    truth.append((k, j))
+                    b.begin_round()
+                    b.end_draft()
+                    b.end_verify()
+                    b.end_accept()
+                    b.end_rollback()
+                    b.end_round(k=k, j=j)
+        got = s.spec_decode(detailed=True)
+    return truth, got
+
+
+def test_the_session_record_has_vllms_fields_and_the_phases(tmp_path):
+    """Session.spec_decode() counts steps, tokens and the histogram as vLLM does (a step is a
+    round that drafted), with the per-step lists; the requests file says the same."""
+    path = tmp_path / "requests.jsonl"
+    obs = build_observer(level=0, prof=False, requests_file=str(path), requests_detail="1",
+                         sinks="", metrics_addr="")  # fmt: skip
+    rng = random.Random(3)
+    truth, got = _session(obs, rng)
+    obs.shutdown(5.0)
+    steps = [(k, j) for k, j in truth if k > 0]
+    assert list(got)[: len(VLLM_KEYS)] == VLLM_KEYS
+    assert got["num_spec_steps"] == len(steps)
+    assert got["num_draft_tokens"] == sum(k for k, _ in steps)
+    assert got["num_accepted_draft_tokens"] == sum(j for _, j in steps)
+    assert got["mean_acceptance_length"] == 1 + sum(j for _, j in steps) / len(steps)
+    assert got["per_step_drafted"] == [k for k, _ in steps]
+    assert sum(got["acceptance_histogram"]) == len(steps)
+    assert set(got["phase_ms"]) == {"draft", "verify", "accept", "rollback", "maint"}
+    (line,) = path.read_text().splitlines()
+    rec = json.loads(line)
+    for key in (*VLLM_KEYS, "per_step_drafted", "per_step_accepted"):
+        assert rec[key] == got[key], key
+    assert (rec["family"], rec["rounds"], rec["bursts"]) == ("glm5", 40, 4)
