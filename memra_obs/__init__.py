@@ -104,6 +104,8 @@ def configure(
     max_devices: int | None = None,
     requests_file: str | None = None,
     requests_detail: bool | None = None,
+    advice_window: int | None = None,
+    plain_step_ms: float | None = None,
     extra_sinks: Sequence[Sink] = (),
     exporters: Sequence[Any] = (),
     registry: Any = None,
@@ -143,5 +145,6 @@ def configure(
 _KNOBS = frozenset(
     ("sinks", "metrics_addr", "spans_file", "agent", "clock", "round_spans", "queue_size",
      "export_interval_ms", "worker", "ring_slots", "metrics_tls_cert", "metrics_tls_key",
-     "metrics_basic_auth", "max_devices", "requests_file", "requests_detail")
+     "metrics_basic_auth", "max_devices", "requests_file", "requests_detail",
+     "advice_window", "plain_step_ms")
 )  # fmt: skip

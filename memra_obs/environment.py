@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = [
+    "MEMRA_OBS_ADVICE_WINDOW",
     "MEMRA_OBS_AGENT",
     "MEMRA_OBS_CLOCK",
     "MEMRA_OBS_EXPORT_INTERVAL_MS",
@@ -27,6 +28,7 @@ __all__ = [
     "MEMRA_OBS_METRICS_BASIC_AUTH_FILE",
     "MEMRA_OBS_METRICS_TLS_CERT",
     "MEMRA_OBS_METRICS_TLS_KEY",
+    "MEMRA_OBS_PLAIN_STEP_MS",
     "MEMRA_OBS_QUEUE_SIZE",
     "MEMRA_OBS_REQUESTS_DETAIL",
     "MEMRA_OBS_REQUESTS_FILE",
@@ -107,6 +109,14 @@ MEMRA_OBS_REQUESTS_DETAIL = "MEMRA_OBS_REQUESTS_DETAIL"
 """``1``: the requests file's lines also carry ``per_step_drafted`` / ``per_step_accepted``
 (one number per round). Default ``0``."""
 
+MEMRA_OBS_ADVICE_WINDOW = "MEMRA_OBS_ADVICE_WINDOW"
+"""Rounds (per family, with known counts) the k advisor's gauges are computed over: the
+sliding window of the most recent ones. Default 2048; ``0``: no advice gauges."""
+
+MEMRA_OBS_PLAIN_STEP_MS = "MEMRA_OBS_PLAIN_STEP_MS"
+"""A measured plain (one token per step, no drafter) decode step of this model, in ms: the
+estimated speedup divides by it. Unset: estimated from the verify cost fit at one row."""
+
 MEMRA_OBS_METRICS_BASIC_AUTH_FILE = "MEMRA_OBS_METRICS_BASIC_AUTH_FILE"
 """A file holding ``user:password`` (one line): ``/metrics`` then requires those HTTP basic
 auth credentials. A file, not the secret itself, so it never shows in the environment
@@ -183,6 +193,17 @@ def _ring_slots(var: str, value: str) -> int:
     return n
 
 
+def _positive_ms(var: str, value: str) -> float:
+    v = value.strip()
+    try:
+        x = float(v) if v.isascii() else float("nan")
+    except ValueError:
+        x = float("nan")
+    if not 0 < x < 1e6:
+        raise ConfigError(f"{var}={value!r}: expected a positive number of milliseconds")
+    return x
+
+
 def _nonblank(var: str, value: str) -> str:
     if not value.strip():
         raise ConfigError(f"{var}={value!r}: must not be empty (unset it for the default)")
@@ -247,6 +268,9 @@ class Settings:
     max_devices: int = 64
     requests_file: str | None = None
     requests_detail: bool = False
+    advice_window: int = 2048
+    #: A measured plain decode step, ms (None: estimated from the verify fit).
+    plain_step_ms: float | None = None
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -260,7 +284,7 @@ class Settings:
             if overrides.get(name) is not None:
                 v = overrides[name]
                 # an argument is checked as the variable would be (ints as their digits)
-                if isinstance(v, int) and not isinstance(v, bool):
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
                     v = str(v)
                 values[name] = parse(f"argument {name}", v) if isinstance(v, str) else v
             elif var in env:
@@ -287,12 +311,9 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any], Any], ...] = (
     ("metrics_basic_auth", MEMRA_OBS_METRICS_BASIC_AUTH_FILE, _basic_auth_file, None),
     ("max_devices", MEMRA_OBS_MAX_DEVICES, _int_in(1, 4096), 64),
     ("requests_file", MEMRA_OBS_REQUESTS_FILE, _optional_text, None),
-    (
-        "requests_detail",
-        MEMRA_OBS_REQUESTS_DETAIL,
-        lambda var, v: _int_in(0, 1)(var, v) == 1,
-        False,
-    ),
+    ("requests_detail", MEMRA_OBS_REQUESTS_DETAIL, lambda n, v: _int_in(0, 1)(n, v) == 1, False),
+    ("advice_window", MEMRA_OBS_ADVICE_WINDOW, _int_in(0, 1 << 20), 2048),
+    ("plain_step_ms", MEMRA_OBS_PLAIN_STEP_MS, _positive_ms, None),
 )
 
 
