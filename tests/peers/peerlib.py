@@ -139,15 +139,15 @@ class Procs:
             ) from None
 
     def close(self) -> None:
-        for p in self.procs:
+        """Newest first (senders before the peers they send to), each given 10 s."""
+        for p in reversed(self.procs):
             if p.poll() is None:
                 p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(10)
 
 
 def http_get(url: str, timeout_s: float = 10.0, headers: dict[str, str] | None = None) -> bytes:
@@ -157,8 +157,12 @@ def http_get(url: str, timeout_s: float = 10.0, headers: dict[str, str] | None =
 
 
 def memra_obs(*args: str) -> list[str]:
-    """argv of the project's command line (`memra-obs ...`) in this interpreter."""
-    return [sys.executable, "-m", "memra_obs.cli", *args]
+    """argv of the project's command line, `memra-obs ...` (the console script installed
+    beside this interpreter; `python -m memra_obs.cli` where there is none)."""
+    import shutil
+
+    exe = shutil.which("memra-obs", path=str(Path(sys.executable).parent))
+    return [exe, *args] if exe else [sys.executable, "-m", "memra_obs.cli", *args]
 
 
 # -- the demo's stderr ------------------------------------------------------------------------

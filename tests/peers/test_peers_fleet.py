@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def test_fleet_tail_sampling_keeps_and_drops_what_each_policy_says(
     to_agent = {"OTEL_EXPORTER_OTLP_ENDPOINT": agent.otlp_http, "MEMRA_OBS_METRICS_ADDR": ""}
     script = procs.start(
         "fleet-worker",
-        [memra_obs()[0], str(HERE / "fleet_worker.py"), str(tmp_path / "plan.json")],
+        [sys.executable, str(HERE / "fleet_worker.py"), str(tmp_path / "plan.json")],
         clean_env(MEMRA_OBS_SINKS="otel", OTEL_SERVICE_NAME="peer-fleet", **to_agent),
     )
     demos = [
