@@ -36,8 +36,8 @@ goversion="$(go env GOVERSION)"
 export GOMODCACHE="$cache/go/mod" GOCACHE="$cache/go/build" GOPATH="$cache/go/path"
 # The machine's own Go, never a downloaded toolchain; go.sum is the pin, never rewritten.
 export GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0
-# An inherited GOENV/GOWORK must not redirect the builds.
-export GOENV=off GOWORK=off
+# A go.work above the clone must not take part (a user's GOPROXY/GOPRIVATE still applies).
+export GOWORK=off
 
 # The version a go.mod pins for module $2 (its require line).
 pinned() { awk -v m="$2" '$1 == m { print $2; exit }' "$1"; }
