@@ -10,13 +10,18 @@ from pathlib import Path
 
 import pytest
 import yaml
+from otelcol_env import with_defaults
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((ROOT / "exporters").rglob("*.yaml"))
 
 # Component types used here that otelcol-contrib ships (a typo fails here, not at startup).
+# Current names only: the Collector (v0.144+) renamed otlp/otlphttp exporters to
+# otlp_grpc/otlp_http, and contrib spanmetrics, loadbalancing and otlpjsonfile to
+# span_metrics, load_balancing and otlp_json_file; the old names are deprecated aliases that
+# log a warning at every start (found by tests/peers/, which runs these files).
 KNOWN = {
-    "receivers": {"otlp", "otlpjsonfile", "prometheus"},
+    "receivers": {"otlp", "otlp_json_file", "prometheus"},
     "processors": {
         "batch",
         "memory_limiter",
@@ -24,15 +29,15 @@ KNOWN = {
         "resourcedetection",
         "k8sattributes",
     },
-    "exporters": {"otlp", "otlphttp", "loadbalancing", "debug"},
-    "connectors": {"spanmetrics", "forward"},
+    "exporters": {"otlp_grpc", "otlp_http", "load_balancing", "debug"},
+    "connectors": {"span_metrics", "forward"},
     "extensions": {"health_check", "file_storage"},
 }
 KINDS = ("receivers", "processors", "exporters")
 
 
 def load(path: Path) -> dict:
-    return yaml.safe_load(path.read_text())
+    return with_defaults(yaml.safe_load(path.read_text()))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(ROOT)) for p in CONFIGS])
@@ -67,11 +72,11 @@ def test_single_host_collector_routes():
     """OTLP in; traces to Jaeger; span metrics to Prometheus' OTLP receiver."""
     cfg = load(ROOT / "exporters" / "collector.yaml")
     p = cfg["service"]["pipelines"]
-    assert "otlp/jaeger" in p["traces"]["exporters"]
-    assert cfg["exporters"]["otlphttp/prometheus"]["metrics_endpoint"].endswith(
+    assert "otlp_grpc/jaeger" in p["traces"]["exporters"]
+    assert cfg["exporters"]["otlp_http/prometheus"]["metrics_endpoint"].endswith(
         "/api/v1/otlp/v1/metrics"
     )
-    assert "otlphttp/prometheus" in p["metrics"]["exporters"]
+    assert "otlp_http/prometheus" in p["metrics"]["exporters"]
 
 
 def test_gateway_keeps_failed_and_slow_requests():
@@ -89,7 +94,7 @@ def test_gateway_keeps_failed_and_slow_requests():
     assert subs["latency"]["latency"]["threshold_ms"] < wait_s * 1000 / 2
     assert 0 < policies["probabilistic"]["probabilistic"]["sampling_percentage"] < 100
     for name, p in cfg["service"]["pipelines"].items():
-        if "spanmetrics" in p.get("exporters", []):
+        if "span_metrics" in p.get("exporters", []):
             assert "tail_sampling" not in p.get("processors", []), (
                 f"{name}: span metrics after sampling"
             )
@@ -98,12 +103,12 @@ def test_gateway_keeps_failed_and_slow_requests():
 def test_node_agent_routes_by_trace_id():
     """The node collector forwards whole traces to one gateway each."""
     cfg = load(ROOT / "exporters" / "fleet" / "agent.yaml")
-    assert cfg["exporters"]["loadbalancing"]["routing_key"] == "traceID"
+    assert cfg["exporters"]["load_balancing"]["routing_key"] == "traceID"
 
 
 def test_replay_reads_the_default_span_file():
-    """The otlpjsonfile receiver's pattern matches memra-obs' default span file name (DESIGN §6)
+    """The otlp_json_file receiver's pattern matches memra-obs' default span file name (DESIGN §6)
     from the start of the file."""
-    rcv = load(ROOT / "exporters" / "replay.yaml")["receivers"]["otlpjsonfile"]
+    rcv = load(ROOT / "exporters" / "replay.yaml")["receivers"]["otlp_json_file"]
     assert rcv["start_at"] == "beginning"
     assert any(fnmatch.fnmatch("/data/memra-obs-spans.jsonl", pat) for pat in rcv["include"])

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from otelcol_env import with_defaults
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -57,7 +58,9 @@ def command_flag(svc: dict, flag: str) -> str:
 
 def collector_config(name: str) -> dict:
     svc = SERVICES[name]
-    return yaml.safe_load(bind_source(svc, command_flag(svc, "--config")).read_text())
+    return with_defaults(
+        yaml.safe_load(bind_source(svc, command_flag(svc, "--config")).read_text())
+    )
 
 
 def listens(name: str) -> set[int]:

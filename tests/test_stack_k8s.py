@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from otelcol_env import with_defaults
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
@@ -112,12 +113,12 @@ def _collector_config(workload: dict) -> dict:
     c = spec["containers"][0]
     config_path = next(a.split("=", 1)[1] for a in c["args"] if a.startswith("--config="))
     mount = next(m for m in c["volumeMounts"] if config_path.startswith(m["mountPath"] + "/"))
-    return yaml.safe_load(cm["data"][config_path[len(mount["mountPath"]) + 1 :]])
+    return with_defaults(yaml.safe_load(cm["data"][config_path[len(mount["mountPath"]) + 1 :]]))
 
 
 def test_collectors_listen_where_they_are_sent_to():
     """The node collector's hostPorts are its OTLP receivers (where the agent sends); its
-    loadbalancing exporter resolves the gateways' headless Service on a port they listen on."""
+    load_balancing exporter resolves the gateways' headless Service on a port they listen on."""
     ds = find("DaemonSet", "memra-collector-agent")
     cfg = _collector_config(ds)
     host_ports = {
@@ -136,11 +137,11 @@ def test_collectors_listen_where_they_are_sent_to():
         str(p) for p in host_ports
     }
 
-    dns = cfg["exporters"]["loadbalancing"]["resolver"]["dns"]
+    dns = cfg["exporters"]["load_balancing"]["resolver"]["dns"]
     svc_name, ns = dns["hostname"].split(".")[:2]
     assert ns == NAMESPACE
     svc = find("Service", svc_name)
-    assert svc["spec"]["clusterIP"] == "None", "loadbalancing needs one DNS record per gateway pod"
+    assert svc["spec"]["clusterIP"] == "None", "load_balancing needs one DNS record per gateway pod"
     gw = find("Deployment", "memra-collector-gateway")
     assert svc["spec"]["selector"].items() <= gw["spec"]["template"]["metadata"]["labels"].items()
     assert dns["port"] in {p["port"] for p in svc["spec"]["ports"]}

@@ -488,7 +488,7 @@ def test_exposition_passes_promtool_check_metrics(stack: Stack):
 
 
 def test_exemplar_traces_are_in_the_replayable_span_file(stack: Stack):
-    """After the demo stops, its span file is what exporters/replay.yaml's otlpjsonfile
+    """After the demo stops, its span file is what exporters/replay.yaml's otlp_json_file
     receiver reads (one OTLP-JSON ExportTraceServiceRequest per line, under its 64 MiB line
     limit) and it holds the traces the exemplars point to."""
     stack.stop_demo()
