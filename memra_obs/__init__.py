@@ -81,7 +81,7 @@ def get_observer() -> Observer | NoOpObserver:
 
                 _observer = build_observer()
             obs = _observer
-    return obs  # type: ignore[no-any-return]
+    return obs
 
 
 def configure(
@@ -139,7 +139,7 @@ def configure(
             level=level, prof=prof, extra_sinks=extra_sinks, exporters=exporters,
             registry=registry, memory=memory, env=env, **knobs,
         )  # fmt: skip
-        return _observer  # type: ignore[no-any-return]
+        return _observer
 
 
 _KNOBS = frozenset(

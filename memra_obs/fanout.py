@@ -31,6 +31,14 @@ class Fanout:
 
     __slots__ = ("all", "ranges", "wants_trace_ids", *HOOKS)
 
+    on_session: tuple[Sink, ...]
+    on_round: tuple[Sink, ...]
+    on_burst: tuple[Sink, ...]
+    on_first_token: tuple[Sink, ...]
+    on_prof_rows: tuple[Sink, ...]
+    on_prof_summary: tuple[Sink, ...]
+    on_session_end: tuple[Sink, ...]
+
     def __init__(self, sinks: Sequence[Sink]) -> None:
         self.all = tuple(sinks)
         #: Boundary-time range hooks (``push(name)``/``pop()``, e.g. NVTX): bursts get them only

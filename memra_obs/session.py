@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 __all__ = ["LAP_BUCKETS", "Session"]
 
 #: First-token buckets the loop measures with ``Session.lap``, in their natural order.
-LAP_BUCKETS = ("cache_alloc", "sink_alloc", "prime", "capture", "anchor", "draft_alloc")
-LAP_BUCKETS += ("draft_prime",)
+LAP_BUCKETS: tuple[str, ...] = ("cache_alloc", "sink_alloc", "prime", "capture", "anchor")
+LAP_BUCKETS += ("draft_alloc", "draft_prime")
 _SHARES = frozenset(("prime_tap_dtoh_ms", "draft_prime_h2d_ms", "draft_prime_feat_ms"))
 _SHARES |= {"draft_prime_kv_ms", "first_burst_hook_ms"}
 _GEOMETRY = frozenset(("draft_prime_rows", "draft_prime_chunks", "draft_prime_arm", "draft_kv_mb"))

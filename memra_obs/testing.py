@@ -43,13 +43,13 @@ class RecordingSink(Sink):
     def _keep(self, rec: Any) -> None:
         self.records.append(rec)
 
-    on_session = _keep  # type: ignore[assignment]
-    on_round = _keep  # type: ignore[assignment]
-    on_burst = _keep  # type: ignore[assignment]
-    on_first_token = _keep  # type: ignore[assignment]
-    on_prof_rows = _keep  # type: ignore[assignment]
-    on_prof_summary = _keep  # type: ignore[assignment]
-    on_session_end = _keep  # type: ignore[assignment]
+    on_session = _keep
+    on_round = _keep
+    on_burst = _keep
+    on_first_token = _keep
+    on_prof_rows = _keep
+    on_prof_summary = _keep
+    on_session_end = _keep
 
     def of(self, kind: type) -> list[Any]:
         return [r for r in self.records if isinstance(r, kind)]

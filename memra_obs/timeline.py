@@ -61,7 +61,7 @@ class RoundRecord(NamedTuple):
     session: int
     burst: int
     #: Round index within the session, from 0.
-    index: int
+    index: int  # type: ignore[assignment]  # the field shadows tuple.index on purpose
     #: Bounds: entry, end of draft, verify, accept, rollback, maint (= round end).
     t_ns_mono: tuple[int, int, int, int, int, int]
     #: Drafted count that entered the verify (after the confidence gate).
@@ -97,7 +97,7 @@ class BurstRecord(NamedTuple):
     """A burst returned to the caller: its phase totals as the seed's line prints them."""
 
     session: int
-    index: int
+    index: int  # type: ignore[assignment]  # the field shadows tuple.index on purpose
     k: int
     start_ns_mono: int
     end_ns_mono: int
@@ -162,14 +162,17 @@ Record = (
 )
 
 
+def _shift(t: tuple[int, int, int, int, int, int], d: int) -> tuple[int, int, int, int, int, int]:
+    return (t[0] + d, t[1] + d, t[2] + d, t[3] + d, t[4] + d, t[5] + d)
+
+
 def each_round(r: RoundRecord) -> list[RoundRecord]:
     """A record's rounds one by one (``repeat`` > 1: a run of equal rounds, back to back)."""
     if r.repeat == 1:
         return [r]
     t, w = r.t_ns_mono, r.wall_ns
     return [
-        r._replace(index=r.index + i, t_ns_mono=tuple(x + i * w for x in t), repeat=1)
-        for i in range(r.repeat)
+        r._replace(index=r.index + i, t_ns_mono=_shift(t, i * w), repeat=1) for i in range(r.repeat)
     ]
 
 

@@ -219,7 +219,9 @@ def emit(
 class PhaseLine(NamedTuple):
     """A parsed per-burst phase line (ms values as printed)."""
 
-    kind = PHASE
+    @property
+    def kind(self) -> str:
+        return PHASE
 
     tag: str
     rounds: int
@@ -244,7 +246,9 @@ class PhaseLine(NamedTuple):
 class VerifyLine(NamedTuple):
     """A parsed level-2 verify sub-split line (per-round ms as printed)."""
 
-    kind = VERIFY
+    @property
+    def kind(self) -> str:
+        return VERIFY
 
     tag: str
     rounds: int
@@ -262,7 +266,9 @@ class VerifyLine(NamedTuple):
 class FirstTokenLine(NamedTuple):
     """A parsed ``[spec-prof]`` line."""
 
-    kind = PROF
+    @property
+    def kind(self) -> str:
+        return PROF
 
     prof: SpecFirstTokenProf
 
@@ -273,7 +279,9 @@ class FirstTokenLine(NamedTuple):
 class RoundsLine(NamedTuple):
     """A parsed ``[spec-prof-rounds]`` line: one row of the session's round log."""
 
-    kind = PROF_ROUNDS
+    @property
+    def kind(self) -> str:
+        return PROF_ROUNDS
 
     row: int
     prof: SpecRoundProf
@@ -286,7 +294,9 @@ class SummaryLine(NamedTuple):
     """A parsed ``[spec-prof-summary]`` line (values as printed; ``rounds=0`` leaves the
     rest ``None``)."""
 
-    kind = PROF_SUMMARY
+    @property
+    def kind(self) -> str:
+        return PROF_SUMMARY
 
     rounds: int
     k_mean: float | None = None
@@ -313,7 +323,9 @@ class SummaryLine(NamedTuple):
 class OverrideLine(NamedTuple):
     """The flag-override line (``[spec-trace] MEMRA_SPEC_TRACE=.. overrides ..``)."""
 
-    kind = OVERRIDE
+    @property
+    def kind(self) -> str:
+        return OVERRIDE
 
     general: int
     alias: int
@@ -326,7 +338,9 @@ class AdviceLine(NamedTuple):
     """A parsed ``[spec-advice]`` line: the k advisor's estimates over a session's logged
     rounds (each figure with its interval, as printed)."""
 
-    kind = ADVICE
+    @property
+    def kind(self) -> str:
+        return ADVICE
 
     rounds: int
     clock: str
