@@ -344,7 +344,7 @@ def test_module_warm_runs_on_a_thread_and_the_first_snapshot_waits_for_it(
         return FakeNvml(CARDS)
 
     fm = FreeMemory(nvml=slow_nvml, cuda=lambda: FakeCuda(CUDA_BUS[:1]), report=lambda k, s: None)
-    monkeypatch.setattr(memory, "DEFAULT", fm)
+    monkeypatch.setattr(memory, "_default", fm)
     t0 = time.perf_counter()
     memory.warm()
     assert time.perf_counter() - t0 < 0.1

@@ -114,7 +114,7 @@ def test_a_raising_domain_never_reaches_the_loop() -> None:
 def test_no_nvtx_anywhere_is_a_noop_said_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Neither nvtx nor torch: no range hook (bursts stay plain) and one diagnostic line."""
+    """Neither nvtx nor torch: no range hook (bursts stay plain) and one stderr line."""
     monkeypatch.setattr(nvtx_mod, "_importable", lambda name: False)
     a, b2 = NvtxSink(), NvtxSink()
     assert a.range_hook is None and b2.range_hook is None and a.backend == "off"

@@ -45,16 +45,14 @@ def stream_device(stream: object) -> int | None:
     fw = framework(stream)
     try:
         dev = getattr(stream, "device_id", None) if fw == "cupy" else None
-        if fw == "torch":
-            dev = stream.device.index  # type: ignore[attr-defined]
+        dev = stream.device.index if fw == "torch" else dev  # type: ignore[attr-defined]
         return None if dev is None else int(dev)
     except Exception:
         return None
 
 
 def same_stream(a: object, b: object) -> bool:
-    """One CUDA stream: the same object, or the same handle on the same device (handle 0, the
-    legacy default stream, exists once per device)."""
+    """One CUDA stream: the same object, or one handle on one device (0 exists on each)."""
     if a is b:
         return True
     ha = stream_handle(a)
@@ -70,9 +68,8 @@ def pair(e: Stream | None, eh: Stream | None) -> tuple[Stream | None, Stream | N
 
 
 class EventOps(Protocol):
-    """Timing events for one kind of stream. ``new`` may allocate; ``recorder`` pre-binds the
-    hot-path call (record ``ev`` on ``stream``, never blocking); ``wait`` and ``elapsed_ns``
-    run at settle only."""
+    """Timing events for one kind of stream: ``new`` may allocate; ``recorder`` pre-binds the
+    hot-path record (never blocking); ``wait`` and ``elapsed_ns`` run at settle."""
 
     def new(self, stream: Any) -> Any: ...
     def recorder(self, ev: Any, stream: Any) -> Callable[[], Any]: ...
@@ -140,8 +137,7 @@ def event_ops(stream: object) -> EventOps | None:
     return _ops[fw]
 
 
-#: Unsettled marks kept at most (a loop whose bursts never settle must not grow without bound).
-MAX_PENDING = 1 << 16
+MAX_PENDING = 1 << 16  # unsettled marks kept at most: bursts that never settle stay bounded
 
 
 class _Lane:

@@ -94,10 +94,9 @@ def load_pynvml() -> Any:
 
 
 def visible_devices(value: str | None, devices: Sequence[NvmlDevice]) -> list[NvmlDevice | str]:
-    """CUDA ordinal -> the device ``CUDA_VISIBLE_DEVICES`` (``value``; None: all) names, as the
-    runtime reads it: indices into the devices in PCI bus order, ``GPU-`` UUIDs or unique
-    prefixes, ``MIG-`` instances (as the string); the first entry naming none, or one already
-    named, ends the list."""
+    """CUDA ordinal -> the device ``CUDA_VISIBLE_DEVICES`` (``value``; None: all) names, read as the
+    runtime does: indices in PCI bus order, ``GPU-`` UUIDs or prefixes, ``MIG-`` instances (as the
+    string); the first entry naming none, or one already named, ends the list."""
     base = sorted(devices, key=lambda d: (d.bus is None, d.bus or (0, 0, 0, 0), d.nv_index))
     if value is None:
         return list(base)
@@ -334,20 +333,27 @@ class FreeMemory:
     __call__ = snapshot
 
 
-#: The process's snapshot (nothing is loaded until :func:`warm` or the first snapshot).
-DEFAULT = FreeMemory()
+_default: FreeMemory | None = None  # the process's; loads nothing until warmed or read
+_default_lock = threading.Lock()
+
+
+def _process() -> FreeMemory:
+    global _default
+    with _default_lock:
+        _default = _default or FreeMemory()
+        return _default
 
 
 def free_mb_snapshot() -> list[tuple[int, int]]:
     """Free MiB per CUDA ordinal for this process (NVML by bus id, cudaMemGetInfo fallback)."""
-    return DEFAULT.snapshot()
+    return _process().snapshot()
 
 
 def warm(wait: bool = False) -> None:
-    """Initialise NVML for :func:`free_mb_snapshot` ahead of time, on a daemon thread (``wait``:
-    here), so no profiled snapshot pays for it; a snapshot that comes first waits for it.
-    Call it in the process that takes the snapshots (after any fork)."""
+    """Start NVML for :func:`free_mb_snapshot` now, on a daemon thread (``wait``: here), so no
+    profiled snapshot pays for it (one that comes first waits); after any fork, in the child."""
+    fm = _process()
     if wait:
-        DEFAULT.warm()
+        fm.warm()
     else:
-        threading.Thread(target=DEFAULT.warm, name="memra-obs-nvml", daemon=True).start()
+        threading.Thread(target=fm.warm, name="memra-obs-nvml", daemon=True).start()
