@@ -256,11 +256,11 @@ def round_overhead(backend: str, bursts: int, two_streams: bool) -> None:
 def describe(x: Any) -> str:
     try:
         if x.name == "cupy":
-            cp = x.cp
+            cp = x.m
             props = cp.cuda.runtime.getDeviceProperties(0)
             name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
             return f"cupy {cp.__version__}, {name}, runtime {cp.cuda.runtime.runtimeGetVersion()}, driver {cp.cuda.runtime.driverGetVersion()}"
-        t = x.t
+        t = x.m
         return f"torch {t.__version__}, {t.cuda.get_device_name(0)}, CUDA {t.version.cuda}"
     except Exception as exc:
         return f"{x.name} ({exc!r})"

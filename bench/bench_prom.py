@@ -14,14 +14,8 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 
-from memra_obs.prom import (
-    PHASE_BUCKETS,
-    ROUND_BUCKETS,
-    TOKEN_BUCKETS,
-    PrometheusExporter,
-    serve_metrics,
-)
-from memra_obs.prom.exposition import encode
+from memra_obs.prom import PrometheusExporter, encode, serve_metrics
+from memra_obs.prom.families import PHASE_BUCKETS, ROUND_BUCKETS, TOKEN_BUCKETS
 from memra_obs.records import FIRST_TOKEN_MS_FIELDS, SpecFirstTokenProf
 from memra_obs.timeline import PHASES, FirstTokenRecord, RoundRecord, SessionRecord
 

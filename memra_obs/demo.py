@@ -1,55 +1,32 @@
 """A simulated speculative-decoding worker: the whole instrument on a loop with no GPU.
 
-Sessions get realistic prompt lengths; session creation runs the first-token phases (cache
-alloc, target prime linear in the prompt, boundary draw, drafter state build); then bursts of
-rounds draft ``k`` tokens, verify them in one batched pass, accept a prefix (per-token
-acceptance drawn per session, so some requests speculate well and some do not), roll back and
-maintain the draft source. A few rounds are slow (a verify that takes the per-row arm at
-depth). Device work is simulated by :class:`SimStream`: phases *queue* work on it and return,
-and the work completes only when the stream is drained — so the clock's drains decide where
-the milliseconds land, exactly as on a GPU. ``--gpu`` swaps in real kernels
-(:class:`memra_obs.device.workload.GpuWorkload`).
+Device work goes to a :class:`SimStream`, done only with time and waited for only by a drain,
+so the clock's drains decide where the milliseconds land, as on a GPU. ``--gpu`` runs real
+kernels instead (:class:`memra_obs.device.workload.GpuWorkload`).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import signal
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from .clock import Stream
+from . import flags
+from .device.workload import GpuUnavailable, GpuWorkload
 from .records import SEQ_ROWS, VERIFY_SPLIT
+from .wiring import build_observer
 
-__all__ = ["DemoConfig", "SimStream", "SimWorkload", "Workload", "run_demo"]
-
-
-class Workload(Protocol):
-    """What one worker does at each phase; ``e``/``eh`` are the streams the clock drains."""
-
-    e: Stream | None
-    eh: Stream | None
-
-    def cache_alloc(self, ctx: int) -> None: ...
-    def prime(self, prompt_tokens: int) -> None: ...
-    def capture(self) -> None: ...
-    def anchor(self) -> None: ...
-    def draft_alloc(self, ctx: int) -> None: ...
-    def draft_prime(self, prompt_tokens: int) -> None: ...
-    def draft(self, k: int) -> None: ...
-    def verify(self, k: int) -> None: ...
-    def accept(self, k: int) -> int: ...
-    def rollback(self, k: int, j: int) -> None: ...
-    def maint(self) -> None: ...
-    def end_session(self) -> None: ...
+__all__ = ["DemoConfig", "GpuUnavailable", "SimStream", "SimWorkload", "run_demo"]
 
 
 class SimStream:
-    """A pretend device stream: ``enqueue`` queues work and returns at once; ``synchronize``
-    blocks (releasing the GIL, as a CUDA drain does) until everything queued has run."""
+    """A pretend device stream: ``enqueue`` returns at once, ``synchronize`` sleeps it out."""
 
     def __init__(self) -> None:
         self._busy_until = 0.0
@@ -57,44 +34,31 @@ class SimStream:
 
     def enqueue(self, seconds: float) -> None:
         with self._lock:
-            now = time.perf_counter()
-            self._busy_until = max(self._busy_until, now) + seconds
+            self._busy_until = max(self._busy_until, time.perf_counter()) + seconds
 
     def synchronize(self) -> None:
-        wait = self._busy_until - time.perf_counter()
-        if wait > 0:
+        if (wait := self._busy_until - time.perf_counter()) > 0:
             time.sleep(wait)
 
-    def query(self) -> bool:
-        return time.perf_counter() >= self._busy_until
-
     def record_event(self, ev: SimEvent | None = None) -> SimEvent:
-        """Record a timing event (torch's duck API, so ``MEMRA_OBS_CLOCK=event`` works on
-        the simulated device too): it completes when the work queued before it does."""
+        """A timing event (torch's duck API: the event clock runs here too)."""
         ev = ev if ev is not None else SimEvent()
         ev.t = max(self._busy_until, time.perf_counter())
         return ev
 
 
+@dataclass(slots=True)
 class SimEvent:
-    """A :class:`SimStream` timing event: the moment the work queued before it completes."""
+    """A :class:`SimStream` timing event: ``t``, when the work queued before it completes."""
 
-    __slots__ = ("t",)
-
-    def __init__(self) -> None:
-        self.t = 0.0
+    t: float = 0.0
 
     def synchronize(self) -> None:
-        wait = self.t - time.perf_counter()
-        if wait > 0:
+        if (wait := self.t - time.perf_counter()) > 0:
             time.sleep(wait)
 
-    def query(self) -> bool:
-        return time.perf_counter() >= self.t
-
     def elapsed_time(self, end: SimEvent) -> float:
-        """Milliseconds from this event to ``end`` (as torch's ``Event.elapsed_time``)."""
-        return (end.t - self.t) * 1e3
+        return (end.t - self.t) * 1e3  # ms, as torch's Event.elapsed_time
 
 
 @dataclass
@@ -109,64 +73,44 @@ class SimDevice:
         with self.lock:
             return [(0, self.total_mb - self.used_mb)]
 
-    def take(self, mb: int) -> None:
+    def take(self, mb: int) -> int:
         with self.lock:
-            self.used_mb = min(self.total_mb, self.used_mb + mb)
-
-    def give(self, mb: int) -> None:
-        with self.lock:
-            self.used_mb = max(0, self.used_mb - mb)
+            self.used_mb = min(self.total_mb, max(0, self.used_mb + mb))
+        return mb
 
 
 class SimWorkload:
-    """Plausible, varied phase times for one loop thread, on a :class:`SimStream`.
-
-    Times are loosely shaped on a 30B-class target with a small drafter: verify grows with
-    context and rows, the prime is linear in the prompt, accept reads back to the host.
-    """
+    """Varied phase times for one loop, loosely a 30B-class target with a small drafter. A
+    workload is ``e``, ``eh`` (the streams the clock drains), ``ctx`` and a method a phase."""
 
     def __init__(self, rng: random.Random, device: SimDevice, speed: float = 1.0) -> None:
-        self.rng = rng
-        self.dev = device
-        self.speed = speed
-        self.stream = SimStream()
-        self.e: Stream | None = self.stream
-        self.eh: Stream | None = self.stream
-        self.ctx = 0
-        self.alpha = 0.7
-        self._held_mb = 0
+        self.rng, self.dev, self.speed = rng, device, speed
+        self.e = self.eh = self.stream = SimStream()
+        self.ctx, self.alpha, self._held_mb = 0, 0.7, 0
 
-    def _dev(self, ms: float) -> None:
-        self.stream.enqueue(max(ms, 0.0) * self.speed / 1000.0)
-
-    def _host(self, ms: float) -> None:
-        time.sleep(max(ms, 0.0) * self.speed / 1000.0)
+    def _dev(self, ms: float, host: bool = False) -> None:
+        """``ms`` of device work queued on the stream (``host``: of host work, done here)."""
+        (time.sleep if host else self.stream.enqueue)(max(ms, 0.0) * self.speed / 1000.0)
 
     def cache_alloc(self, ctx: int) -> None:
-        self.ctx = 0
-        mb = max(64, ctx // 16)
-        self.dev.take(mb)
-        self._held_mb += mb
-        self._host(0.3 + ctx / 200_000)
+        self._held_mb += self.dev.take(max(64, ctx // 16))
+        self._dev(0.3 + ctx / 200_000, host=True)
 
     def prime(self, prompt_tokens: int) -> None:
         self._dev(2.0 + prompt_tokens * self.rng.uniform(0.010, 0.014))
-        self._host(0.2)  # full-vocab logits readback
+        self._dev(0.2, host=True)  # full-vocab logits readback
         self.ctx = prompt_tokens
-        # Per-session acceptance: most requests speculate well, a few poorly.
-        self.alpha = min(0.95, max(0.2, self.rng.betavariate(7, 3)))
+        self.alpha = min(0.95, max(0.2, self.rng.betavariate(7, 3)))  # most speculate well
 
     def capture(self) -> None:
         self._dev(0.05)
 
     def anchor(self) -> None:
-        self._host(self.rng.uniform(0.05, 0.15))
+        self._dev(self.rng.uniform(0.05, 0.15), host=True)
 
     def draft_alloc(self, ctx: int) -> None:
-        mb = max(16, ctx // 64)
-        self.dev.take(mb)
-        self._held_mb += mb
-        self._host(0.1)
+        self._held_mb += self.dev.take(max(16, ctx // 64))
+        self._dev(0.1, host=True)
 
     def draft_prime(self, prompt_tokens: int) -> None:
         self._dev(0.3 + prompt_tokens * 0.0015)
@@ -180,8 +124,7 @@ class SimWorkload:
         ms = base * (self.rng.uniform(2.2, 3.0) if slow else self.rng.uniform(0.92, 1.12))
         self._dev(ms)
         ns = int(ms * 1e6)
-        # Level-2 shares of the verify walk: the mixer classes and the FFN inside vrest.
-        kda = int(ns * 0.34)
+        kda = int(ns * 0.34)  # level-2 shares: the mixer classes, the FFN inside vrest
         VERIFY_SPLIT.add(kda=kda, kda_scan=int(kda * 0.4), mla=int(ns * 0.21), ffn=int(ns * 0.30))
         if slow:
             SEQ_ROWS.add(k + 1)  # the per-row arm took the rows: the slow path names itself
@@ -189,7 +132,7 @@ class SimWorkload:
     def accept(self, k: int) -> int:
         self._dev(0.05)
         self.stream.synchronize()  # the accept walk reads back to the host
-        self._host(0.08)
+        self._dev(0.08, host=True)
         j = 0
         while j < k and self.rng.random() < self.alpha:
             j += 1
@@ -204,7 +147,7 @@ class SimWorkload:
 
     def end_session(self) -> None:
         self.stream.synchronize()
-        self.dev.give(self._held_mb)
+        self.dev.take(-self._held_mb)
         self._held_mb = 0
 
 
@@ -218,10 +161,8 @@ class DemoConfig:
     seed: int | None = None
     speed: float = 1.0
     gpu: bool = False
-    #: Max new tokens per request (drawn per request up to this).
-    max_tokens: int = 256
-    #: Rounds per burst (the loop returns to the caller after this many).
-    burst_rounds: int = 6
+    max_tokens: int = 256  # new tokens per request, drawn up to this
+    burst_rounds: int = 6  # rounds before the loop returns to its caller
 
 
 @dataclass
@@ -233,19 +174,19 @@ class DemoStats:
     tokens: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-
-def _prompt_len(rng: random.Random) -> int:
-    # Log-normal around ~1.5k tokens, clipped to [32, 32k]: chat turns plus a long-doc tail.
-    return int(min(32_768, max(32, rng.lognormvariate(math.log(1500), 0.9))))
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            self.__dict__.update({k: getattr(self, k) + n for k, n in counts.items()})
 
 
 def serve_one(
     obs: Any, w: Any, rng: random.Random, cfg: DemoConfig, family: str, st: DemoStats, eager: bool
 ) -> None:
     """One request through the instrumented loop, the way a spec worker runs it."""
-    prompt = _prompt_len(rng)
+    prompt = int(min(32_768, max(32, rng.lognormvariate(math.log(1500), 0.9))))  # chat + long docs
     ctx = prompt + cfg.max_tokens + 64
     want = rng.randint(max(8, cfg.max_tokens // 4), cfg.max_tokens)
+    n = Counter(tokens=1)  # the anchor token
     with obs.session(family, e=w.e, eh=w.eh) as s:
         s.free_memory("before")
         w.cache_alloc(ctx)
@@ -265,17 +206,13 @@ def serve_one(
             draft_prime_arm="eager",
             draft_kv_mb=round(ctx * 0.0625, 3),
         )
-        produced = 1  # the anchor token
-        first = True
-        rounds = drafted = accepted = 0
-        while produced < want:
+        while n["tokens"] < want:
             b = s.burst(cfg.k)
             for _ in range(cfg.burst_rounds):
                 b.begin_round()
-                if first:
+                if not n["rounds"]:
                     w.draft_prime(prompt)
                     s.lap("draft_prime")
-                    first = False
                 k = cfg.k if rng.random() > 0.1 else rng.randint(1, cfg.k)  # confidence gate
                 w.draft(k)
                 b.end_draft()
@@ -287,23 +224,15 @@ def serve_one(
                 b.end_rollback()
                 w.maint()
                 b.end_round(k=k, j=j, ctx=w.ctx - (j + 1))
-                produced += j + 1
-                rounds += 1
-                drafted += k
-                accepted += j
+                n.update(rounds=1, drafted=k, accepted=j, tokens=j + 1)
                 if eager:
                     with b.hook():  # detext + token sends, inside the burst
                         time.sleep(0.00005)
-                if produced >= want:
+                if n["tokens"] >= want:
                     break
             b.end()
         w.end_session()
-    with st.lock:
-        st.sessions += 1
-        st.rounds += rounds
-        st.drafted += drafted
-        st.accepted += accepted
-        st.tokens += produced
+    st.add(sessions=1, **n)
 
 
 def run_demo(
@@ -313,66 +242,39 @@ def run_demo(
     stop: threading.Event | None = None,
     device: SimDevice | None = None,
 ) -> DemoStats:
-    """Run the simulated worker until ``duration_s``/``requests``/``stop``; returns counts.
-
-    ``obs`` defaults to an observer built from the environment; ``device`` is the simulated
-    device whose free memory that observer should snapshot (build both with the same one).
-    """
-    from . import flags
-
+    """Run the worker until ``duration_s``/``requests``/``stop``; returns counts. ``obs``:
+    default, built from the environment; ``device``: the simulated device that observer snapshots.
+    ``gpu`` builds the workloads first: no GPU raises :class:`GpuUnavailable` before any loop."""
     stop = stop or threading.Event()
     dev = device if device is not None else SimDevice()
-    if obs is None:
-        from .wiring import build_observer
-
-        obs = build_observer(memory=None if cfg.gpu else dev.snapshot)
+    seeds = [None if cfg.seed is None else cfg.seed + i for i in range(cfg.concurrency)]
+    gpus = [GpuWorkload(seed=sd) for sd in seeds] if cfg.gpu else []
+    obs = obs if obs is not None else build_observer(memory=None if cfg.gpu else dev.snapshot)
     st = DemoStats()
-    deadline = time.monotonic() + cfg.duration_s if cfg.duration_s else None
-    budget = [cfg.requests]
-    lock = threading.Lock()
+    deadline = time.monotonic() + cfg.duration_s if cfg.duration_s else math.inf
+    tickets = iter(range(cfg.requests)) if cfg.requests is not None else itertools.count()
     eager = flags.first_token_eager()
 
-    def take() -> bool:
-        if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
-            return False
-        with lock:
-            if budget[0] is None:
-                return True
-            if budget[0] <= 0:
-                return False
-            budget[0] -= 1
-            return True
-
     def loop(i: int) -> None:
-        rng = random.Random(None if cfg.seed is None else cfg.seed + i)
-        if cfg.gpu:
-            from .device.workload import GpuWorkload
-
-            w: Any = GpuWorkload(seed=None if cfg.seed is None else cfg.seed + i)
-        else:
-            w = SimWorkload(rng, dev, cfg.speed)
-        n = 0
-        while take():
+        rng = random.Random(seeds[i])
+        w = gpus[i] if cfg.gpu else SimWorkload(rng, dev, cfg.speed)
+        for n in itertools.count():
+            if stop.is_set() or time.monotonic() >= deadline or next(tickets, -1) < 0:
+                return
             serve_one(obs, w, rng, cfg, cfg.families[n % len(cfg.families)], st, eager)
-            n += 1
 
     threads = [
-        threading.Thread(target=loop, args=(i,), name=f"demo-loop-{i}", daemon=True)
-        for i in range(cfg.concurrency)
+        threading.Thread(target=loop, args=(i,), daemon=True) for i in range(cfg.concurrency)
     ]
     for t in threads:
         t.start()
     for t in threads:
         while t.is_alive():
-            t.join(0.2)
+            t.join(0.2)  # a timeout, so that Ctrl-C is handled meanwhile
     return st
 
 
 def install_stop_handlers(stop: threading.Event) -> None:
     """Ctrl-C / SIGTERM end the demo after the requests in flight."""
-
-    def handler(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: stop.set())

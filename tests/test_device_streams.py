@@ -10,10 +10,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from memra_obs.device import streams
-from memra_obs.device.streams import DuckEvents, as_stream, event_ops, framework, pair, same_stream
+from memra_obs.device import event_clock as streams
+from memra_obs.device.event_clock import DuckEvents, event_ops, framework, pair, same_stream
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,14 +50,6 @@ def test_two_wrappers_of_one_cuda_stream_are_one_stream() -> None:
     assert not same_stream(plain1, plain2)
 
 
-def test_as_stream_accepts_synchronizers_and_none_only() -> None:
-    assert as_stream(None) is None
-    s = fake_stream("cupy.cuda.stream", 3)
-    assert as_stream(s) is s
-    with pytest.raises(TypeError, match="synchronize"):
-        as_stream(object())
-
-
 def test_event_ops_for_duck_streams_and_none_for_plain_ones() -> None:
     """torch-style record_event() streams are event-timed; bare synchronizers are not."""
 
@@ -92,7 +82,7 @@ def test_cpu_only_use_never_imports_gpu_libraries(tmp_path: Path) -> None:
         """
         import sys
         import memra_obs
-        import memra_obs.device, memra_obs.device.streams, memra_obs.device.event_clock
+        import memra_obs.device, memra_obs.device.event_clock
         import memra_obs.device.memory, memra_obs.device.workload, memra_obs.sinks.nvtx
         from memra_obs.testing import capture
         for clock in ("sync", "event"):

@@ -8,8 +8,7 @@ from prometheus_client import CollectorRegistry
 
 from memra_obs.export import QueueSink
 from memra_obs.observer import Observer
-from memra_obs.prom import FIRST_TOKEN_PHASES, PrometheusExporter
-from memra_obs.prom.exposition import encode
+from memra_obs.prom import FIRST_TOKEN_PHASES, PrometheusExporter, encode
 from memra_obs.records import SpecFirstTokenProf, SpecPhaseNs, VerifySplit
 from memra_obs.timeline import (
     BurstRecord,
@@ -337,3 +336,28 @@ def test_openmetrics_exposition_parses_strictly(reg):
     names = [f.name for f in text_string_to_metric_families(text)]
     assert "memra_spec_drafted_tokens" in names and "memra_spec_drafted_tokens_per_round" in names
     assert len(names) == len(set(names))
+
+
+def test_state_of_sessions_whose_records_were_lost_is_bounded(reg):
+    """Issue 13: rounds of 20,000 sessions whose SessionRecord and end were both dropped, with
+    max_sessions=1000, hold about what 1000 sessions hold (main: every one of them, ~1 KB each)."""
+    import tracemalloc
+
+    ex = PrometheusExporter(reg, max_sessions=1000)
+
+    def feed(first: int) -> None:
+        ex.export(
+            [rnd(s, i, (1, 1, 0, 0, 0)) for s in range(first, first + 1000) for i in range(3)]
+        )
+
+    tracemalloc.start()
+    try:
+        feed(0)
+        bound = tracemalloc.get_traced_memory()[0]  # what 1000 sessions hold
+        for b in range(1, 20):
+            feed(b * 1000)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held < 1.5 * bound, f"{held / 2**20:.1f} MiB held; 1000 sessions: {bound / 2**20:.1f}"
+    assert val(reg, "memra_spec_rounds_total", family="unknown") == 60_000

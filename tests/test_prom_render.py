@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 
-from memra_obs.prom import PrometheusExporter
-from memra_obs.prom.exposition import encode
+from memra_obs.prom import PrometheusExporter, encode
 from memra_obs.records import FIRST_TOKEN_MS_FIELDS, SpecFirstTokenProf
 from memra_obs.timeline import FirstTokenRecord, RoundRecord, SessionRecord
 

@@ -197,3 +197,61 @@ def test_build_observer_serves_and_attaches_the_queue(tmp_path: Path, cert):
             )  # fmt: skip
     finally:
         obs.shutdown()
+
+
+def test_slow_clients_are_bounded_in_time_and_number(reg):
+    """Issue 13: slow-drip clients (a byte now and then, never a whole request) are hung up
+    timeout_s after they connected, at most max_connections are open (a new one closes the
+    oldest), and a scrape still gets through (main: a thread per client, held forever)."""
+    import threading
+    import time
+
+    with serve_metrics(("127.0.0.1", 0), registry=reg, timeout_s=1.0, max_connections=4) as srv:
+        base = threading.active_count()
+        drips = []
+        for _ in range(40):
+            s = socket.create_connection(("127.0.0.1", srv.port))
+            s.sendall(b"G")
+            drips.append(s)
+        time.sleep(0.3)
+        assert threading.active_count() - base <= 4 + 1  # the cap, plus one hanging up
+        assert get(srv.url)[0] == 200
+        t0 = time.monotonic()
+        for s in drips:
+            s.settimeout(0.2)
+        open_ = list(drips)
+        while open_ and time.monotonic() - t0 < 3.0:
+            for s in list(open_):
+                try:
+                    s.sendall(b"E")
+                    if s.recv(1) == b"":
+                        open_.remove(s)
+                except (TimeoutError, OSError) as exc:
+                    if not isinstance(exc, TimeoutError):
+                        open_.remove(s)
+            time.sleep(0.05)
+        assert not open_, f"{len(open_)} slow clients still connected after 3 s"
+        assert threading.active_count() - base <= 1
+        for s in drips:
+            s.close()
+
+
+def test_a_busy_or_unresolvable_address_is_one_clear_error(reg):
+    """Issue 13: a taken port (a second worker on the host) or a host that does not resolve
+    raises MetricsAddressError (a ConfigError and an OSError) naming the address and the knob,
+    and leaves no thread behind (main: a bare OSError)."""
+    import errno
+    import threading
+
+    from memra_obs.prom import MetricsAddressError
+
+    with serve_metrics(("127.0.0.1", 0), registry=reg) as srv:
+        before = threading.active_count()
+        with pytest.raises(MetricsAddressError, match=rf"127\.0\.0\.1:{srv.port} .*in use") as e:
+            serve_metrics(f"127.0.0.1:{srv.port}", registry=reg)
+        assert "MEMRA_OBS_METRICS_ADDR" in str(e.value) and e.value.addr == ("127.0.0.1", srv.port)
+        assert isinstance(e.value, ConfigError) and e.value.errno == errno.EADDRINUSE
+        assert threading.active_count() == before
+    with pytest.raises(MetricsAddressError, match=r"no-such-host\.invalid:9464") as e:
+        serve_metrics("no-such-host.invalid:9464", registry=reg)
+    assert isinstance(e.value, OSError) and "MEMRA_OBS_METRICS_ADDR" in str(e.value)

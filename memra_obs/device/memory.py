@@ -1,309 +1,181 @@
 """Free device memory per CUDA ordinal, in MiB — the seed's ``free_mb_before`` / ``free_mb_after``.
 
-The loop numbers devices by **CUDA ordinal**; NVML numbers them its own way and ignores
-``CUDA_VISIBLE_DEVICES``. The two are matched by PCI bus id, which the two APIs spell
-differently (NVML ``00000000:1B:00.0``, CUDA ``0000:1b:00.0``; :func:`parse_bus_id` reads
-both). The CUDA side's bus ids come from CuPy (``runtime.deviceGetPCIBusId``) or torch
-(``get_device_properties(i).pci_*_id``) when one is importable; with neither,
-``CUDA_VISIBLE_DEVICES`` is parsed the way the CUDA runtime reads it
-(:func:`visible_devices`: indices, ``GPU-`` UUID prefixes, ``MIG-`` entries, the first bad entry
-ends the list) over the devices in PCI bus order (exact with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``;
-the driver's default ``FASTEST_FIRST`` agrees whenever the GPUs are alike).
-
-Where NVML is missing or refuses (containers without the library, MIG instances, which NVML
-reports as the whole card), the ordinal is read with ``cudaMemGetInfo`` instead (CuPy
-``runtime.memGetInfo`` / ``torch.cuda.mem_get_info``; this creates the CUDA context on a device
-that has none). Nothing here raises into the loop; each fallback is said once on stderr. With
-no GPU at all the snapshot is ``[]`` and nothing is said.
-
-Hardware is passed in (STYLE rule 4): :class:`FreeMemory` takes ``nvml=`` (a loader returning a
-pynvml-like module) and ``cuda=`` (a loader returning a :class:`CudaQuery`), so tests hand in
-fakes. pynvml, CuPy and torch are imported on the first snapshot, never at import.
+NVML numbers devices its own way and ignores ``CUDA_VISIBLE_DEVICES``; the two meet at the PCI
+bus id, which CuPy or torch give per CUDA ordinal (else ``CUDA_VISIBLE_DEVICES`` is read as the
+runtime reads it). Where NVML is missing, refuses, or sees a MIG card whole, ``cudaMemGetInfo``
+reads the ordinal. Nothing raises into the loop; each fallback is said once; no GPU is ``[]``.
+NVML starts once a process (~50 ms: :func:`warm` ahead of time, else the first snapshot); then a
+snapshot is one ``nvmlDeviceGetMemoryInfo`` an ordinal. Hardware is passed in (``FreeMemory(nvml=,
+cuda=)``); pynvml, CuPy and torch are imported when first needed.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from ..diagnostics import say_once
 
-__all__ = [
-    "CudaQuery",
-    "CupyQuery",
-    "FreeMemory",
-    "NvmlDevice",
-    "Slot",
-    "TorchQuery",
-    "default_cuda",
-    "format_bus_id",
-    "free_mb_snapshot",
-    "load_pynvml",
-    "parse_bus_id",
-    "visible_devices",
-]
-
 MIB = 1 << 20
-
-#: (domain, bus, device, function), as integers.
+#: (domain, bus, device, function)
 BusId = tuple[int, int, int, int]
-
-# NVML return codes that mean "no GPU / no driver here" (quiet) rather than "refused".
-_NVML_NO_GPU = {
-    6,  # NVML_ERROR_NOT_FOUND
-    9,  # NVML_ERROR_DRIVER_NOT_LOADED
-    12,  # NVML_ERROR_LIBRARY_NOT_FOUND
-}
+#: NVML errors that mean "no GPU or driver here" (stay quiet): NOT_FOUND, DRIVER_NOT_LOADED,
+#: LIBRARY_NOT_FOUND.
+_NVML_NO_GPU = {6, 9, 12}
+_BUS = re.compile(r"(?:([0-9a-f]+):)?([0-9a-f]+):([0-9a-f]+)(?:\.([0-9a-f]+))?", re.IGNORECASE)
 
 
 def parse_bus_id(value: object) -> BusId | None:
-    """Read a PCI bus id in either spelling: NVML's ``00000000:1B:00.0``, CUDA's
-    ``0000:1b:00.0``, bytes or str, any case, NUL-padded; torch's ``(domain, bus, device)``
-    triple too. None when it cannot be read."""
+    """A PCI bus id in either spelling (str or bytes, any case, NUL-padded, domain optional),
+    or torch's ``(domain, bus, device)``; None when it cannot be read."""
     if isinstance(value, tuple):
-        try:
-            parts = [int(x) for x in value]
-        except (TypeError, ValueError):
-            return None
-        if len(parts) == 3:
-            parts.append(0)
-        return (parts[0], parts[1], parts[2], parts[3]) if len(parts) == 4 else None
-    if isinstance(value, (bytes, bytearray)):
-        value = bytes(value).decode("ascii", "replace")
-    if not isinstance(value, str):
+        parts = _try(lambda: [int(x) for x in value] + [0] * (len(value) == 3))
+        return (parts[0], parts[1], parts[2], parts[3]) if parts and len(parts) == 4 else None
+    if not isinstance(value, (str, bytes, bytearray)):
         return None
-    s = value.strip().rstrip("\x00").strip()
-    fields = s.split(":")
-    if len(fields) == 3:
-        dom, bus, devfn = fields
-    elif len(fields) == 2:
-        dom, (bus, devfn) = "0", fields
-    else:
+    if (m := _BUS.fullmatch(_text(value).strip())) is None:
         return None
-    dev, _, fn = devfn.partition(".")
-    try:
-        return (int(dom, 16), int(bus, 16), int(dev, 16), int(fn or "0", 16))
-    except ValueError:
-        return None
+    return (int(m[1] or "0", 16), int(m[2], 16), int(m[3], 16), int(m[4] or "0", 16))
 
 
 def format_bus_id(b: BusId | None) -> str:
-    """The one spelling used in messages and tests: ``0000:1b:00.0``."""
-    if b is None:
-        return "?"
-    return f"{b[0]:04x}:{b[1]:02x}:{b[2]:02x}.{b[3]:x}"
+    """The one spelling of messages and tests: ``0000:1b:00.0`` (``?`` unknown)."""
+    return "?" if b is None else f"{b[0]:04x}:{b[1]:02x}:{b[2]:02x}.{b[3]:x}"
 
 
-def _slot_key(b: BusId) -> tuple[int, int, int]:
-    # torch reports no PCI function; a GPU is function 0 anyway.
-    return b[0], b[1], b[2]
+def _text(v: object) -> str:
+    s = bytes(v).decode("ascii", "replace") if isinstance(v, (bytes, bytearray)) else str(v)
+    return s.strip().rstrip("\x00")
 
 
-# ============================================================================ the NVML side
+def _try(f: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return f(*args)
+    except Exception:
+        return None
 
 
 class NvmlDevice(NamedTuple):
-    """One device as NVML enumerates it."""
+    """One device as NVML enumerates it; ``mig``: NVML's memory info is the whole card's."""
 
     nv_index: int
     handle: Any
     bus: BusId | None
     uuid: str
     name: str
-    #: MIG mode is on: NVML's memory info of this handle is the whole card, not an instance.
     mig: bool
-
-
-def _text(v: object) -> str:
-    if isinstance(v, (bytes, bytearray)):
-        return bytes(v).decode("ascii", "replace").rstrip("\x00")
-    return str(v)
 
 
 def _nvml_devices(nv: Any) -> list[NvmlDevice]:
     out = []
     for i in range(int(nv.nvmlDeviceGetCount())):
         h = nv.nvmlDeviceGetHandleByIndex(i)
-        try:
-            bus = parse_bus_id(nv.nvmlDeviceGetPciInfo(h).busId)
-        except Exception:
-            bus = None
-        try:
-            uuid = _text(nv.nvmlDeviceGetUUID(h))
-        except Exception:
-            uuid = ""
-        try:
-            name = _text(nv.nvmlDeviceGetName(h))
-        except Exception:
-            name = ""
-        try:
-            mig = bool(nv.nvmlDeviceGetMigMode(h)[0])
-        except Exception:  # NVML_ERROR_NOT_SUPPORTED: not a MIG-capable card
-            mig = False
-        out.append(NvmlDevice(i, h, bus, uuid, name, mig))
+        pci, mig = _try(nv.nvmlDeviceGetPciInfo, h), _try(nv.nvmlDeviceGetMigMode, h)
+        uuid, name = _try(nv.nvmlDeviceGetUUID, h), _try(nv.nvmlDeviceGetName, h)
+        bus = parse_bus_id(getattr(pci, "busId", None))
+        out.append(
+            NvmlDevice(i, h, bus, _text(uuid or ""), _text(name or ""), bool(mig and mig[0]))
+        )
     return out
 
 
 def load_pynvml() -> Any:
-    """Import pynvml (nvidia-ml-py) and initialize NVML; raises what they raise."""
+    """Import pynvml (nvidia-ml-py) and initialise NVML; raises what they raise."""
     import pynvml
 
     pynvml.nvmlInit()
     return pynvml
 
 
-def visible_devices(
-    value: str | None, devices: Sequence[NvmlDevice], order: str | None = None
-) -> list[NvmlDevice | str]:
-    """CUDA ordinal -> the device it names, read the way the CUDA runtime reads
-    ``CUDA_VISIBLE_DEVICES`` (``value``; None = unset = every device).
-
-    Entries are decimal indices into the devices in PCI bus order (``CUDA_DEVICE_ORDER=
-    PCI_BUS_ID``; ``order`` is accepted for the record: the default ``FASTEST_FIRST`` differs
-    only on mixed cards), ``GPU-`` UUIDs or unique prefixes of one, or ``MIG-`` instance
-    UUIDs (returned as the string: NVML cannot give their free memory by bus id). The first
-    entry that names no device, or one already named, ends the list — devices after it are
-    invisible, as the runtime has it."""
+def visible_devices(value: str | None, devices: Sequence[NvmlDevice]) -> list[NvmlDevice | str]:
+    """CUDA ordinal -> the device ``CUDA_VISIBLE_DEVICES`` (``value``; None: all) names, read as the
+    runtime does: indices in PCI bus order, ``GPU-`` UUIDs or prefixes, ``MIG-`` instances (as the
+    string); the first entry naming none, or one already named, ends the list."""
     base = sorted(devices, key=lambda d: (d.bus is None, d.bus or (0, 0, 0, 0), d.nv_index))
     if value is None:
         return list(base)
     out: list[NvmlDevice | str] = []
-    seen: set[object] = set()
-    for raw in value.split(","):
-        tok = raw.strip()
+    for tok in (t.strip() for t in value.split(",")):
         up = tok.upper()
-        key: object
         if up.startswith("MIG-"):
-            key = up
-            dev: NvmlDevice | str = tok
+            dev: NvmlDevice | str | None = tok
         elif up.startswith("GPU-"):
             hits = [d for d in base if d.uuid.upper().startswith(up)]
-            if len(hits) != 1:
-                break
-            dev = hits[0]
-            key = dev.nv_index
-        else:
-            if not tok.isdigit():  # "", "-1", "all", junk: the list ends here
-                break
-            n = int(tok)
-            if n >= len(base):
-                break
-            dev = base[n]
-            key = dev.nv_index
-        if key in seen:
+            dev = hits[0] if len(hits) == 1 else None
+        else:  # "", "-1", "all", junk and out-of-range indices end the list
+            dev = base[int(tok)] if tok.isdigit() and int(tok) < len(base) else None
+        if dev is None or dev in out:
             break
-        seen.add(key)
         out.append(dev)
     return out
 
 
-# ============================================================================ the CUDA side
-
-
-class CudaQuery(Protocol):
-    """The CUDA runtime's view: ordinals, their bus ids, and ``cudaMemGetInfo``."""
+@dataclass(frozen=True)
+class CudaQuery:
+    """The CUDA runtime's view, through CuPy or torch: ordinals, bus ids, ``cudaMemGetInfo``."""
 
     name: str
-
-    def count(self) -> int: ...
-    def bus_id(self, ordinal: int) -> object: ...
-    def free_bytes(self, ordinal: int) -> int: ...
-
-
-class CupyQuery:
-    name = "cupy"
-
-    def __init__(self) -> None:
-        import cupy
-
-        self._cp = cupy
-        self._rt = cupy.cuda.runtime
-
-    def count(self) -> int:
-        try:
-            return int(self._rt.getDeviceCount())
-        except self._rt.CUDARuntimeError:  # no device / no driver
-            return 0
-
-    def bus_id(self, ordinal: int) -> object:
-        return self._rt.deviceGetPCIBusId(ordinal)
-
-    def free_bytes(self, ordinal: int) -> int:
-        with self._cp.cuda.Device(ordinal):
-            return int(self._rt.memGetInfo()[0])
+    count: Callable[[], int]
+    bus_id: Callable[[int], object]
+    free_bytes: Callable[[int], int]
 
 
-class TorchQuery:
-    name = "torch"
+def cupy_query() -> CudaQuery:
+    import cupy
 
-    def __init__(self) -> None:
-        import torch
+    rt = cupy.cuda.runtime
 
-        self._torch = torch
+    def free_bytes(ordinal: int) -> int:
+        with cupy.cuda.Device(ordinal):
+            return int(rt.memGetInfo()[0])
 
-    def count(self) -> int:
-        return int(self._torch.cuda.device_count()) if self._torch.cuda.is_available() else 0
+    count = lambda: int(_try(rt.getDeviceCount) or 0)  # noqa: E731  # no device, no driver: 0
+    return CudaQuery("cupy", count, rt.deviceGetPCIBusId, free_bytes)
 
-    def bus_id(self, ordinal: int) -> object:
-        p = self._torch.cuda.get_device_properties(ordinal)
+
+def torch_query() -> CudaQuery:
+    import torch
+
+    c = torch.cuda
+
+    def bus_id(ordinal: int) -> object:
+        p = c.get_device_properties(ordinal)
         return (int(p.pci_domain_id), int(p.pci_bus_id), int(p.pci_device_id))
 
-    def free_bytes(self, ordinal: int) -> int:
-        return int(self._torch.cuda.mem_get_info(ordinal)[0])
-
-
-def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
+    count = lambda: int(c.device_count()) if c.is_available() else 0  # noqa: E731
+    return CudaQuery("torch", count, bus_id, lambda ordinal: int(c.mem_get_info(ordinal)[0]))
 
 
 def default_cuda() -> CudaQuery | None:
-    """CuPy or torch, preferring one the process already imported; None when neither loads."""
-    order = [n for n in ("cupy", "torch") if n in sys.modules]
-    order += [n for n in ("cupy", "torch") if n not in order and _importable(n)]
-    for n in order:
-        try:
-            return CupyQuery() if n == "cupy" else TorchQuery()
-        except Exception:
-            continue
+    """CuPy or torch, one the process already imported first; None when neither loads."""
+    for n in sorted(("cupy", "torch"), key=lambda n: n not in sys.modules):
+        if n in sys.modules or _try(importlib.util.find_spec, n) is not None:
+            q: CudaQuery | None = _try(cupy_query if n == "cupy" else torch_query)
+            if q is not None:
+                return q
     return None
 
 
-# ================================================================================ snapshot
-
-
 class Slot(NamedTuple):
-    """How one CUDA ordinal is read."""
+    """How one CUDA ordinal is read: ``source`` ``"nvml"`` (NVML's device ``nvml_index``) or
+    ``"cuda"`` (cudaMemGetInfo); ``bus_id`` canonical, ``?`` when unknown."""
 
     ordinal: int
-    #: Canonical bus id (``0000:1b:00.0``), "?" when unknown.
     bus_id: str
-    #: NVML's index of the device read, or None when read with cudaMemGetInfo.
     nvml_index: int | None
-    #: ``"nvml"`` or ``"cuda"``.
     source: str
 
 
-def _say(key: str, msg: str) -> None:
-    say_once(f"memory:{key}", msg)
-
-
 class FreeMemory:
-    """Free MiB per CUDA ordinal: NVML matched by bus id, ``cudaMemGetInfo`` where it can't.
-
-    ``nvml``: loader of a pynvml-like module (default :func:`load_pynvml`); ``cuda``: loader of
-    a :class:`CudaQuery` or None (default :func:`default_cuda`); ``environ``: where
-    ``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER`` are read when neither CuPy nor torch is
-    there; ``report(key, message)``: where fallbacks are said (default: the package's
-    diagnostics, once per key).
-    The ordinal -> device plan is made on the first snapshot and kept.
-    """
+    """Free MiB per CUDA ordinal. ``nvml``: loader of a pynvml-like module; ``cuda``: loader of
+    a :class:`CudaQuery` or None; ``environ``: where ``CUDA_*`` variables are read when neither
+    framework is there; ``report(key, message)``: where fallbacks are said (default: once)."""
 
     def __init__(
         self,
@@ -313,210 +185,175 @@ class FreeMemory:
         environ: Mapping[str, str] | None = None,
         report: Callable[[str, str], None] | None = None,
     ) -> None:
-        self._load_nvml = load_pynvml if nvml is None else nvml
-        self._load_cuda = default_cuda if cuda is None else cuda
+        self._load_nvml = nvml or load_pynvml
+        self._load_cuda = cuda or default_cuda
         self._environ = environ
-        self._report = _say if report is None else report
+        self._report = report or (lambda key, msg: say_once("memory:" + key, msg))
         self._lock = threading.Lock()
         self._slots: list[Slot] | None = None
         self._nv: Any = None
+        self._devices: list[NvmlDevice] = []
+        self._loaded, self._why, self._quiet = False, "", False  # NVML tried; why not; no GPU?
         self._cuda: CudaQuery | None = None
-        self._handles: dict[int, Any] = {}
 
-    def _once(self, key: str, msg: str) -> None:
+    def _say(self, key: str, msg: str) -> None:
         try:
-            self._report(key, msg)
+            self._report(key, "free memory: " + msg)
         except Exception:
             pass
 
-    # -- plan ----------------------------------------------------------------------------
+    def warm(self) -> None:
+        """Initialise NVML and enumerate its devices now (once; the costly part)."""
+        with self._lock:
+            self._load()
 
-    def slots(self) -> list[Slot]:
-        """The ordinal -> device plan (made once)."""
-        slots = self._slots
-        if slots is None:
-            with self._lock:
-                if self._slots is None:
-                    self._slots = self._plan()
-                slots = self._slots
-        return slots
-
-    def _plan(self) -> list[Slot]:
-        nv: Any = None
-        nvml_why = ""
-        no_gpu = False
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
         try:
             nv = self._load_nvml()
+            self._devices = _nvml_devices(nv)
+            self._nv = nv
         except ModuleNotFoundError:
-            nvml_why = "pynvml (nvidia-ml-py) is not installed"
-            no_gpu = True  # can't tell; stay quiet unless CUDA shows a device
+            self._why, self._quiet = "pynvml (nvidia-ml-py) is not installed", True
         except Exception as exc:
-            code = getattr(exc, "value", None)
-            no_gpu = code in _NVML_NO_GPU
-            nvml_why = f"NVML init failed ({exc})"
-        devices: list[NvmlDevice] = []
-        if nv is not None:
-            try:
-                devices = _nvml_devices(nv)
-            except Exception as exc:
-                nvml_why = f"NVML enumeration failed ({exc})"
-                nv = None
-        self._nv = nv
-        self._handles = {d.nv_index: d.handle for d in devices}
+            self._why = f"NVML is unavailable ({exc})"
+            self._quiet = getattr(exc, "value", None) in _NVML_NO_GPU
 
-        cuda: CudaQuery | None = None
+    def slots(self) -> list[Slot]:
+        """The ordinal -> device plan, made once."""
+        with self._lock:
+            if self._slots is None:
+                self._load()
+                self._slots = self._plan()
+            return self._slots
+
+    def _plan(self) -> list[Slot]:
         try:
             cuda = self._load_cuda()
+            count = cuda.count() if cuda is not None else 0
         except Exception as exc:
-            self._once("cuda-load", f"free memory: CUDA runtime query unavailable ({exc!r})")
-        count = 0
-        if cuda is not None:
-            try:
-                count = cuda.count()
-            except Exception as exc:
-                self._once("cuda-count", f"free memory: {cuda.name} device count failed ({exc!r})")
-                cuda = None
+            self._say("cuda", f"the CUDA runtime query failed ({exc!r})")
+            cuda, count = None, 0
         self._cuda = cuda
-
         if cuda is not None:
-            if count == 0:
-                return []
-            return self._plan_by_runtime(cuda, count, devices, nv is not None, nvml_why)
-        if nv is None:
-            if not no_gpu:
-                self._once(
-                    "none",
-                    f"free memory: {nvml_why} and neither CuPy nor torch is importable; "
-                    "free_mb is not recorded",
-                )
+            return self._by_runtime(cuda, count)
+        if self._nv is None:
+            if not self._quiet:
+                self._say("none", f"{self._why} and neither CuPy nor torch loads; none recorded")
             return []
-        return self._plan_by_environment(devices)
+        return self._by_environment()
 
-    def _plan_by_runtime(
-        self, cuda: CudaQuery, count: int, devices: list[NvmlDevice], have_nvml: bool, nvml_why: str
-    ) -> list[Slot]:
-        by_bus = {_slot_key(nd.bus): nd for nd in devices if nd.bus is not None}
-        buses: list[BusId | None] = []
-        for i in range(count):
-            try:
-                buses.append(parse_bus_id(cuda.bus_id(i)))
-            except Exception:
-                buses.append(None)
-        keys = [_slot_key(b) for b in buses if b is not None]
-        shared = {k for k in keys if keys.count(k) > 1}  # several ordinals on one card: MIG
+    def _by_runtime(self, cuda: CudaQuery, count: int) -> list[Slot]:
+        by_bus = {d.bus[:3]: d for d in self._devices if d.bus is not None}  # torch has no function
+        buses = [parse_bus_id(_try(cuda.bus_id, i)) for i in range(count)]
+        keys = [b[:3] for b in buses if b is not None]
+        via = f"using cudaMemGetInfo via {cuda.name}"
+        if self._nv is None and count:
+            self._say("nvml", f"{self._why}; {via}")
         slots = []
         for i, b in enumerate(buses):
-            d: NvmlDevice | None = by_bus.get(_slot_key(b)) if b is not None else None
+            d = by_bus.get(b[:3]) if b is not None else None
             why = ""
-            if not have_nvml:
-                why = nvml_why
-            elif b is None:
+            if b is None:
                 why = f"{cuda.name} gave no PCI bus id for ordinal {i}"
             elif d is None:
                 why = f"NVML has no device at bus id {format_bus_id(b)} (ordinal {i})"
-            elif d.mig or _slot_key(b) in shared:
-                why = f"MIG is on at {format_bus_id(b)}: NVML reports the whole card, not the instance"
-            if why:
-                self._once(
-                    f"fallback:{why}", f"free memory: {why}; using cudaMemGetInfo via {cuda.name}"
-                )
+            elif d.mig or keys.count(b[:3]) > 1:  # several ordinals on one card: MIG
+                why = f"MIG is on at {format_bus_id(b)}: NVML reports the whole card"
+            if why and self._nv is not None:
+                self._say("fallback:" + why, f"{why}; {via}")
+            if d is None or why or self._nv is None:
                 slots.append(Slot(i, format_bus_id(b), None, "cuda"))
             else:
-                assert d is not None
                 slots.append(Slot(i, format_bus_id(b), d.nv_index, "nvml"))
         return slots
 
-    def _plan_by_environment(self, devices: list[NvmlDevice]) -> list[Slot]:
+    def _by_environment(self) -> list[Slot]:
         env = os.environ if self._environ is None else self._environ
-        order = env.get("CUDA_DEVICE_ORDER")
-        if (order or "FASTEST_FIRST").upper() != "PCI_BUS_ID" and len(
-            {d.name for d in devices}
-        ) > 1:
-            self._once(
+        devices = self._devices
+        pci_order = (env.get("CUDA_DEVICE_ORDER") or "").upper() == "PCI_BUS_ID"
+        if not pci_order and len({d.name for d in devices}) > 1:
+            self._say(
                 "order",
-                "free memory: mixed GPUs and CUDA_DEVICE_ORDER is not PCI_BUS_ID; "
-                "ordinals assumed in PCI bus order (set CUDA_DEVICE_ORDER=PCI_BUS_ID, or "
-                "install CuPy or torch, to be exact)",
+                "mixed GPUs and CUDA_DEVICE_ORDER is not PCI_BUS_ID; ordinals assumed in PCI bus "
+                "order (set CUDA_DEVICE_ORDER=PCI_BUS_ID, or install CuPy or torch, to be exact)",
             )
         slots = []
-        for i, d in enumerate(visible_devices(env.get("CUDA_VISIBLE_DEVICES"), devices, order)):
+        for i, d in enumerate(visible_devices(env.get("CUDA_VISIBLE_DEVICES"), devices)):
             if isinstance(d, str) or d.mig:
                 name = d if isinstance(d, str) else format_bus_id(d.bus)
-                self._once(
-                    f"mig:{name}",
-                    f"free memory: ordinal {i} is a MIG instance ({name}); NVML "
-                    "cannot read it and neither CuPy nor torch is there for cudaMemGetInfo; skipped",
+                self._say(
+                    "mig:" + name,
+                    f"ordinal {i} is a MIG instance ({name}); NVML cannot read it and neither "
+                    "CuPy nor torch is there for cudaMemGetInfo; skipped",
                 )
-                continue
-            slots.append(Slot(i, format_bus_id(d.bus), d.nv_index, "nvml"))
+            else:
+                slots.append(Slot(i, format_bus_id(d.bus), d.nv_index, "nvml"))
         return slots
 
-    # -- reading -------------------------------------------------------------------------
-
     def _read(self, s: Slot) -> int | None:
+        cuda = self._cuda
         if s.nvml_index is not None:
             try:
-                return (
-                    int(self._nv.nvmlDeviceGetMemoryInfo(self._handles[s.nvml_index]).free) // MIB
-                )
+                handle = self._devices[s.nvml_index].handle
+                return int(self._nv.nvmlDeviceGetMemoryInfo(handle).free) // MIB
             except Exception as exc:
-                cuda = self._cuda
-                if cuda is None:
-                    self._once(
-                        f"nvml-read:{s.ordinal}",
-                        f"free memory: NVML refused ordinal {s.ordinal} ({exc}); skipped",
-                    )
-                    return None
-                self._once(
-                    f"nvml-read:{s.ordinal}",
-                    f"free memory: NVML refused ordinal {s.ordinal} "
-                    f"({exc}); using cudaMemGetInfo via {cuda.name}",
+                via = f"using cudaMemGetInfo via {cuda.name}" if cuda else "skipped"
+                self._say(
+                    f"nvml-read:{s.ordinal}", f"NVML refused ordinal {s.ordinal} ({exc}); {via}"
                 )
-                with self._lock:
-                    if self._slots is not None:
-                        self._slots = [
-                            x._replace(nvml_index=None, source="cuda") if x is s else x
-                            for x in self._slots
-                        ]
-        cuda = self._cuda
+                if cuda is None:
+                    return None
+                with self._lock:  # for good
+                    self._slots = [
+                        x._replace(nvml_index=None, source="cuda") if x is s else x
+                        for x in self._slots or []
+                    ]
         if cuda is None:
             return None
         try:
             return int(cuda.free_bytes(s.ordinal)) // MIB
         except Exception as exc:
-            self._once(
+            self._say(
                 f"cuda-read:{s.ordinal}",
-                f"free memory: cudaMemGetInfo failed on ordinal {s.ordinal} ({exc!r}); skipped",
+                f"cudaMemGetInfo failed on ordinal {s.ordinal} ({exc!r}); skipped",
             )
             return None
 
     def snapshot(self) -> list[tuple[int, int]]:
         """``[(cuda_ordinal, free_mb)]``; never raises."""
         try:
-            out = []
-            for s in self.slots():
-                v = self._read(s)
-                if v is not None:
-                    out.append((s.ordinal, v))
-            return out
+            return [(s.ordinal, v) for s in self.slots() if (v := self._read(s)) is not None]
         except Exception as exc:
-            self._once("snapshot", f"free memory: snapshot failed ({exc!r}); recording none")
+            self._say("snapshot", f"snapshot failed ({exc!r}); recording none")
             return []
 
     __call__ = snapshot
 
 
-_default: FreeMemory | None = None
+_default: FreeMemory | None = None  # the process's; loads nothing until warmed or read
 _default_lock = threading.Lock()
+
+
+def _process() -> FreeMemory:
+    global _default
+    with _default_lock:
+        _default = _default or FreeMemory()
+        return _default
 
 
 def free_mb_snapshot() -> list[tuple[int, int]]:
     """Free MiB per CUDA ordinal for this process (NVML by bus id, cudaMemGetInfo fallback)."""
-    global _default
-    fm = _default
-    if fm is None:
-        with _default_lock:
-            if _default is None:
-                _default = FreeMemory()
-            fm = _default
-    return fm.snapshot()
+    return _process().snapshot()
+
+
+def warm(wait: bool = False) -> None:
+    """Start NVML for :func:`free_mb_snapshot` now, on a daemon thread (``wait``: here), so no
+    profiled snapshot pays for it (one that comes first waits); after any fork, in the child."""
+    fm = _process()
+    if wait:
+        fm.warm()
+    else:
+        threading.Thread(target=fm.warm, name="memra-obs-nvml", daemon=True).start()

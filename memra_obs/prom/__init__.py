@@ -5,35 +5,23 @@
     server = serve_metrics(("127.0.0.1", 0), registry=prom.registry)
     server.url, server.close()
 
-Metric names, types, labels and buckets are public interface (DESIGN §5; the README's "Prometheus metrics").
+Names, types, labels and buckets (:mod:`.families`) are public interface (DESIGN §5).
 """
 
 from __future__ import annotations
 
-from .buckets import (
-    FIRST_TOKEN_PHASE_BUCKETS,
-    PHASE_BUCKETS,
-    ROUND_BUCKETS,
-    TOKEN_BUCKETS,
-    TTFT_BUCKETS,
-)
 from .exporter import PrometheusExporter
-from .exposition import encode
 from .families import FIRST_TOKEN_PHASES, SPLIT_PARTS
-from .server import MetricsServer, metrics_app, require_basic_auth, serve_metrics
+from .model import encode
+from .server import MetricsAddressError, MetricsServer, metrics_app, serve_metrics
 
 __all__ = [
     "FIRST_TOKEN_PHASES",
-    "FIRST_TOKEN_PHASE_BUCKETS",
-    "PHASE_BUCKETS",
-    "ROUND_BUCKETS",
     "SPLIT_PARTS",
-    "TOKEN_BUCKETS",
-    "TTFT_BUCKETS",
+    "MetricsAddressError",
     "MetricsServer",
     "PrometheusExporter",
     "encode",
     "metrics_app",
-    "require_basic_auth",
     "serve_metrics",
 ]

@@ -1,15 +1,11 @@
-"""``PrometheusExporter``: records in, histogram and counter children updated, nothing else.
+"""``PrometheusExporter``: records in, children updated, nothing else — off the loop's thread
+(the export worker, the agent, the tail). A round is a bisect and a few integer adds per
+histogram; a record standing for a run of equal rounds (``RoundRecord.repeat``) costs the same.
 
-It runs where every :class:`~memra_obs.export.RecordExporter` runs — the in-process export
-worker, the agent, the tail — never on the loop's thread. Per round it does one bisect and
-a few integer adds per histogram on children bound once per ``(worker,) family``; a record
-standing for a run of identical rounds (``RoundRecord.repeat``, from the tail) costs the same
-as one round. Rendering waits for a scrape (:mod:`memra_obs.prom.collector`).
-
-Slow rounds are judged online with the seed's summary rule applied to a sliding window: a
-round is slow when its wall exceeds ``slow_factor`` (1.5) times the median wall of the
-session's last ``slow_window`` (64, = ``SPEC_PROF_ROUNDS``) rounds, itself included (so a
-session's first two rounds never are).
+Slow rounds: the seed's summary rule on a sliding window — wall > ``slow_factor`` (1.5) x the
+median wall of the session's last ``slow_window`` (64) rounds, itself included. State is kept
+for at most ``max_sessions`` sessions, the oldest forgotten first, whether their SessionRecord
+arrived or was dropped: lost end records cost no memory.
 """
 
 from __future__ import annotations
@@ -18,16 +14,15 @@ import threading
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from prometheus_client import REGISTRY
 
 from ..records import FIRST_TOKEN_MS_FIELDS, SPEC_PROF_ROUNDS
 from ..timeline import FirstTokenRecord, Record, RoundRecord, SessionEndRecord, SessionRecord
-from .collector import SpecCollector
-from .exposition import fast_collectors, register_fast, unregister_fast
-from .families import FirstTokenChildren, LoopChildren, SpecFamilies
-from .selfmetrics import SelfMetrics
+from .families import FIRST_TOKEN_PHASES, LoopChildren, spec_families
+from .model import SpecCollector
 
 __all__ = ["PrometheusExporter"]
 
@@ -36,38 +31,25 @@ UNKNOWN_FAMILY = "unknown"
 
 
 class _Session:
-    __slots__ = ("ex", "ft", "loop", "off", "rec", "srt", "win")
+    __slots__ = ("ex", "loop", "off", "rec", "srt", "w", "win")
 
-    def __init__(
-        self,
-        rec: SessionRecord | None,
-        loop: LoopChildren,
-        ft: FirstTokenChildren,
-        ex: dict[str, str] | None,
-    ) -> None:
-        self.rec = rec
-        self.loop = loop
-        self.ft = ft
-        self.ex = ex
-        #: epoch_ns - mono_ns of this session's anchor pair (exemplar timestamps).
+    def __init__(self, rec: SessionRecord | None, loop: LoopChildren, w: tuple[str, ...]) -> None:
+        self.rec, self.loop, self.w = rec, loop, w  # w: the worker label value, or ()
+        self.ex = {"trace_id": format(rec.trace_id, "032x")} if rec and rec.trace_id else None
+        #: epoch_ns - mono_ns of the session's anchor pair (exemplar timestamps).
         self.off = rec.anchor_ns_epoch - rec.anchor_ns_mono if rec is not None else 0
-        self.win: deque[int] = deque()  # walls in arrival order
-        self.srt: list[int] = []  # the same walls, sorted
+        self.win: deque[int] = deque()  # recent walls in arrival order
+        self.srt: list[int] = []  # the same, sorted
 
 
 class PrometheusExporter:
-    """Aggregates the record stream into the DESIGN §5 metrics, served from ``registry``.
+    """Aggregates the record stream into the DESIGN §5 metrics, published in ``registry``.
 
-    ``registry``: a prometheus_client registry (default: the global ``REGISTRY``).
-    ``worker_label``: label every series with ``worker`` (``SessionRecord.worker``, else
-    ``worker``) — for the agent, which publishes several workers; off for one in-process
-    worker, whose scrape target Prometheus already labels (``instance``).
-    ``round_span_id``: optional ``(session, round) -> span id`` of the round's span (0: the
-    round has none), added to round exemplars as ``span_id``; exemplars always carry the
-    session's ``trace_id`` (when it is non-zero).
-
-    Registering takes over the names from another PrometheusExporter already in
-    ``registry`` (an observer being replaced); any other clash raises.
+    ``registry``: a prometheus_client registry (default: the global ``REGISTRY``); an exporter
+    already publishing there is taken over (an observer being replaced), any other name clash
+    raises. ``worker_label``: label every loop series ``worker`` (``SessionRecord.worker``, else
+    ``worker``), for the agent and the tail. ``round_span_id``: ``(session, round) -> span id``
+    of the round's span (0: none), added to round exemplars beside the session's ``trace_id``.
     """
 
     signal = "metrics"
@@ -80,25 +62,21 @@ class PrometheusExporter:
         worker_label: bool = False,
         slow_factor: float = 1.5,
         slow_window: int = SPEC_PROF_ROUNDS,
-        max_sessions: int = 65536,
+        max_sessions: int = 8192,
         round_span_id: Callable[[SessionRecord, RoundRecord], int] | None = None,
     ) -> None:
-        if slow_window < 1:
-            raise ValueError(f"slow_window={slow_window}: expected >= 1")
+        if slow_window < 1 or max_sessions < 1:
+            raise ValueError("slow_window and max_sessions must be >= 1")
         self.registry = REGISTRY if registry is None else registry
-        self.worker = worker
-        self.worker_label = worker_label
+        self.worker, self.worker_label = worker, worker_label
         #: Records this exporter could not aggregate (published as signal="metrics").
         self.export_errors = 0
-        self._factor = slow_factor
-        self._window = slow_window
-        self._max_sessions = max_sessions
+        self._factor, self._window, self._max_sessions = slow_factor, slow_window, max_sessions
         self._span_id = round_span_id
         self._lock = threading.Lock()
-        self.families = SpecFamilies(worker_label)
-        self.self_metrics = SelfMetrics()
+        self.families = spec_families(worker_label)
+        self._readers: dict[tuple[str, str], list[Callable[[], float]]] = {}
         self._loops: dict[tuple[str, ...], LoopChildren] = {}
-        self._fts: dict[tuple[str, ...], FirstTokenChildren] = {}
         self._sessions: dict[int, _Session] = {}
         self._dispatch: dict[type, Callable[[Any], None]] = {
             RoundRecord: self._round,
@@ -106,10 +84,8 @@ class PrometheusExporter:
             FirstTokenRecord: self._first_token,
             SessionEndRecord: self._session_end,
         }
-        self.collector = SpecCollector((*self.families.all, *self.self_metrics.all), self._lock)
-        self._register()
-
-    # -- RecordExporter ------------------------------------------------------------------
+        self.collector = SpecCollector(self.families.values(), self._lock)
+        self.collector.register(self.registry)
 
     def export(self, batch: Sequence[Record]) -> None:
         get = self._dispatch.get
@@ -126,87 +102,61 @@ class PrometheusExporter:
         return True  # nothing buffered: the children are the state
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
-        """Nothing to push: the series stay in the registry for a last scrape (a later
-        exporter on the same registry takes their names over; :meth:`unregister` frees
-        them now)."""
+        """The series stay for a last scrape (:meth:`unregister` frees the names now)."""
 
     def unregister(self) -> None:
-        """Leave the registry."""
-        unregister_fast(self.registry, self.collector)
-        try:
-            self.registry.unregister(self.collector)
-        except KeyError:
-            pass  # taken over, or never registered
-
-    # -- wiring --------------------------------------------------------------------------
-
-    def attach_queue(self, qsink: Any) -> None:
-        """Publish the queue's drops and its exporters' failures (read at scrape time)."""
-        with self._lock:
-            self.self_metrics.watch_queue(qsink)
+        self.collector.unregister(self.registry)
 
     def watch(self, kind: str, signal: str, read: Callable[[], float]) -> None:
-        """Publish any monotonic count as ``memra_obs_{kind}_total{signal}`` (``kind``:
-        ``dropped`` or ``errors``), e.g. the agent's ring overruns."""
+        """Publish a monotonic count as ``memra_obs_{kind}_total{signal}`` (``kind``:
+        ``dropped`` or ``errors``); readers of one signal add up. E.g. the agent's overruns."""
+        name = {"dropped": "memra_obs_dropped", "errors": "memra_obs_export_errors"}[kind]
+        fam = self.families[name]
         with self._lock:
-            self.self_metrics.watch(kind, signal, read)
+            readers = self._readers.setdefault((kind, signal), [])
+            readers.append(read)
+            fam.child((signal,), lambda: sum(r() for r in readers))
 
-    def render(self, openmetrics: bool = False) -> bytes:
-        """This exporter's exposition alone (no ``# EOF``); ``/metrics`` uses it."""
-        return self.collector.render(openmetrics).encode()
+    def attach_queue(self, qsink: Any) -> None:
+        """Publish the queue's drops, its worker's failures, and each exporter's own counts
+        (int ``dropped_spans`` / ``export_errors``, under its ``signal``, else ``spans``)."""
+        self.watch("dropped", "records", lambda: qsink.dropped)
+        worker = getattr(qsink, "worker", None)
+        if worker is None:
+            return
+        self.watch("errors", "records", lambda: worker.errors)
+        for ex in getattr(worker, "exporters", ()):
+            sig = ex.signal if isinstance(getattr(ex, "signal", None), str) else "spans"
+            for attr, kind in (("dropped_spans", "dropped"), ("export_errors", "errors")):
+                if isinstance(getattr(ex, attr, None), int):
+                    self.watch(kind, sig, partial(getattr, ex, attr))
 
-    def _register(self) -> None:
-        reg = self.registry
-        try:
-            reg.register(self.collector)
-        except ValueError:
-            for old in fast_collectors(reg):
-                if isinstance(old, SpecCollector):
-                    unregister_fast(reg, old)
-                    try:
-                        reg.unregister(old)
-                    except KeyError:
-                        pass
-            reg.register(self.collector)  # still clashing: someone else's metric; raise
-        register_fast(reg, self.collector)
-
-    # -- records (under the lock) --------------------------------------------------------
-
-    def _children(self, worker: str, family: str) -> tuple[LoopChildren, FirstTokenChildren]:
-        w = (worker,) if self.worker_label else ()
-        key = (*w, family)
-        loop = self._loops.get(key)
-        if loop is None:
-            loop = self._loops[key] = LoopChildren(self.families, key)
-        ft = self._fts.get(w)
-        if ft is None:
-            ft = self._fts[w] = FirstTokenChildren(self.families, w)
-        return loop, ft
-
-    def _session(self, rec: SessionRecord) -> None:
-        loop, ft = self._children(rec.worker or self.worker, rec.family)
-        ex = {"trace_id": format(rec.trace_id, "032x")} if rec.trace_id else None
-        sessions = self._sessions
-        sessions[rec.session] = _Session(rec, loop, ft, ex)
-        if len(sessions) > self._max_sessions:  # their end records were dropped
-            del sessions[next(iter(sessions))]
-
-    def _orphan(self, session: int) -> _Session:
-        loop, ft = self._children(self.worker, UNKNOWN_FAMILY)
-        s = self._sessions[session] = _Session(None, loop, ft, None)
+    def _open(self, sid: int, rec: SessionRecord | None) -> _Session:
+        w = ((rec.worker if rec else "") or self.worker,) if self.worker_label else ()
+        key = (*w, rec.family if rec else UNKNOWN_FAMILY)
+        loop = self._loops.get(key) or self._loops.setdefault(key, LoopChildren(self.families, key))
+        self.families["memra_spec_first_token_seconds"].child(w)  # from the worker's first session
+        s = self._sessions[sid] = _Session(rec, loop, w)
+        if len(self._sessions) > self._max_sessions:  # end records lost, or very many open
+            del self._sessions[next(iter(self._sessions))]
         return s
 
+    def _session(self, rec: SessionRecord) -> None:
+        self._open(rec.session, rec)
+
+    def _session_end(self, rec: SessionEndRecord) -> None:
+        self._sessions.pop(rec.session, None)
+
     def _round(self, r: RoundRecord) -> None:
-        s = self._sessions.get(r.session) or self._orphan(r.session)
+        s = self._sessions.get(r.session) or self._open(r.session, None)
         L = s.loop
         t0, t1, t2, t3, t4, t5 = r.t_ns_mono
         n = r.repeat
         ex = s.ex
         ts = None
         if ex is not None:
-            ts = (t5 + (n - 1) * (t5 - t0) + s.off) / 1e9
+            ts = (t5 + (n - 1) * (t5 - t0) + s.off) / 1e9  # a run's exemplar is its last round
             if self._span_id is not None and s.rec is not None:
-                # a run's exemplar is its last round
                 sid = self._span_id(s.rec, r if n == 1 else r._replace(index=r.index + n - 1))
                 if sid:
                     ex = {**ex, "span_id": format(sid, "016x")}
@@ -220,16 +170,14 @@ class PrometheusExporter:
         maint.observe(t5 - t4, ex, ts, n)
         k = r.k
         if k >= 0:  # k = j = -1: counts unknown (a round rebuilt without its row)
-            j = r.j
             L.drafted.observe(k, ex, ts, n)
-            L.accepted.observe(j, ex, ts, n)
+            L.accepted.observe(r.j, ex, ts, n)
             L.drafted_total.v += k * n
-            L.accepted_total.v += j * n
+            L.accepted_total.v += r.j * n
             L.seq_rows.v += r.seq_rows * n
         L.rounds.v += n
-        split = r.split_ns
-        if split is not None:
-            kda, scan, mla, ffn = split
+        if r.split_ns is not None:
+            kda, scan, mla, ffn = r.split_ns
             sp = L.split or L.bind_split()
             sp[0].observe(kda, ex, ts, n)
             sp[1].observe(scan, ex, ts, n)
@@ -239,38 +187,30 @@ class PrometheusExporter:
         self._slow(s, wall, n)
 
     def _slow(self, s: _Session, wall: int, n: int) -> None:
-        """The sliding-window slow-round rule for ``n`` rounds of ``wall``, in order. Once
-        the window holds only such rounds, none of the rest is slow (``w > 1.5 w`` never
-        holds), so a run costs at most one window of steps."""
-        win = s.win
-        srt = s.srt
-        slow = 0
+        """The window rule for ``n`` rounds of ``wall`` in order. Once the window holds only
+        such rounds none of the rest is slow (``w > 1.5 w`` never holds): at most a window of
+        steps."""
+        win, srt, slow = s.win, s.srt, 0
         for _ in range(min(n, self._window)):
             if len(win) >= self._window:
                 del srt[bisect_left(srt, win.popleft())]
             win.append(wall)
             insort(srt, wall)
-            if wall > self._factor * srt[len(srt) >> 1]:
-                slow += 1
-        if slow:
-            s.loop.slow.v += slow
+            slow += wall > self._factor * srt[len(srt) >> 1]
+        s.loop.slow.v += slow
 
     def _first_token(self, rec: FirstTokenRecord) -> None:
-        s = self._sessions.get(rec.session) or self._orphan(rec.session)
-        ft = s.ft
-        prof = rec.prof
-        ex = s.ex
-        ts = None
+        s = self._sessions.get(rec.session) or self._open(rec.session, None)
+        f, w, prof, ex, ts = self.families, s.w, rec.prof, s.ex, None
+        phases, gpu = f["memra_spec_first_token_phase_seconds"], f["memra_gpu_free_bytes"]
         if ex is not None and rec.intervals:
             ts = (max(end for _, _, end in rec.intervals) + s.off) / 1e9
-        for i, name in enumerate(FIRST_TOKEN_MS_FIELDS):
-            ms = getattr(prof, name)
-            if ms > 0.0:
-                ft.phase(i).observe(round(ms * 1e6), ex, ts)
-        ft.total.observe(round(prof.total_ms() * 1e6), ex, ts)
+        # Once a session: label lookups are fine. A phase the route never ran (0 ms) gets no
+        # series.
+        for name, phase in zip(FIRST_TOKEN_MS_FIELDS, FIRST_TOKEN_PHASES, strict=True):
+            if (ms := getattr(prof, name)) > 0.0:
+                phases.child((*w, phase)).observe(round(ms * 1e6), ex, ts)
+        f["memra_spec_first_token_seconds"].child(w).observe(round(prof.total_ms() * 1e6), ex, ts)
         for point, snap in (("before", prof.free_mb_before), ("after", prof.free_mb_after)):
             for device, free_mb in snap:
-                ft.gpu(device, point).v = free_mb << 20
-
-    def _session_end(self, rec: SessionEndRecord) -> None:
-        self._sessions.pop(rec.session, None)
+                gpu.child((*w, str(device), point)).v = free_mb << 20

@@ -1,173 +1,124 @@
-"""The metric set of DESIGN §5: names, types, labels, buckets — public interface.
+"""The metric set of DESIGN §5 — names, types, labels, buckets, help: public interface — and
+the children a family's label set binds once, so a round touches attributes, never a lookup.
 
-:class:`SpecFamilies` builds every family once per exporter; :class:`LoopChildren` binds
-one ``(worker,) family`` label set's children once, so recording a round touches only
-attributes, never a label lookup; :class:`FirstTokenChildren` does the same per worker.
+Buckets are seconds (tokens for ``TOKEN_BUCKETS``); ``+Inf`` is always added. A classic
+histogram costs one series per bucket per label set, so each layout is as short as its
+question allows.
 """
 
 from __future__ import annotations
 
 from ..records import FIRST_TOKEN_MS_FIELDS
 from ..timeline import PHASES
-from .buckets import (
-    FIRST_TOKEN_PHASE_BUCKETS,
-    PHASE_BUCKETS,
-    ROUND_BUCKETS,
-    TOKEN_BUCKETS,
-    TTFT_BUCKETS,
-)
 from .model import Family, Hist, Value
 
-__all__ = [
-    "FIRST_TOKEN_PHASES",
-    "SPLIT_PARTS",
-    "FirstTokenChildren",
-    "LoopChildren",
-    "SpecFamilies",
-]
+#: A round's wall, 0.5 ms to 2.5 s: x1.33-1.5 steps from 2 to 128 ms, where served rounds
+#: live, keep ``histogram_quantile`` within ~20 % and put a slow round (> 1.5x the median)
+#: in another bucket than the median.
+ROUND_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.002, 0.003, 0.004, 0.006, 0.008, 0.012, 0.016, 0.024,
+    0.032, 0.048, 0.064, 0.096, 0.128, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+#: A phase (and a level-2 verify part), 50 µs accept to 2.5 s stalled verify: four decades,
+#: so coarser steps.
+PHASE_BUCKETS: tuple[float, ...] = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032,
+    0.064, 0.128, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+#: Drafted / accepted tokens per round: every count to 8 (the usual k), then coarser;
+#: ``le="0"`` counts the rounds that kept no draft.
+TOKEN_BUCKETS: tuple[float, ...] = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
+#: Time to first token: the OpenTelemetry GenAI conventions' boundaries for
+#: ``gen_ai.server.time_to_first_token``, so panels on either line up.
+TTFT_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)  # fmt: skip
+#: First-token phases: the TTFT bounds and three below 1 ms for the small buckets.
+FIRST_TOKEN_PHASE_BUCKETS: tuple[float, ...] = (0.0001, 0.00025, 0.0005, *TTFT_BUCKETS)
 
-#: ``part`` label values of the level-2 verify split, in the seed's line order.
+#: ``part`` values of the level-2 verify split, in the seed's line order.
 SPLIT_PARTS = ("kda", "kda_scan", "mla", "rest", "ffn")
-#: ``phase`` label values of the first-token profile: each ``SpecFirstTokenProf`` ms field
-#: without ``_ms``.
+#: ``phase`` values of the first-token profile: each ``SpecFirstTokenProf`` ms field.
 FIRST_TOKEN_PHASES = tuple(f[: -len("_ms")] for f in FIRST_TOKEN_MS_FIELDS)
 
-NS = 1e9  # time histograms store integer nanoseconds
+H, C, G = "histogram", "counter", "gauge"
+F = ("family",)
+# name, type, labels after the optional worker, buckets, help. Counters carry no _total (the
+# encoders add it). The per-round token histograms are *_per_round: in OpenMetrics the
+# counters own the names memra_spec_*_tokens, and two TYPE lines for one name break parsers.
+_TABLE: tuple[tuple[str, str, tuple[str, ...], tuple[float, ...], str], ...] = (
+    ("memra_spec_round_seconds", H, F, ROUND_BUCKETS,
+     "Wall time of one speculative-decoding round (draft+verify+accept+rollback+maint)."),
+    ("memra_spec_phase_seconds", H, (*F, "phase"), PHASE_BUCKETS,
+     "Time of one phase of a round, drained at both ends (device time included)."),
+    ("memra_spec_verify_split_seconds", H, (*F, "part"), PHASE_BUCKETS,
+     "Level-2 split of one round's verify: kda (kda_scan inside it), mla, "
+     "rest = verify - (kda + mla) saturating, ffn inside rest."),
+    ("memra_spec_drafted_tokens_per_round", H, F, TOKEN_BUCKETS,
+     "Draft tokens that entered one round's verify (k)."),
+    ("memra_spec_accepted_tokens_per_round", H, F, TOKEN_BUCKETS,
+     "Draft tokens one round accepted (j; the round commits j+1)."),
+    ("memra_spec_rounds", C, F, (), "Verify rounds run."),
+    ("memra_spec_drafted_tokens", C, F, (), "Draft tokens verified (sum of k)."),
+    ("memra_spec_accepted_tokens", C, F, (), "Draft tokens accepted (sum of j)."),
+    ("memra_spec_verify_seq_rows", C, F, (),
+     "Verify rows that took the per-row (sequential) mixer arm."),
+    ("memra_spec_slow_rounds", C, F, (),
+     "Rounds whose wall exceeded 1.5x the median wall of the session's last 64 rounds "
+     "(itself included)."),
+    ("memra_spec_first_token_phase_seconds", H, ("phase",), FIRST_TOKEN_PHASE_BUCKETS,
+     "One bucket of a session's first-token profile (SpecFirstTokenProf *_ms field); "
+     "buckets the route did not run (0 ms) are not observed."),
+    ("memra_spec_first_token_seconds", H, (), TTFT_BUCKETS,
+     "Time to first token of a session: creation plus the first burst "
+     "(SpecFirstTokenProf.total_ms)."),
+    ("memra_gpu_free_bytes", G, ("device", "point"), (),
+     "Free device memory per CUDA ordinal, before the trunk cache allocation and after "
+     "the drafter KV allocation of the latest profiled session."),
+    # The instrument's own health (never labelled worker): read from the objects that
+    # drop or fail (QueueSink.dropped, ExportWorker.errors, ...) when scraped.
+    ("memra_obs_dropped", C, ("signal",), (),
+     "Telemetry the instrument dropped instead of blocking the loop (signal: records = "
+     "the hand-off queue was full; spans = a span exporter's queue was full)."),
+    ("memra_obs_export_errors", C, ("signal",), (),
+     "Exports that failed (signal: records = an exporter raised on a batch; spans = a "
+     "span export failed; metrics = a record this exporter could not aggregate)."),
+)  # fmt: skip
 
 
-class SpecFamilies:
-    """Every family the exporter publishes; ``worker_label`` adds ``worker`` to each."""
-
-    def __init__(self, worker_label: bool) -> None:
-        w: tuple[str, ...] = ("worker",) if worker_label else ()
-        fam = (*w, "family")
-        self.round = Family(
-            "memra_spec_round_seconds",
-            "Wall time of one speculative-decoding round (draft+verify+accept+rollback+maint).",
-            "histogram", fam, unit="seconds", buckets=ROUND_BUCKETS, div=NS,
-        )  # fmt: skip
-        self.phase = Family(
-            "memra_spec_phase_seconds",
-            "Time of one phase of a round, drained at both ends (device time included).",
-            "histogram", (*fam, "phase"), unit="seconds", buckets=PHASE_BUCKETS, div=NS,
-        )  # fmt: skip
-        self.split = Family(
-            "memra_spec_verify_split_seconds",
-            "Level-2 split of one round's verify: kda (kda_scan inside it), mla, "
-            "rest = verify - (kda + mla) saturating, ffn inside rest.",
-            "histogram", (*fam, "part"), unit="seconds", buckets=PHASE_BUCKETS, div=NS,
-        )  # fmt: skip
-        self.drafted = Family(
-            # Not "memra_spec_drafted_tokens": in OpenMetrics the counter below owns that
-            # family name (a counter's family drops _total), and two TYPE lines for one name
-            # make strict parsers (prometheus_client's among them) reject the exposition.
-            "memra_spec_drafted_tokens_per_round",
-            "Draft tokens that entered one round's verify (k).",
-            "histogram", fam, buckets=TOKEN_BUCKETS,
-        )  # fmt: skip
-        self.accepted = Family(
-            "memra_spec_accepted_tokens_per_round",
-            "Draft tokens one round accepted (j; the round commits j+1).",
-            "histogram", fam, buckets=TOKEN_BUCKETS,
-        )  # fmt: skip
-        self.rounds = Family("memra_spec_rounds", "Verify rounds run.", "counter", fam)
-        self.drafted_total = Family(
-            "memra_spec_drafted_tokens", "Draft tokens verified (sum of k).", "counter", fam
-        )
-        self.accepted_total = Family(
-            "memra_spec_accepted_tokens", "Draft tokens accepted (sum of j).", "counter", fam
-        )
-        self.seq_rows = Family(
-            "memra_spec_verify_seq_rows",
-            "Verify rows that took the per-row (sequential) mixer arm.",
-            "counter", fam,
-        )  # fmt: skip
-        self.slow = Family(
-            "memra_spec_slow_rounds",
-            "Rounds whose wall exceeded 1.5x the median wall of the session's last 64 rounds "
-            "(itself included).",
-            "counter", fam,
-        )  # fmt: skip
-        self.ft_phase = Family(
-            "memra_spec_first_token_phase_seconds",
-            "One bucket of a session's first-token profile (SpecFirstTokenProf *_ms field); "
-            "buckets the route did not run (0 ms) are not observed.",
-            "histogram", (*w, "phase"), unit="seconds", buckets=FIRST_TOKEN_PHASE_BUCKETS, div=NS,
-        )  # fmt: skip
-        self.ft_total = Family(
-            "memra_spec_first_token_seconds",
-            "Time to first token of a session: creation plus the first burst "
-            "(SpecFirstTokenProf.total_ms).",
-            "histogram", w, unit="seconds", buckets=TTFT_BUCKETS, div=NS,
-        )  # fmt: skip
-        self.gpu_free = Family(
-            "memra_gpu_free_bytes",
-            "Free device memory per CUDA ordinal, before the trunk cache allocation and after "
-            "the drafter KV allocation of the latest profiled session.",
-            "gauge", (*w, "device", "point"), unit="bytes",
-        )  # fmt: skip
-        # The counters' names above carry no _total: prometheus_client appends it.
-        self.all = (
-            self.round, self.phase, self.split, self.drafted, self.accepted,
-            self.rounds, self.drafted_total, self.accepted_total, self.seq_rows, self.slow,
-            self.ft_phase, self.ft_total, self.gpu_free,
-        )  # fmt: skip
+def spec_families(worker_label: bool) -> dict[str, Family]:
+    """Every family by name, in exposition order; ``worker_label`` puts ``worker`` first on
+    each but the ``memra_obs_*`` ones."""
+    w = ("worker",) if worker_label else ()
+    return {
+        n: Family(n, h, k, lab if n.startswith("memra_obs_") else (*w, *lab), b)
+        for n, k, lab, b, h in _TABLE
+    }
 
 
 class LoopChildren:
     """The children of one ``(worker,) family`` label set, bound once."""
 
     __slots__ = (
-        "_fams",
-        "_lv",
-        "accepted",
-        "accepted_total",
-        "drafted",
-        "drafted_total",
-        "phases",
-        "round",
-        "rounds",
-        "seq_rows",
-        "slow",
-        "split",
-    )
+        "accepted", "accepted_total", "drafted", "drafted_total", "lv", "phases", "round",
+        "rounds", "seq_rows", "slow", "split", "split_family",
+    )  # fmt: skip
 
-    def __init__(self, f: SpecFamilies, lv: tuple[str, ...]) -> None:
-        self._fams = f
-        self._lv = lv
-        self.round = f.round.hist(lv)
-        self.phases = tuple(f.phase.hist((*lv, p)) for p in PHASES)
+    def __init__(self, f: dict[str, Family], lv: tuple[str, ...]) -> None:
+        self.lv, self.split_family = lv, f["memra_spec_verify_split_seconds"]
+        self.round: Hist = f["memra_spec_round_seconds"].child(lv)
+        self.phases: tuple[Hist, ...] = tuple(
+            f["memra_spec_phase_seconds"].child((*lv, p)) for p in PHASES
+        )
         self.split: tuple[Hist, ...] = ()  # bound on the first level-2 round
-        self.drafted = f.drafted.hist(lv)
-        self.accepted = f.accepted.hist(lv)
-        self.rounds = f.rounds.value(lv)
-        self.drafted_total = f.drafted_total.value(lv)
-        self.accepted_total = f.accepted_total.value(lv)
-        self.seq_rows = f.seq_rows.value(lv)
-        self.slow = f.slow.value(lv)
+        self.drafted: Hist = f["memra_spec_drafted_tokens_per_round"].child(lv)
+        self.accepted: Hist = f["memra_spec_accepted_tokens_per_round"].child(lv)
+        self.rounds: Value = f["memra_spec_rounds"].child(lv)
+        self.drafted_total: Value = f["memra_spec_drafted_tokens"].child(lv)
+        self.accepted_total: Value = f["memra_spec_accepted_tokens"].child(lv)
+        self.seq_rows: Value = f["memra_spec_verify_seq_rows"].child(lv)
+        self.slow: Value = f["memra_spec_slow_rounds"].child(lv)
 
     def bind_split(self) -> tuple[Hist, ...]:
-        self.split = tuple(self._fams.split.hist((*self._lv, p)) for p in SPLIT_PARTS)
+        self.split = tuple(self.split_family.child((*self.lv, p)) for p in SPLIT_PARTS)
         return self.split
-
-
-class FirstTokenChildren:
-    """The first-token children of one worker (or of the process), bound once."""
-
-    __slots__ = ("_fams", "_w", "phases", "total")
-
-    def __init__(self, f: SpecFamilies, w: tuple[str, ...]) -> None:
-        self._fams = f
-        self._w = w
-        # Bound on first use: a bucket the route never runs gets no all-zero series.
-        self.phases: list[Hist | None] = [None] * len(FIRST_TOKEN_PHASES)
-        self.total = f.ft_total.hist(w)
-
-    def phase(self, i: int) -> Hist:
-        h = self.phases[i]
-        if h is None:
-            h = self.phases[i] = self._fams.ft_phase.hist((*self._w, FIRST_TOKEN_PHASES[i]))
-        return h
-
-    def gpu(self, device: int, point: str) -> Value:
-        return self._fams.gpu_free.value((*self._w, str(device), point))

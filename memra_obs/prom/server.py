@@ -1,104 +1,139 @@
 """``/metrics`` on a background thread: loopback by default, optional TLS and basic auth.
 
-The WSGI app answers like prometheus_client's own (any path; GET; ``?name[]=`` filters;
-gzip when asked) but renders through :func:`memra_obs.prom.exposition.encode`. TLS is the
-standard library's, configured the way prometheus_client's ``start_http_server`` does it,
-except that the handshake runs on the request's own thread (not in the accept loop, where
-one slow client would stall every scrape) under the connection timeout.
+The app answers like prometheus_client's own, through :func:`memra_obs.prom.model.encode`. The
+TLS handshake runs on the connection's thread, not in the accept loop. No client holds the
+server: a connection is closed ``timeout_s`` after it was accepted, whatever it does (a slow
+drip of bytes included), and at most ``max_connections`` are open (one more closes the oldest).
 """
 
 from __future__ import annotations
 
 import base64
+import errno
 import hmac
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import ThreadingWSGIServer, gzip_accepted
 
-from .exposition import encode
-
-__all__ = ["MetricsServer", "metrics_app", "require_basic_auth", "serve_metrics"]
+from ..environment import MEMRA_OBS_METRICS_ADDR, ConfigError, parse_addr
+from .model import encode
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+#: Seconds a connection may stay open, all told (TLS handshake, request, response).
+TIMEOUT_S = 10.0
+#: Connections open at once.
+MAX_CONNECTIONS = 16
 
-#: Seconds a connection may take to send its request (and finish a TLS handshake).
-CONNECTION_TIMEOUT_S = 10.0
+
+class MetricsAddressError(ConfigError, OSError):
+    """``/metrics`` cannot listen on ``addr`` (in use, unresolvable, not this host's): a
+    ConfigError naming the address and ``MEMRA_OBS_METRICS_ADDR``, and an OSError (``errno``)."""
+
+    def __init__(self, addr: tuple[str, int], exc: OSError) -> None:
+        host = f"[{addr[0]}]" if ":" in addr[0] else addr[0]
+        why = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
+        super().__init__(
+            f"/metrics cannot listen on {host}:{addr[1]} ({why}); set {MEMRA_OBS_METRICS_ADDR} "
+            "to a free host:port (port 0: any free one) or to empty for no /metrics"
+        )
+        self.addr, self.errno = addr, exc.errno
 
 
-def metrics_app(registry: Any = None) -> WSGIApp:
-    """A WSGI app serving ``registry``'s exposition, content-negotiated."""
+def metrics_app(registry: Any = None, basic_auth: tuple[str, str] | None = None) -> WSGIApp:
+    """A WSGI app serving ``registry``'s exposition, content-negotiated; with ``basic_auth=
+    (user, password)``, 401 unless the request carries these credentials (RFC 7617)."""
     reg = REGISTRY if registry is None else registry
+    want = base64.b64encode(":".join(basic_auth).encode()) if basic_auth else None
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        method = environ.get("REQUEST_METHOD", "GET")
-        if method == "OPTIONS":
-            start_response("200 OK", [("Allow", "OPTIONS,GET")])
-            return [b""]
-        if method != "GET":
-            start_response("405 Method Not Allowed", [("Allow", "OPTIONS,GET")])
-            return [f"# HTTP 405 Method Not Allowed: {method}; use OPTIONS or GET\n".encode()]
-        if environ.get("PATH_INFO") == "/favicon.ico":
-            start_response("200 OK", [])
-            return [b""]
-        body, headers = encode(
-            reg,
-            environ.get("HTTP_ACCEPT"),
-            gzip_ok=gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")),
-            params=parse_qs(environ.get("QUERY_STRING", "")),
-        )
-        start_response("200 OK", headers)
-        return [body]
+        method, status, headers, out = environ.get("REQUEST_METHOD", "GET"), "200 OK", [], b""
+        scheme, _, cred = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+        # compare_digest: the time taken says nothing about how much of a guess matched.
+        if want and not (
+            scheme.lower() == "basic" and hmac.compare_digest(cred.strip().encode(), want)
+        ):
+            status, headers, out = "401 Unauthorized", _CHALLENGE, b"401 Unauthorized\n"
+        elif method == "OPTIONS":
+            headers = [("Allow", "OPTIONS,GET")]
+        elif method != "GET":
+            status, headers = "405 Method Not Allowed", [("Allow", "OPTIONS,GET")]
+            out = f"# HTTP {status}: {method}; use OPTIONS or GET\n".encode()
+        elif environ.get("PATH_INFO") != "/favicon.ico":  # an empty answer for browsers
+            out, headers = encode(
+                reg,
+                environ.get("HTTP_ACCEPT"),
+                gzip_ok=gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")),
+                params=parse_qs(environ.get("QUERY_STRING", "")),
+            )
+        start_response(status, headers)
+        return [out]
 
     return app
 
 
-def require_basic_auth(app: WSGIApp, user: str, password: str, realm: str = "memra-obs") -> WSGIApp:
-    """Wrap ``app``: 401 unless the request carries these credentials (RFC 7617)."""
-    want = base64.b64encode(f"{user}:{password}".encode()).decode("ascii").encode()
-    challenge = [
-        ("WWW-Authenticate", f'Basic realm="{realm}", charset="UTF-8"'),
-        ("Content-Type", "text/plain; charset=utf-8"),
-    ]
-
-    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        scheme, _, cred = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
-        # compare_digest: the time taken says nothing about how much of a guess matched.
-        if scheme.lower() == "basic" and hmac.compare_digest(cred.strip().encode(), want):
-            return app(environ, start_response)
-        start_response("401 Unauthorized", challenge)
-        return [b"401 Unauthorized\n"]
-
-    return guarded
+_CHALLENGE = [
+    ("WWW-Authenticate", 'Basic realm="memra-obs", charset="UTF-8"'),
+    ("Content-Type", "text/plain; charset=utf-8"),
+]
 
 
 class _Handler(WSGIRequestHandler):
-    timeout = CONNECTION_TIMEOUT_S
-
     def log_message(self, format: str, *args: Any) -> None:
         pass  # a scrape every few seconds is not news
 
 
-class _Server(ThreadingWSGIServer):
+class MetricsServer(ThreadingWSGIServer):
+    """A running ``/metrics`` endpoint: ``.port``, ``.url``, ``close()`` (or ``with``).
+
+    It keeps each open connection's deadline; the accept loop hangs up the late ones every
+    ``poll_interval`` (0.5 s) and the oldest when one more would pass the cap."""
+
+    timeout_s, max_connections, scheme, host = TIMEOUT_S, MAX_CONNECTIONS, "http", ""
+    thread: threading.Thread | None = None
+
+    def server_activate(self) -> None:
+        self.open: dict[Any, float] = {}  # connection -> deadline (monotonic), oldest first
+        self.open_lock = threading.Lock()
+        super().server_activate()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.open_lock:
+            while len(self.open) >= self.max_connections:
+                oldest = next(iter(self.open))
+                del self.open[oldest]
+                _hang_up(oldest)
+            self.open[request] = time.monotonic() + self.timeout_s
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.open_lock:
+            self.open.pop(request, None)
+        super().shutdown_request(request)
+
+    def service_actions(self, now: float | None = None) -> None:
+        """Hang up every connection past its deadline at ``now``."""
+        now = time.monotonic() if now is None else now
+        with self.open_lock:
+            late = [c for c, deadline in self.open.items() if deadline <= now]
+            for c in late:
+                del self.open[c]
+        for c in late:
+            _hang_up(c)
+
     def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that hung up or failed its TLS handshake; the next scrape retries
+        pass  # a client that hung up, failed its handshake or ran out of time
 
-
-class MetricsServer:
-    """A running ``/metrics`` endpoint; ``close()`` stops it and frees the port."""
-
-    def __init__(self, httpd: _Server, thread: threading.Thread, host: str, tls: bool) -> None:
-        self._httpd = httpd
-        self._thread = thread
-        self.host = host
-        self.port: int = httpd.server_address[1]
-        self.scheme = "https" if tls else "http"
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
 
     @property
     def url(self) -> str:
@@ -106,20 +141,26 @@ class MetricsServer:
         return f"{self.scheme}://{host}:{self.port}/metrics"
 
     def close(self) -> None:
-        if self._thread.is_alive():
-            self._httpd.shutdown()
-            self._thread.join(5.0)
-        self._httpd.server_close()
-
-    def __enter__(self) -> MetricsServer:
-        return self
+        """Stop serving, hang up every connection, free the port."""
+        if self.thread is not None and self.thread.is_alive():
+            self.shutdown()
+            self.thread.join(5.0)
+        self.service_actions(now=float("inf"))
+        self.server_close()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def tls_context(certfile: str, keyfile: str, client_cafile: str | None = None) -> ssl.SSLContext:
-    """Server TLS (1.2+); with ``client_cafile``, clients must present a certificate it signed."""
+def _hang_up(conn: Any) -> None:
+    """Unblock whatever the connection's thread waits on; it then closes the socket."""
+    try:
+        socket.socket.shutdown(conn, socket.SHUT_RDWR)  # the plain socket's, TLS or not
+    except OSError:
+        pass
+
+
+def _tls(certfile: str, keyfile: str, client_cafile: str | None) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(certfile=certfile, keyfile=keyfile)
@@ -137,17 +178,17 @@ def serve_metrics(
     keyfile: str | None = None,
     client_cafile: str | None = None,
     basic_auth: tuple[str, str] | None = None,
+    timeout_s: float = TIMEOUT_S,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> MetricsServer:
-    """Serve ``registry`` on ``addr`` (``(host, port)`` or ``"host:port"``; port 0 = any free
-    port, read it back from ``.port``) on a daemon thread.
+    """Serve ``registry`` on ``addr`` (``(host, port)`` or ``"host:port"``; port 0: any free
+    port, read back from ``.port``) on a daemon thread.
 
-    ``certfile`` + ``keyfile`` turn on TLS (``client_cafile`` adds client-certificate checks);
-    ``basic_auth=(user, password)`` requires those credentials. Loopback is the default:
-    exposing ``/metrics`` is a decision (``0.0.0.0:9464``), best made with TLS and auth on.
+    ``certfile`` + ``keyfile`` turn on TLS 1.2+ (``client_cafile`` requires client
+    certificates it signed); ``basic_auth=(user, password)`` requires those credentials. An
+    address it cannot listen on raises :class:`MetricsAddressError`, leaving no thread behind.
     """
     if isinstance(addr, str):
-        from ..environment import parse_addr
-
         parsed = parse_addr("addr", addr)
         if parsed is None:
             raise ValueError("serve_metrics: empty address")
@@ -155,27 +196,27 @@ def serve_metrics(
     host, port = addr
     if bool(certfile) != bool(keyfile):
         raise ValueError("serve_metrics: certfile and keyfile go together (TLS needs both)")
-    app = metrics_app(registry)
-    if basic_auth is not None:
-        user, password = basic_auth
-        if not user:
-            raise ValueError("serve_metrics: basic_auth needs a non-empty user")
-        app = require_basic_auth(app, user, password)
-    # The address family follows the host (an IPv6 literal binds AF_INET6), as in
-    # prometheus_client.
-    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    server_class = type("_MetricsServer", (_Server,), {"address_family": info[0]})
-    httpd: _Server = make_server(str(info[4][0]), port, app, server_class, handler_class=_Handler)
-    tls = bool(certfile and keyfile)
-    if certfile and keyfile:
-        try:
-            ctx = tls_context(certfile, keyfile, client_cafile)
-        except BaseException:
-            httpd.server_close()
-            raise
-        httpd.socket = ctx.wrap_socket(
-            httpd.socket, server_side=True, do_handshake_on_connect=False
-        )
-    t = threading.Thread(target=httpd.serve_forever, name="memra-obs-metrics", daemon=True)
-    t.start()
-    return MetricsServer(httpd, t, host, tls)
+    if basic_auth is not None and not basic_auth[0]:
+        raise ValueError("serve_metrics: basic_auth needs a non-empty user")
+    app = metrics_app(registry, basic_auth)
+    ctx = _tls(certfile, keyfile, client_cafile) if certfile and keyfile else None
+    try:  # the address family follows the host (an IPv6 literal binds AF_INET6)
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        cls = type("MetricsServer", (MetricsServer,), {"address_family": info[0]})
+        srv = cast(MetricsServer, make_server(str(info[4][0]), port, app, cls, _Handler))
+    except OSError as exc:
+        raise MetricsAddressError((host, port), exc) from exc
+    srv.host, srv.timeout_s, srv.max_connections = host, timeout_s, max_connections
+    try:
+        if ctx is not None:
+            srv.scheme = "https"
+            srv.socket = ctx.wrap_socket(
+                srv.socket, server_side=True, do_handshake_on_connect=False
+            )
+        srv.thread = threading.Thread(target=srv.serve_forever, name="memra-obs-metrics")
+        srv.thread.daemon = True
+        srv.thread.start()
+    except BaseException:
+        srv.server_close()
+        raise
+    return srv

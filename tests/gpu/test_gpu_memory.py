@@ -16,13 +16,13 @@ import pytest
 
 from memra_obs.device.memory import (
     MIB,
-    CupyQuery,
     FreeMemory,
-    TorchQuery,
     _text,
+    cupy_query,
     format_bus_id,
     load_pynvml,
     parse_bus_id,
+    torch_query,
 )
 from memra_obs.testing import capture
 
@@ -31,7 +31,7 @@ ALLOC_MIB = 4096
 
 
 def query(backend: str) -> Any:
-    return CupyQuery() if backend == "cupy" else TorchQuery()
+    return cupy_query() if backend == "cupy" else torch_query()
 
 
 def nvml_only(backend: str) -> FreeMemory:
@@ -101,9 +101,9 @@ def test_free_mb_snapshot_default_is_nvml_by_bus_id(backend: str) -> None:
 CHILD = textwrap.dedent(
     """
     import json, sys
-    from memra_obs.device.memory import FreeMemory, CupyQuery, TorchQuery, load_pynvml, parse_bus_id, format_bus_id
+    from memra_obs.device.memory import FreeMemory, cupy_query, torch_query, load_pynvml, parse_bus_id, format_bus_id
     mode = sys.argv[1]
-    cuda = {"cupy": CupyQuery, "torch": TorchQuery, "env": lambda: None}[mode]
+    cuda = {"cupy": cupy_query, "torch": torch_query, "env": lambda: None}[mode]
     said = []
     fm = FreeMemory(cuda=cuda, report=lambda k, m: said.append(m))
     nv = load_pynvml()
