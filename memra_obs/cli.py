@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .device.workload import GpuUnavailable
 from .environment import MEMRA_OBS_SINKS, ConfigError
 
 __all__ = ["main"]
@@ -103,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .agent.main import main as agent_main
 
             return agent_main(rest)
-    except ConfigError as exc:
+    except (ConfigError, GpuUnavailable) as exc:
         print(f"memra-obs: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

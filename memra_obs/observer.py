@@ -87,6 +87,10 @@ class Observer:
         self.seq_rows = SEQ_ROWS if seq_rows is None else seq_rows
         self._clock_factory = _clock_factory(clock)
         self._memory = memory
+        if self.prof and memory is None:  # NVML's start-up ahead of the first profile
+            from .device.memory import warm
+
+            warm()
         self._lock = threading.Lock()
         self._fan = Fanout(sinks)
         self._ids = itertools.count(1)

@@ -108,9 +108,6 @@ def test_demo_gpu_without_a_gpu_fails_before_any_loop(monkeypatch) -> None:
     assert threading.active_count() == before
 
 
-@pytest.mark.xfail(
-    strict=True, reason="cli.py must catch memra_obs.demo.GpuUnavailable (lead: see report)"
-)
 def test_demo_gpu_without_a_gpu_exits_2_with_one_line(tmp_path: Path) -> None:
     """Issue 13: `memra-obs demo --gpu` without a GPU exits 2 with one line, no traceback
     (main: a thread traceback and exit 0)."""

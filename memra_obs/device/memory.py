@@ -353,6 +353,8 @@ def warm(wait: bool = False) -> None:
     """Start NVML for :func:`free_mb_snapshot` now, on a daemon thread (``wait``: here), so no
     profiled snapshot pays for it (one that comes first waits); after any fork, in the child."""
     fm = _process()
+    if fm._loaded:
+        return
     if wait:
         fm.warm()
     else:
