@@ -123,7 +123,7 @@ class Session:
         self.record = SessionRecord(
             self.id, family, tag, tag_v, obs.worker, start, now_ns(), time.time_ns(), trace_id,
             (random.getrandbits(64) or 1) if fo.wants_trace_ids else 0, parent, self.level,
-            self.prof is not None,
+            self.prof is not None, self._clock_name,
         )  # fmt: skip
         fan(fo.on_session, "on_session", self.record)
 
@@ -255,7 +255,10 @@ class Session:
     def _summarize(self, fo: Fanout, log: SpecRoundsLog) -> None:
         log.summarized = True
         try:
-            a = advise(log.rounds, clock=self._clock_name)
+            plain = getattr(self._obs.settings, "plain_step_ms", None)
+            a = advise(
+                log.rounds, clock=self._clock_name, plain_step_ns=plain and plain * 1e6
+            )
             advice = advice_line(a) if a is not None else ""
         except Exception as exc:
             say_once("advice", f"the k advisor failed ({exc!r}); no [spec-advice] line")

@@ -53,6 +53,9 @@ class SessionRecord(NamedTuple):
     #: Trace level in force (0-2) and whether the first-token profile is on.
     level: int
     prof: bool
+    #: The clock timing the phases: "event", "sync" or "host" (no device stream); "" where
+    #: the source does not say (legacy lines).
+    clock: str = ""
 
 
 class RoundRecord(NamedTuple):

@@ -89,6 +89,8 @@ def build_exporters(
                 worker=worker,
                 worker_label=worker_label,
                 round_span_id=round_span_ids(st.round_spans) if "otel" in st.sinks else None,
+                advice_window=st.advice_window,
+                plain_step_ns=None if st.plain_step_ms is None else st.plain_step_ms * 1e6,
             )
             if serve and st.metrics_addr is not None:
                 out.server = _serve(st, out.prom.registry, strict)

@@ -11,6 +11,7 @@ arrived or was dropped: lost end records cost no memory.
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -19,8 +20,11 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
+from ..analysis import advise
+from ..diagnostics import say_once
 from ..records import FIRST_TOKEN_MS_FIELDS, SPEC_PROF_ROUNDS
 from ..timeline import FirstTokenRecord, Record, RoundRecord, SessionEndRecord, SessionRecord
+from .advice import ADVICE_EVERY_S, MAX_K, LoopAdvisor
 from .families import FIRST_TOKEN_PHASES, LoopChildren, spec_families
 from .model import SpecCollector
 
@@ -64,6 +68,8 @@ class PrometheusExporter:
         slow_window: int = SPEC_PROF_ROUNDS,
         max_sessions: int = 8192,
         round_span_id: Callable[[SessionRecord, RoundRecord], int] | None = None,
+        advice_window: int = 2048,
+        plain_step_ns: float | None = None,
     ) -> None:
         if slow_window < 1 or max_sessions < 1:
             raise ValueError("slow_window and max_sessions must be >= 1")
@@ -73,6 +79,8 @@ class PrometheusExporter:
         self.export_errors = 0
         self._factor, self._window, self._max_sessions = slow_factor, slow_window, max_sessions
         self._span_id = round_span_id
+        self._advice_window, self._plain_step_ns = advice_window, plain_step_ns
+        self._advised = -ADVICE_EVERY_S  # monotonic time of the last advice
         self._lock = threading.Lock()
         self.families = spec_families(worker_label)
         self._readers: dict[tuple[str, str], list[Callable[[], float]]] = {}
@@ -97,9 +105,34 @@ class PrometheusExporter:
                         handle(rec)
                     except Exception:
                         self.export_errors += 1
+        if time.monotonic() - self._advised >= ADVICE_EVERY_S:
+            self.advise()
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        return True  # nothing buffered: the children are the state
+        self.advise()  # nothing else buffered: the children are the state
+        return True
+
+    def advise(self) -> None:
+        """Recompute the advisor's gauges of every label set with new rounds (the exporter's
+        thread: the loop never waits for it, a scrape only reads the result)."""
+        self._advised = time.monotonic()
+        with self._lock:
+            work = [(a, a.clock, w) for a in self._advisors() if (w := a.take()) is not None]
+        for a, clock, rounds in work:
+            try:
+                adv = advise(
+                    rounds, max_k=MAX_K, plain_step_ns=self._plain_step_ns,
+                    clock=clock or "sync",  # legacy lines: unknown (the info series says so)
+                )  # fmt: skip
+            except Exception as exc:
+                say_once("prom.advice", f"the k advisor failed ({exc!r}); gauges left as they were")
+                continue
+            if adv is not None:
+                with self._lock:
+                    a.publish(adv)
+
+    def _advisors(self) -> list[LoopAdvisor]:
+        return [L.adv for L in self._loops.values()]
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """The series stay for a last scrape (:meth:`unregister` frees the names now)."""
@@ -134,7 +167,11 @@ class PrometheusExporter:
     def _open(self, sid: int, rec: SessionRecord | None) -> _Session:
         w = ((rec.worker if rec else "") or self.worker,) if self.worker_label else ()
         key = (*w, rec.family if rec else UNKNOWN_FAMILY)
-        loop = self._loops.get(key) or self._loops.setdefault(key, LoopChildren(self.families, key))
+        loop = self._loops.get(key) or self._loops.setdefault(
+            key, LoopChildren(self.families, key, self._advice_window)
+        )
+        if rec is not None and rec.clock:
+            loop.adv.clock = rec.clock
         self.families["memra_spec_first_token_seconds"].child(w)  # from the worker's first session
         s = self._sessions[sid] = _Session(rec, loop, w)
         if len(self._sessions) > self._max_sessions:  # end records lost, or very many open
@@ -175,6 +212,7 @@ class PrometheusExporter:
             L.drafted_total.v += k * n
             L.accepted_total.v += r.j * n
             L.seq_rows.v += r.seq_rows * n
+            L.adv.add(r, n)
         L.rounds.v += n
         if r.split_ns is not None:
             kda, scan, mla, ffn = r.split_ns

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..records import FIRST_TOKEN_MS_FIELDS
 from ..timeline import PHASES
+from .advice import LoopAdvisor
 from .model import Family, Hist, Value
 
 #: A round's wall, 0.5 ms to 2.5 s: x1.33-1.5 steps from 2 to 128 ms, where served rounds
@@ -66,6 +67,27 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...], tuple[float, ...], str], ...] = (
     ("memra_spec_slow_rounds", C, F, (),
      "Rounds whose wall exceeded 1.5x the median wall of the session's last 64 rounds "
      "(itself included)."),
+    ("memra_spec_drafted_tokens_by_position", C, (*F, "position"), (),
+     "Draft tokens verified at each draft position (0-based, as vLLM's *_per_pos): a round "
+     "with k drafts adds 1 at positions 0..k-1; the sum over positions is "
+     "memra_spec_drafted_tokens_total."),
+    ("memra_spec_accepted_tokens_by_position", C, (*F, "position"), (),
+     "Draft tokens accepted at each draft position: a round that accepted j adds 1 at "
+     "positions 0..j-1; the sum over positions is memra_spec_accepted_tokens_total."),
+    ("memra_spec_recommended_k", G, F, (),
+     "The k advisor's draft length (estimate): the k maximising estimated tokens/s over the "
+     "window of recent rounds (MEMRA_OBS_ADVICE_WINDOW)."),
+    ("memra_spec_estimated_speedup", G, F, (),
+     "Estimated speedup over plain decoding at the recommended k (estimate; below 1 plain "
+     "decoding wins)."),
+    ("memra_spec_expected_tokens_per_round", G, F, (),
+     "Expected tokens per round E(k) at the recommended k (estimate)."),
+    ("memra_spec_estimated_tokens_per_second", G, (*F, "k"), (),
+     "Estimated tokens/s at draft length k, E(k) / t_round(k), for k = 1..16 (estimate)."),
+    ("memra_spec_advice_info", G, (*F, "clock", "plain_step"), (),
+     "1 per label set with advice: the clock that timed the rounds the advice was fitted "
+     "from (event, sync, host; unknown from legacy lines) and where the plain step came "
+     "from (verify_fit or measured)."),
     ("memra_spec_first_token_phase_seconds", H, ("phase",), FIRST_TOKEN_PHASE_BUCKETS,
      "One bucket of a session's first-token profile (SpecFirstTokenProf *_ms field); "
      "buckets the route did not run (0 ms) are not observed."),
@@ -100,12 +122,13 @@ class LoopChildren:
     """The children of one ``(worker,) family`` label set, bound once."""
 
     __slots__ = (
-        "accepted", "accepted_total", "drafted", "drafted_total", "lv", "phases", "round",
-        "rounds", "seq_rows", "slow", "split", "split_family",
+        "accepted", "accepted_total", "adv", "drafted", "drafted_total", "lv", "phases",
+        "round", "rounds", "seq_rows", "slow", "split", "split_family",
     )  # fmt: skip
 
-    def __init__(self, f: dict[str, Family], lv: tuple[str, ...]) -> None:
+    def __init__(self, f: dict[str, Family], lv: tuple[str, ...], window: int = 0) -> None:
         self.lv, self.split_family = lv, f["memra_spec_verify_split_seconds"]
+        self.adv = LoopAdvisor(f, lv, window)
         self.round: Hist = f["memra_spec_round_seconds"].child(lv)
         self.phases: tuple[Hist, ...] = tuple(
             f["memra_spec_phase_seconds"].child((*lv, p)) for p in PHASES

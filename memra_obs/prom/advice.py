@@ -1,0 +1,100 @@
+"""Acceptance by position and the k advisor on ``/metrics`` (issue 15), per loop label set.
+
+A round adds two integer counts (rounds by k, rounds by j); the by-position counters are
+their tail sums, read at scrape, so Σ over positions equals the drafted/accepted totals
+exactly. The advice is :func:`memra_obs.analysis.advise` over a window of recent rounds,
+recomputed by the exporter's own thread at most once a second (or at ``flush``) — never by
+the loop and never by a scrape, which reads the last gauges.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from functools import partial
+from typing import Any
+
+from ..diagnostics import say_once
+from ..timeline import RoundRecord
+from .model import Family
+
+#: By-position series per label set at most (their cardinality): a round drafting more than
+#: this counts at positions 0..POSITIONS-1 only (said once).
+POSITIONS = 64
+#: The advisor's gauges are recomputed at most this often (seconds) while rounds arrive.
+ADVICE_EVERY_S = 1.0
+#: The curve's bound: ``memra_spec_estimated_tokens_per_second{k}`` for k = 1..MAX_K.
+MAX_K = 16
+
+DRAFTED_POS = "memra_spec_drafted_tokens_by_position"
+ACCEPTED_POS = "memra_spec_accepted_tokens_by_position"
+REC_K = "memra_spec_recommended_k"
+SPEEDUP = "memra_spec_estimated_speedup"
+EXPECTED = "memra_spec_expected_tokens_per_round"
+EST_TPS = "memra_spec_estimated_tokens_per_second"
+INFO = "memra_spec_advice_info"
+
+
+def _tail_sum(counts: list[int], start: int) -> float:
+    return float(sum(counts[start:]))
+
+
+class LoopAdvisor:
+    """One ``(worker,) family`` label set's counts by k and j, and its window of rounds."""
+
+    __slots__ = ("by_j", "by_k", "clock", "dirty", "f", "info", "lv", "top", "win")
+
+    def __init__(self, f: dict[str, Family], lv: tuple[str, ...], window: int) -> None:
+        self.f, self.lv = f, lv
+        self.by_k, self.by_j = [0] * (POSITIONS + 1), [0] * (POSITIONS + 1)
+        self.top = 0  # positions with series so far
+        self.win: deque[RoundRecord] | None = deque(maxlen=window) if window else None
+        self.dirty = False
+        #: The clock that timed this label set's phases ("" until a session says).
+        self.clock = ""
+        self.info: tuple[str, ...] | None = None  # the info series' label values
+
+    def add(self, r: RoundRecord, n: int) -> None:
+        """A round (``n``: a run of them) with known counts; under the exporter's lock."""
+        k = r.k
+        if k > self.top:
+            self._grow(k)
+        self.by_k[min(k, POSITIONS)] += n
+        self.by_j[min(r.j, POSITIONS)] += n
+        if self.win is not None:
+            self.win.append(r)
+            self.dirty = True
+
+    def _grow(self, k: int) -> None:
+        if k > POSITIONS:
+            say_once(
+                "prom.positions",
+                f"a round drafted k={k}: the by-position counters stop at position "
+                f"{POSITIONS - 1} (their series are bounded; the totals count every token)",
+            )
+        drafted, accepted = self.f[DRAFTED_POS], self.f[ACCEPTED_POS]
+        for p in range(self.top, min(k, POSITIONS)):
+            drafted.child((*self.lv, str(p)), partial(_tail_sum, self.by_k, p + 1))
+            accepted.child((*self.lv, str(p)), partial(_tail_sum, self.by_j, p + 1))
+        self.top = min(k, POSITIONS)
+
+    def take(self) -> list[RoundRecord] | None:
+        """The window's rounds when they changed since the last advice; under the lock."""
+        if not self.dirty or self.win is None:
+            return None
+        self.dirty = False
+        return list(self.win)
+
+    def publish(self, a: Any) -> None:
+        """Set the gauges from an :class:`memra_obs.analysis.Advice`; under the lock."""
+        f, lv = self.f, self.lv
+        f[REC_K].child(lv).v = a.recommended_k
+        f[SPEEDUP].child(lv).v = a.estimated_speedup.value
+        f[EXPECTED].child(lv).v = a.expected_tokens.value
+        for p in a.curve:
+            f[EST_TPS].child((*lv, str(p.k))).v = p.tokens_per_s.value
+        info = (*lv, self.clock or "unknown", a.plain_step_source)
+        if info != self.info:
+            if self.info is not None:
+                f[INFO].children.pop(self.info, None)
+            f[INFO].child(info).v = 1
+            self.info = info

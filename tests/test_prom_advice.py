@@ -1,0 +1,240 @@
+"""Issue 15 on /metrics: acceptance by position (counters that sum to the totals exactly) and
+the k advisor's gauges (advise() over the window of recent rounds, computed off the scrape)."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+import memra_obs.prom.exporter as exporter_mod
+from memra_obs.analysis import advise
+from memra_obs.prom import PrometheusExporter
+from memra_obs.prom.advice import POSITIONS
+from memra_obs.timeline import RoundRecord, SessionRecord
+
+US = 1_000
+
+
+def session(sid: int = 1, family: str = "glm5", clock: str = "event") -> SessionRecord:
+    return SessionRecord(sid, family, "t", "tv", "w0", 0, 0, 0, 0, 0, 0, 1, False, clock)
+
+
+def rounds(n: int, sid: int = 1, seed: int = 0, kmax: int = 6) -> list[RoundRecord]:
+    """Rounds with varying k, acceptance decaying by position, costs linear in k."""
+    rng, out, t = random.Random(seed), [], 10**9
+    for i in range(n):
+        k = rng.randint(1, kmax)
+        j = 0
+        while j < k and rng.random() < 0.85 * 0.9**j:
+            j += 1
+        ph = (120 * US * k + 40 * US, 900 * US + 35 * US * k, 20 * US, 10 * US, 30 * US)
+        b = [t]
+        for p in ph:
+            b.append(b[-1] + p)
+        out.append(RoundRecord(sid, 0, i, tuple(b), k, j, 100, 0, None))  # type: ignore[arg-type]
+        t = b[-1]
+    return out
+
+
+def val(reg: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return reg.get_sample_value(name, labels)
+
+
+def positions(reg: CollectorRegistry, name: str, family: str = "glm5") -> list[float]:
+    out = []
+    while (v := val(reg, name, family=family, position=str(len(out)))) is not None:
+        out.append(v)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(-1, 12), st.integers(0, 12), st.integers(1, 4)), max_size=80))
+def test_by_position_counters_sum_to_the_totals_exactly(kjn):
+    """A round with k drafts adds 1 at positions 0..k-1 (accepted: 0..j-1); runs of n equal
+    rounds count n times; unknown counts (k = -1) are left out, as from the totals."""
+    reg = CollectorRegistry()
+    ex = PrometheusExporter(reg, advice_window=0)
+    recs: list = [session()]
+    for i, (k, j, n) in enumerate(kjn):
+        j = -1 if k < 0 else min(j, k)
+        recs.append(RoundRecord(1, 0, i, (0, 1, 2, 3, 4, 5), k, j, 0, 0, None, n))
+    ex.export(recs)
+    drafted = positions(reg, "memra_spec_drafted_tokens_by_position_total")
+    accepted = positions(reg, "memra_spec_accepted_tokens_by_position_total")
+    known = [(k, j, n) for k, j, n in ((k, min(j, k), n) for k, j, n in kjn) if k >= 0]
+    assert sum(drafted) == sum(k * n for k, _, n in known)
+    assert sum(drafted) == (val(reg, "memra_spec_drafted_tokens_total", family="glm5") or 0)
+    assert sum(accepted) == (val(reg, "memra_spec_accepted_tokens_total", family="glm5") or 0)
+    top = max((k for k, _, _ in known), default=0)
+    assert len(drafted) == len(accepted) == top
+    for p in range(top):
+        assert drafted[p] == sum(n for k, _, n in known if k > p)
+        assert accepted[p] == sum(n for _, j, n in known if j > p)
+
+
+def test_positions_past_the_bound_are_said_once_and_the_rest_stay_exact(caplog):
+    reg = CollectorRegistry()
+    ex = PrometheusExporter(reg, advice_window=0)
+    with caplog.at_level(logging.WARNING, logger="memra_obs"):
+        ex.export(
+            [session(), *(RoundRecord(1, 0, i, (0,) * 6, 70, 66, 0, 0, None) for i in (0, 1))]
+        )
+    drafted = positions(reg, "memra_spec_drafted_tokens_by_position_total")
+    assert len(drafted) == POSITIONS and set(drafted) == {2.0}
+    assert positions(reg, "memra_spec_accepted_tokens_by_position_total") == [2.0] * POSITIONS
+    said = [r for r in caplog.records if "by-position counters stop" in r.getMessage()]
+    assert len(said) == 1 and "k=70" in said[0].getMessage()
+
+
+def test_gauges_are_advise_over_the_last_window_rounds():
+    """The gauges equal analysis.advise() over exactly the last `advice_window` rounds, with the
+    session's clock, and the info series names that clock."""
+    reg = CollectorRegistry()
+    rs = rounds(900)
+    ex = PrometheusExporter(reg, advice_window=256)
+    ex.export([session(clock="event"), *rs])
+    ex.flush()
+    want = advise(rs[-256:], max_k=16, clock="event")
+    assert want is not None
+    assert val(reg, "memra_spec_recommended_k", family="glm5") == want.recommended_k
+    assert val(reg, "memra_spec_estimated_speedup", family="glm5") == pytest.approx(
+        want.estimated_speedup.value
+    )
+    assert val(reg, "memra_spec_expected_tokens_per_round", family="glm5") == pytest.approx(
+        want.expected_tokens.value
+    )
+    for p in want.curve:
+        got = val(reg, "memra_spec_estimated_tokens_per_second", family="glm5", k=str(p.k))
+        assert got == pytest.approx(p.tokens_per_s.value)
+    assert val(reg, "memra_spec_estimated_tokens_per_second", family="glm5", k="17") is None
+    info = dict(family="glm5", clock="event", plain_step="verify_fit")
+    assert val(reg, "memra_spec_advice_info", **info) == 1
+    # The whole run would advise differently from its last 256 rounds only by chance: the
+    # window is what the gauges follow, so a different window size gives advise() over it.
+    reg2 = CollectorRegistry()
+    ex2 = PrometheusExporter(reg2, advice_window=2048)
+    ex2.export([session(), *rs])
+    ex2.flush()
+    whole = advise(rs, max_k=16, clock="event")
+    assert whole is not None
+    assert val(reg2, "memra_spec_expected_tokens_per_round", family="glm5") == pytest.approx(
+        whole.expected_tokens.value
+    )
+
+
+def test_a_measured_plain_step_divides_the_speedup_and_says_measured():
+    reg = CollectorRegistry()
+    rs = rounds(400)
+    ex = PrometheusExporter(reg, plain_step_ns=2_000_000)
+    ex.export([session(clock="host"), *rs])
+    ex.flush()
+    want = advise(rs, max_k=16, clock="host", plain_step_ns=2_000_000)
+    assert want is not None and want.plain_step_source == "measured"
+    assert val(reg, "memra_spec_estimated_speedup", family="glm5") == pytest.approx(
+        want.estimated_speedup.value
+    )
+    assert val(reg, "memra_spec_advice_info", family="glm5", clock="host", plain_step="measured")
+
+
+def test_legacy_rounds_say_their_clock_is_unknown_and_families_advise_apart():
+    reg = CollectorRegistry()
+    ex = PrometheusExporter(reg)
+    ex.export([session(1, "glm5", clock=""), *rounds(200, 1), session(2, "mtp"), *rounds(20, 2)])
+    ex.flush()
+    info = dict(family="glm5", clock="unknown", plain_step="verify_fit")
+    assert val(reg, "memra_spec_advice_info", **info) == 1
+    assert val(reg, "memra_spec_recommended_k", family="glm5") is not None
+    # 20 rounds are below MIN_ROUNDS: no advice, so no gauge (rather than a made-up value).
+    assert val(reg, "memra_spec_recommended_k", family="mtp") is None
+    assert positions(reg, "memra_spec_drafted_tokens_by_position_total", "mtp")
+
+
+def test_scrapes_only_read_and_the_exporter_thread_recomputes_at_most_once_a_second(monkeypatch):
+    calls = []
+    real = exporter_mod.advise
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(exporter_mod, "advise", counting)
+    reg = CollectorRegistry()
+    ex = PrometheusExporter(reg)
+    rs = rounds(600)
+    ex.export([session(), *rs[:300]])  # first batch: advised at once
+    assert len(calls) == 1
+    for r in rs[300:]:
+        ex.export([r])  # within the second: not again
+    assert len(calls) == 1
+    k = val(reg, "memra_spec_recommended_k", family="glm5")
+    for _ in range(5):
+        assert val(reg, "memra_spec_recommended_k", family="glm5") == k  # a scrape only reads
+    assert len(calls) == 1
+    ex.flush()  # flush brings the gauges up to date
+    assert len(calls) == 2
+    ex.flush()  # nothing new: nothing recomputed
+    assert len(calls) == 2
+
+
+def test_window_zero_publishes_no_advice_but_keeps_the_position_counters():
+    reg = CollectorRegistry()
+    ex = PrometheusExporter(reg, advice_window=0)
+    ex.export([session(), *rounds(300)])
+    ex.flush()
+    assert val(reg, "memra_spec_recommended_k", family="glm5") is None
+    assert positions(reg, "memra_spec_drafted_tokens_by_position_total")
+
+
+def test_a_failing_advisor_is_said_once_and_the_gauges_stay(monkeypatch, caplog):
+    reg = CollectorRegistry()
+    ex = PrometheusExporter(reg)
+    ex.export([session(), *rounds(300)])
+    ex.flush()
+    k = val(reg, "memra_spec_recommended_k", family="glm5")
+
+    def broken(*a, **kw):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(exporter_mod, "advise", broken)
+    with caplog.at_level(logging.WARNING, logger="memra_obs"):
+        for i in range(3):
+            ex.export(rounds(40, seed=i + 1))
+            ex.flush()
+    assert val(reg, "memra_spec_recommended_k", family="glm5") == k
+    assert sum("k advisor failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_observer_publishes_the_advice_of_its_own_clock():
+    """End to end through configure(): the host clock (no device stream) names itself."""
+    from memra_obs.wiring import build_observer
+
+    reg = CollectorRegistry()
+    obs = build_observer(
+        level=1, prof=False, registry=reg, env={}, sinks="prometheus", metrics_addr="",
+        advice_window=64,
+    )  # fmt: skip
+    try:
+        rng = random.Random(3)
+        with obs.session("glm5") as s:
+            for _ in range(4):
+                b = s.burst(4)
+                for _ in range(40):
+                    b.begin_round()
+                    b.end_draft()
+                    b.end_verify()
+                    b.end_accept()
+                    b.end_rollback()
+                    b.end_round(k=4, j=rng.randint(0, 4))
+                b.end()
+        obs.flush()
+        assert val(
+            reg, "memra_spec_advice_info", family="glm5", clock="host", plain_step="verify_fit"
+        )
+        assert sum(positions(reg, "memra_spec_drafted_tokens_by_position_total")) == 640
+    finally:
+        obs.shutdown()
