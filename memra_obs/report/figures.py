@@ -1,7 +1,6 @@
-"""The page's figures: matplotlib's object API (no pyplot state), inlined as data URIs. One panel
-per run on shared axes (an A/B page compares on one scale); a run with nothing to draw gets a
-panel saying why. SVG for bars and lines (text stays text), PNG for dense scatters; the style is
-set per figure, leaving the process's own matplotlib settings alone."""
+"""The page's figures: matplotlib's object API (no pyplot state), inlined as data URIs; one panel
+a run on shared axes (A/B compares on one scale), saying why when it has nothing to draw. SVG
+for bars and lines (text stays text), PNG for dense scatters; the style is set per figure."""
 
 from __future__ import annotations
 
@@ -35,18 +34,17 @@ def inline(fig: Figure, alt: str, caption: str, fmt: str = "svg") -> str:
     """A figure as the page's ``<figure>``: the image inline (a data URI), then its caption."""
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt, dpi=100, metadata={"Date": None} if fmt == "svg" else {})
-    src = f"data:image/{'svg+xml' if fmt == 'svg' else fmt};base64,"
-    src += base64.b64encode(buf.getvalue()).decode()
-    return (
-        f'<figure><img alt="{escape(alt)}" src="{src}"><figcaption>{caption}</figcaption></figure>'
-    )
+    data = base64.b64encode(buf.getvalue()).decode()
+    mime = "svg+xml" if fmt == "svg" else fmt
+    return (f'<figure><img alt="{escape(alt)}" src="data:image/{mime};base64,{data}">'
+            f"<figcaption>{caption}</figcaption></figure>")  # fmt: skip
 
 
-def panels(ylabel: str, *, fmt: str = "svg", h: float = 2.8, sharey: bool = True,
+def panels(ylabel: str, *, fmt: str | Figures = "svg", h: float = 2.8, sharey: bool = True,
            legend: str = "upper right") -> Callable[[Draw], Figures]:  # fmt: skip
     """One panel per run drawn by the decorated function, whose name is the figure's alt text
-    and whose docstring its caption. ``legend``: where in each panel, or ``"right"`` of them
-    all / ``"below"`` them all for one legend."""
+    and whose docstring its caption. ``fmt``: "svg", "png", or a function of the runs choosing;
+    ``legend``: where in each panel, or "right" of them all / "below" them all for one."""
 
     def figure(draw: Draw, views: Sequence[View]) -> str:
         with matplotlib.rc_context(RC):  # type: ignore[arg-type]
@@ -67,9 +65,9 @@ def panels(ylabel: str, *, fmt: str = "svg", h: float = 2.8, sharey: bool = True
                 where = "outside right upper" if legend == "right" else "outside lower center"
                 fig.legend(list(hs.values()), list(hs), loc=where, ncols=1 if legend == "right"
                            else 7, fontsize=7)  # type: ignore[call-overload]  # fmt: skip
-            return inline(
-                fig, draw.__name__.replace("_", " "), " ".join((draw.__doc__ or "").split()), fmt
-            )
+            cap = " ".join((draw.__doc__ or "").split())
+            kind = fmt if isinstance(fmt, str) else fmt(views)
+            return inline(fig, draw.__name__.replace("_", " "), cap, kind)
 
     return lambda draw: functools.wraps(draw)(functools.partial(figure, draw))
 
@@ -136,31 +134,25 @@ def phase_shares_per_burst(ax: Axes, v: View, views: Sequence[View]) -> str | No
     return None
 
 
-def verify_split(views: Sequence[View]) -> str:
-    """The level-2 split as per-round mean ms, one bar a run (``""``: no run printed it)."""
-    names = ("vkda - scan", "scan (in vkda)", "vmla", "vrest - vffn", "vffn (in vrest)")
-    rows = []
-    for v in views:
-        b = [x for x in v.run.bursts if x.split_ns is not None]
-        if n := sum(x.phases.rounds for x in b) * 1e6:  # rounds, in ns a ms
-            kda, scan, mla, ffn = np.array([x.split_ns for x in b]).sum(axis=0) / n
-            rest = max(sum(x.phases.verify for x in b) / n - kda - mla, 0.0)
-            rows.append((v.label, (kda - scan, scan, mla, max(rest - ffn, 0.0), min(ffn, rest))))
-    if not rows:
-        return ""
-    with matplotlib.rc_context(RC):  # type: ignore[arg-type]
-        fig = Figure(figsize=(9.6, 0.9 + 0.45 * len(rows)), layout="constrained")
-        ax = fig.subplots()
-        for y, (_, parts) in enumerate(rows):
-            for i, (x, left) in enumerate(zip(parts, np.cumsum((0.0, *parts[:-1])), strict=True)):
-                col = ("#4e79a7", "#a0cbe8", "#f28e2b", "#59a14f", "#8cd17d")[i]
-                ax.barh(y, x, left=left, color=col, label=names[i] if y == 0 else None)
-        ax.set_yticks(range(len(rows)), [r[0] for r in rows])
-        ax.invert_yaxis()
-        ax.set_xlabel("verify, per-round mean ms")
-        ax.legend(loc="upper left", bbox_to_anchor=(1, 1), fontsize=7.5)
-        cap = "Level-2 verify sub-split over the bursts that printed it (vrest = verify - vkda - vmla)."
-        return inline(fig, "verify split", cap)
+#: The level-2 split's parts, nested as printed: scan inside vkda, vffn inside vrest.
+SPLIT = {"vkda - scan": "#4e79a7", "scan (in vkda)": "#a0cbe8", "vmla": "#f28e2b",
+         "vrest - vffn": "#59a14f", "vffn (in vrest)": "#8cd17d"}  # fmt: skip
+
+
+@panels("", h=1.5, legend="right")
+def verify_split(ax: Axes, v: View, views: Sequence[View]) -> str | None:
+    """Level-2 verify sub-split over the bursts that printed it, per-round mean ms (vrest =
+    verify - vkda - vmla)."""
+    b = [x for x in v.run.bursts if x.split_ns is not None]
+    if not (n := sum(x.phases.rounds for x in b) * 1e6):  # rounds, in ns a ms
+        return "no level-2 ([tag-v]) lines"
+    kda, scan, mla, ffn = np.array([x.split_ns for x in b]).sum(axis=0) / n
+    rest = max(sum(x.phases.verify for x in b) / n - kda - mla, 0.0)
+    parts = (kda - scan, scan, mla, max(rest - ffn, 0.0), min(ffn, rest))
+    for (name, col), x, left in zip(SPLIT.items(), parts, np.cumsum((0, *parts[:-1])), strict=True):
+        ax.barh(0, x, left=left, color=col, label=name)
+    ax.set(yticks=[], xlabel="verify, per-round mean ms")
+    return None
 
 
 #: First-token fields that are shares inside a bucket (not additive to it), by bucket.
@@ -221,7 +213,7 @@ def _band(ax: Axes, x: Any, ivs: Sequence[Interval], color: str, label: str, f: 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-@panels("probability", legend="upper right")
+@panels("probability", legend="best")
 def acceptance_by_position(ax: Axes, v: View, views: Sequence[View]) -> str | None:
     """Estimates: acceptance by draft position, α_i = P(accepted | drafted and every earlier
     draft accepted), with its 95% Wilson interval, and S(i+1) = P(drafts 0..i all accepted),
@@ -234,21 +226,20 @@ def acceptance_by_position(ax: Axes, v: View, views: Sequence[View]) -> str | No
     return None
 
 
-@panels("tokens per round", legend="lower right")
+@panels("tokens per round", legend="best")
 def expected_tokens_per_round(ax: Axes, v: View, views: Sequence[View]) -> str | None:
     """Estimates: tokens a round drafting k commits, E(k) = 1 + Σ S(i), with its interval; past
     the deepest position seen (dotted), acceptance is the flat tail's."""
     if not (acc := v.acceptance).positions:
         return "no round with known k and j"
-    _band(
-        ax, range(1, 17), [acc.expected_tokens(k) for k in range(1, 17)], COLORS["accept"], "E(k)"
-    )
+    ks = range(1, 17)
+    _band(ax, ks, [acc.expected_tokens(k) for k in ks], COLORS["accept"], "E(k)")
     ax.axvline(len(acc.positions) + 0.5, color="#999", ls=":", lw=1, label="data | flat tail")
     ax.set_xlabel("draft length k")
     return None
 
 
-@panels("tokens per second", legend="lower right")
+@panels("tokens per second", legend="best")
 def throughput_vs_k(ax: Axes, v: View, views: Sequence[View]) -> str | None:
     """Estimates: throughput E(k) / t_round(k), the cost model fitted to the rounds' own phases,
     with the recommended k (the best within 2 past the longest draft seen, dotted) and the
@@ -263,20 +254,15 @@ def throughput_vs_k(ax: Axes, v: View, views: Sequence[View]) -> str | None:
     return None
 
 
-def free_memory(views: Sequence[View]) -> str:
-    """SVG, or PNG past 2000 sessions a run (the lines turn dense)."""
-
-    @panels("free MB", fmt="png" if max(len(v.run.first_tokens) for v in views) > 2000 else "svg")
-    def free_device_memory(ax: Axes, v: View, views: Sequence[View]) -> str | None:
-        """Free device memory per CUDA ordinal, before the trunk cache alloc and after the
-        drafter KV."""
-        fts = v.run.first_tokens
-        devs = sorted({d for f in fts for d, _ in f.prof.free_mb_before + f.prof.free_mb_after})
-        for d in devs:
-            for point, ls in (("before", "-"), ("after", "--")):
-                y = [dict(getattr(f.prof, "free_mb_" + point)).get(d, np.nan) for f in fts]
-                ax.plot(np.arange(len(y)), y, ls, lw=0.9, label=f"device {d} {point}")
-        ax.set_xlabel("session, in order")
-        return None if devs else "no free-memory snapshot in this input"
-
-    return free_device_memory(views)
+@panels("free MB", fmt=lambda vs: "png" if max(len(v.ttft_ms) for v in vs) > 2000 else "svg")
+def free_device_memory(ax: Axes, v: View, views: Sequence[View]) -> str | None:
+    """Free device memory per CUDA ordinal, before the trunk cache alloc and after the drafter
+    KV (PNG past 2000 sessions a run: the lines turn dense)."""
+    fts = v.run.first_tokens
+    devs = sorted({d for f in fts for d, _ in f.prof.free_mb_before + f.prof.free_mb_after})
+    for d in devs:
+        for point, ls in (("before", "-"), ("after", "--")):
+            y = [dict(getattr(f.prof, "free_mb_" + point)).get(d, np.nan) for f in fts]
+            ax.plot(np.arange(len(y)), y, ls, lw=0.9, label=f"device {d} {point}")
+    ax.set_xlabel("session, in order")
+    return None if devs else "no free-memory snapshot in this input"

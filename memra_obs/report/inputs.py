@@ -19,19 +19,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from .. import records
 from ..legacy import LegacyParseError, RoundsLine, SummaryLine, parse_line
-from ..records import (
-    FIRST_TOKEN_FIELDS,
-    SPEC_PROF_ROUNDS,
-    SpecFirstTokenProf,
-    SpecPhaseNs,
-    SpecRoundProf,
-    SpecRoundsLog,
-    round_prof_from_ns,
-)
 from ..tail.rebuild import Rebuilder
 from ..timeline import PHASES, BurstRecord, FirstTokenRecord, RoundRecord, SessionRecord, each_round
 
+LOGGED = records.SPEC_PROF_ROUNDS  # rows a session's round log keeps
 Progress = Callable[[int, int], None]  # (bytes read, total or 0: unknown)
 A, FT = "memra.spec.", "memra.spec.first_token."
 SPLIT = tuple(f"{A}verify.{p}_ns" for p in ("kda", "kda_scan", "mla", "ffn"))
@@ -44,7 +37,7 @@ class RoundLog:
     """A session's round log: the rows its summary covers (the first 64 rounds), that summary
     and its line (0: recomputed from a span file)."""
 
-    rows: list[SpecRoundProf] = field(default_factory=list)
+    rows: list[records.SpecRoundProf] = field(default_factory=list)
     summary: SummaryLine | None = None
     lineno: int = 0
 
@@ -165,7 +158,7 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
             run.refused.append((0, f"session span {sp[1]:016x} refused: {exc!r}", ""))
     if hidden := run.kinds["sessions_without_log"]:
         run.notes.append(f"{hidden} profiled sessions have rounds of their first "
-                         f"{SPEC_PROF_ROUNDS} without spans (or without k, j): their "
+                         f"{LOGGED} without spans (or without k, j): their "
                          "[spec-prof-summary] cannot be recomputed, and they are left out of the "
                          "slow-round count.")  # fmt: skip
     if run.unsampled:
@@ -184,16 +177,16 @@ def _session(sid: int, tid: int, sp: Span, kids: Kids, run: Run) -> None:
     rounds = [r for b in mine if b[0] == "spec.burst" for r in _burst(sid, b, kids, run)]
     run.first_tokens += [_first_token(sid, ft, kids) for ft in mine if ft[0] == "spec.first_token"]
     # The worker's round log, exactly: its rows are round_prof_from_ns of these stamps.
-    logged = min(len(run.rounds) - before, SPEC_PROF_ROUNDS)
-    first = [r for r in rounds if r.index < SPEC_PROF_ROUNDS]
+    logged = min(len(run.rounds) - before, LOGGED)
+    first = [r for r in rounds if r.index < LOGGED]
     if not at.get(A + "prof") or not logged:
         return
     if [r.index for r in first] != list(range(logged)) or any(r.k < 0 for r in first):
         run.kinds["sessions_without_log"] += 1  # the span cap (or a tail's spans) hid rows
         return
-    rows = [round_prof_from_ns(r.wall_ns, *r.phase_ns()[:3], r.t_ns_mono[5] - r.t_ns_mono[3],
+    rows = [records.round_prof_from_ns(r.wall_ns, *r.phase_ns()[:3], r.t_ns_mono[5] - r.t_ns_mono[3],
                                r.k, r.j, r.ctx, r.seq_rows) for r in first]  # fmt: skip
-    line = parse_line(f"[spec-prof-summary] {SpecRoundsLog(rounds=rows).summary()}")
+    line = parse_line(f"[spec-prof-summary] {records.SpecRoundsLog(rounds=rows).summary()}")
     assert isinstance(line, SummaryLine)
     run.logs.append(RoundLog(rows, line))
 
@@ -224,7 +217,7 @@ def _burst(sid: int, b: Span, kids: Kids, run: Run) -> list[RoundRecord]:
         rec = (sid, idx, first + n - u + i, (*ts,), -1, -1, 0, 0, each, 1)
         run.rounds.append(RoundRecord._make(rec))
     run.unsampled += u
-    phases = SpecPhaseNs(*tot, n)  # type: ignore[call-arg]
+    phases = records.SpecPhaseNs(*tot, n)  # type: ignore[call-arg]
     hook = at.get(A + "hook_ns", 0)
     run.bursts.append(BurstRecord(sid, idx, at.get(A + "k", 0), b[3], b[4], phases, split,
                                   at.get(A + "tokens", 0), hook, first))  # fmt: skip
@@ -235,7 +228,7 @@ def _first_token(sid: int, ft: Span, kids: Kids) -> FirstTokenRecord:
     """Every SpecFirstTokenProf field from the span's attributes (the checking constructor
     refuses a bad one); the buckets' spans give the intervals, in the order they ran."""
     at, iv, fb = ft[5], list[tuple[str, int, int]](), list[tuple[str, int, int]]()
-    kw: dict[str, Any] = {n: at[FT + n] for n in FIRST_TOKEN_FIELDS if FT + n in at}
+    kw: dict[str, Any] = {n: at[FT + n] for n in records.FIRST_TOKEN_FIELDS if FT + n in at}
     for name in ("free_mb_before", "free_mb_after"):
         kw[name] = list(zip(at.get(FT + name + "_devices", ()), kw.get(name, ()), strict=True))
     for k in kids.get(ft[1], ()):
@@ -244,4 +237,6 @@ def _first_token(sid: int, ft: Span, kids: Kids) -> FirstTokenRecord:
             iv += [(c[0][17:], c[3], c[4]) for c in kids.get(k[1], ())]
         else:
             iv.append((k[0][17:], k[3], k[4]))
-    return FirstTokenRecord(sid, SpecFirstTokenProf(**kw), (*sorted(iv, key=lambda x: x[1]), *fb))
+    return FirstTokenRecord(
+        sid, records.SpecFirstTokenProf(**kw), (*sorted(iv, key=lambda x: x[1]), *fb)
+    )

@@ -59,9 +59,8 @@ def main(args: argparse.Namespace) -> int:
         print("memra-obs report needs matplotlib: pip install 'memra_obs[report]'", file=sys.stderr)
         return 2
     if len(args.inputs) > 2 or args.inputs.count("-") > 1:
-        print(
-            "memra-obs report: one input, or two for A/B (at most one of them -)", file=sys.stderr
-        )
+        usage = "memra-obs report: one input, or two for A/B (at most one of them -)"
+        print(usage, file=sys.stderr)
         return 2
     from .inputs import read
     from .page import render
@@ -69,8 +68,8 @@ def main(args: argparse.Namespace) -> int:
 
     bar, views = Progress(not args.quiet and (args.progress or sys.stderr.isatty())), []
     for i, path in enumerate(args.inputs):
-        label = ("AB"[i] + ": " if len(args.inputs) == 2 else "") + (
-            "stdin" if path == "-" else os.path.basename(path) or path)  # fmt: skip
+        name = "stdin" if path == "-" else os.path.basename(path) or path
+        label = ("AB"[i] + ": " if len(args.inputs) == 2 else "") + name
         try:
             views.append(View(label, read(path, bar.reading(label))))
         except OSError as exc:

@@ -126,11 +126,8 @@ def by_run(views: Sequence[View], head: Sequence[str], rows: Callable[[View], li
 def _ab(rows: Sequence[ABRow]) -> str:
     out = []
     for r in rows:
-        verdict = (
-            f"B {'slower' if r.diff > 0 else 'faster'} by {abs(r.rel):.1%}"
-            if r.flagged
-            else "no change shown"
-        )
+        change = f"B {'slower' if r.diff > 0 else 'faster'} by {abs(r.rel):.1%}"
+        verdict = change if r.flagged else "no change shown"
         nums = (r.n_a, r.n_b, f"{r.med_a:.4f}", f"{r.med_b:.4f}", f"{r.diff:+.4f}",
                 f"[{r.lo:+.4f}, {r.hi:+.4f}]", f"{r.rel:+.2%}")  # fmt: skip
         out.append(f'<tr data-ab="{r.metric}" data-flag="{int(r.flagged)}"{" class=flag" * r.flagged}>'
@@ -153,10 +150,8 @@ def acceptance(views: Sequence[View]) -> str:
     out += [f"<p>{escape(v.label)}: no round with known k and j (a trace-only log: its lines carry"
             " no per-round counts), so no acceptance estimate.</p>"
             for v in views if not v.acceptance.positions]  # fmt: skip
-    out += [
-        fig(views)
-        for fig in (f.acceptance_by_position, f.expected_tokens_per_round, f.throughput_vs_k)
-    ]
+    figs = (f.acceptance_by_position, f.expected_tokens_per_round, f.throughput_vs_k)
+    out += [fig(views) for fig in figs]
     out.append(by_run(views, ["estimate, 95% interval"], advice) + "<div class=cols>")
     for v in (v for v in views if v.acceptance.positions):
         rows = (f'<tr>{td(p.position)}{td(p.at_risk)}{td(p.accepted)}{td(_iv(p.alpha), f"alpha_{p.position}")}'
@@ -166,9 +161,7 @@ def acceptance(views: Sequence[View]) -> str:
     return "".join(out) + "</div>"
 
 
-def _listed(
-    v: View, prose: str, head: Sequence[str], items: list[Any], row: Callable[[Any], str]
-) -> str:
+def _listed(v: View, prose: str, head: Sequence[str], items: list[Any], row: Callable) -> str:
     """The first LIST_CAP items as rows; the rest counted."""
     more = f"<p class=note>{len(items) - LIST_CAP} more not listed.</p>" * (len(items) > LIST_CAP)
     return f"<h3>{escape(v.label)}</h3>{prose}{table(head, map(row, items[:LIST_CAP]))}{more}"
@@ -208,9 +201,9 @@ def render(views: Sequence[View], ab: Sequence[ABRow] | None, step: Callable[[st
 
     names = " vs ".join(escape(v.label) for v in views)
     nav = "".join(f'<a href="#{s}">{s}</a>' for s in SECTIONS if s != "ab" or ab)
-    notes = "".join(
+    notes = [
         f"<p class=note>{escape(v.label)}: {escape(n)}</p>" for v in views for n in v.run.notes
-    )
+    ]
     parts = [
         f"<header><h1>memra-obs report</h1><p class=meta>{names}<br>generated "
         f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} by memra_obs {__version__}</p></header><nav>{nav}</nav>",
@@ -218,14 +211,14 @@ def render(views: Sequence[View], ab: Sequence[ABRow] | None, step: Callable[[st
         sec("totals", "Totals and what they cover", lambda vs: by_run(vs, ["quantity", "covers"], totals)),
         sec("round-wall", "Round wall", f.round_wall_distribution, f.round_wall_over_round_index),
         sec("phases", "Phase shares", f.phase_shares_per_round, f.phase_shares_per_burst,
-            lambda vs: "<h3>Level-2 verify split</h3>" + (
-                f.verify_split(vs) or "<p>No level-2 ([tag-v]) lines: trace level 1.</p>")),
+            lambda vs: "<h3>Level-2 verify split</h3>" + (f.verify_split(vs) if any(b.split_ns
+                for v in vs for b in v.run.bursts) else "<p>No level-2 ([tag-v]) lines: trace level 1.</p>")),
         sec("first-token", "First token", f.first_token_waterfall_per_session, f.ttft_distribution),
         sec("acceptance", "Acceptance (estimates)", acceptance),
-        sec("memory", "Free device memory", f.free_memory),
+        sec("memory", "Free device memory", f.free_device_memory),
         sec("summaries", "[spec-prof-summary] lines", lambda vs: "".join(map(_summaries, vs))),
         sec("refused", "What the parser refused", lambda vs: "".join(map(_refused, vs))),
-        sec("notes", "What each number covers", lambda _: NOTES + notes),
+        sec("notes", "What each number covers", lambda _: NOTES + "".join(notes)),
     ]  # fmt: skip
     return ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
             'content="width=device-width,initial-scale=1"><link rel="icon" href="data:,">'
