@@ -1,9 +1,8 @@
-"""Acceptance analytics and the k advisor: plain functions over rounds (anything with ``k``,
-``j``, k < 0 = unknown, and ``phase_ns()``, such as ``RoundRecord``), plain values out; nothing
-here imports the rest of memra_obs, so every publisher can. Position i (0-based, as vLLM's) is
-at risk when k > i and j >= i: dividing by those rounds keeps a short draft from reading as a
-rejection. Costs are least squares on [1, k] over exact integer sums, so a window adds and
-removes rounds in O(1) without drift. docs/ADVISOR.md has the formulas."""
+"""Acceptance analytics and the k advisor: plain functions over rounds (with ``k``, ``j``, k < 0
+unknown, and ``phase_ns()``, as ``RoundRecord``), plain values out; nothing here imports the
+rest of memra_obs. Position i (0-based, as vLLM's) is at risk when k > i and j >= i: dividing by
+those rounds keeps a short draft from reading as a rejection. Costs are least squares on [1, k]
+over exact integer sums: a window adds and removes rounds in O(1), without drift (ADVISOR.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, islice
 from operator import mul
 from statistics import NormalDist
 from typing import Any, NamedTuple, Protocol
@@ -31,7 +30,6 @@ PAIRS = [(0, 0), (0, 1), (1, 1), *((0, a) for a in range(2, 8)), *((a, a) for a 
 PAIRS += [(1, 2), (1, 3), (1, 7), (3, 7)]
 AT = {p: i for i, p in enumerate(PAIRS)} | {(b, a): i for i, (a, b) in enumerate(PAIRS)}
 ONE, K, DRAFT, VERIFY, ACCEPT, ROLL, MAINT, WALL = ((i,) for i in range(8))
-ROWS = (0, 1)  # verify's rows: t = 1 + k
 
 
 class RoundLike(Protocol):
@@ -82,12 +80,16 @@ class Stats:
 
     def __init__(self, rounds: Iterable[RoundLike] = (), phases: bool = True) -> None:
         self.kj: Counter[tuple[int, int]] = Counter()
-        self.g, self.skipped = [0] * len(PAIRS), 0
-        for r in rounds:
-            if known(r):
-                self.add(r.k, r.j, r.phase_ns() if phases else ())
-            else:
-                self.skipped += 1
+        self.g, self.skipped, it = [0] * len(PAIRS), 0, iter(rounds)
+        while chunk := list(islice(it, 4096)):  # the sums a column at a time: 2x faster than add
+            ok = [r for r in chunk if known(r)]
+            self.skipped += len(chunk) - len(ok)
+            self.kj.update((r.k, r.j) for r in ok)
+            if phases and ok:
+                x = list(zip(*((1, r.k, *(p := r.phase_ns()), sum(p)) for r in ok), strict=True))
+                self.g = [
+                    g + sum(map(mul, x[a], x[b])) for g, (a, b) in zip(self.g, PAIRS, strict=True)
+                ]
 
     def add(self, k: int, j: int, ph: Sequence[int], s: int = 1) -> None:
         self.kj[k, j] += s
@@ -289,11 +291,10 @@ def fit_costs(rounds: Iterable[RoundLike] | Stats, *, clock: str, level: float =
         return Interval(c0, c0 - z * se0, c0 + z * se0), Interval(c1, c1 - z * se1, c1 + z * se1)
 
     def mean(u: tuple[int, ...]) -> Interval:
-        y = m.s(ONE, u)
-        h = z * math.sqrt(max(0.0, n * m.s(u, u) - y * y) / (n - 1)) / n
-        return Interval(y / n, y / n - h, y / n + h)
+        y, var = m.s(ONE, u) / n, max(0.0, n * m.s(u, u) - m.s(ONE, u) ** 2) / (n * n * (n - 1))
+        return Interval(y, y - z * math.sqrt(var), y + z * math.sqrt(var))
 
-    d0, d1, a, b = *line(DRAFT, K, 1, "draft"), *line(VERIFY, ROWS, 0, "verify")
+    d0, d1, a, b = *line(DRAFT, K, 1, "draft"), *line(VERIFY, ONE + K, 0, "verify")
     return CostModel(
         check_clock(clock), n, bool(dd), "; ".join(notes), d0, d1, a, b, mean(ACCEPT), mean(ROLL),
         mean(MAINT), max(0.0, cross(WALL, WALL)), max(0.0, cross(VERIFY, VERIFY)),
