@@ -1,12 +1,8 @@
-"""A worker's stderr log or a span file -> one run's records, plain data for the page.
-
-Nothing is re-derived. A log goes through :func:`memra_obs.legacy.parse_line` (the one grammar)
-and the tail's Rebuilder: its records are those ``memra-obs tail`` publishes for the same lines.
-A span file (OTLP-JSON lines of DESIGN §4's tree, as this package writes them) is read back into
-the same records: the phase spans give each round's six boundaries exactly; rounds past the
-span cap have no spans and get their burst's remainder spread evenly, k and j unknown, as a
-log's rounds without rows do.
-"""
+"""A worker's stderr log or a span file -> one run's records. Nothing is re-derived: a log goes
+through :func:`memra_obs.legacy.parse_line` (the one grammar) and the tail's Rebuilder, so its
+records are those ``memra-obs tail`` publishes; a span file (DESIGN §4's tree) is read back into
+the same records, its phase spans giving each round's six boundaries exactly. Rounds past the
+span cap have none: they get their burst's remainder spread evenly, k and j unknown."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""``memra-obs report INPUT... [-o report.html]``: read, compute, draw, write one file.
-
-Exit status: 0 written; 2 a usage error, an input that cannot be read, or matplotlib missing
-(the report is an optional extra: ``pip install 'memra_obs[report]'``).
-"""
+"""``memra-obs report INPUT... [-o report.html]``: read, compute, draw, write one file. Exit
+status 0 written; 2 a usage error, an unreadable input, or matplotlib missing (the [report]
+extra). Nothing here imports numpy or matplotlib before the command runs."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The report page: one HTML file, self-contained (figures inline, no script, no request).
-
-Every number in a table carries ``data-key`` (A/B rows ``data-ab`` and ``data-flag``) for tests
-and scripts, and says which rounds it covers: a log's rows, its burst means and a span file's
-sampled rounds differ.
-"""
+"""The report page: one self-contained HTML file (figures inline, no script, no request). Every
+number in a table carries ``data-key`` (A/B rows ``data-ab`` and ``data-flag``) for tests and
+scripts, and says which rounds it covers: a log's rows, burst means and sampled spans differ."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Pure functions over a run's records: the numbers the page prints and the figures draw.
-
-Where the seed defines a number the package's own code computes it (the slow-round count is
-``SpecRoundsLog.slow_rounds`` over each session's logged rows, thresholds ``f32(1.5 * median)``,
-medians the seed's ``sorted[n // 2]``); the estimates are :mod:`memra_obs.analysis`'s.
-"""
+"""The numbers the page prints and the figures draw, computed by the package's own code where
+the seed defines them (slow rounds: ``SpecRoundsLog.slow_rounds`` over each session's logged
+rows; thresholds ``f32(1.5 * median)``; medians ``sorted[n // 2]``; estimates: ``analysis``)."""
 
 from __future__ import annotations
 
