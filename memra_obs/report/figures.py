@@ -62,9 +62,9 @@ def panels(ylabel: str, *, fmt: str | Figures = "svg", h: float = 2.8, sharey: b
                 hs |= dict(zip(*ax.get_legend_handles_labels()[::-1], strict=True))
             axes[0].set_ylabel(ylabel)
             if one and hs:
-                where = "outside right upper" if legend == "right" else "outside lower center"
-                fig.legend(list(hs.values()), list(hs), loc=where, ncols=1 if legend == "right"
-                           else 7, fontsize=7)  # type: ignore[call-overload]  # fmt: skip
+                right = legend == "right"
+                fig.legend(list(hs.values()), list(hs), fontsize=7, ncols=1 if right else 7,
+                           loc="outside right upper" if right else "outside lower center")  # fmt: skip
             cap = " ".join((draw.__doc__ or "").split())
             kind = fmt if isinstance(fmt, str) else fmt(views)
             return inline(fig, draw.__name__.replace("_", " "), cap, kind)

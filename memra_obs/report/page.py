@@ -189,6 +189,12 @@ def _refused(v: View) -> str:
                    lambda i: row(td(i[0] or "-"), escape(i[1]), escape(i[2][:120])))  # fmt: skip
 
 
+def _split(views: Sequence[View]) -> str:
+    if not any(b.split_ns for v in views for b in v.run.bursts):
+        return "<h3>Level-2 verify split</h3><p>No level-2 ([tag-v]) lines: trace level 1.</p>"
+    return "<h3>Level-2 verify split</h3>" + f.verify_split(views)
+
+
 def render(views: Sequence[View], ab: Sequence[ABRow] | None, step: Callable[[str], None]) -> str:
     """The whole page; ``step(name)`` is called before each section (for a progress line)."""
 
@@ -207,9 +213,7 @@ def render(views: Sequence[View], ab: Sequence[ABRow] | None, step: Callable[[st
         sec("ab", "A/B: B against A", lambda _: _ab(ab)) if ab else "",
         sec("totals", "Totals and what they cover", lambda vs: by_run(vs, ["quantity", "covers"], totals)),
         sec("round-wall", "Round wall", f.round_wall_distribution, f.round_wall_over_round_index),
-        sec("phases", "Phase shares", f.phase_shares_per_round, f.phase_shares_per_burst,
-            lambda vs: "<h3>Level-2 verify split</h3>" + (f.verify_split(vs) if any(b.split_ns
-                for v in vs for b in v.run.bursts) else "<p>No level-2 ([tag-v]) lines: trace level 1.</p>")),
+        sec("phases", "Phase shares", f.phase_shares_per_round, f.phase_shares_per_burst, _split),
         sec("first-token", "First token", f.first_token_waterfall_per_session, f.ttft_distribution),
         sec("acceptance", "Acceptance (estimates)", acceptance),
         sec("memory", "Free device memory", f.free_device_memory),
