@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
+from memra_obs.analysis import advise
 from memra_obs.legacy import FirstTokenLine, RoundsLine, SummaryLine, parse_line
 from memra_obs.report.inputs import read
 from memra_obs.report.main import Progress
@@ -326,6 +327,23 @@ def test_bench_report_runs(tmp_path, capsys):
     assert kinds["[spec-prof-rounds]"] > kinds["[glm5-phase]"] > kinds["[spec-prof]"] > 0
 
 
+def test_acceptance_section_is_the_advisors_estimate(runs):
+    """The page's recommended k, E(k*) and speedup are advise() over the rounds the report read
+    (clock "host": the inputs do not say theirs), for a log, its span file and both as A/B;
+    every figure of the section is there, and the numbers are labelled as estimates."""
+    html = report(runs["log"], runs["spans"], out=runs["tmp"] / "acc.html")
+    k = keys(html)
+    for col, path in enumerate((runs["log"], runs["spans"])):
+        a = advise(read(str(path)).rounds, clock="host")
+        assert a is not None and k["recommended_k"][col] == str(a.recommended_k)
+        assert k["speedup"][col].startswith(f"{a.estimated_speedup.value:.3f} [")
+        assert k["expected_tokens"][col].startswith(f"{a.expected_tokens.value:.3f} [")
+        assert k["clock"][col].startswith("unknown")
+        assert k["alpha_0"][col].startswith(f"{a.acceptance.positions[0].alpha.value:.3f}")
+    acc = html[html.index('<section id="acceptance">') :].split("</section>")[0]
+    assert "Estimates" in acc and acc.count("<img") == 3
+
+
 def test_trace_only_logs_compare_burst_means_and_an_empty_input_still_reports(tmp_path):
     """Phase lines only (no profile, no rows): A/B falls back to one per-round mean a burst
     and still flags a 20% verify slowdown; an empty input gives a page of empty sections."""
@@ -338,5 +356,7 @@ def test_trace_only_logs_compare_burst_means_and_an_empty_input_still_reports(tm
     flags = dict(re.findall(r'data-ab="(\w+)" data-flag="(\d)"', html))
     assert flags["verify"] == "1" and flags["draft"] == "0"
     assert "bursts' per-round means" in html and keys(html)["rounds_own"] == ["0", "0"]
+    assert html.count("no round with known k and j (a trace-only log") == 2  # says so, no estimate
+    assert keys(html)["recommended_k"] == ["-", "-"]
     k = keys(report(e, out=tmp_path / "empty.html"))
     assert k["sessions"] == ["0"] and k["lines"] == ["0"]

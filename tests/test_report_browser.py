@@ -106,6 +106,7 @@ def test_report_renders_in_headless_chromium(browser, pages, which):
     assert list(facts["sections"]) == want
     for sid, s in facts["sections"].items():  # the last two are prose when all went well
         assert s["text"] > 40 and (s["figures"] > 0 or sid in ("refused", "notes")), sid
-    assert facts["broken"] == [] and facts["images"] >= 8
+    assert facts["broken"] == [] and facts["images"] >= 11
+    assert facts["sections"]["acceptance"]["figures"] >= 5  # 3 figures, the estimates' tables
     _not_blank(shot)
     (pages[which].parent / f"{which}.png").write_bytes(shot)

@@ -1,10 +1,4 @@
-"""``memra-obs report``: one self-contained HTML page from a worker's log or span file.
-
-    memra-obs report worker.err [-o report.html]        one run
-    memra-obs report base.err new.err -o ab.html        A/B: both runs side by side
-
-Modules, one purpose each: :mod:`.inputs` (log / span file -> the observer's records),
-:mod:`.stats` (pure functions over records), :mod:`.figures` (matplotlib, inlined),
-:mod:`.acceptance` (the acceptance section, one function), :mod:`.page` (the HTML),
-:mod:`.main` (the command). Importing this package imports neither matplotlib nor numpy.
-"""
+"""``memra-obs report``: one self-contained HTML page from a worker's log or span file (two:
+A/B). :mod:`.inputs` and :mod:`.spans` read records, :mod:`.stats` computes, :mod:`.figures`
+and :mod:`.acceptance` draw, :mod:`.page` writes, :mod:`.main` is the command. Importing this
+package imports neither matplotlib nor numpy (the core never needs them)."""

@@ -1,192 +1,238 @@
-"""A worker's stderr log or a span file -> one run's records (plain data for the page).
-
-The report re-derives nothing: a log goes through :func:`memra_obs.legacy.parse_line` (the
-one grammar) and the tail's Rebuilder (:func:`rebuild`, the only place here that touches
-it), so its records are those ``memra-obs tail`` publishes for the same lines. A span file
-(OTLP-JSON lines this package wrote) is read back into the same records from the DESIGN §4
-tree; rounds past the span cap exist there only as burst totals, and are rebuilt the way a
-log's rounds without rows are (the burst's remainder spread evenly, counts unknown).
-"""
+"""A worker's stderr log or a span file -> one run's records. Nothing is re-derived: a log goes
+through :func:`memra_obs.legacy.parse_line` (the one grammar) and the tail's Rebuilder, so its
+records are those ``memra-obs tail`` publishes; a span file (DESIGN §4's tree) is read back into
+the same records, its phase spans giving each round's six boundaries exactly. Rounds past the
+span cap have none: they get their burst's remainder spread evenly, k and j unknown."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import random
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from ..legacy import (
-    LegacyLine,
-    LegacyParseError,
-    RoundsLine,
-    SummaryLine,
-    parse_line,
-)
-from ..records import SpecRoundProf
-from ..timeline import (
-    BurstRecord,
-    FirstTokenRecord,
-    Record,
-    RoundRecord,
-    SessionEndRecord,
-    SessionRecord,
-    each_round,
-)
+from .. import records
+from ..legacy import LegacyParseError, RoundsLine, SummaryLine, parse_line
+from ..tail.rebuild import Rebuilder
+from ..timeline import PHASES, BurstRecord, FirstTokenRecord, RoundRecord, SessionRecord, each_round
 
-__all__ = ["RoundLog", "Run", "read", "rebuild"]
-
-CHUNK = 1 << 22
+LOGGED = records.SPEC_PROF_ROUNDS  # rows a session's round log keeps
+Progress = Callable[[int, int], None]  # (bytes read, total or 0: unknown)
+A, FT = "memra.spec.", "memra.spec.first_token."
+SPLIT = tuple(f"{A}verify.{p}_ns" for p in ("kda", "kda_scan", "mla", "ffn"))
+Span = tuple[str, int, int, int, int, dict[str, Any]]  # name, id, parent, start, end, attributes
+Kids = dict[int, list[Span]]  # spans by parent id
 
 
 @dataclass
 class RoundLog:
-    """One session's round log: the rows its summary covers (the first 64 rounds) and that
-    summary (``lineno`` 0: recomputed with ``SpecRoundsLog.summary`` from a span file)."""
+    """A session's round log: the rows its summary covers (the first 64 rounds), that summary
+    and its line (0: recomputed from a span file)."""
 
-    rows: list[SpecRoundProf] = field(default_factory=list)
+    rows: list[records.SpecRoundProf] = field(default_factory=list)
     summary: SummaryLine | None = None
     lineno: int = 0
 
 
 @dataclass
 class Run:
-    """Everything the page shows of one input, as records and parsed lines."""
+    """Everything the page shows of one input."""
 
     name: str
-    kind: str = "log"
+    kind: str = "log"  # or "spans"
     size: int = 0
     lines: int = 0
-    kinds: Counter[str] = field(default_factory=Counter)
-    #: (line number, reason, the line's start) for every line the parser refused.
-    refused: list[tuple[int, str, str]] = field(default_factory=list)
-    #: (line number, why) for valid lines the rebuild could not place.
-    unplaced: list[tuple[int, str]] = field(default_factory=list)
+    kinds: Counter[str] = field(default_factory=Counter)  # lines (spans) by kind
+    refused: list[tuple[int, str, str]] = field(default_factory=list)  # line, why, its start
+    unplaced: list[tuple[int, str]] = field(default_factory=list)  # valid lines not placed
     sessions: list[SessionRecord] = field(default_factory=list)
     rounds: list[RoundRecord] = field(default_factory=list)
     bursts: list[BurstRecord] = field(default_factory=list)
     first_tokens: list[FirstTokenRecord] = field(default_factory=list)
-    ends: list[SessionEndRecord] = field(default_factory=list)
     logs: list[RoundLog] = field(default_factory=list)
-    #: Span files: rounds past the span cap (no spans, times from their burst's totals).
-    unsampled: int = 0
+    unsampled: int = 0  # span files: rounds past the span cap
     notes: list[str] = field(default_factory=list)
 
 
-def read(path: str, progress: Callable[[int, int], None] | None = None) -> Run:
-    """Read one input (``-`` = standard input); ``progress(done, total)`` gets bytes read
-    (total 0 when unknown). Raises OSError when it cannot be opened."""
-    f: BinaryIO = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
-    try:
-        st = os.fstat(f.fileno())
-        run = Run("stdin" if path == "-" else path, size=st.st_size if path != "-" else 0)
-        chunks = _chunks(f, progress, run)
-        first = next(chunks, b"")
+def read(path: str, progress: Progress | None = None) -> Run:
+    """Read one input (``-``: standard input). Raises OSError when it cannot be opened."""
+    with open(0 if path == "-" else path, "rb", closefd=path != "-") as f:
+        run = Run("stdin" if path == "-" else path)
+        run.size, first = (0 if path == "-" else os.fstat(f.fileno()).st_size), f.readline()
+        lines = _lines(f, first, run, progress)
         if first.lstrip()[:1] == b"{" and b'"resourceSpans"' in first[:65536]:
             run.kind = "spans"
-        lines = _lines(first, chunks)
-        if run.kind == "spans":
-            from .spans import read_spans
-
-            read_spans(lines, run)
+            _read_spans(lines, run)
         else:
             _read_log(lines, run)
-        return run
-    finally:
-        if f is not sys.stdin.buffer:
-            f.close()
+    return run
 
 
-def _chunks(f: BinaryIO, progress: Callable[[int, int], None] | None, run: Run) -> Iterator[bytes]:
-    total, done = run.size, 0
-    while data := f.read(CHUNK):
-        done += len(data)
-        if progress is not None:
-            progress(done, total)
-        yield data
+def _lines(f: BinaryIO, first: bytes, run: Run, progress: Progress | None) -> Iterator[str]:
+    """Lines split on ``\\n`` only (as the tail splits), each decoded whole: bytes that are not
+    UTF-8 become U+FFFD, so such a tagged line is refused by the parser, with its reason."""
+    done = mark = 0
+    for raw in itertools.chain((first,) if first else (), f):
+        run.lines, done = run.lines + 1, done + len(raw)
+        if progress is not None and done >= mark:
+            progress(done, run.size)
+            mark = done + (1 << 20)
+        yield raw.decode("utf-8", "replace").removesuffix("\n")
     run.size = done
 
 
-def _lines(first: bytes, chunks: Iterator[bytes]) -> Iterator[str]:
-    """Lines split on ``\\n`` only (as the tail splits), decoded whole: bytes that are not
-    UTF-8 become U+FFFD, so such a tagged line is refused by the parser, with its reason."""
-    rest = b""
-    for c in itertools.chain((first,), chunks):
-        cut = c.rfind(b"\n") + 1
-        if not cut:
-            rest += c
-            continue
-        text = (rest + c[:cut]).decode("utf-8", "replace")
-        rest = c[cut:]
-        yield from text.split("\n")[:-1]
-    if rest:
-        yield rest.decode("utf-8", "replace")
-
-
 def _read_log(lines: Iterable[str], run: Run) -> None:
-    def parsed() -> Iterator[tuple[int, LegacyLine]]:
-        log = RoundLog(summary=SummaryLine(0))  # a closed one: the first row opens a log
-        n = 0
-        for n, line in enumerate(lines, 1):
-            try:
-                rec = parse_line(line)
-            except LegacyParseError as exc:
-                run.refused.append((n, exc.reason, line[:160]))
-                continue
-            if rec is None:
-                continue
-            run.kinds[rec.kind] += 1
-            # The round logs as the worker kept them: row 0 opens a session's log, its
-            # summary closes it (concurrent sessions interleave: see docs/REPORT.md).
-            if isinstance(rec, RoundsLine):
-                if log.summary is not None or rec.row == 0:
-                    log = RoundLog()
-                    run.logs.append(log)
-                log.rows.append(rec.prof)
-            elif isinstance(rec, SummaryLine):
-                if log.summary is not None:
-                    log = RoundLog()
-                    run.logs.append(log)
-                log.summary, log.lineno = rec, n
-            yield n, rec
-        run.lines = n
-
-    records, run.unplaced = rebuild(parsed())
-    into = {SessionRecord: run.sessions, BurstRecord: run.bursts,
-            FirstTokenRecord: run.first_tokens, SessionEndRecord: run.ends}  # fmt: skip
-    for r in records:
-        if type(r) is RoundRecord:
-            run.rounds.extend(each_round(r))  # type: ignore[arg-type]
-        else:
-            into[type(r)].append(r)  # type: ignore[index]
-
-
-def rebuild(lines: Iterable[tuple[int, LegacyLine]]) -> tuple[list[Record], list[tuple[int, str]]]:
-    """Parsed legacy lines ``(line number, record)`` -> the observer's records as the tail
-    rebuilds them, and ``(line number, why)`` for each line it could not place.
-
-    The only use of :class:`memra_obs.tail.rebuild.Rebuilder` in the report. Line numbers
-    stand in for arrival stamps (1 ns apart): as when the tail reads a finished log, bursts
-    lie back to back and no session ends by silence.
-    """
-    from ..tail.rebuild import Rebuilder
-
+    """Every line through the parser and the Rebuilder; line numbers stand in for arrival stamps
+    (1 ns apart: bursts lie back to back and no session ends by silence)."""
     rb = Rebuilder("report", rng=random.Random(0), epoch_ns=lambda: 0, mono_ns=lambda: 0)
-    out: list[Record] = []
-    unplaced: list[tuple[int, str]] = []
-    for n, rec in lines:
-        why = rb.feed(rec, n)
-        if why is not None:
-            unplaced.append((n, why))
-        if rb.problems:  # bursts refused while being laid out
-            unplaced += [(n, p) for p in rb.problems]
-            rb.problems.clear()
-        if n % 65536 == 0:
-            out += rb.take()
+    log: RoundLog | None = None  # the round log being read
+    for n, line in enumerate(lines, 1):
+        try:
+            if (rec := parse_line(line)) is None:
+                continue
+        except LegacyParseError as exc:
+            run.refused.append((n, exc.reason, line[:160]))
+            continue
+        run.kinds[rec.kind] += 1
+        # The round logs as the worker kept them: row 0 or a row after a summary opens one, a
+        # summary closes it (concurrent sessions interleave: see docs/REPORT.md).
+        if isinstance(rec, RoundsLine | SummaryLine):
+            opens = isinstance(rec, RoundsLine) and rec.row == 0
+            if log is None or log.summary is not None or opens:
+                run.logs.append(log := RoundLog())
+            if isinstance(rec, RoundsLine):
+                log.rows.append(rec.prof)
+            else:
+                log.summary, log.lineno = rec, n
+        run.unplaced += [(n, w) for w in (rb.feed(rec, n), *rb.problems) if w]  # problems:
+        rb.problems.clear()  # bursts refused while being laid out
     rb.close()
-    out += rb.take()
-    unplaced += [(0, p) for p in rb.problems]
-    return out, unplaced
+    run.unplaced += [(0, p) for p in rb.problems]
+    into: dict[type, list[Any]] = {SessionRecord: run.sessions, BurstRecord: run.bursts,
+                                   FirstTokenRecord: run.first_tokens}  # fmt: skip
+    for r in rb.take():
+        if isinstance(r, RoundRecord):
+            run.rounds += each_round(r)
+        else:
+            into.get(type(r), []).append(r)
+
+
+def _value(v: dict[str, Any]) -> Any:
+    """An OTLP-JSON AnyValue (64-bit ints arrive as strings)."""
+    ((kind, x),) = v.items()
+    if kind == "arrayValue":
+        return tuple(_value(e) for e in x.get("values", ()))
+    return int(x) if kind == "intValue" else float(x) if kind == "doubleValue" else x
+
+
+def _read_spans(lines: Iterable[str], run: Run) -> None:
+    """Every ``spec.*`` span of every line, then one ``spec.session`` subtree at a time."""
+    kids: Kids = {}
+    roots: list[tuple[int, Span]] = []
+    for n, line in enumerate(lines, 1):
+        try:
+            reqs = json.loads(line)["resourceSpans"] if line.strip() else ()
+            for s in (s for rs in reqs for ss in rs["scopeSpans"] for s in ss["spans"]):
+                if not s["name"].startswith("spec."):
+                    continue
+                at = {a["key"]: _value(a["value"]) for a in s.get("attributes", ())}
+                sp = (s["name"], int(s["spanId"], 16), int(s.get("parentSpanId") or "0", 16),
+                      int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]), at)  # fmt: skip
+                kids.setdefault(sp[2], []).append(sp)
+                roots += [(int(s["traceId"], 16), sp)] if sp[0] == "spec.session" else []
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            run.refused.append((n, f"not an OTLP-JSON trace request ({exc!r})", line[:160]))
+    run.kinds["spans"] = sum(map(len, kids.values()))
+    for sid, (tid, sp) in enumerate(roots, 1):
+        try:
+            _session(sid, tid, sp, kids, run)
+        except (TypeError, ValueError, KeyError) as exc:
+            run.refused.append((0, f"session span {sp[1]:016x} refused: {exc!r}", ""))
+    if hidden := run.kinds["sessions_without_log"]:
+        run.notes.append(f"{hidden} profiled sessions have rounds of their first "
+                         f"{LOGGED} without spans (or without k, j): their "
+                         "[spec-prof-summary] cannot be recomputed, and they are left out of the "
+                         "slow-round count.")  # fmt: skip
+    if run.unsampled:
+        run.notes.append(f"{run.unsampled} of {len(run.rounds)} rounds were past the span cap "
+                         "(MEMRA_OBS_ROUND_SPANS) and have no spans: their phase times are their "
+                         "burst's remainder spread evenly, their k and j unknown (left out of "
+                         "every token count).")  # fmt: skip
+
+
+def _session(sid: int, tid: int, sp: Span, kids: Kids, run: Run) -> None:
+    at, fam, before = sp[5], sp[5].get(A + "family", "unknown"), len(run.rounds)
+    run.sessions.append(SessionRecord(sid, fam, f"{fam}-phase", f"{fam}-phase-v",
+                        at.get(A + "worker", ""), sp[3], 0, 0, tid, sp[1], sp[2],
+                        at.get(A + "trace_level", 0), bool(at.get(A + "prof"))))  # fmt: skip
+    mine = sorted(kids.get(sp[1], []), key=lambda k: k[3])
+    rounds = [r for b in mine if b[0] == "spec.burst" for r in _burst(sid, b, kids, run)]
+    run.first_tokens += [_first_token(sid, ft, kids) for ft in mine if ft[0] == "spec.first_token"]
+    # The worker's round log, exactly: its rows are round_prof_from_ns of these stamps.
+    logged = min(len(run.rounds) - before, LOGGED)
+    first = [r for r in rounds if r.index < LOGGED]
+    if not at.get(A + "prof") or not logged:
+        return
+    if [r.index for r in first] != list(range(logged)) or any(r.k < 0 for r in first):
+        run.kinds["sessions_without_log"] += 1  # the span cap (or a tail's spans) hid rows
+        return
+    rows = [records.round_prof_from_ns(r.wall_ns, *r.phase_ns()[:3], r.t_ns_mono[5] - r.t_ns_mono[3],
+                               r.k, r.j, r.ctx, r.seq_rows) for r in first]  # fmt: skip
+    line = parse_line(f"[spec-prof-summary] {records.SpecRoundsLog(rounds=rows).summary()}")
+    assert isinstance(line, SummaryLine)
+    run.logs.append(RoundLog(rows, line))
+
+
+def _burst(sid: int, b: Span, kids: Kids, run: Run) -> list[RoundRecord]:
+    """A burst span and its round spans (returned); rounds past the cap from its totals."""
+    at, idx, rounds = b[5], b[5].get(A + "burst", 0), list[RoundRecord]()
+    for r in sorted((k for k in kids.get(b[1], ()) if k[0] == "spec.round"), key=lambda k: k[3]):
+        ph, ra = {k[0][5:]: k for k in kids.get(r[1], ())}, r[5]
+        if not all(p in ph for p in PHASES):
+            run.refused.append((0, f"spec.round span {r[1]:016x} lacks a phase span", ""))
+            continue
+        split = tuple(ph["verify"][5][a] for a in SPLIT) if SPLIT[0] in ph["verify"][5] else None
+        kj = [ra.get(A + f, d) for f, d in (("k", -1), ("j", -1), ("ctx", 0), ("seq_rows", 0))]
+        t = (ph["draft"][3], *(ph[p][4] for p in PHASES))
+        rounds.append(RoundRecord._make((sid, idx, ra.get(A + "round", 0), t, *kj, split, 1)))
+    n, u = at.get(A + "rounds", len(rounds)), at.get(A + "rounds_unsampled", 0)
+    own = [sum(r.phase_ns()[i] for r in rounds) for i in range(5)]
+    tot = [at[f"{A}{p}_ns"] for p in PHASES] if f"{A}draft_ns" in at else own  # unfinished: own
+    split = tuple(at[a] for a in SPLIT) if SPLIT[0] in at else None
+    first = at.get(A + "first_round", rounds[0].index if rounds else 0)
+    per = [max(x - y, 0) // max(u, 1) for x, y in zip(tot, own, strict=True)]
+    each = None if split is None else tuple(x // max(n, 1) for x in split)
+    ts = [rounds[-1].t_ns_mono[5] if rounds else b[3]]
+    run.rounds += rounds
+    for i in range(u):  # past the span cap: the burst's remainder, evenly
+        ts = ts[-1:] + [ts[-1] + sum(per[:p]) for p in range(1, 6)]
+        rec = (sid, idx, first + n - u + i, (*ts,), -1, -1, 0, 0, each, 1)
+        run.rounds.append(RoundRecord._make(rec))
+    run.unsampled += u
+    phases = records.SpecPhaseNs(*tot, n)  # type: ignore[call-arg]
+    hook = at.get(A + "hook_ns", 0)
+    run.bursts.append(BurstRecord(sid, idx, at.get(A + "k", 0), b[3], b[4], phases, split,
+                                  at.get(A + "tokens", 0), hook, first))  # fmt: skip
+    return rounds
+
+
+def _first_token(sid: int, ft: Span, kids: Kids) -> FirstTokenRecord:
+    """Every SpecFirstTokenProf field from the span's attributes (the checking constructor
+    refuses a bad one); the buckets' spans give the intervals, in the order they ran."""
+    at, iv, fb = ft[5], list[tuple[str, int, int]](), list[tuple[str, int, int]]()
+    kw: dict[str, Any] = {n: at[FT + n] for n in records.FIRST_TOKEN_FIELDS if FT + n in at}
+    for name in ("free_mb_before", "free_mb_after"):
+        kw[name] = list(zip(at.get(FT + name + "_devices", ()), kw.get(name, ()), strict=True))
+    for k in kids.get(ft[1], ()):
+        if k[0] == "spec.first_token.first_burst":
+            fb.append(("first_burst", k[3], k[4]))
+            iv += [(c[0][17:], c[3], c[4]) for c in kids.get(k[1], ())]
+        else:
+            iv.append((k[0][17:], k[3], k[4]))
+    return FirstTokenRecord(
+        sid, records.SpecFirstTokenProf(**kw), (*sorted(iv, key=lambda x: x[1]), *fb)
+    )

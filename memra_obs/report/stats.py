@@ -1,33 +1,30 @@
-"""Pure functions over a run's records: the numbers the page prints and the figures draw.
-
-Where the seed defines a number it is computed by the package's own code: the slow-round
-count is ``SpecRoundsLog.slow_rounds`` over each session's logged rows (what its
-``[spec-prof-summary]`` counts), thresholds are ``f32(1.5 * median)``, and every median is
-the seed's ``sorted[n // 2]``. The rest is plain statistics over a named population.
-"""
+"""The numbers the page prints and the figures draw, computed by the package's own code where
+the seed defines them (slow rounds: ``SpecRoundsLog.slow_rounds`` over each session's logged
+rows; thresholds ``f32(1.5 * median)``; medians ``sorted[n // 2]``; estimates: ``analysis``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import cached_property
 from itertools import chain
+from typing import NamedTuple
 
 import numpy as np
 
+from ..analysis import AcceptanceEstimate, Advice, advise, estimate_acceptance
 from ..records import SpecRoundsLog, f32
-from ..timeline import PHASES, BurstRecord, RoundRecord
+from ..timeline import PHASES
 from .inputs import Run
 
-__all__ = ["AB_METRICS", "REL_THRESHOLD", "ABRow", "Rounds", "View", "ab_table", "bootstrap"]
-__all__ += ["burst_ms", "median", "slow_rounds", "threshold"]
-
-#: The A/B table's rows: the round wall, then each phase (per round, ms).
-AB_METRICS = ("wall", *PHASES)
-#: A difference is flagged when its 95% CI excludes 0 and it is at least this large
-#: relative to A's median (rounds of a session are not independent draws: see docs/REPORT.md).
+AB_METRICS = ("wall", *PHASES)  # the A/B table's rows, per round
+#: Flagged: the CI excludes 0 and |B - A| is at least this share of A's median (rounds of one
+#: session are not independent draws: a CI alone flags shifts nobody would act on).
 REL_THRESHOLD = 0.02
-#: The bootstrap: resamples, values drawn from per run (past it, a fixed-seed subsample: a
-#: wider interval, never a narrower one), seed.
+#: Bootstrap resamples; values a run they are drawn from (past it, a fixed-seed subsample: a
+#: wider interval, never a narrower one); seed.
 N_BOOT, CAP, SEED = 1000, 20_000, 0
+#: The advisor's clock: neither the legacy lines nor the spans say which clock timed the phases,
+#: and "host" claims no device (the page says the clock is unknown).
+CLOCK = "host"
 
 
 def median(x: np.ndarray) -> float:
@@ -35,43 +32,37 @@ def median(x: np.ndarray) -> float:
     return float(np.partition(x, len(x) // 2)[len(x) // 2]) if len(x) else float("nan")
 
 
-class Rounds:
-    """A run's rounds as columns. ``own``: rounds with their own measurement (a log's rows,
-    a span file's round spans: k >= 0); the others carry their burst's per-round means."""
+class View:
+    """One run as the page shows it: label (``A: base.log``), records, rounds as columns.
+    ``own``: rounds with their own measurement (a log's rows, a span file's round spans, k >= 0);
+    the others carry their burst's per-round means."""
 
-    def __init__(self, rounds: list[RoundRecord]) -> None:
-        n = len(rounds)
-        t = np.fromiter(chain.from_iterable(r.t_ns_mono for r in rounds), np.int64, 6 * n)
-        t = t.reshape(n, 6)
-        self.phase_ms = np.diff(t, axis=1) / 1e6
-        self.wall_ms = (t[:, 5] - t[:, 0]) / 1e6
-        self.index, self.k, self.j = (
-            np.fromiter((getattr(r, a) for r in rounds), np.int64, n) for a in ("index", "k", "j")
-        )
+    def __init__(self, label: str, run: Run) -> None:
+        self.label, self.run, rs = label, run, run.rounds
+        t = np.fromiter(chain.from_iterable(r.t_ns_mono for r in rs), np.int64, 6 * len(rs))
+        t = t.reshape(-1, 6)
+        self.phase_ms, self.wall_ms = np.diff(t, axis=1) / 1e6, (t[:, 5] - t[:, 0]) / 1e6
+        self.index, self.k, self.j = (np.fromiter((getattr(r, a) for r in rs), np.int64, len(rs))
+                                      for a in ("index", "k", "j"))  # fmt: skip
         self.own = self.k >= 0
+        ph = [b.phases for b in run.bursts]
+        #: Each burst's phase totals, ms (the phase line's numbers), and its rounds.
+        self.burst_ms = np.array([(p.draft, p.verify, p.accept, p.roll, p.maint) for p in ph],
+                                 dtype=float).reshape(-1, 5) / 1e6  # fmt: skip
+        self.burst_n = np.array([p.rounds for p in ph], dtype=float)
+        self.ttft_ms = np.array([f.prof.total_ms() for f in run.first_tokens])
+
+    @cached_property
+    def advice(self) -> Advice | None:
+        return advise(self.run.rounds, clock=CLOCK)
+
+    @cached_property
+    def acceptance(self) -> AcceptanceEstimate:
+        return self.advice.acceptance if self.advice else estimate_acceptance(self.run.rounds)
 
     def metric(self, name: str) -> np.ndarray:
         """Per-round ms of ``name`` (``wall`` or a phase) over the rounds with their own."""
-        col = self.wall_ms if name == "wall" else self.phase_ms[:, PHASES.index(name)]
-        return col[self.own]
-
-
-@dataclass
-class View:
-    """One run as the page shows it: its label (``A: base.log``), records and columns."""
-
-    label: str
-    run: Run
-    cols: Rounds
-
-
-def burst_ms(bursts: list[BurstRecord]) -> np.ndarray:
-    """Each burst's phase totals, ms, one row a burst (the phase line's numbers)."""
-    p = [
-        (b.phases.draft, b.phases.verify, b.phases.accept, b.phases.roll, b.phases.maint)
-        for b in bursts
-    ]
-    return np.array(p, dtype=float).reshape(-1, 5) / 1e6
+        return (self.wall_ms if name == "wall" else self.phase_ms[:, PHASES.index(name)])[self.own]
 
 
 def slow_rounds(run: Run) -> list[int]:
@@ -80,22 +71,18 @@ def slow_rounds(run: Run) -> list[int]:
 
 
 def threshold(walls_ms: np.ndarray) -> tuple[float, float, int]:
-    """Median, the seed's threshold ``f32(1.5 * median)`` and how many walls pass it, the
-    walls taken as the f32 the seed stores."""
+    """Median, ``f32(1.5 * median)`` and how many walls pass it, walls as the f32 the seed keeps."""
     w = walls_ms.astype(np.float32)
-    med = median(w)
-    thr = f32(1.5 * med)
-    return med, thr, int((w > np.float32(thr)).sum())
+    thr = f32(1.5 * median(w))
+    return median(w), thr, int((w > np.float32(thr)).sum())
 
 
 def bootstrap(a: np.ndarray, b: np.ndarray, seed: int = SEED) -> tuple[float, float, float]:
     """``median(b) - median(a)`` and its 95% percentile-bootstrap interval (A and B resampled
     independently, N_BOOT times, from at most CAP values each)."""
-    rng = np.random.default_rng(seed)
-    diff = median(b) - median(a)
+    rng, diff = np.random.default_rng(seed), median(b) - median(a)
     a, b = (x if len(x) <= CAP else rng.choice(x, CAP, replace=False) for x in (a, b))
-    out = np.empty(N_BOOT)
-    step = max(1, 2_000_000 // max(len(a), len(b)))  # resamples at once: ~16 MB of indices
+    out, step = np.empty(N_BOOT), max(1, 2_000_000 // max(len(a), len(b)))  # ~16 MB of indices
     for i in range(0, N_BOOT, step):
         m = min(step, N_BOOT - i)
         ma, mb = (np.partition(x[rng.integers(0, len(x), (m, len(x)))], len(x) // 2, axis=1)
@@ -105,8 +92,7 @@ def bootstrap(a: np.ndarray, b: np.ndarray, seed: int = SEED) -> tuple[float, fl
     return diff, float(lo), float(hi)
 
 
-@dataclass(frozen=True)
-class ABRow:
+class ABRow(NamedTuple):
     """One row of the A/B table: B - A of a per-round median, with its interval."""
 
     metric: str
@@ -130,21 +116,13 @@ class ABRow:
 
 def ab_table(a: View, b: View) -> list[ABRow]:
     """Per metric: the medians, B - A and its bootstrap CI. Population: the rounds with their
-    own measurement when both runs have some, else one per-round mean a burst."""
-    own = bool(a.cols.own.any() and b.cols.own.any())
-    rows = []
+    own measurement when both runs have some, else one per-round mean a burst (trace only)."""
+    own = bool(a.own.any() and b.own.any())
+    pop, rows = "rounds with their own times" if own else "bursts' per-round means", []
+    per = [v.burst_ms[v.burst_n > 0] / v.burst_n[v.burst_n > 0, None] for v in (a, b)]
     for i, m in enumerate(AB_METRICS):
-        if own:
-            xa, xb = a.cols.metric(m), b.cols.metric(m)
-        else:  # a trace-only log: the burst's per-round means
-            xa, xb = ((t.sum(axis=1) if i == 0 else t[:, i - 1]) for t in map(_per_round, (a, b)))
+        means = (t.sum(axis=1) if i == 0 else t[:, i - 1] for t in per)  # a trace-only log
+        xa, xb = (a.metric(m), b.metric(m)) if own else means
         if len(xa) and len(xb):
-            d, lo, hi = bootstrap(xa, xb)
-            pop = "rounds with their own times" if own else "bursts' per-round means"
-            rows.append(ABRow(m, median(xa), median(xb), d, lo, hi, len(xa), len(xb), pop))
+            rows.append(ABRow(m, median(xa), median(xb), *bootstrap(xa, xb), len(xa), len(xb), pop))
     return rows
-
-
-def _per_round(v: View) -> np.ndarray:
-    n = np.array([x.phases.rounds for x in v.run.bursts], dtype=float)
-    return burst_ms(v.run.bursts)[n > 0] / n[n > 0, None]
