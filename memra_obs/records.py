@@ -315,11 +315,11 @@ class SpecRoundProf(_RoundProfFields):
 
     __slots__ = ()
 
-    def phase_ns(self) -> tuple[float, float, float, float, float]:
+    def phase_ns(self) -> tuple[int, int, int, int, int]:
         """(draft, verify, accept, rollback + maint, 0) ns: a row as a round for
         :mod:`memra_obs.analysis` (the row keeps rollback and maint as one ``rest``)."""
-        return (self.draft_ms * 1e6, self.verify_ms * 1e6, self.accept_ms * 1e6,
-                self.rest_ms * 1e6, 0.0)  # fmt: skip
+        return (round(self.draft_ms * 1e6), round(self.verify_ms * 1e6),
+                round(self.accept_ms * 1e6), round(self.rest_ms * 1e6), 0)  # fmt: skip
 
     def __new__(cls, wall_ms: float = 0.0, draft_ms: float = 0.0, verify_ms: float = 0.0,
                 accept_ms: float = 0.0, rest_ms: float = 0.0, k: int = 0, j: int = 0,

@@ -256,9 +256,7 @@ class Session:
         log.summarized = True
         try:
             plain = getattr(self._obs.settings, "plain_step_ms", None)
-            a = advise(
-                log.rounds, clock=self._clock_name, plain_step_ns=plain and plain * 1e6
-            )
+            a = advise(log.rounds, clock=self._clock_name, plain_step_ns=plain and plain * 1e6)
             advice = advice_line(a) if a is not None else ""
         except Exception as exc:
             say_once("advice", f"the k advisor failed ({exc!r}); no [spec-advice] line")

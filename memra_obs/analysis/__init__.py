@@ -32,13 +32,18 @@ AT = {p: i for i, p in enumerate(PAIRS)} | {(b, a): i for i, (a, b) in enumerate
 ONE, K, DRAFT, VERIFY, ACCEPT, ROLL, MAINT, WALL = ((i,) for i in range(8))
 
 
-class RoundLike(Protocol):
-    """A round (``RoundRecord`` fits): k < 0 = counts unknown; phases in ns."""
+class Counted(Protocol):
+    """A round's counts: k drafted (k < 0: unknown), j accepted."""
 
     @property
     def k(self) -> int: ...
     @property
     def j(self) -> int: ...
+
+
+class RoundLike(Counted, Protocol):
+    """A round (``RoundRecord`` fits): its counts and its phases in ns."""
+
     def phase_ns(self) -> tuple[int, int, int, int, int]: ...
 
 
@@ -63,7 +68,7 @@ def wilson(x: int, n: int, z: float) -> Interval:
     return Interval(p, max(0.0, (c - h) / d), min(1.0, (c + h) / d))
 
 
-def known(r: RoundLike) -> bool:
+def known(r: Counted) -> bool:
     """False for unknown counts (k < 0). j outside 0..k is contradictory data: an estimate from
     it would be wrong and a clamp would hide the bug that made it, so it raises."""
     if r.k >= 0 and not 0 <= r.j <= r.k:
@@ -195,7 +200,7 @@ def estimate_acceptance(
 
 
 def spec_decode_record(
-    rounds: Iterable[RoundLike], *, detailed: bool = False, num_spec_tokens: int | None = None
+    rounds: Iterable[Counted], *, detailed: bool = False, num_spec_tokens: int | None = None
 ) -> dict[str, Any]:
     """vLLM's per-request ``metrics.speculative_decoding`` (AIPerf's ``spec_decode_acceptance``)
     in vLLM's key order; a step is a round that drafted (k >= 1), as vLLM counts one."""
