@@ -79,9 +79,8 @@ def _output(name: str, settings: Settings, env: Mapping[str, str], resource: Any
     try:
         return Output(name, enc(ProtoEncoder), GrpcSender(cfg))
     except ImportError:
-        raise ConfigError(
-            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs grpcio (pip install 'memra_obs[otlp]')"
-        ) from None
+        need = "needs grpcio (pip install 'memra_obs[otlp]')"
+        raise ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL=grpc {need}") from None
 
 
 def _sdk_output(name: str, resource: Any) -> Output:
@@ -92,15 +91,14 @@ def _sdk_output(name: str, resource: Any) -> Output:
     from .transport import SdkSender
 
     eps = {ep.name: ep for ep in entry_points(group="opentelemetry_traces_exporter")}
+    var = f"{OTEL_TRACES_EXPORTER}={name!r}"
     if name not in eps:
         known = ", ".join(sorted({*_FORCED, "none", *eps}))
-        raise ConfigError(f"{OTEL_TRACES_EXPORTER}={name!r}: no such span exporter; known: {known}")
+        raise ConfigError(f"{var}: no such span exporter; known: {known}")
     try:
         exporter = eps[name].load()()
     except Exception as exc:
-        raise ConfigError(
-            f"{OTEL_TRACES_EXPORTER}={name!r}: the exporter failed to start: {exc!r}"
-        ) from exc
+        raise ConfigError(f"{var}: the exporter failed to start: {exc!r}") from exc
     # The SDK path hands over whole span lists; keep its requests modest.
     sender = SdkSender(exporter, resource, InstrumentationScope(SCOPE_NAME, __version__))
     return Output(name, None, sender, max_spans=256)

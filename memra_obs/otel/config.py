@@ -23,8 +23,6 @@ from ..environment import ConfigError
 
 OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
 OTEL_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
-OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
-OTEL_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
 _OTLP = "OTEL_EXPORTER_OTLP_"
 PROTOCOLS = ("http/protobuf", "http/json", "grpc")
 
@@ -47,13 +45,11 @@ def _choice(env: Mapping[str, str], x: str, allowed: tuple[str, ...]) -> str:
     return got[1].lower()
 
 
-def parse_bool(var: str, value: str | None, default: bool = False) -> bool:
+def parse_bool(var: str, value: str | None) -> bool:
     v = (value or "").strip().lower()
-    if v in ("true", "1", "yes", "on"):
-        return True
-    if v in ("false", "0", "no", "off", ""):
-        return default if not v else False
-    raise ConfigError(f"{var}={value!r}: expected true or false")
+    if v not in ("true", "1", "yes", "on", "false", "0", "no", "off", ""):
+        raise ConfigError(f"{var}={value!r}: expected true or false")
+    return v in ("true", "1", "yes", "on")
 
 
 def parse_key_values(var: str, value: str) -> list[tuple[str, str]]:
@@ -62,9 +58,7 @@ def parse_key_values(var: str, value: str) -> list[tuple[str, str]]:
     for item in filter(str.strip, value.split(",")):
         key, sep, val = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(
-                f"{var}={value!r}: expected key=value pairs separated by commas, got {item!r}"
-            )
+            raise ConfigError(f"{var}={value!r}: expected key=value pairs, got {item!r}")
         out.append((unquote(key.strip()), unquote(val.strip())))
     return out
 
@@ -84,17 +78,13 @@ def traces_exporters(env: Mapping[str, str]) -> list[str]:
     return [] if names == ["none"] else names
 
 
-def resource_attributes(
-    env: Mapping[str, str], default_service: str = "memra-obs"
-) -> dict[str, Any]:
-    """Resource attributes from ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` (which
-    wins), ``service.name`` defaulting to ``default_service``."""
-    attrs: dict[str, Any] = dict(
-        parse_key_values(OTEL_RESOURCE_ATTRIBUTES, env.get(OTEL_RESOURCE_ATTRIBUTES) or "")
-    )
-    svc = env.get(OTEL_SERVICE_NAME, "").strip()
-    if svc or not attrs.get("service.name"):
-        attrs["service.name"] = svc or default_service
+def resource_attributes(env: Mapping[str, str]) -> dict[str, Any]:
+    """``OTEL_RESOURCE_ATTRIBUTES``, with ``service.name`` from ``OTEL_SERVICE_NAME``, else
+    from the attributes, else ``memra-obs``."""
+    var = "OTEL_RESOURCE_ATTRIBUTES"
+    attrs: dict[str, Any] = dict(parse_key_values(var, env.get(var, "")))
+    svc = env.get("OTEL_SERVICE_NAME", "").strip()
+    attrs["service.name"] = svc or attrs.get("service.name") or "memra-obs"
     return attrs
 
 
@@ -138,16 +128,10 @@ class OtlpConfig:
             if not 0 < timeout_s < 1e6:
                 raise ConfigError(f"{got[0]}={got[1]!r}: expected a number of milliseconds > 0")
         got = _get(env, "HEADERS")
-        return cls(
-            protocol,
-            *_endpoint(env, protocol),
-            headers=tuple(parse_key_values(*got)) if got else (),
-            timeout_s=timeout_s,
-            compression=_choice(env, "COMPRESSION", ("none", "gzip")),
-            certificate=_file(env, "CERTIFICATE"),
-            client_key=_file(env, "CLIENT_KEY"),
-            client_certificate=_file(env, "CLIENT_CERTIFICATE"),
-        )
+        headers = tuple(parse_key_values(*got)) if got else ()
+        compression = _choice(env, "COMPRESSION", ("none", "gzip"))
+        pems = [_file(env, x) for x in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE")]
+        return cls(protocol, *_endpoint(env, protocol), headers, timeout_s, compression, *pems)
 
 
 def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:

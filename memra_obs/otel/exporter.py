@@ -29,18 +29,16 @@ _CUT_S = 0.02  # what shutdown keeps of its time to cut a stuck send off and sti
 
 
 def backoff_s(n: int) -> float:
-    """The wait before retry ``n`` (0-based): exponential and capped, drawn from [½, 1] of
-    it so that clients that failed together do not retry together."""
+    """The wait before retry ``n`` (0-based): exponential, capped, drawn from [½, 1] of it so
+    that clients that failed together do not retry together."""
     return min(BACKOFF_BASE_S * 2**n, BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
 
 
 class Output:
-    """One destination: an encoder (None: span tuples pass through), a sender, the fragments
-    of the next request, the bounded queue of sealed ones and the thread that sends them.
-
-    A request is sealed once it holds ``max_spans`` spans or ``max_bytes`` encoded bytes, so
-    it stays under twice those (under gRPC's default 4 MiB message), or at the worker's tick:
-    few big requests, since the sender's Python cost is per request.
+    """One destination: an encoder (None: span tuples pass through), a sender, the next
+    request's fragments, the bounded queue of sealed ones and the thread that sends them.
+    A request is sealed at about ``max_spans`` spans or ``max_bytes`` bytes (under gRPC's
+    4 MiB message limit) or at the worker's tick: few big ones, the Python cost is per request.
     """
 
     def __init__(
@@ -187,10 +185,8 @@ class Output:
         if p is not None:
             p._count(exported=ok, dropped=dropped, errors=errors)
             if kind:
-                say_once(
-                    f"spans:{id(p)}:{self.name}:{kind}",
-                    f"spans to {self.sender.url}: {msg}; dropped (counted in dropped_spans; reported once)",
-                )
+                msg = f"spans to {self.sender.url}: {msg}; dropped (counted in dropped_spans)"
+                say_once(f"spans:{id(p)}:{self.name}:{kind}", msg + " (reported once)")
 
 
 class SpanExporter:

@@ -23,8 +23,7 @@ _FLAGS = f',"flags":{SPAN_FLAGS}}}'
 
 def _i64(v: int) -> int:
     """An int as the int64 the protobuf writer sends (two's complement wrap)."""
-    v &= (1 << 64) - 1
-    return v - (1 << 64) if v >= _I64 else v
+    return ((v + _I64) & ((1 << 64) - 1)) - _I64
 
 
 def _any(v: Any) -> str:

@@ -22,7 +22,6 @@ from .spans import Span
 _M64 = (1 << 64) - 1
 _B1 = [bytes((i,)) for i in range(128)]
 _TIMES = struct.Struct("<BQBQ")  # 0x39 start_time_unix_nano, 0x41 end_time_unix_nano
-_DOUBLE = struct.Struct("<Bd")
 _F64 = struct.Struct("<d")
 #: Span.flags: W3C sampled + "has is_remote" (the parent is local), as the SDK writes it.
 SPAN_FLAGS = 0x101
@@ -53,6 +52,10 @@ def _field(tag: int, body: bytes) -> bytes:
     return varint(tag) + varint(len(body)) + body
 
 
+def _text(tag: int, s: str) -> bytes:
+    return _field(tag, s.encode("utf-8", "replace"))
+
+
 def _any(v: Any) -> bytes:
     """The body of an ``AnyValue`` message for a Python attribute value."""
     tv = type(v)
@@ -61,22 +64,20 @@ def _any(v: Any) -> bytes:
     if tv is int:
         return b"\x18" + varint(v & _M64)
     if tv is float:
-        return _DOUBLE.pack(0x21, v)
+        return b"\x21" + _F64.pack(v)
     if tv is str:
-        return _field(0x0A, v.encode("utf-8", "replace"))
+        return _text(0x0A, v)
     for base in (bool, int, float, str):  # subclasses (IntEnum, str enums, ...)
         if isinstance(v, base):
             return _any(base(v))
     if isinstance(v, (tuple, list)):  # ArrayValue { 1: AnyValue* }
         return _field(0x2A, b"".join(_field(0x0A, _any(x)) for x in v))
-    return _field(0x0A, str(v).encode("utf-8", "replace"))
+    return _text(0x0A, str(v))
 
 
 class Encoder:
-    """What both writers share: ``spans()`` appends one fragment per span (one with a value
-    the format cannot carry is skipped and counted in ``bad``); caches bounded by what they
-    hold: span names and attribute keys (a fixed vocabulary) and the trace ids of the
-    sessions in flight (cleared past ``max_traces``)."""
+    """What both writers share: ``spans()`` (a span the format cannot carry is skipped and
+    counted in ``bad``) and caches of names, keys (a fixed vocabulary) and live trace ids."""
 
     __slots__ = ("_head", "_keys", "_last_parent", "_names", "_traces", "bad")
     _SEP = 0  # bytes between fragments in a request
@@ -119,7 +120,7 @@ class Encoder:
 def _key_entry(key: str) -> tuple[list[bytes], list[bytes], bytes, bytes]:
     """What of attribute ``key`` does not depend on the value: whole fields for ints 0..255;
     field heads for an int of each varint length and for a double; the key field."""
-    kb = _field(0x0A, key.encode("utf-8", "replace"))
+    kb = _text(0x0A, key)
     small = [_field(0x4A, kb + _field(0x12, b"\x18" + varint(i))) for i in range(256)]
     ints = [b""] + [
         b"\x4a" + varint(len(kb) + 3 + n) + kb + b"\x12" + _B1[n + 1] + b"\x18"
@@ -135,10 +136,7 @@ class ProtoEncoder(Encoder):
     __slots__ = ()
 
     def _heads(self, resource: Mapping[str, Any], name: str, version: str, schema: str) -> Any:
-        kv = (
-            _field(0x0A, k.encode("utf-8", "replace")) + _field(0x12, _any(v))
-            for k, v in resource.items()
-        )
+        kv = (_text(0x0A, k) + _field(0x12, _any(v)) for k, v in resource.items())
         scope = _field(0x0A, name.encode()) + (_field(0x12, version.encode()) if version else b"")
         tail = _field(0x1A, schema.encode()) if schema else b""
         return _field(0x0A, b"".join(_field(0x0A, x) for x in kv)), _field(0x0A, scope), tail
@@ -178,7 +176,7 @@ class ProtoEncoder(Encoder):
                 parts += (b"\x4a", varint(len(body)), body)
         if status is not None:
             code, msg = status
-            st = _field(0x12, msg.encode("utf-8", "replace")) if msg else b""
+            st = _text(0x12, msg) if msg else b""
             parts.append(_field(0x7A, st + b"\x18" + varint(code)))  # field 15
         parts.append(_FLAGS)
         body = b"".join(parts)

@@ -1,14 +1,12 @@
 """Records -> plain span tuples: the tree of DESIGN §4, built on the export worker's thread.
 
 A span is ``(name, trace_id, span_id, parent_span_id, start_ns_epoch, end_ns_epoch, attrs,
-status)``: cheap to build and to encode. ``attrs`` is a tuple of ``(key, value)`` pairs;
-``status`` None (unset) or ``(code, message)``; parent 0 = a root. Times are the records'
-boundary stamps moved to epoch ns by the session's anchor offset, never "now".
-
-Ids below the session are derived, not drawn: ``session_span_id XOR (n * GAMMA)`` (splitmix64's
-Weyl step) for a per-session ``n = 8 * index + kind``, a bijection of ``n``: no collisions
-inside a session, one multiply, and a round's span can be named from outside
-(:func:`round_span_id`, for metric exemplars). Rounds past ``round_spans`` get no spans;
+status)``, cheap to build and to encode: ``attrs`` ``(key, value)`` pairs, ``status`` None or
+``(code, message)``, parent 0 for a root; times are the records' stamps moved to epoch ns by
+the session's anchor offset, never "now". Ids below the session are derived, not drawn:
+``session_span_id XOR (n * GAMMA)`` (splitmix64's Weyl step) for ``n = 8 * index + kind``, a
+bijection: no collisions in a session, one multiply, and a round's span can be named from
+outside (:func:`round_span_id`, for exemplars). Rounds past ``round_spans`` get no spans;
 their burst counts them in ``memra.spec.rounds_unsampled``.
 """
 
@@ -91,13 +89,10 @@ class _Session:
 
 
 class SpanBuilder:
-    """Turns the record stream of any number of interleaved sessions into span tuples.
-
-    Not thread-safe: one consumer feeds it in order. ``max_open`` bounds the sessions waiting
-    for their end record (a dropped ``SessionEndRecord`` must not leak); past it the oldest
-    is closed as unfinished. ``orphans`` counts records whose SessionRecord never arrived,
-    ``bad_records`` records that raised while being turned into spans; both are skipped.
-    """
+    """Turns the records of any number of interleaved sessions into span tuples; one consumer
+    feeds it in order. ``max_open`` bounds the sessions waiting for their end (a dropped end
+    must not leak; the oldest is closed as unfinished). Skipped and counted: ``orphans``
+    (their SessionRecord never came) and ``bad_records`` (they raised)."""
 
     __slots__ = ("_open", "bad_records", "max_open", "orphans", "round_spans")
 
@@ -138,11 +133,9 @@ class SpanBuilder:
 
     def finish_open(self, out: list[Span]) -> int:
         """Close every open session (process exit) as unfinished; returns how many."""
-        n = len(self._open)
         for s in self._open.values():
             self._close(s, None, out)
-        self._open.clear()
-        return n
+        return self.forget_open()
 
     def forget_open(self) -> int:
         """Drop every open session unpublished (the agent hands them to the next one)."""
@@ -165,9 +158,7 @@ class SpanBuilder:
             tt = t if i == 0 else tuple(x + i * wall for x in t)
             self._round_spans(s, rec, rec.index + i, tt, out)
 
-    def _round_spans(
-        self, s: _Session, rec: RoundRecord, idx: int, t: tuple[int, ...], out: list[Span]
-    ) -> None:
+    def _round_spans(self, s: _Session, rec: RoundRecord, idx: int, t: tuple, out: list) -> None:
         t0, t1, t2, t3, t4, t5 = t
         j, k, sid, tid, off = rec.j, rec.k, s.sid, s.tid, s.off
         g = 8 * idx * _GAMMA  # ids n = 8*idx + kind: g + kind*GAMMA (one multiply a round)
@@ -198,8 +189,7 @@ class SpanBuilder:
         )
 
     def _burst(self, s: _Session, rec: BurstRecord, out: list[Span]) -> None:
-        if rec.end_ns_mono > s.last:
-            s.last = rec.end_ns_mono
+        s.last = max(s.last, rec.end_ns_mono)
         if s.burst == rec.index:
             s.burst = -1
         ph, first, cap = rec.phases, rec.first_round, self.round_spans
@@ -247,14 +237,13 @@ class SpanBuilder:
         off = s.off
         if s.burst >= 0:
             b, s.burst = s.burst, -1
-            vals = (b, s.b_rounds, s.rec.family, s.b_tokens, True)
-            ba = tuple(zip(_OPEN_KEYS, vals, strict=False))
+            bv = (b, s.b_rounds, s.rec.family, s.b_tokens, True)
+            ba = tuple(zip(_OPEN_KEYS, bv, strict=False))
             bid = burst_span_id(s.sid, b)
             out.append((_BURST, s.tid, bid, s.sid, s.b_start + off, s.last + off, ba, None))
         r = s.rec
-        attrs: tuple[tuple[str, Any], ...] = tuple(
-            zip(_SESSION_KEYS, (r.session, r.family, r.worker, r.level, r.prof), strict=False)
-        )
+        vals = (r.session, r.family, r.worker, r.level, r.prof)
+        attrs: tuple[tuple[str, Any], ...] = tuple(zip(_SESSION_KEYS, vals, strict=False))
         status, end = None, s.last
         if rec is None:
             attrs += (("memra.spec.unfinished", True),)
@@ -265,10 +254,8 @@ class SpanBuilder:
                 attrs += (("error.type", rec.error),)
                 status = (STATUS_ERROR, rec.error)
             end = max(end, rec.end_ns_mono)
-        start = r.start_ns_mono + off
-        out.append(
-            ("spec.session", s.tid, s.sid, r.parent_span_id, start, end + off, attrs, status)
-        )
+        start, end = r.start_ns_mono + off, end + off
+        out.append(("spec.session", s.tid, s.sid, r.parent_span_id, start, end, attrs, status))
 
 
 _BY_TYPE: dict[type, Callable[[SpanBuilder, _Session, Any, list[Span]], None]] = {

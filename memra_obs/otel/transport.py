@@ -29,7 +29,6 @@ from .spans import Span
 RETRY_HTTP = frozenset((429, 502, 503, 504))
 RETRY_GRPC = frozenset(("CANCELLED", "DEADLINE_EXCEEDED", "ABORTED", "OUT_OF_RANGE"))
 RETRY_GRPC |= {"UNAVAILABLE", "DATA_LOSS"}  # and RESOURCE_EXHAUSTED with RetryInfo
-TRACE_SERVICE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
 class SendError(Exception):
@@ -67,14 +66,10 @@ def _fields(b: Any) -> list[tuple[int, Any]]:
 
 
 def _uvarint(b: bytes, i: int) -> tuple[int, int]:
-    shift = v = 0
-    while True:
-        c = b[i]
-        i += 1
-        v |= (c & 127) << shift
-        if c < 128:
-            return v, i
-        shift += 7
+    v = shift = 0
+    while b[i] & 128:
+        v, i, shift = v | (b[i] & 127) << shift, i + 1, shift + 7
+    return v | b[i] << shift, i + 1
 
 
 def rejected_spans(resp: bytes) -> int:
@@ -134,8 +129,8 @@ class HttpSender:
             self._cls, self._kw = http.client.HTTPSConnection, {"context": ctx}
         self._gzip = cfg.compression == "gzip"
         ct = "application/json" if json else "application/x-protobuf"
-        self._headers = {"Content-Type": ct, "User-Agent": "memra-obs-otlp"}
-        self._headers.update([("Content-Encoding", "gzip")] if self._gzip else [])
+        gz = [("Content-Encoding", "gzip")] if self._gzip else []
+        self._headers = dict([("Content-Type", ct), ("User-Agent", "memra-obs-otlp"), *gz])
         self._headers.update(cfg.headers)
         self._conn: http.client.HTTPConnection | None = None
 
@@ -172,11 +167,9 @@ class HttpSender:
 
     def abort(self) -> None:
         """Shut the socket down: the sender's own thread sees the error and closes it."""
-        sock = getattr(self._conn, "sock", None)
         try:
-            if sock is not None:
-                sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
+            getattr(self._conn, "sock").shutdown(socket.SHUT_RDWR)  # noqa: B009
+        except (AttributeError, OSError):  # no connection (yet), or already closed
             pass
 
     def close(self) -> None:
@@ -199,12 +192,11 @@ class GrpcSender:
         if cfg.secure:
             pems = (cfg.certificate, cfg.client_key, cfg.client_certificate)
             creds = grpc.ssl_channel_credentials(*(p and Path(p).read_bytes() for p in pems))
-            self._channel = grpc.secure_channel(cfg.endpoint, creds, options=opts, compression=comp)
+            ch = grpc.secure_channel(cfg.endpoint, creds, options=opts, compression=comp)
         else:
-            self._channel = grpc.insecure_channel(cfg.endpoint, options=opts, compression=comp)
-        self._call = self._channel.unary_unary(
-            TRACE_SERVICE_METHOD, request_serializer=_body, response_deserializer=bytes
-        )
+            ch = grpc.insecure_channel(cfg.endpoint, options=opts, compression=comp)
+        self._channel, method = ch, "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+        self._call = ch.unary_unary(method, request_serializer=_body, response_deserializer=bytes)
         self._metadata = tuple((k.lower(), v) for k, v in cfg.headers) or None
 
     def send(self, payload: bytes | str, timeout_s: float) -> int:
@@ -226,12 +218,10 @@ class GrpcSender:
 
 
 class _Local:
-    """A sender with nothing to cut short and no network deadline."""
-
-    timeout_s = float("inf")
+    timeout_s = float("inf")  # no network deadline
 
     def abort(self) -> None:
-        pass
+        """Nothing to cut short."""
 
 
 class FileSender(_Local):
