@@ -150,13 +150,14 @@ class ProtoEncoder(Encoder):
         nm = self._names.get(name)
         if nm is None:
             nm = self._names[name] = _field(0x2A, name.encode()) + _KIND_INTERNAL
-        parts = [head, sid.to_bytes(8, "big")]
+        times = _TIMES.pack(0x39, start, 0x41, end)
         if pid:
             lp = self._last_parent
             if lp[0] != pid:
                 lp = self._last_parent = (pid, b"\x22\x08" + pid.to_bytes(8, "big"))
-            parts.append(lp[1])
-        parts += (nm, _TIMES.pack(0x39, start, 0x41, end))
+            parts = [head, sid.to_bytes(8, "big"), lp[1], nm, times]
+        else:
+            parts = [head, sid.to_bytes(8, "big"), nm, times]
         kvc = self._keys
         for k, v in attrs:
             ent = kvc.get(k)
@@ -168,9 +169,11 @@ class ProtoEncoder(Encoder):
                     parts.append(ent[0][v])
                 else:
                     vi = varint(v & _M64)
-                    parts += (ent[1][len(vi)], vi)
+                    parts.append(ent[1][len(vi)])
+                    parts.append(vi)
             elif tv is float:
-                parts += (ent[2], _F64.pack(v))
+                parts.append(ent[2])
+                parts.append(_F64.pack(v))
             else:
                 body = ent[3] + _field(0x12, _any(v))
                 parts += (b"\x4a", varint(len(body)), body)

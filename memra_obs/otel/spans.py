@@ -31,12 +31,6 @@ PHASE_SPAN_NAMES = ("spec.draft", "spec.verify", "spec.accept", "spec.rollback",
 _BURST, _FT = "spec.burst", "memra.spec.first_token."
 _FAMILY, _ROUNDS, _TOKENS = "memra.spec.family", "memra.spec.rounds", "memra.spec.tokens"
 _SPLIT = tuple(f"memra.spec.verify.{p}_ns" for p in ("kda", "kda_scan", "mla", "rest", "ffn"))
-_BURST_KEYS = tuple(  # the keys in the order of their values below
-    "memra.spec.burst memra.spec.rounds memra.spec.k memra.spec.family memra.spec.tokens "  # noqa: SIM905
-    "memra.spec.first_round memra.spec.rounds_unsampled memra.spec.draft_ns "
-    "memra.spec.verify_ns memra.spec.accept_ns memra.spec.rollback_ns memra.spec.maint_ns "
-    "memra.spec.hook_ns".split()
-)
 _SESSION_KEYS = tuple(
     "memra.spec.session memra.spec.family memra.spec.worker memra.spec.trace_level "  # noqa: SIM905
     "memra.spec.prof".split()
@@ -56,14 +50,12 @@ def burst_span_id(session_span_id: int, burst: int) -> int:
 
 
 def round_span_id(session_span_id: int, round_index: int) -> int:
-    """The ``spec.round`` span id of round ``round_index`` (0-based, per session): what a
-    metric exemplar links to. Rounds past the round cap have no span (use the burst's)."""
+    """The ``spec.round`` span id of round ``round_index`` (0-based, per session)."""
     return derived_span_id(session_span_id, 8 * round_index + 2)
 
 
 def round_span_ids(cap: int) -> Callable[[SessionRecord, RoundRecord], int] | None:
-    """The Prometheus exporter's ``round_span_id`` hook for a round cap of ``cap``: a round's
-    exemplar names its span, 0 past the cap; None when no round has a span."""
+    """The Prometheus exporter's hook: a round's exemplar names its span (0 past ``cap``)."""
     if cap <= 0:
         return None
     return lambda s, r: round_span_id(s.span_id, r.index) if r.index < cap else 0
@@ -72,7 +64,8 @@ def round_span_ids(cap: int) -> Callable[[SessionRecord, RoundRecord], int] | No
 def _split_attrs(verify_ns: int, split: tuple[int, int, int, int]) -> tuple[tuple[str, Any], ...]:
     kda, scan, mla, ffn = split
     rest = verify_ns - (kda + mla)
-    return tuple(zip(_SPLIT, (kda, scan, mla, rest if rest > 0 else 0, ffn), strict=False))
+    k0, k1, k2, k3, k4 = _SPLIT
+    return ((k0, kda), (k1, scan), (k2, mla), (k3, rest if rest > 0 else 0), (k4, ffn))
 
 
 class _Session:
@@ -194,9 +187,13 @@ class SpanBuilder:
             s.burst = -1
         ph, first, cap = rec.phases, rec.first_round, self.round_spans
         unsampled = first + ph.rounds - (cap if cap > first else first)
-        vals = (rec.index, ph.rounds, rec.k, s.rec.family, rec.tokens, first, max(unsampled, 0))
-        vals2 = (ph.draft, ph.verify, ph.accept, ph.roll, ph.maint, rec.hook_ns)
-        attrs = tuple(zip(_BURST_KEYS, (*vals, *vals2), strict=False))
+        u = unsampled if unsampled > 0 else 0
+        attrs: tuple[tuple[str, Any], ...] = (("memra.spec.burst", rec.index), (_ROUNDS, ph.rounds))
+        attrs += (("memra.spec.k", rec.k), (_FAMILY, s.rec.family), (_TOKENS, rec.tokens))
+        attrs += (("memra.spec.first_round", first), ("memra.spec.rounds_unsampled", u))
+        attrs += (("memra.spec.draft_ns", ph.draft), ("memra.spec.verify_ns", ph.verify))
+        attrs += (("memra.spec.accept_ns", ph.accept), ("memra.spec.rollback_ns", ph.roll))
+        attrs += (("memra.spec.maint_ns", ph.maint), ("memra.spec.hook_ns", rec.hook_ns))
         if rec.split_ns is not None:
             attrs += _split_attrs(ph.verify, rec.split_ns)
         start, end = rec.start_ns_mono + s.off, rec.end_ns_mono + s.off
