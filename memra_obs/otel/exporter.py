@@ -125,8 +125,9 @@ class Output:
                 self._count(*got)
 
     def _deliver(self, payload: Any) -> int:
-        """Send, retrying what is retryable after the receiver's wait or :func:`backoff_s`,
-        while the export timeout since the first try and shutdown's deadline allow."""
+        """Send, retrying what is retryable after the receiver's wait (at least
+        :func:`backoff_s`), while the export timeout since the first try and shutdown's
+        deadline allow."""
         s, tries = self.sender, 0
         until = time.monotonic() + s.timeout_s
         while True:
@@ -136,7 +137,7 @@ class Output:
             try:
                 return s.send(payload, left)
             except Retry as exc:
-                wait = backoff_s(tries) if exc.after_s is None else exc.after_s
+                wait = max(exc.after_s or 0.0, backoff_s(tries))  # "0" must not hammer it
                 tries += 1
                 end = time.monotonic() + wait
                 with self._cv:  # a shutdown meanwhile brings the deadline in
