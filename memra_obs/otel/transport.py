@@ -186,15 +186,17 @@ class GrpcSender:
 
         self._grpc = grpc
         self.url, self.timeout_s = cfg.endpoint, cfg.timeout_s
-        opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.enable_retries", 0)]
+        # grpcio's retries off (ours run), its reconnect backoff (to 120 s) capped: ~2.4 s.
+        opt = [("grpc.max_send_message_length", 64 << 20), ("grpc.enable_retries", 0)]
+        opt += [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000)]
         gz = cfg.compression == "gzip"
         comp = grpc.Compression.Gzip if gz else grpc.Compression.NoCompression
         if cfg.secure:
             pems = (cfg.certificate, cfg.client_key, cfg.client_certificate)
             creds = grpc.ssl_channel_credentials(*(p and Path(p).read_bytes() for p in pems))
-            ch = grpc.secure_channel(cfg.endpoint, creds, options=opts, compression=comp)
+            ch = grpc.secure_channel(cfg.endpoint, creds, options=opt, compression=comp)
         else:
-            ch = grpc.insecure_channel(cfg.endpoint, options=opts, compression=comp)
+            ch = grpc.insecure_channel(cfg.endpoint, options=opt, compression=comp)
         self._channel, method = ch, "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
         self._call = ch.unary_unary(method, request_serializer=_body, response_deserializer=bytes)
         self._metadata = tuple((k.lower(), v) for k, v in cfg.headers) or None
