@@ -106,6 +106,7 @@ def configure(
     requests_detail: bool | None = None,
     advice_window: int | None = None,
     plain_step_ms: float | None = None,
+    spans_file_max_bytes: int | None = None,
     extra_sinks: Sequence[Sink] = (),
     exporters: Sequence[Any] = (),
     registry: Any = None,
@@ -146,5 +147,5 @@ _KNOBS = frozenset(
     ("sinks", "metrics_addr", "spans_file", "agent", "clock", "round_spans", "queue_size",
      "export_interval_ms", "worker", "ring_slots", "metrics_tls_cert", "metrics_tls_key",
      "metrics_basic_auth", "max_devices", "requests_file", "requests_detail",
-     "advice_window", "plain_step_ms")
+     "advice_window", "plain_step_ms", "spans_file_max_bytes")
 )  # fmt: skip

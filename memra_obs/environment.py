@@ -36,6 +36,7 @@ __all__ = [
     "MEMRA_OBS_ROUND_SPANS",
     "MEMRA_OBS_SINKS",
     "MEMRA_OBS_SPANS_FILE",
+    "MEMRA_OBS_SPANS_FILE_MAX_BYTES",
     "MEMRA_OBS_WORKER",
     "ConfigError",
     "Settings",
@@ -59,6 +60,11 @@ to expose it, port ``0`` for any free port). Empty: not served."""
 MEMRA_OBS_SPANS_FILE = "MEMRA_OBS_SPANS_FILE"
 """The embedded default span destination (OTLP-JSON, one ``ExportTraceServiceRequest`` per
 line) used when no ``OTEL_*`` exporter is configured. Default ``memra-obs-spans.jsonl``."""
+
+MEMRA_OBS_SPANS_FILE_MAX_BYTES = "MEMRA_OBS_SPANS_FILE_MAX_BYTES"
+"""Size limit of ``MEMRA_OBS_SPANS_FILE``, in bytes: a write that would pass it first renames
+the file to ``<file>.1`` (replacing an older one) and starts a new file, so the span files
+never take more than twice this on disk. Default 67108864 (64 MiB); 0 = no limit."""
 
 MEMRA_OBS_AGENT = "MEMRA_OBS_AGENT"
 """Agent mode: the directory where this host's workers keep their shared-memory rings.
@@ -254,6 +260,7 @@ class Settings:
     sinks: frozenset[str] = frozenset()
     metrics_addr: tuple[str, int] | None = ("127.0.0.1", 9464)
     spans_file: str = "memra-obs-spans.jsonl"
+    spans_file_max_bytes: int = 64 << 20
     agent: str | None = None
     clock: str = "sync"
     round_spans: int = 256
@@ -299,6 +306,7 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any], Any], ...] = (
     ("sinks", MEMRA_OBS_SINKS, _parse_sinks, frozenset()),
     ("metrics_addr", MEMRA_OBS_METRICS_ADDR, parse_addr, ("127.0.0.1", 9464)),
     ("spans_file", MEMRA_OBS_SPANS_FILE, _nonblank, "memra-obs-spans.jsonl"),
+    ("spans_file_max_bytes", MEMRA_OBS_SPANS_FILE_MAX_BYTES, _int_in(0, 1 << 50), 64 << 20),
     ("agent", MEMRA_OBS_AGENT, _optional_text, None),
     ("clock", MEMRA_OBS_CLOCK, _parse_clock, "sync"),
     ("round_spans", MEMRA_OBS_ROUND_SPANS, _int_in(0, 1 << 20), 256),

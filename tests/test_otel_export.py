@@ -440,12 +440,13 @@ def test_shutdown_flushes_a_session_that_never_ended(receiver):
 
 class BlockingSender:
     url = "blocking://"
+    timeout_s = 10.0
 
     def __init__(self) -> None:
         self.gate = threading.Event()
         self.sent = 0
 
-    def send(self, payload) -> int:
+    def send(self, payload, timeout_s: float) -> int:
         self.gate.wait(10)
         if not self.gate.is_set():
             raise SendError("gate closed")

@@ -111,4 +111,5 @@ def test_replay_reads_the_default_span_file():
     from the start of the file."""
     rcv = load(ROOT / "exporters" / "replay.yaml")["receivers"]["otlp_json_file"]
     assert rcv["start_at"] == "beginning"
-    assert any(fnmatch.fnmatch("/data/memra-obs-spans.jsonl", pat) for pat in rcv["include"])
+    for name in ("memra-obs-spans.jsonl", "memra-obs-spans.jsonl.1"):  # and the rotated file
+        assert any(fnmatch.fnmatch(f"/data/{name}", pat) for pat in rcv["include"]), name

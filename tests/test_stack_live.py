@@ -128,6 +128,7 @@ class Stack:
                 **ring_env,
                 MEMRA_OBS_METRICS_ADDR=addr,
                 MEMRA_OBS_SPANS_FILE=str(self.spans_file),
+                MEMRA_OBS_SPANS_FILE_MAX_BYTES="0",  # every exemplar's trace stays on disk
             )
             for w in ("0", "1"):
                 worker_env = {**ring_env, "MEMRA_OBS_METRICS_ADDR": "", "MEMRA_OBS_WORKER": w}
@@ -139,6 +140,7 @@ class Stack:
                     demo,
                     MEMRA_OBS_METRICS_ADDR=addr,
                     MEMRA_OBS_SPANS_FILE=str(self.spans_file),
+                    MEMRA_OBS_SPANS_FILE_MAX_BYTES="0",  # every exemplar's trace stays on disk
                 )
             )
         _wait("the demo's /metrics", lambda: self._get(f"{self.metrics_url}/metrics"), 30)

@@ -1,204 +1,193 @@
-"""The span RecordExporter: records -> span tuples -> encoded fragments -> requests ->
-a bounded queue -> a sender thread.
+"""The span RecordExporter: records -> span tuples -> encoded requests -> a bounded queue ->
+a sender thread per output, with the one retry loop all senders share.
 
-Where the time goes, and why it is split this way: building and encoding hold the GIL, so
-they run inside ``export()`` on the export worker, a few µs per span, in the worker's
-short stretches (:mod:`memra_obs.export`). Sending mostly waits on the network with the
-GIL released, so it gets its own daemon thread and never delays the worker. Between the
-two, a bounded deque of finished requests: when the sender cannot keep up (collector down,
-slow network) the newest request is dropped and its spans counted — nothing ever waits.
-
-Counters are plain ints (read them from anywhere): ``exported_spans`` (acknowledged by the
-receiver), ``dropped_spans`` (never delivered: full queue, failed send, rejected by the
-receiver, a value the wire cannot carry, or still queued at shutdown) and ``export_errors``
-(failed sends, and records that could not be turned into spans). With several outputs
-(``OTEL_TRACES_EXPORTER=otlp,console``) each output counts its own spans.
+Building and encoding hold the GIL, so they run in ``export()`` on the export worker, in its
+short stretches (:mod:`memra_obs.export`); sending waits on the network with the GIL
+released, so it has its own thread. A full queue drops the newest request: nothing waits.
+Every span built is counted once, in ``exported_spans`` or ``dropped_spans``; retries and
+shutdown keep to their deadlines (docs/SPANS.md says how).
 """
 
 from __future__ import annotations
 
+import math
+import random
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from ..diagnostics import say_once
 from ..timeline import Record
+from .otlp_proto import Encoder
 from .spans import Span, SpanBuilder
-from .transport import SendError
+from .transport import Retry, SendError
 
-__all__ = ["Output", "SpanExporter"]
-
-
-class Sender(Protocol):
-    url: str
-
-    def send(self, payload: Any) -> int: ...
-    def abort(self) -> None: ...
-    def close(self) -> None: ...
+BACKOFF_BASE_S, BACKOFF_MAX_S = 0.1, 5.0
+_CUT_S = 0.02  # what shutdown keeps of its time to cut a stuck send off and still be on time
 
 
-class Encoder(Protocol):
-    bad: int
-
-    def spans(self, spans: Sequence[Span], out: list[Any]) -> int: ...
-    def request(self, fragments: Sequence[Any], size: int | None = None) -> Any: ...
+def backoff_s(n: int) -> float:
+    """The wait before retry ``n`` (0-based): exponential, capped, drawn from [½, 1] of it so
+    that clients that failed together do not retry together."""
+    return min(BACKOFF_BASE_S * 2**n, BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
 
 
 class Output:
-    """One destination: an encoder (None: pass span tuples through) and a sender, with the
-    pending fragments of the next request and the bounded queue of sealed ones.
-
-    A request is sealed at ``max_spans`` spans or ``max_bytes`` encoded bytes (whichever
-    first; 2 MiB stays under gRPC's default 4 MiB message limit), or at the worker's tick.
-    The queue holds at most ``queue_requests`` requests and ``queue_bytes`` bytes.
-    Few big requests: the sender's Python cost is per request, and the socket write
-    releases the GIL.
+    """One destination: an encoder (None: span tuples pass through), a sender, the next
+    request's fragments, the bounded queue of sealed ones and the thread that sends them.
+    A request is sealed at about ``max_spans`` spans or ``max_bytes`` bytes (under gRPC's
+    4 MiB message limit) or at the worker's tick: few big ones, the Python cost is per request.
     """
 
     def __init__(
         self,
         name: str,
         encoder: Encoder | None,
-        sender: Sender,
+        sender: Any,  # url, timeout_s, send(payload, timeout_s), abort(), close(): .transport
         *,
         max_spans: int = 2048,
         max_bytes: int = 2 << 20,
         queue_requests: int = 64,
         queue_bytes: int = 32 << 20,
-        stop: threading.Event | None = None,
     ) -> None:
-        self.name = name
-        self.encoder = encoder
-        self.sender = sender
-        self.max_spans = max_spans
-        self.max_bytes = max_bytes
+        self.name, self.encoder, self.sender = name, encoder, sender
+        self.max_spans, self.max_bytes = max_spans, max_bytes
+        self._qmax, self._qbytes_max = queue_requests, queue_bytes
         self._frags: list[Any] = []
-        self._size = 0
+        self._size = self._qbytes = 0
         self._q: deque[tuple[int, Any, int]] = deque()
-        self._qlock = threading.Lock()
-        self._qmax = queue_requests
-        self._qbytes_max = queue_bytes
-        self._qbytes = 0
-        #: Set at shutdown; the sender's backoff waits on it.
-        self.stop = stop if stop is not None else threading.Event()
-        self._wake = threading.Event()
-        self._busy = False
-        self._thread: threading.Thread | None = None
+        self._cv = threading.Condition()  # guards the queue, _flying and the deadlines
+        self._flying = 0  # spans in flight; who zeroes it (sender or shutdown) counts them
+        self._stop_at = math.inf  # shutdown's deadline (time.monotonic), once it began
+        self._closed = False
+        name = f"memra-obs-spans-{name}"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.parent: SpanExporter | None = None
 
-    # -- the export worker's side (under the exporter's lock) ----------------------------
-
     def add(self, spans: list[Span]) -> None:
-        enc = self.encoder
-        bad = enc.bad if enc is not None else 0
-        i, n = 0, len(spans)
-        while i < n:
-            frags = self._frags
-            room = max(1, self.max_spans - len(frags))
-            chunk = spans if i == 0 and n <= room else spans[i : i + room]
-            i += len(chunk)
+        """On the export worker, under the exporter's lock (as :meth:`seal`)."""
+        enc, step = self.encoder, self.max_spans
+        for chunk in (spans[i : i + step] for i in range(0, len(spans), step)):
             if enc is None:
-                frags.extend(chunk)
+                self._frags += chunk
             else:
-                self._size += enc.spans(chunk, frags)
-            if len(frags) >= self.max_spans or self._size >= self.max_bytes:
+                bad = enc.bad
+                self._size += enc.spans(chunk, self._frags)
+                if enc.bad != bad:
+                    self._count(0, enc.bad - bad, 0, "encode", "a value OTLP cannot carry")
+            if len(self._frags) >= step or self._size >= self.max_bytes:
                 self.seal()
-        if enc is not None and enc.bad != bad and self.parent is not None:
-            self.parent._count(dropped=enc.bad - bad)
-            self.parent._report(self, "encode", "a span had a value OTLP cannot carry; skipped")
 
     def seal(self) -> None:
-        frags = self._frags
-        if not frags:
+        frags, n, enc = self._frags, len(self._frags), self.encoder
+        if not n:
             return
-        n = len(frags)
-        payload = frags if self.encoder is None else self.encoder.request(frags, self._size)
-        size = self._size if self.encoder is not None else 256 * n
-        self._frags = []
-        self._size = 0
-        if (
-            len(self._q) >= self._qmax
-            or self._qbytes + size > self._qbytes_max
-            or self.stop.is_set()
-        ):
-            if self.parent is not None:
-                self.parent._count(dropped=n)
-                if self.stop.is_set():
-                    self.parent._report(self, "stopped", "spans after shutdown; dropped")
-                else:
-                    self.parent._report(self, "queue", "request queue full; dropping spans")
-            return
-        with self._qlock:
-            self._qbytes += size
-        self._q.append((n, payload, size))
-        self._wake.set()
-
-    # -- the sender thread -----------------------------------------------------------------
+        payload = frags if enc is None else enc.request(frags, self._size)
+        size = self._size if enc is not None else 256 * n
+        self._frags, self._size = [], 0
+        with self._cv:
+            late = self._stop_at < math.inf
+            full = len(self._q) >= self._qmax or self._qbytes + size > self._qbytes_max
+            if not (late or full):
+                self._q.append((n, payload, size))
+                self._qbytes += size
+                self._cv.notify_all()
+                return
+        why = ("stopped", "spans after shutdown") if late else ("queue", "request queue full")
+        self._count(0, n, 0, *why)
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name=f"memra-obs-spans-{self.name}", daemon=True
-        )
         self._thread.start()
 
     def _run(self) -> None:
-        q = self._q
-        parent = self.parent
-        assert parent is not None
         while True:
-            if not q:
-                if self.stop.is_set():
+            with self._cv:
+                while not self._q and self._stop_at == math.inf:
+                    self._cv.wait()
+                if not self._q or self._closed:
                     return
-                self._wake.wait(0.5)
-                self._wake.clear()
-                continue
-            self._busy = True
+                n, payload, size = self._q.popleft()
+                self._qbytes -= size
+                self._flying = n
             try:
-                n, payload, size = q.popleft()
-                with self._qlock:
-                    self._qbytes -= size
-                try:
-                    rejected = self.sender.send(payload)
-                except SendError as exc:
-                    parent._count(dropped=n, errors=1)
-                    parent._report(self, "send", str(exc))
-                except Exception as exc:  # a sender bug must not kill the thread
-                    parent._count(dropped=n, errors=1)
-                    parent._report(self, "bug", f"sender raised {exc!r}")
-                else:
-                    rejected = min(max(rejected, 0), n)
-                    parent._count(exported=n - rejected, dropped=rejected)
-            finally:
-                self._busy = False
+                rejected = min(max(self._deliver(payload), 0), n)
+                got: tuple[Any, ...] = (n - rejected, rejected, 0)
+            except SendError as exc:
+                got = (0, n, 1, "send", str(exc))
+            except Exception as exc:  # a sender bug must not kill the thread
+                got = (0, n, 1, "bug", f"sender raised {exc!r}")
+            with self._cv:
+                mine, self._flying = self._flying, 0
+                self._cv.notify_all()
+            if mine:  # else shutdown cut it off and counted it
+                self._count(*got)
+
+    def _deliver(self, payload: Any) -> int:
+        """Send, retrying what is retryable after the receiver's wait (at least
+        :func:`backoff_s`), while the export timeout since the first try and shutdown's
+        deadline allow."""
+        s, tries = self.sender, 0
+        until = time.monotonic() + s.timeout_s
+        while True:
+            left = min(until, self._stop_at) - time.monotonic()
+            if left <= 0 or self._closed:
+                raise SendError(f"{s.url}: out of time (export timeout or shutdown)")
+            try:
+                return s.send(payload, left)
+            except Retry as exc:
+                wait = max(exc.after_s or 0.0, backoff_s(tries))  # "0" must not hammer it
+                tries += 1
+                end = time.monotonic() + wait
+                with self._cv:  # a shutdown meanwhile brings the deadline in
+                    while (pause := end - time.monotonic()) > 0:
+                        if end > min(until, self._stop_at) or self._closed:
+                            raise SendError(f"{exc}; no time to retry in {wait:.2g} s") from None
+                        self._cv.wait(pause)
 
     def wait_idle(self, deadline: float) -> bool:
-        self._wake.set()
-        while self._q or self._busy:
-            if self._thread is None or not self._thread.is_alive() or time.monotonic() >= deadline:
-                return False
-            time.sleep(0.002)
+        with self._cv:
+            while self._q or self._flying:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._cv.wait(left)
         return True
 
     def close(self, deadline: float) -> None:
-        """Stop the sender thread (after what is queued, while time is left), then close."""
-        self.stop.set()
-        self._wake.set()
+        """Send what is queued while time is left, then cut off what is still queued or in
+        flight (counted dropped) and close: back by ``deadline``."""
+        with self._cv:
+            self._stop_at = deadline
+            self._cv.notify_all()
         t = self._thread
-        if t is not None:
+        if t.is_alive():
+            t.join(max(0.0, deadline - time.monotonic() - _CUT_S))
+        with self._cv:
+            self._closed = True
+            flying, self._flying = self._flying, 0
+            left = flying + sum(n for n, _, _ in self._q)
+            self._q.clear()
+            self._cv.notify_all()
+        if left:
+            self._count(0, left, 1 if flying else 0, "shutdown", "shutdown's time ran out")
+        if t.is_alive():
+            self.sender.abort()
             t.join(max(0.0, deadline - time.monotonic()))
-            if t.is_alive():  # stuck in a network call: cut it short
-                self.sender.abort()
-                t.join(0.5)
-        left = sum(n for n, _, _ in self._q)
-        self._q.clear()
-        if left and self.parent is not None:
-            self.parent._count(dropped=left)
-        try:
-            self.sender.close()
-        except Exception:
-            pass
+        if not t.is_alive():
+            try:
+                self.sender.close()
+            except Exception:
+                pass
+
+    def _count(self, ok: int, dropped: int, errors: int, kind: str = "", msg: str = "") -> None:
+        p = self.parent
+        if p is not None:
+            p._count(exported=ok, dropped=dropped, errors=errors)
+            if kind:
+                msg = f"spans to {self.sender.url}: {msg}; dropped (counted in dropped_spans)"
+                say_once(f"spans:{id(p)}:{self.name}:{kind}", msg + " (reported once)")
 
 
 class SpanExporter:
@@ -210,11 +199,8 @@ class SpanExporter:
     def __init__(self, outputs: Sequence[Output], *, round_spans: int = 256) -> None:
         self.builder = SpanBuilder(round_spans)
         self.outputs = tuple(outputs)
-        self._lock = threading.Lock()
-        self._count_lock = threading.Lock()
-        self.exported_spans = 0
-        self.dropped_spans = 0
-        self.export_errors = 0
+        self._lock, self._count_lock = threading.Lock(), threading.Lock()
+        self.exported_spans = self.dropped_spans = self.export_errors = 0
         self._closed = False
         for o in self.outputs:
             o.parent = self
@@ -230,18 +216,15 @@ class SpanExporter:
         with self._lock:
             if self._closed:
                 return
-            b = self.builder
-            bad = b.bad_records
+            b, bad = self.builder, self.builder.bad_records
             b.add(batch, spans)
             if b.bad_records != bad:
                 self._count(errors=b.bad_records - bad)
-            if spans:
-                for o in self.outputs:
-                    o.add(spans)
+            for o in self.outputs if spans else ():
+                o.add(spans)
 
     def tick(self) -> None:
-        """After each drain: whatever is pending becomes a request now (latency bound =
-        the worker's wake interval)."""
+        """After each drain: what is pending becomes a request (latency = the worker's wake)."""
         with self._lock:
             for o in self.outputs:
                 o.seal()
@@ -249,38 +232,26 @@ class SpanExporter:
     def flush(self, timeout_s: float = 5.0) -> bool:
         deadline = time.monotonic() + timeout_s
         self.tick()
-        ok = True
-        for o in self.outputs:
-            ok = o.wait_idle(deadline) and ok
-        return ok
+        return all([o.wait_idle(deadline) for o in self.outputs])
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Close sessions that never ended (end = last stamp seen), send what is left while
-        ``timeout_s`` lasts, and stop. Bounded: a stuck send is cut off."""
+        ``timeout_s`` lasts, cut off the rest (counted dropped): back within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
             if self._closed:
                 return
+            self._closed = True
             spans: list[Span] = []
             self.builder.finish_open(spans)
             for o in self.outputs:
-                if spans:
-                    o.add(spans)
+                o.add(spans)
                 o.seal()
-            self._closed = True
         for o in self.outputs:
             o.close(deadline)
-
-    # -- accounting ----------------------------------------------------------------------
 
     def _count(self, *, exported: int = 0, dropped: int = 0, errors: int = 0) -> None:
         with self._count_lock:
             self.exported_spans += exported
             self.dropped_spans += dropped
             self.export_errors += errors
-
-    def _report(self, out: Output, kind: str, msg: str) -> None:
-        say_once(
-            f"spans:{id(self)}:{out.name}:{kind}",
-            f"spans to {out.sender.url}: {msg} (counted in dropped_spans; reported once)",
-        )

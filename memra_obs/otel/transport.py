@@ -1,405 +1,310 @@
-"""Where encoded span requests go: OTLP/HTTP (stdlib), OTLP/gRPC (grpcio), a JSON-lines
-file, or an SDK ``SpanExporter`` found by entry point.
+"""Where encoded requests go: OTLP/HTTP (stdlib), OTLP/gRPC (grpcio), a JSON-lines file
+rotated at a size limit, or an SDK ``SpanExporter`` found by entry point.
 
-Senders run on the span exporter's own sender thread, never the loop's. Each ``send`` is
-bounded: retryable answers (HTTP 429/502/503/504, gRPC UNAVAILABLE & co.) get at most
-``attempts`` tries with short backoff (``Retry-After`` honored up to ``max_backoff_s``),
-and the backoff waits on the exporter's stop event so shutdown never waits for it. Network
-calls release the GIL; the Python around them is a few hundred µs per request.
+``send(payload, timeout_s)`` is one attempt: it returns the spans the receiver rejected, or
+raises :class:`Retry` for what the OTLP specification calls retryable (with the receiver's
+``Retry-After`` or RetryInfo wait), else :class:`SendError`; the retry loop is the
+exporter's. ``abort()`` (from another thread, at shutdown) cuts the attempt in flight short.
 """
 
 from __future__ import annotations
 
+import email.utils
 import gzip
 import http.client
+import json
+import os
+import socket
 import ssl
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from datetime import timezone
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from .config import OtlpConfig
 from .spans import Span
 
-__all__ = [
-    "FileSender",
-    "GrpcSender",
-    "HttpSender",
-    "SdkSender",
-    "SendError",
-    "rejected_spans",
-]
-
 RETRY_HTTP = frozenset((429, 502, 503, 504))
-TRACE_SERVICE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-#: gRPC reconnect backoff bounds (ms): a peer that comes back is reached within ~2.4 s
-#: (the bound plus gRPC's 20% jitter) however long it was gone.
-RECONNECT_INITIAL_MS = 500
-RECONNECT_MAX_MS = 2000
+RETRY_GRPC = frozenset(("CANCELLED", "DEADLINE_EXCEEDED", "ABORTED", "OUT_OF_RANGE"))
+RETRY_GRPC |= {"UNAVAILABLE", "DATA_LOSS"}  # and RESOURCE_EXHAUSTED with RetryInfo
 
 
 class SendError(Exception):
     """An export that did not get through (after any retries)."""
 
 
-def rejected_spans(resp: bytes) -> int:
-    """``partial_success.rejected_spans`` of an ``ExportTraceServiceResponse`` (0 if none).
+class Retry(Exception):
+    """A retryable failure; ``after_s`` is the wait the receiver asked for (None: back off)."""
 
-    A hand-rolled read of two fields, so the core never imports opentelemetry-proto."""
-    try:
-        i, n = 0, len(resp)
-        while i < n:
-            tag, i = _uvarint(resp, i)
-            wt = tag & 7
-            if tag >> 3 == 1 and wt == 2:  # partial_success
-                ln, i = _uvarint(resp, i)
-                j, end = i, i + ln
-                while j < end:
-                    t2, j = _uvarint(resp, j)
-                    if t2 == 0x08:  # rejected_spans, varint
-                        v, j = _uvarint(resp, j)
-                        return v
-                    j = _skip(resp, j, t2 & 7)
-                return 0
-            i = _skip(resp, i, wt)
-    except (IndexError, ValueError):
-        return 0
-    return 0
+    def __init__(self, msg: str, after_s: float | None = None) -> None:
+        super().__init__(msg)
+        self.after_s = after_s
+
+
+def _fields(b: Any) -> list[tuple[int, Any]]:
+    """(field number, value) pairs of a protobuf message, read by hand so the core never
+    imports opentelemetry-proto: varints as ints, length-delimited fields as bytes (fixed
+    ones skipped; not bytes: no fields). Junk raises IndexError or ValueError."""
+    out: list[tuple[int, Any]] = []
+    i, n = 0, len(b) if isinstance(b, bytes) else 0
+    while i < n:
+        tag, i = _uvarint(b, i)
+        if tag & 7 in (1, 5):
+            i += 8 if tag & 7 == 1 else 4
+            continue
+        if tag & 7 not in (0, 2):
+            raise ValueError(f"wire type {tag & 7}")
+        v, i = _uvarint(b, i)
+        if tag & 7 == 2:
+            v, i = b[i : i + v], i + v
+        if i > n:
+            raise ValueError("truncated")
+        out.append((tag >> 3, v))
+    return out
 
 
 def _uvarint(b: bytes, i: int) -> tuple[int, int]:
-    shift = v = 0
-    while True:
-        c = b[i]
-        i += 1
-        v |= (c & 127) << shift
-        if c < 128:
-            return v, i
-        shift += 7
+    v = shift = 0
+    while b[i] & 128:
+        v, i, shift = v | (b[i] & 127) << shift, i + 1, shift + 7
+    return v | b[i] << shift, i + 1
 
 
-def _skip(b: bytes, i: int, wt: int) -> int:
-    if wt == 0:
-        return _uvarint(b, i)[1]
-    if wt == 1:
-        return i + 8
-    if wt == 2:
-        ln, i = _uvarint(b, i)
-        return i + ln
-    if wt == 5:
-        return i + 4
-    raise ValueError(f"wire type {wt}")
-
-
-def _json_rejected(resp: bytes) -> int:
-    import json
-
+def rejected_spans(resp: bytes) -> int:
+    """``partial_success.rejected_spans`` of an ``ExportTraceServiceResponse`` (0 if none)."""
     try:
-        v = json.loads(resp or b"{}").get("partialSuccess", {}).get("rejectedSpans", 0)
-        return int(v)
-    except (ValueError, AttributeError, TypeError):
+        v = dict(_fields(dict(_fields(resp)).get(1))).get(1, 0)
+    except (IndexError, ValueError):
         return 0
+    return v if isinstance(v, int) else 0
 
 
-def _ssl_context(cfg: OtlpConfig) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=cfg.certificate)
-    if cfg.client_certificate:
-        ctx.load_cert_chain(cfg.client_certificate, cfg.client_key)
-    return ctx
+def retry_info_s(details: bytes) -> float | None:
+    """The delay of the RetryInfo in a ``grpc-status-details-bin`` trailer (google.rpc.Status
+    {3: Any {1: type_url, 2: RetryInfo {1: Duration {1: s, 2: ns}}}*}), or None."""
+    try:
+        for a in (dict(_fields(v)) for f, v in _fields(details) if f == 3):
+            if a.get(1, b"").endswith(b"/google.rpc.RetryInfo"):
+                d = dict(_fields(dict(_fields(a.get(2))).get(1)))
+                return max(0.0, d.get(1, 0) + d.get(2, 0) / 1e9)
+    except (IndexError, ValueError, TypeError, AttributeError):
+        pass
+    return None
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """An HTTP ``Retry-After``: delay-seconds or an HTTP-date (RFC 9110); None if unreadable."""
+    v = (value or "").strip()
+    if v.isdigit():
+        return float(v)
+    try:
+        when = email.utils.parsedate_to_datetime(v)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # "-0000": UTC, no zone said
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _body(payload: bytes | str) -> bytes:
+    return payload.encode() if isinstance(payload, str) else payload
 
 
 class HttpSender:
     """OTLP/HTTP on one keep-alive ``http.client`` connection (protobuf or JSON bodies)."""
 
-    def __init__(
-        self,
-        cfg: OtlpConfig,
-        stop: threading.Event,
-        *,
-        json: bool = False,
-        attempts: int = 3,
-        max_backoff_s: float = 1.0,
-    ) -> None:
+    def __init__(self, cfg: OtlpConfig, *, json: bool = False) -> None:
         u = urlsplit(cfg.endpoint)
-        self.url = cfg.endpoint
-        self._https = u.scheme == "https"
-        self._host = u.hostname or "localhost"
-        self._port = u.port or (443 if self._https else 80)
+        self.url, self.timeout_s, self._json = cfg.endpoint, cfg.timeout_s, json
+        self._addr = (u.hostname or "localhost", u.port or (443 if u.scheme == "https" else 80))
         self._path = (u.path or "/") + (f"?{u.query}" if u.query else "")
-        self._timeout = cfg.timeout_s
-        self._ctx = _ssl_context(cfg) if self._https else None
+        self._cls: Any = http.client.HTTPConnection
+        self._kw: dict[str, Any] = {}
+        if u.scheme == "https":
+            ctx = ssl.create_default_context(cafile=cfg.certificate)
+            if cfg.client_certificate:
+                ctx.load_cert_chain(cfg.client_certificate, cfg.client_key)
+            self._cls, self._kw = http.client.HTTPSConnection, {"context": ctx}
         self._gzip = cfg.compression == "gzip"
-        self._json = json
-        h = {
-            "Content-Type": "application/json" if json else "application/x-protobuf",
-            "User-Agent": "memra-obs-otlp",
-        }
-        if self._gzip:
-            h["Content-Encoding"] = "gzip"
-        h.update(cfg.headers)
-        self._headers = h
-        self._stop = stop
-        self._attempts = max(1, attempts)
-        self._max_backoff = max_backoff_s
+        ct = "application/json" if json else "application/x-protobuf"
+        gz = [("Content-Encoding", "gzip")] if self._gzip else []
+        self._headers = dict([("Content-Type", ct), ("User-Agent", "memra-obs-otlp"), *gz])
+        self._headers.update(cfg.headers)
         self._conn: http.client.HTTPConnection | None = None
 
-    def _connection(self) -> http.client.HTTPConnection:
+    def send(self, payload: bytes | str, timeout_s: float) -> int:
+        """POST one request; returns the spans the receiver said it rejected."""
+        body = gzip.compress(_body(payload), compresslevel=5) if self._gzip else _body(payload)
         c = self._conn
-        if c is None:
-            if self._https:
-                c = http.client.HTTPSConnection(
-                    self._host, self._port, timeout=self._timeout, context=self._ctx
-                )
-            else:
-                c = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
-            self._conn = c
-        return c
-
-    def _post(self, body: bytes) -> tuple[int, str | None, bytes]:
-        fresh = self._conn is None
-        c = self._connection()
         try:
+            if c is None:
+                c = self._conn = self._cls(*self._addr, timeout=timeout_s, **self._kw)
+            elif c.sock is not None:
+                c.sock.settimeout(timeout_s)
             c.request("POST", self._path, body=body, headers=self._headers)
             r = c.getresponse()
             data = r.read()
-        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-            self.abort()
-            if fresh:
-                raise
-            # The server closed an idle keep-alive connection: one immediate retry.
-            c = self._connection()
-            try:
-                c.request("POST", self._path, body=body, headers=self._headers)
-                r = c.getresponse()
-                data = r.read()
-            except BaseException:
-                self.abort()
-                raise
-        except BaseException:
-            self.abort()
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, (OSError, http.client.HTTPException)):  # refused, reset, closed
+                raise Retry(f"{self.url}: {exc!r}") from None
             raise
         if r.will_close:
-            self.abort()
-        return r.status, r.getheader("Retry-After"), data
-
-    def send(self, payload: bytes | str) -> int:
-        """POST one request; returns the spans the receiver said it rejected."""
-        body = payload.encode() if isinstance(payload, str) else payload
-        if self._gzip:
-            body = gzip.compress(body, compresslevel=5)
-        delay = 0.05
-        for attempt in range(1, self._attempts + 1):
+            self.close()
+        if 200 <= r.status < 300:
+            if not self._json:
+                return rejected_spans(data)
             try:
-                status, retry_after, data = self._post(body)
-            except (OSError, http.client.HTTPException) as exc:
-                raise SendError(f"{self.url}: {exc!r}") from None
-            if 200 <= status < 300:
-                return _json_rejected(data) if self._json else rejected_spans(data)
-            if status not in RETRY_HTTP or attempt == self._attempts:
-                raise SendError(f"{self.url}: HTTP {status} {data[:200]!r}")
-            wait = delay
-            if retry_after and retry_after.strip().isdigit():
-                wait = float(retry_after.strip())
-            if self._stop.wait(min(wait, self._max_backoff)):
-                raise SendError(f"{self.url}: HTTP {status}; shutting down, not retried")
-            delay *= 2
-        raise SendError(f"{self.url}: gave up")  # not reached
+                return int(json.loads(data or b"{}")["partialSuccess"]["rejectedSpans"])
+            except (ValueError, KeyError, TypeError):
+                return 0
+        msg = f"{self.url}: HTTP {r.status} {data[:200]!r}"
+        if r.status in RETRY_HTTP:
+            raise Retry(msg, retry_after_s(r.getheader("Retry-After")))
+        raise SendError(msg)
 
     def abort(self) -> None:
-        """Close the connection (also from another thread, to cut a stuck call short)."""
+        """Shut the socket down: the sender's own thread sees the error and closes it."""
+        try:
+            getattr(self._conn, "sock").shutdown(socket.SHUT_RDWR)  # noqa: B009
+        except (AttributeError, OSError):  # no connection (yet), or already closed
+            pass
+
+    def close(self) -> None:
         c, self._conn = self._conn, None
         if c is not None:
-            try:
-                c.close()
-            except Exception:
-                pass
-
-    close = abort
+            c.close()
 
 
 class GrpcSender:
     """OTLP/gRPC through grpcio's generic unary call: our bytes go out as they are."""
 
-    RETRY_CODES = (
-        "UNAVAILABLE",
-        "RESOURCE_EXHAUSTED",
-        "DEADLINE_EXCEEDED",
-        "ABORTED",
-        "CANCELLED",
-        "DATA_LOSS",
-    )
-
-    def __init__(
-        self,
-        cfg: OtlpConfig,
-        stop: threading.Event,
-        *,
-        attempts: int = 3,
-        max_backoff_s: float = 1.0,
-    ) -> None:
+    def __init__(self, cfg: OtlpConfig) -> None:
         import grpc  # lazily: only the gRPC protocol needs it
 
         self._grpc = grpc
-        self.url = cfg.endpoint
-        opts = [
-            ("grpc.max_send_message_length", 64 << 20),
-            ("grpc.enable_retries", 0),
-            # gRPC's own reconnect backoff grows to 120 s while the collector is down, and
-            # every export fails fast until the next attempt: after a 30 s outage a worker
-            # went on dropping spans for 12 s with the collector back (found against a
-            # restarted Jaeger). Nothing is queued across failures here, so reconnect soon.
-            ("grpc.initial_reconnect_backoff_ms", RECONNECT_INITIAL_MS),
-            ("grpc.max_reconnect_backoff_ms", RECONNECT_MAX_MS),
-        ]
-        comp = (
-            grpc.Compression.Gzip if cfg.compression == "gzip" else grpc.Compression.NoCompression
-        )
+        self.url, self.timeout_s = cfg.endpoint, cfg.timeout_s
+        # grpcio's retries off (ours run). Its reconnect backoff grows to 120 s while the
+        # collector is down, and every export fails fast until the next attempt (after a 30 s
+        # outage a worker went on dropping for 12 s, Jaeger back): capped, ~2.4 s.
+        opt = [("grpc.max_send_message_length", 64 << 20), ("grpc.enable_retries", 0)]
+        opt += [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000)]
+        gz = cfg.compression == "gzip"
+        comp = grpc.Compression.Gzip if gz else grpc.Compression.NoCompression
         if cfg.secure:
-
-            def _read(p: str | None) -> bytes | None:
-                if p is None:
-                    return None
-                with open(p, "rb") as f:
-                    return f.read()
-
-            creds = grpc.ssl_channel_credentials(
-                _read(cfg.certificate), _read(cfg.client_key), _read(cfg.client_certificate)
-            )
-            self._channel = grpc.secure_channel(cfg.endpoint, creds, options=opts, compression=comp)
+            pems = (cfg.certificate, cfg.client_key, cfg.client_certificate)
+            creds = grpc.ssl_channel_credentials(*(p and Path(p).read_bytes() for p in pems))
+            ch = grpc.secure_channel(cfg.endpoint, creds, options=opt, compression=comp)
         else:
-            self._channel = grpc.insecure_channel(cfg.endpoint, options=opts, compression=comp)
-        ident: Callable[[bytes], bytes] = _identity
-        self._call = self._channel.unary_unary(
-            TRACE_SERVICE_METHOD, request_serializer=ident, response_deserializer=ident
-        )
-        self._metadata = tuple((k.lower(), v) for k, v in cfg.headers)
-        self._timeout = cfg.timeout_s
-        self._retry = frozenset(getattr(grpc.StatusCode, c) for c in self.RETRY_CODES)
-        self._stop = stop
-        self._attempts = max(1, attempts)
-        self._max_backoff = max_backoff_s
+            ch = grpc.insecure_channel(cfg.endpoint, options=opt, compression=comp)
+        self._channel, method = ch, "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+        self._call = ch.unary_unary(method, request_serializer=_body, response_deserializer=bytes)
+        self._metadata = tuple((k.lower(), v) for k, v in cfg.headers) or None
 
-    def send(self, payload: bytes | str) -> int:
-        body = payload.encode() if isinstance(payload, str) else payload
-        delay = 0.05
-        for attempt in range(1, self._attempts + 1):
-            try:
-                resp = self._call(body, timeout=self._timeout, metadata=self._metadata or None)
-                return rejected_spans(resp or b"")
-            except self._grpc.RpcError as exc:
-                code = exc.code() if hasattr(exc, "code") else None
-                if code not in self._retry or attempt == self._attempts:
-                    raise SendError(
-                        f"grpc {self.url}: {code} {exc.details() if hasattr(exc, 'details') else ''}"
-                    ) from None
-                if self._stop.wait(min(delay, self._max_backoff)):
-                    raise SendError(
-                        f"grpc {self.url}: {code}; shutting down, not retried"
-                    ) from None
-                delay *= 2
-        raise SendError(f"grpc {self.url}: gave up")  # not reached
+    def send(self, payload: bytes | str, timeout_s: float) -> int:
+        try:
+            return rejected_spans(self._call(payload, timeout=timeout_s, metadata=self._metadata))
+        except self._grpc.RpcError as exc:
+            code = exc.code()
+            trailers = dict(exc.trailing_metadata() or ())
+            after = retry_info_s(trailers.get("grpc-status-details-bin", b""))
+            msg = f"grpc {self.url}: {code} {exc.details()}"
+            if code.name in RETRY_GRPC or (code.name == "RESOURCE_EXHAUSTED" and after is not None):
+                raise Retry(msg, after or None) from None  # RetryInfo 0: no advice, back off
+            raise SendError(msg) from None
 
     def abort(self) -> None:
-        self._channel.close()
+        self._channel.close()  # cancels the call in flight
 
     close = abort
 
 
-def _identity(b: bytes) -> bytes:
-    return b
+class _Local:
+    timeout_s = float("inf")  # no network deadline
+
+    def abort(self) -> None:
+        """Nothing to cut short."""
 
 
-class FileSender:
-    """Appends each request as one line to a file (opened on first use, kept open)."""
+class FileSender(_Local):
+    """Appends each request as one line to a file, kept open. With ``max_bytes``, a line that
+    would take the file past it first renames the file to ``<path>.1`` (replacing an older
+    one) and starts a new file: at most two files, each within the limit (a single longer
+    line excepted)."""
 
-    def __init__(self, path: str) -> None:
-        self.url = path
+    def __init__(self, path: str, max_bytes: int = 0) -> None:
+        self.path, self.max_bytes = os.path.abspath(path), max_bytes
+        mib = f"{max_bytes >> 20} MiB" if max_bytes % (1 << 20) == 0 else f"{max_bytes} bytes"
+        keep = f" (rotates at {mib}, keeps one previous file)" if max_bytes else ""
+        self.url = self.path + keep
         self._f: Any = None
+        self._size = 0
 
-    def send(self, payload: bytes | str) -> int:
+    def send(self, payload: bytes | str, timeout_s: float = 0.0) -> int:
+        line = _body(payload) + b"\n"
         try:
-            f = self._f
-            if f is None:
-                f = self._f = open(self.url, "a", encoding="utf-8")  # noqa: SIM115
-            f.write(payload if isinstance(payload, str) else payload.decode())
-            f.write("\n")
-            f.flush()
+            if self._f is None:
+                self._f = open(self.path, "ab")  # noqa: SIM115  (kept open)
+                self._size = self._f.tell()
+            if self.max_bytes and self._size and self._size + len(line) > self.max_bytes:
+                self.close()
+                os.replace(self.path, self.path + ".1")
+                self._f, self._size = open(self.path, "ab"), 0  # noqa: SIM115
+            self._f.write(line)
+            self._f.flush()
+            self._size += len(line)
         except OSError as exc:
-            raise SendError(f"{self.url}: {exc!r}") from None
+            raise SendError(f"{self.path}: {exc!r}") from None
         return 0
 
-    def abort(self) -> None:
+    def close(self) -> None:
         f, self._f = self._f, None
         if f is not None:
-            try:
-                f.close()
-            except OSError:
-                pass
-
-    close = abort
+            f.close()
 
 
-class SdkSender:
-    """The slow, universal path: ReadableSpans handed to an SDK ``SpanExporter``.
+class SdkSender(_Local):
+    """The slow, universal path: ReadableSpans handed to an SDK ``SpanExporter`` (which does
+    its own retries). Spans are built here, on the sender thread, in chunks with a short
+    sleep between, so even this path leaves the loop its GIL."""
 
-    Spans are built here, on the sender thread, in chunks with a short sleep between, so
-    even this path leaves the loop its GIL.
-    """
-
-    def __init__(
-        self, exporter: Any, resource: Any, scope: Any, *, chunk: int = 64, pause_s: float = 0.0005
-    ) -> None:
+    def __init__(self, exporter: Any, resource: Any, scope: Any, *, chunk: int = 64) -> None:
         from opentelemetry.sdk.trace import ReadableSpan
         from opentelemetry.sdk.trace.export import SpanExportResult
         from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-        self.url = type(exporter).__name__
-        self.exporter = exporter
-        self._resource = resource
-        self._scope = scope
-        self._chunk = chunk
-        self._pause = pause_s
-        self._RS = ReadableSpan
-        self._SC = SpanContext
-        self._flags = TraceFlags(TraceFlags.SAMPLED)
-        self._kind = SpanKind.INTERNAL
-        self._unset = Status(StatusCode.UNSET)
-        self._status = Status
-        self._codes = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
-        self._ok = SpanExportResult.SUCCESS
+        self.url, self.exporter, self._chunk = type(exporter).__name__, exporter, chunk
+        flags, codes = TraceFlags(TraceFlags.SAMPLED), {0: StatusCode.UNSET, 1: StatusCode.OK}
 
-    def readable(self, sp: Span) -> Any:
-        name, tid, sid, pid, start, end, attrs, status = sp
-        return self._RS(
-            name,
-            context=self._SC(tid, sid, False, self._flags),
-            parent=self._SC(tid, pid, False, self._flags) if pid else None,
-            resource=self._resource,
-            attributes=dict(attrs),
-            kind=self._kind,
-            status=self._unset
-            if status is None
-            else self._status(self._codes.get(status[0], self._codes[2]), status[1] or None),
-            start_time=start,
-            end_time=end,
-            instrumentation_scope=self._scope,
-        )
+        def readable(sp: Span) -> Any:
+            name, tid, sid, pid, start, end, attrs, st = sp
+            code = codes.get(st[0], StatusCode.ERROR) if st else StatusCode.UNSET
+            status = Status(code, st[1] or None) if st else Status()
+            return ReadableSpan(
+                name,
+                context=SpanContext(tid, sid, False, flags),
+                parent=SpanContext(tid, pid, False, flags) if pid else None,
+                resource=resource,
+                attributes=dict(attrs),
+                kind=SpanKind.INTERNAL,
+                status=status,
+                start_time=start,
+                end_time=end,
+                instrumentation_scope=scope,
+            )
 
-    def send(self, payload: Sequence[Span]) -> int:
+        self.readable, self._ok = readable, SpanExportResult.SUCCESS
+
+    def send(self, payload: Sequence[Span], timeout_s: float = 0.0) -> int:
         for i in range(0, len(payload), self._chunk):
             if i:
-                time.sleep(self._pause)
+                time.sleep(0.0005)
             res = self.exporter.export([self.readable(sp) for sp in payload[i : i + self._chunk]])
             if res != self._ok:
                 raise SendError(f"{self.url}.export returned {res}")
         return 0
 
-    def abort(self) -> None:
-        pass
-
     def close(self) -> None:
-        try:
-            self.exporter.shutdown()
-        except Exception:
-            pass
+        self.exporter.shutdown()

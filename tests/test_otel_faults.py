@@ -1,0 +1,399 @@
+"""The span exporter's promises under faults (issue 13): every span ends up exported or
+counted as dropped, shutdown keeps its timeout, retries follow the OTLP specification
+(jittered exponential backoff inside an overall deadline, Retry-After in both forms, gRPC's
+retryable codes), and the default span file rotates at its size limit."""
+
+from __future__ import annotations
+
+import email.utils
+import http.server
+import itertools
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+
+import pytest
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from test_otel_export import Receiver, closed_port, make, run_session
+
+from memra_obs import diagnostics
+from memra_obs.environment import ConfigError, Settings
+from memra_obs.observer import Observer
+from memra_obs.otel import build_span_exporter
+from memra_obs.testing import RecordingSink
+
+pytestmark = pytest.mark.integration
+
+SPANS = 1 + 2 + 5 * 6  # run_session(prof=False): session, 2 bursts, 5 rounds of 6 spans
+
+
+def session_records() -> list:
+    """The records of one run_session(prof=False), kept in memory."""
+    keep = RecordingSink(wants_trace_ids=True)
+    run_session(Observer([keep], level=1, prof=False), prof=False)
+    return list(keep.records)
+
+
+def wait_for(cond: Callable[[], object], timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out waiting"
+        time.sleep(0.005)
+
+
+class Scripted:
+    """An OTLP/HTTP receiver answering from a script of (status, headers, delay_s); 200 once
+    the script runs out. Keeps every request's arrival time; decodes what it accepts."""
+
+    def __init__(self, script: list[tuple[int, dict[str, str], float]]) -> None:
+        self.script = list(script)
+        self.times: list[float] = []
+        self.spans = 0
+        rx = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                rx.times.append(time.monotonic())
+                status, headers, delay = rx.script.pop(0) if rx.script else (200, {}, 0.0)
+                time.sleep(delay)
+                if status == 200:
+                    msg = ExportTraceServiceRequest.FromString(body)
+                    rx.spans += sum(
+                        len(ss.spans) for rs in msg.resource_spans for ss in rs.scope_spans
+                    )
+                headers = {k: v() if callable(v) else v for k, v in headers.items()}
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Silent:
+    """A collector that accepts connections, reads, and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.got = 0
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self._read, args=(c,), daemon=True).start()
+
+    def _read(self, c: socket.socket) -> None:
+        try:
+            while c.recv(1 << 16):
+                self.got += 1
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+# ------------------------------------------------------------------------------ shutdown
+
+
+@pytest.mark.parametrize("collector", ["silent", "slow 429"])
+def test_shutdown_accounts_for_the_request_in_flight_within_its_timeout(collector, caplog):
+    """A request in flight at shutdown (a collector that never answers, or one that answers
+    429 slowly): every span is exported or counted dropped, nothing says 'sender raised',
+    and the exporter's shutdown takes no longer than its timeout."""
+    diagnostics.reset()
+    if collector == "silent":
+        rx: Silent | Scripted = Silent()
+        busy: Callable[[], object] = lambda: rx.got  # noqa: E731
+    else:
+        rx = Scripted([(429, {}, 1.2)] * 50)
+        busy = lambda: rx.times  # noqa: E731
+    try:
+        ex = build_span_exporter(Settings(), env={"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url})
+        ex.export(session_records())
+        ex.tick()
+        wait_for(busy)
+        t0 = time.monotonic()
+        ex.shutdown(1.0)
+        took = time.monotonic() - t0
+    finally:
+        rx.close()
+    assert ex.exported_spans + ex.dropped_spans == SPANS, (ex.exported_spans, ex.dropped_spans)
+    assert ex.dropped_spans == SPANS and ex.export_errors >= 1
+    assert "sender raised" not in caplog.text
+    assert took <= 1.02, took
+
+
+def test_observer_shutdown_keeps_its_timeout_with_a_silent_collector():
+    """The whole chain (queue, worker, exporter) against a collector that never answers:
+    shutdown(1) returns in about a second and every span is accounted for."""
+    rx = Silent()
+    try:
+        obs, _q, ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url}, prof=False)
+        run_session(obs, prof=False)
+        run_session(obs, prof=False)
+        wait_for(lambda: rx.got)
+        t0 = time.monotonic()
+        obs.shutdown(1.0)
+        took = time.monotonic() - t0
+    finally:
+        rx.close()
+    assert ex.exported_spans + ex.dropped_spans == 2 * SPANS
+    # export.ExporterSet gives the last exporter a 50 ms floor past the deadline.
+    assert took <= 1.1, took
+
+
+# ------------------------------------------------------------------------------- retries
+
+
+def test_retry_after_is_honored_in_seconds_and_as_an_http_date():
+    """429 with Retry-After: 2, then 503 with an HTTP-date ~2 s ahead, then 200: the retries
+    wait what the collector asked for, and the spans arrive."""
+    date = lambda: email.utils.formatdate(time.time() + 2.0, usegmt=True)  # noqa: E731
+    rx = Scripted([(429, {"Retry-After": "2"}, 0.0), (503, {"Retry-After": date}, 0.0)])
+    try:
+        obs, _q, ex = make(
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url, "OTEL_EXPORTER_OTLP_TIMEOUT": "9000"},
+            prof=False,
+        )
+        run_session(obs, prof=False)
+        obs.shutdown(12)
+    finally:
+        rx.close()
+    t = rx.times
+    assert len(t) == 3 and ex.exported_spans == SPANS == rx.spans and ex.dropped_spans == 0
+    assert 1.95 <= t[1] - t[0] <= 2.6, t
+    assert 0.95 <= t[2] - t[1] <= 2.6, t  # an HTTP-date has whole seconds
+
+
+def test_retry_after_beyond_the_deadline_drops_at_once():
+    """A Retry-After longer than the export timeout: no waiting, no second attempt; the
+    spans are counted dropped."""
+    rx = Scripted([(503, {"Retry-After": "30"}, 0.0)])
+    try:
+        obs, _q, ex = make(
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url, "OTEL_EXPORTER_OTLP_TIMEOUT": "1000"},
+            prof=False,
+        )
+        run_session(obs, prof=False)
+        t0 = time.monotonic()
+        obs.shutdown(5)
+        assert time.monotonic() - t0 < 0.8
+    finally:
+        rx.close()
+    assert len(rx.times) == 1 and ex.dropped_spans == SPANS and ex.export_errors == 1
+
+
+def test_backoff_is_jittered_exponential_within_the_overall_deadline():
+    """503 forever without Retry-After and a 2 s export timeout: attempts keep coming with
+    growing, jittered gaps until the deadline, then the request is dropped."""
+    rx = Scripted([(503, {}, 0.0)] * 100)
+    try:
+        obs, _q, ex = make(
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url, "OTEL_EXPORTER_OTLP_TIMEOUT": "2000"},
+            prof=False,
+        )
+        run_session(obs, prof=False)
+        wait_for(lambda: ex.dropped_spans, timeout=5)
+        obs.shutdown(1)
+    finally:
+        rx.close()
+    t = rx.times
+    gaps = [b - a for a, b in itertools.pairwise(t)]
+    assert len(t) >= 4 and t[-1] - t[0] <= 2.05, t
+    assert all(b >= 0.9 * a for a, b in itertools.pairwise(gaps)), gaps
+    assert ex.dropped_spans == SPANS and ex.exported_spans == 0
+
+    from memra_obs.otel.exporter import backoff_s  # the schedule: exponential, capped, jittered
+
+    for n in range(6):
+        draws = [backoff_s(n) for _ in range(400)]
+        cap = min(0.1 * 2**n, 5.0)
+        assert all(0.5 * cap <= d <= cap for d in draws), n
+        assert max(draws) - min(draws) > 0.3 * cap, n  # jittered, not a fixed step
+
+
+def test_a_collector_that_comes_up_late_still_gets_the_spans():
+    """Connection refused is retried with backoff (OTLP/HTTP Connection): a collector that
+    starts half a second late receives everything."""
+    port = closed_port()
+    obs, _q, ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}, prof=False)
+    run_session(obs, prof=False)
+    time.sleep(0.5)
+    rx = Receiver()
+    rx.server.server_close()
+    rx.server.shutdown()
+    late = http.server.ThreadingHTTPServer(("127.0.0.1", port), rx.server.RequestHandlerClass)
+    threading.Thread(target=late.serve_forever, daemon=True).start()
+    try:
+        obs.shutdown(8)
+    finally:
+        late.shutdown()
+        late.server_close()
+    assert ex.exported_spans == SPANS == len(rx.spans) and ex.dropped_spans == 0
+
+
+def _grpc_collector(script: list[tuple[str, float | None]]):
+    """A gRPC TraceService failing with (code, RetryInfo delay or None) from the script,
+    then answering OK; returns (server, port, call times)."""
+    grpc = pytest.importorskip("grpc")
+    from google.protobuf.duration_pb2 import Duration
+    from google.rpc import error_details_pb2, status_pb2
+
+    times: list[float] = []
+
+    def export(req: ExportTraceServiceRequest, ctx) -> ExportTraceServiceResponse:
+        times.append(time.monotonic())
+        if script:
+            name, delay = script.pop(0)
+            code = getattr(grpc.StatusCode, name)
+            st = status_pb2.Status(code=code.value[0], message="not now")
+            if delay is not None:
+                info = error_details_pb2.RetryInfo(
+                    retry_delay=Duration(seconds=int(delay), nanos=int(delay % 1 * 1e9))
+                )
+                st.details.add().Pack(info)
+            ctx.set_trailing_metadata((("grpc-status-details-bin", st.SerializeToString()),))
+            ctx.abort(code, "not now")
+        return ExportTraceServiceResponse()
+
+    handler = grpc.method_handlers_generic_handler(
+        "opentelemetry.proto.collector.trace.v1.TraceService",
+        {
+            "Export": grpc.unary_unary_rpc_method_handler(
+                export,
+                request_deserializer=ExportTraceServiceRequest.FromString,
+                response_serializer=ExportTraceServiceResponse.SerializeToString,
+            )
+        },
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, port, times
+
+
+@pytest.mark.parametrize(
+    ("code", "delay", "retried"),
+    [
+        ("RESOURCE_EXHAUSTED", None, False),  # no RetryInfo: the server cannot recover
+        ("RESOURCE_EXHAUSTED", 0.4, True),
+        ("UNAVAILABLE", 0.4, True),  # RetryInfo's delay is waited
+        ("OUT_OF_RANGE", None, True),
+        ("ABORTED", None, True),
+        ("INVALID_ARGUMENT", None, False),
+        ("UNKNOWN", None, False),
+    ],
+)
+def test_grpc_retries_the_specification_codes(code, delay, retried):
+    """gRPC: the specification's retryable codes are retried, RESOURCE_EXHAUSTED only with
+    RetryInfo (whose delay is honored); the others drop the request at once."""
+    server, port, times = _grpc_collector([(code, delay)])
+    try:
+        env = {
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        }
+        obs, _q, ex = make(env, prof=False)
+        run_session(obs, prof=False)
+        obs.shutdown(5)
+    finally:
+        server.stop(0)
+    if retried:
+        assert len(times) == 2 and ex.exported_spans == SPANS and ex.dropped_spans == 0
+        if delay is not None:
+            assert times[1] - times[0] >= delay - 0.02, times
+    else:
+        assert len(times) == 1 and ex.dropped_spans == SPANS and ex.export_errors == 1
+
+
+# ------------------------------------------------------------------------- the span file
+
+
+def _spans_in(path) -> list[dict]:
+    out = []
+    for line in path.read_text().splitlines():
+        json_format.Parse(line, ExportTraceServiceRequest())
+        for rs in json.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                out.extend(ss["spans"])
+    return out
+
+
+def test_span_file_rotates_at_its_limit_keeping_one_previous_file(tmp_path):
+    """MEMRA_OBS_SPANS_FILE_MAX_BYTES: the file never grows past the limit; at the limit it
+    becomes FILE.1 (replacing an older one) and a new FILE starts, so the disk holds at most
+    twice the limit; every line in both is a whole OTLP-JSON request; the newest spans are
+    in FILE."""
+    path = tmp_path / "spans.jsonl"
+    limit = 30_000
+    st = Settings.resolve({"MEMRA_OBS_SPANS_FILE_MAX_BYTES": str(limit)}, spans_file=str(path))
+    obs, _q, ex = make(
+        {}, prof=False, spans_file=str(path), spans_file_max_bytes=st.spans_file_max_bytes
+    )
+    for _ in range(40):
+        run_session(obs, prof=False)
+        obs.flush(5)
+    last = obs.session("glm5")
+    last.end()
+    obs.shutdown(5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spans.jsonl", "spans.jsonl.1"]
+    old = tmp_path / "spans.jsonl.1"
+    assert path.stat().st_size <= limit and limit - 10_000 < old.stat().st_size <= limit
+    kept = _spans_in(old) + _spans_in(path)
+    assert 0 < len(kept) < ex.exported_spans == 40 * SPANS + 1  # older files rotated away
+    assert _spans_in(path)[-1]["name"] == "spec.session"
+
+
+def test_span_file_limit_knob(tmp_path):
+    """The knob: 64 MiB by default, 0 = never rotate, junk is a ConfigError naming it; the
+    demo's banner line says where the file is and how large it may grow."""
+    from memra_obs.wiring import build_exporters
+
+    assert Settings.resolve({}).spans_file_max_bytes == 64 << 20
+    for bad in ("lots", "-1", "1.5"):
+        with pytest.raises(ConfigError, match="MEMRA_OBS_SPANS_FILE_MAX_BYTES"):
+            Settings.resolve({"MEMRA_OBS_SPANS_FILE_MAX_BYTES": bad})
+    path = tmp_path / "s.jsonl"
+    built = build_exporters(Settings.resolve({}, sinks="otel", spans_file=str(path)), env={})
+    try:
+        assert built.where == [f"spans -> {path} (rotates at 64 MiB, keeps one previous file)"]
+    finally:
+        built.spans.shutdown(1)
+    obs, _q, _ex = make({}, prof=False, spans_file=str(path), spans_file_max_bytes=0)
+    for _ in range(5):
+        run_session(obs, prof=False)
+        obs.flush(5)
+    obs.shutdown(5)
+    assert [p.name for p in tmp_path.iterdir()] == ["s.jsonl"]
