@@ -110,6 +110,7 @@ class Session:
         self._ks, self._js = array("H"), array("H")
         self._phase_ns = [0, 0, 0, 0, 0]
         self._ended = self._first_token_sent = False
+        self._advice = ""  # the [spec-advice] line, once summarized
         self._intervals: list[tuple[str, int, int]] = []
         self._round1: tuple[int, ...] | None = None
         self._prime_end = 0
@@ -230,7 +231,9 @@ class Session:
         if log is not None and not log.summarized:
             self._summarize(fo, log)
         err = error if isinstance(error, str) else type(error).__name__ if error else ""
-        rec = SessionEndRecord(self.id, now_ns(), self._rounds, self._bursts, self._tokens, err)
+        rec = SessionEndRecord(
+            self.id, now_ns(), self._rounds, self._bursts, self._tokens, err, self._advice
+        )
         fan(fo.on_session_end, "on_session_end", rec)
 
     def spec_decode(self, detailed: bool = False) -> dict[str, Any]:
@@ -261,6 +264,7 @@ class Session:
         except Exception as exc:
             say_once("advice", f"the k advisor failed ({exc!r}); no [spec-advice] line")
             advice = ""
+        self._advice = advice
         rec = ProfSummaryRecord(self.id, log.summary(), log.slow_rounds(), advice)
         fan(fo.on_prof_summary, "on_prof_summary", rec)
 

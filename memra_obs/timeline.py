@@ -152,6 +152,9 @@ class SessionEndRecord(NamedTuple):
     tokens: int
     #: An exception type name when the session ended by an error, else "".
     error: str
+    #: The session's ``[spec-advice]`` line (the k advisor over its logged rounds), "" when
+    #: there is none (the profile off, too few drafting rounds, or a source without it).
+    advice: str = ""
 
 
 Record = (

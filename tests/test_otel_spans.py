@@ -244,3 +244,66 @@ def test_forget_open_drops_state_without_publishing():
     builder.add(keep.records, out)
     assert builder.forget_open() == 1
     assert builder.finish_open(out) == 0
+
+
+def test_session_span_carries_the_request_record_and_the_advice():
+    """Issue 15: the session span has the per-request record (the same values as
+    Session.spec_decode()) and, with the profile on, the k advisor's [spec-advice] figures."""
+    import random
+
+    from memra_obs.legacy import parse_line
+
+    obs, keep = observer(level=1, prof=True)
+    s = obs.session("glm5")
+    rng = random.Random(5)
+    for _ in range(3):
+        b = s.burst(4)
+        for _ in range(30):
+            b.begin_round()
+            b.end_draft()
+            b.end_verify()
+            b.end_accept()
+            b.end_rollback()
+            k = rng.randint(1, 4)
+            b.end_round(k=k, j=rng.randint(0, k))
+        b.end()
+    want = s.spec_decode()
+    s.end()
+    end = keep.records[-1]
+    assert end.advice.startswith("[spec-advice] (estimate)")
+    spans = build(keep.records)
+    attrs = dict(next(sp for sp in spans if sp[NAME] == "spec.session")[ATTRS])
+    for key in ("num_spec_tokens", "num_spec_steps", "num_draft_tokens", "mean_acceptance_length",
+                "num_accepted_draft_tokens", "draft_acceptance_rate"):  # fmt: skip
+        assert attrs[f"memra.spec.request.{key}"] == want[key], key
+    assert list(attrs["memra.spec.request.acceptance_histogram"]) == want["acceptance_histogram"]
+    for phase, ms in want["phase_ms"].items():
+        assert attrs[f"memra.spec.request.{phase}_ms"] == ms
+    line = parse_line(end.advice)
+    assert attrs["memra.spec.advice.estimate"] is True
+    assert attrs["memra.spec.advice.recommended_k"] == line.k_rec
+    assert attrs["memra.spec.advice.clock"] == "host"  # no device stream here
+    lo, v, hi = (attrs[f"memra.spec.advice.estimated_speedup{x}"] for x in ("_lo", "", "_hi"))
+    assert (v, lo, hi) == line.speedup and lo <= v <= hi
+    # A session without the profile has no advice line, and its span no advice attributes.
+    obs2, keep2 = observer(level=1, prof=False)
+    drive(obs2, prof=False)
+    attrs2 = dict(next(sp for sp in build(keep2.records) if sp[NAME] == "spec.session")[ATTRS])
+    assert "memra.spec.request.num_spec_steps" in attrs2
+    assert not any(k.startswith("memra.spec.advice.") for k in attrs2)
+
+
+def test_a_damaged_advice_line_costs_only_its_attributes(caplog):
+    import logging
+
+    from memra_obs.timeline import SessionEndRecord
+
+    obs, keep = observer(level=1, prof=False)
+    drive(obs, prof=False)
+    recs = [*keep.records[:-1], SessionEndRecord(*keep.records[-1][:6], "[spec-advice] rounds=")]
+    with caplog.at_level(logging.WARNING, logger="memra_obs"):
+        spans = build(recs)
+    attrs = dict(next(sp for sp in spans if sp[NAME] == "spec.session")[ATTRS])
+    assert "memra.spec.request.num_spec_steps" in attrs
+    assert not any(k.startswith("memra.spec.advice.") for k in attrs)
+    assert any("session advice not set" in r.getMessage() for r in caplog.records)

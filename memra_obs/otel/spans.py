@@ -12,9 +12,11 @@ their burst counts them in ``memra.spec.rounds_unsampled``.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..diagnostics import say_once
 from ..records import FIRST_TOKEN_FIELDS
 from ..timeline import BurstRecord, FirstTokenRecord, RoundRecord, SessionEndRecord, SessionRecord
 
@@ -72,13 +74,18 @@ class _Session:
     """What the builder keeps per open session; ``burst`` is the burst whose rounds are
     arriving but whose record has not (-1: none)."""
 
-    __slots__ = ("b_rounds", "b_start", "b_tokens", "burst", "last", "off", "rec", "sid", "tid")
+    __slots__ = (
+        "b_rounds", "b_start", "b_tokens", "burst", "js", "ks", "last", "off", "ph", "rec", "sid",
+        "tid",
+    )  # fmt: skip
 
     def __init__(self, rec: SessionRecord) -> None:
         self.rec, self.tid, self.sid = rec, rec.trace_id, rec.span_id
         self.off = rec.anchor_ns_epoch - rec.anchor_ns_mono
         self.last = rec.start_ns_mono
         self.burst, self.b_start, self.b_rounds, self.b_tokens = -1, 0, 0, 0
+        #: The per-request record's inputs: (k, j) of each drafting round, phase totals.
+        self.ks, self.js, self.ph = array("H"), array("H"), [0, 0, 0, 0, 0]
 
 
 class SpanBuilder:
@@ -146,6 +153,12 @@ class SpanBuilder:
         t = rec.t_ns_mono
         wall = t[5] - t[0]
         s.last = t[5] + (rep - 1) * wall
+        if rec.k > 0:
+            s.ks.extend((rec.k,) * rep)
+            s.js.extend((j,) * rep)
+        ph = s.ph
+        for i in range(5):
+            ph[i] += (t[i + 1] - t[i]) * rep
         # A run of equal rounds (the tail's burst means) gets a span per round, up to the cap.
         for i in range(min(rep, self.round_spans - rec.index)):
             tt = t if i == 0 else tuple(x + i * wall for x in t)
@@ -251,8 +264,48 @@ class SpanBuilder:
                 attrs += (("error.type", rec.error),)
                 status = (STATUS_ERROR, rec.error)
             end = max(end, rec.end_ns_mono)
+            attrs += _request_attrs(s) + (_advice_attrs(rec.advice) if rec.advice else ())
         start, end = r.start_ns_mono + off, end + off
         out.append(("spec.session", s.tid, s.sid, r.parent_span_id, start, end, attrs, status))
+
+
+def _request_attrs(s: _Session) -> tuple[tuple[str, Any], ...]:
+    """The per-request record (vLLM / AIPerf spec-decode fields, phase totals) as
+    ``memra.spec.request.*``, the same values ``Session.spec_decode()`` returns."""
+    from ..requests import request_record
+
+    out = []
+    for key, v in request_record(s.ks, s.js, s.ph, False).items():
+        if key == "phase_ms":
+            out += [(f"memra.spec.request.{p}_ms", ms) for p, ms in v.items()]
+        else:
+            out.append((f"memra.spec.request.{key}", tuple(v) if isinstance(v, list) else v))
+    return tuple(out)
+
+
+def _advice_attrs(line: str) -> tuple[tuple[str, Any], ...]:
+    """The session's ``[spec-advice]`` line as ``memra.spec.advice.*`` (estimates, each with
+    its interval as ``_lo``/``_hi``); nothing when the line does not parse (said once)."""
+    from ..legacy import AdviceLine, parse_line
+
+    try:
+        a = parse_line(line)
+    except ValueError:
+        a = None
+    if not isinstance(a, AdviceLine):
+        say_once("otel.advice", f"session advice not set on its span: {line[:120]!r}")
+        return ()
+    p = "memra.spec.advice."
+    out = [(p + "estimate", True), (p + "clock", a.clock), (p + "rounds", a.rounds)]
+    out += [(p + "current_k", a.k_now), (p + "recommended_k", a.k_rec)]
+    for name, (v, lo, hi) in (
+        ("expected_tokens_per_round", a.tokens_per_round),
+        ("tokens_per_second", a.tokens_per_s),
+        ("estimated_speedup", a.speedup),
+    ):
+        out += [(p + name, v), (p + name + "_lo", lo), (p + name + "_hi", hi)]
+    out += [(p + "plain_step_ms", a.plain_step_ms), (p + "plain_step_source", a.plain_source)]
+    return tuple(out)
 
 
 _BY_TYPE: dict[type, Callable[[SpanBuilder, _Session, Any, list[Span]], None]] = {
