@@ -129,9 +129,9 @@ auth credentials. A file, not the secret itself, so it never shows in the enviro
 (``/proc/*/environ``, ``ps e``); mount it from a secret. Unset: no auth."""
 
 
-def parse_addr(var: str, value: str) -> tuple[str, int] | None:
-    """``host:port`` / ``[v6]:port`` -> (host, port); empty -> None (not served). The host
-    must resolve to an address of this machine (checked by binding port 0 on it)."""
+def parse_addr(var: str, value: str, check: bool = True) -> tuple[str, int] | None:
+    """``host:port`` / ``[v6]:port`` -> (host, port); empty -> None (not served). With
+    ``check`` the host must resolve to an address of this machine (binding port 0 on it)."""
     v = value.strip()
     if not v:
         return None
@@ -143,6 +143,8 @@ def parse_addr(var: str, value: str) -> tuple[str, int] | None:
     p = int(port)
     if p > 65535:
         raise ConfigError(f"{var}={value!r}: port {p} is out of range 0..65535")
+    if not check:
+        return host, p
     try:
         family, _, _, _, sockaddr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
         with socket.socket(family, socket.SOCK_STREAM) as s:

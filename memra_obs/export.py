@@ -109,6 +109,17 @@ class ExporterSet:
                 ok = False
         return ok
 
+    def after_fork(self) -> None:
+        """In a forked child: each exporter's ``after_fork`` (fresh locks and threads; what
+        the parent had queued stays the parent's)."""
+        for ex in self.exporters:
+            hook = getattr(ex, "after_fork", None)
+            if hook is not None:
+                try:
+                    hook()
+                except Exception as exc:
+                    self._fail(ex, exc)
+
     def shutdown(self, deadline: float, floor_s: float = 0.05) -> None:
         """Shut every exporter down; each gets what is left of ``deadline`` (at least
         ``floor_s``, so the last one is not cut to nothing)."""
@@ -280,6 +291,7 @@ class ExportWorker:
         self._idle.set()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self.set.after_fork()
 
 
 class QueueSink(Sink):

@@ -9,6 +9,7 @@ import email.utils
 import http.server
 import itertools
 import json
+import os
 import socket
 import threading
 import time
@@ -397,3 +398,42 @@ def test_span_file_limit_knob(tmp_path):
         obs.flush(5)
     obs.shutdown(5)
     assert [p.name for p in tmp_path.iterdir()] == ["s.jsonl"]
+
+
+# ------------------------------------------------------------------------------ fork
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_sends_its_own_spans():
+    """After fork() the child's span exporter has its own sender thread and connection: its
+    spans reach the collector; the parent's keep going over the parent's."""
+    rx = Scripted([])
+    obs, q, ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url, "OTEL_BSP_SCHEDULE_DELAY": "20"})
+    try:
+        run_session(obs, prof=False)
+        assert q.flush(5.0) and ex.flush(5.0)
+        one = rx.spans  # the parent's session; its connection is open now
+        assert one > 0
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child
+            try:
+                os.close(r)
+                run_session(obs, prof=False)
+                ok = q.flush(5.0) and ex.flush(5.0)
+                os.write(w, f"{int(ok)} {ex.exported_spans} {ex.dropped_spans}".encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        got = b""
+        while chunk := os.read(r, 64):
+            got += chunk
+        os.waitpid(pid, 0)
+        assert got == f"1 {one} 0".encode()  # the child counted only its own session
+        run_session(obs, prof=False)
+        assert q.flush(5.0) and ex.flush(5.0)
+        wait_for(lambda: rx.spans == 3 * one)
+        assert ex.exported_spans == 2 * one and ex.dropped_spans == 0
+    finally:
+        q.shutdown(2.0)
+        rx.close()

@@ -48,6 +48,19 @@ def app_registry() -> CollectorRegistry:
             FirstTokenRecord(1, prof, (("prime", 0, 10**9),)),
         ]
     )  # fmt: skip
+    # Enough drafting rounds for the k advisor's gauges (MIN_ROUNDS), k varying.
+    more = []
+    for i in range(1, 41):
+        k, b = 1 + i % 4, 10**9 + i * 10**7
+        t = (
+            b,
+            b + 10**5 * k,
+            b + 10**6 + 10**5 * k,
+            *(b + 10**6 + 10**5 * k + d for d in (1, 2, 3)),
+        )
+        more.append(RoundRecord(1, 0, i, t, k, i % (k + 1), 100, 0, None))
+    prom.export(more)
+    prom.flush()
     return reg
 
 

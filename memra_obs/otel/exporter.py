@@ -34,6 +34,10 @@ def backoff_s(n: int) -> float:
     return min(BACKOFF_BASE_S * 2**n, BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
 
 
+#: Spans encoded per call (the sealing checks run between chunks).
+_CHUNK = 128
+
+
 class Output:
     """One destination: an encoder (None: span tuples pass through), a sender, the next
     request's fragments, the bounded queue of sealed ones and the thread that sends them.
@@ -69,7 +73,10 @@ class Output:
     def add(self, spans: list[Span]) -> None:
         """On the export worker, under the exporter's lock (as :meth:`seal`)."""
         enc, step = self.encoder, self.max_spans
-        for chunk in (spans[i : i + step] for i in range(0, len(spans), step)):
+        # Encoded a chunk at a time, so a request passes max_bytes by one chunk at most (a
+        # span file's line stays near 256 KiB, under the Collector's 1 MiB line limit).
+        by = min(step, _CHUNK)
+        for chunk in (spans[i : i + by] for i in range(0, len(spans), by)):
             if enc is None:
                 self._frags += chunk
             else:
@@ -146,6 +153,20 @@ class Output:
                             raise SendError(f"{exc}; no time to retry in {wait:.2g} s") from None
                         self._cv.wait(pause)
 
+    def after_fork(self) -> None:
+        """In a forked child: an empty queue, a fresh lock and thread, the sender's
+        connection dropped (the parent's socket is the parent's)."""
+        started = self._thread.ident is not None
+        self._frags, self._size, self._qbytes, self._flying = [], 0, 0, 0
+        self._q.clear()
+        self._cv = threading.Condition()
+        forget = getattr(self.sender, "after_fork", None)
+        if forget is not None:
+            forget()
+        self._thread = threading.Thread(target=self._run, name=self._thread.name, daemon=True)
+        if started and not self._closed and self._stop_at == math.inf:
+            self._thread.start()
+
     def wait_idle(self, deadline: float) -> bool:
         with self._cv:
             while self._q or self._flying:
@@ -205,6 +226,16 @@ class SpanExporter:
         for o in self.outputs:
             o.parent = self
             o.start()
+
+    def after_fork(self) -> None:
+        """In a forked child (:meth:`memra_obs.export.ExporterSet.after_fork`): the parent's
+        open sessions are the parent's, so are its counts; fresh locks (one may have been held
+        at the fork)."""
+        self._lock, self._count_lock = threading.Lock(), threading.Lock()
+        self.exported_spans = self.dropped_spans = self.export_errors = 0
+        self.builder.forget_open()
+        for o in self.outputs:
+            o.after_fork()
 
     def forget_open(self) -> None:
         """Forget sessions still open instead of closing them at shutdown (agent hand-over)."""

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..diagnostics import say_once
 from .config import OtlpConfig
 from .spans import Span
 
@@ -177,6 +178,10 @@ class HttpSender:
         if c is not None:
             c.close()
 
+    def after_fork(self) -> None:
+        """In a forked child: the next request opens its own connection."""
+        self._conn = None
+
 
 class GrpcSender:
     """OTLP/gRPC through grpcio's generic unary call: our bytes go out as they are."""
@@ -217,6 +222,14 @@ class GrpcSender:
 
     def abort(self) -> None:
         self._channel.close()  # cancels the call in flight
+
+    def after_fork(self) -> None:
+        say_once(
+            "otlp-grpc-fork",
+            "OTLP/gRPC in a forked child: grpcio channels survive fork only with "
+            "GRPC_ENABLE_FORK_SUPPORT=1 set before grpc is imported; http/protobuf has no such "
+            "limit (OTEL_EXPORTER_OTLP_PROTOCOL)",
+        )
 
     close = abort
 

@@ -137,6 +137,10 @@ class PrometheusExporter:
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """The series stay for a last scrape (:meth:`unregister` frees the names now)."""
 
+    def after_fork(self) -> None:
+        """In a forked child: a fresh lock (the parent's export thread may have held it)."""
+        self._lock = self.collector._lock = threading.Lock()
+
     def unregister(self) -> None:
         self.collector.unregister(self.registry)
 

@@ -189,7 +189,7 @@ def serve_metrics(
     address it cannot listen on raises :class:`MetricsAddressError`, leaving no thread behind.
     """
     if isinstance(addr, str):
-        parsed = parse_addr("addr", addr)
+        parsed = parse_addr("addr", addr, check=False)  # binding below says why it cannot
         if parsed is None:
             raise ValueError("serve_metrics: empty address")
         addr = parsed
