@@ -1,10 +1,12 @@
 """The k advisor against measured throughput, on a real transformer spec loop. On one GPU:
 
-    python bench/bench_advisor_gpu.py              # torch + transformers; random weights, no downloads
+    python bench/bench_advisor_gpu.py              # torch; random weights, no downloads
     python bench/bench_advisor_gpu.py --dry-run    # the same logic on a sleep-timed fake (CPU)
 
 Target: GPT-2 shapes (n_embd 1024, 16 heads, GPT-2 medium's width) with 24 layers; drafter: the
-same width, 2 layers; fp16, greedy, Hugging Face ``DynamicCache`` cropped on rollback. Random
+same width, 2 layers; fp16, greedy, written in plain torch with a preallocated KV cache cropped
+on rollback (Hugging Face's GPT-2 took ~0.1 s a round in Python on the H200: its overhead, not
+the GPU, would have been what the advisor priced). Random
 weights make argmax acceptance meaningless, so acceptance is *planted*: ``j`` is drawn from a
 known per-position curve (``--curve``, fixed seed; the same uniforms for every k, so the sweep
 compares k on common random numbers). The compute is real: k sequential drafter steps, one
@@ -108,6 +110,59 @@ class FakeLoop:
         self.length += 1
 
 
+class _Gpt:
+    """A GPT-2-shaped decoder in plain torch (pre-LN blocks, fused QKV, GELU MLP, tied
+    embeddings) with a preallocated KV cache: ``crop(n)`` keeps the first n positions, as a
+    serving engine's paged cache does. Random fp16 weights; no framework overhead between
+    kernels beyond torch's own."""
+
+    def __init__(self, t: Any, dev: Any, layers: int, maxlen: int, d: int = 1024, heads: int = 16,
+                 vocab: int = 50257) -> None:  # fmt: skip
+        self.t, self.F, self.d, self.h = t, t.nn.functional, d, heads
+
+        def w(*shape: int, std: float = 0.02) -> Any:
+            return (t.randn(*shape, device=dev) * std).half()
+
+        self.wte, self.wpe = w(vocab, d), w(maxlen, d, std=0.01)
+        ones, zeros = (
+            (lambda: t.ones(d, device=dev).half()),
+            (lambda: t.zeros(d, device=dev).half()),
+        )
+        self.blocks = [
+            (ones(), zeros(), w(d, 3 * d), zeros().repeat(3), w(d, d), zeros(),
+             ones(), zeros(), w(d, 4 * d), zeros().repeat(4), w(4 * d, d), zeros())
+            for _ in range(layers)
+        ]  # fmt: skip
+        self.lnf = (ones(), zeros())
+        shape = (layers, 1, heads, maxlen, d // heads)
+        self.K = t.zeros(shape, device=dev, dtype=t.float16)
+        self.V = t.zeros(shape, device=dev, dtype=t.float16)
+        self.len = 0
+
+    def __call__(self, ids: Any) -> Any:
+        """Logits [1, T, vocab] for ``ids`` [1, T] appended at the cache's end."""
+        t, F, d, h = self.t, self.F, self.d, self.h
+        T, n = ids.shape[1], self.len
+        x = self.wte[ids] + self.wpe[n : n + T]
+        mask = None if T == 1 else t.ones(T, n + T, device=ids.device, dtype=t.bool).tril(n)
+        for i, (g1, b1, wqkv, bqkv, wo, bo, g2, b2, wfc, bfc, wp, bp) in enumerate(self.blocks):
+            a = F.layer_norm(x, (d,), g1, b1)
+            q, k, v = (a @ wqkv + bqkv).view(1, T, 3, h, d // h).permute(2, 0, 3, 1, 4)
+            self.K[i, :, :, n : n + T] = k
+            self.V[i, :, :, n : n + T] = v
+            o = F.scaled_dot_product_attention(
+                q, self.K[i, :, :, : n + T], self.V[i, :, :, : n + T], attn_mask=mask
+            )
+            x = x + o.transpose(1, 2).reshape(1, T, d) @ wo + bo
+            m = F.layer_norm(x, (d,), g2, b2)
+            x = x + F.gelu(m @ wfc + bfc, approximate="tanh") @ wp + bp
+        self.len = n + T
+        return F.layer_norm(x, (d,), *self.lnf) @ self.wte.T
+
+    def crop(self, n: int) -> None:
+        self.len = min(self.len, n)
+
+
 class GptLoop:
     """The real loop: GPT-2-shaped target (24 layers) and drafter (2 layers) on one GPU."""
 
@@ -115,33 +170,31 @@ class GptLoop:
 
     def __init__(self, plant: Planted, prompt: int, new_tokens: int, seed: int) -> None:
         import torch
-        import transformers
-        from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel
 
-        self.t, self.tf, self.Cache = torch, transformers, DynamicCache
+        self.t = torch
         self.plant, self.prompt, self.cap = plant, prompt, prompt + new_tokens
         self.dev = torch.device("cuda", 0)
         torch.manual_seed(seed)
-        shape = dict(n_embd=1024, n_head=16, n_positions=2048, vocab_size=50257)
-        with self.dev:
-            self.target = GPT2LMHeadModel(GPT2Config(n_layer=24, **shape)).half().eval()
-            self.drafter = GPT2LMHeadModel(GPT2Config(n_layer=2, **shape)).half().eval()
-        self.e = torch.cuda.current_stream(self.dev)
-        self.vocab = shape["vocab_size"]
         torch.set_grad_enabled(False)
+        maxlen = self.cap + 64
+        self.target = _Gpt(torch, self.dev, 24, maxlen)
+        self.drafter = _Gpt(torch, self.dev, 2, maxlen)
+        self.e = torch.cuda.current_stream(self.dev)
+        self.vocab = self.target.wte.shape[0]
         self.reset()
 
     def describe(self) -> str:
         t = self.t
         name = t.cuda.get_device_name(self.dev)
-        return f"{name}, torch {t.__version__} (CUDA {t.version.cuda}), transformers {self.tf.__version__}"
+        return f"{name}, torch {t.__version__} (CUDA {t.version.cuda}); GPT-2 shapes in plain torch"
 
     def reset(self) -> None:
         t = self.t
         p = t.randint(0, self.vocab, (1, self.prompt), device=self.dev)
-        self.tcache, self.dcache = self.Cache(), self.Cache()
-        self.target(p[:, :-1], past_key_values=self.tcache, use_cache=True)
-        self.drafter(p[:, :-1], past_key_values=self.dcache, use_cache=True)
+        self.target.crop(0)
+        self.drafter.crop(0)
+        self.target(p[:, :-1])
+        self.drafter(p[:, :-1])
         self.seq = p  # committed tokens; each cache holds all but the last
         self.e.synchronize()
 
@@ -152,16 +205,15 @@ class GptLoop:
         self.e.synchronize()
 
     def draft(self, k: int) -> None:
-        inp, toks = self.seq[:, self.dcache.get_seq_length() :], []
+        inp, toks = self.seq[:, self.drafter.len :], []
         for _ in range(k):
-            nxt = self.drafter(inp, past_key_values=self.dcache, use_cache=True).logits[:, -1:]
-            inp = nxt.argmax(-1)  # stays on the device: the next step's input
+            inp = self.drafter(inp)[:, -1:].argmax(-1)  # stays on the device: the next input
             toks.append(inp)
         self.drafts = self.t.cat(toks, dim=1) if toks else self.seq[:, :0]
 
     def verify(self, k: int) -> None:
         rows = self.t.cat([self.seq[:, -1:], self.drafts], dim=1)  # k+1 rows, one forward
-        self.logits = self.target(rows, past_key_values=self.tcache, use_cache=True).logits
+        self.logits = self.target(rows)
 
     def accept(self, k: int) -> int:
         ids = self.logits[0].argmax(-1)
@@ -173,16 +225,15 @@ class GptLoop:
     def rollback(self, k: int, j: int) -> None:
         n = self.seq.shape[1]
         self.seq = self.t.cat([self.seq, self.drafts[:, :j], self.bonus], dim=1)
-        self.tcache.crop(n + j)  # keep the accepted prefix; the bonus token is fed next round
+        self.target.crop(n + j)  # keep the accepted prefix; the bonus token is fed next round
 
     def maint(self) -> None:
         n = self.seq.shape[1] - 1
-        if self.dcache.get_seq_length() > n:
-            self.dcache.crop(n)
+        if self.drafter.len > n:
+            self.drafter.crop(n)
 
     def plain_step(self) -> None:
-        out = self.target(self.seq[:, -1:], past_key_values=self.tcache, use_cache=True)
-        nxt = out.logits[:, -1:].argmax(-1)
+        nxt = self.target(self.seq[:, -1:])[:, -1:].argmax(-1)
         nxt.item()  # a streaming server reads every token back
         self.seq = self.t.cat([self.seq, nxt], dim=1)
 
