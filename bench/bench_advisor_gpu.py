@@ -365,8 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     plant = Planted(CURVES[args.curve], args.seed)
     w: Any = FakeLoop(plant) if dry else GptLoop(plant, args.prompt, args.new_tokens, args.seed)
     print(f"# {w.describe()}; curve {args.curve}; clock {w.clock}", flush=True)
-    measure(w, args.k[0], 5 if dry else 200)  # warm-up: kernels, allocator, GPU clocks
+    warm = measure(w, args.k[0], 5 if dry else 200)  # warm-up: kernels, allocator, GPU clocks
     measure(w, 0, 5 if dry else 100)
+    print(f"# warm-up at {time.perf_counter() - t_start:.0f} s: k={args.k[0]} {warm[0]:.0f} tok/s")
 
     # 1. short runs at one k each (10% of rounds gated shorter), and the headline k ungated
     recs = {k: short_run(w, k, short_n, 0.1, args.seed) for k in args.k}
@@ -386,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             per_k[k].append(tps)
         done += 1
         now = time.perf_counter()
+        print(f"# sweep repetition {done} done at {now - t_start:.0f} s", flush=True)
         if now - t_start + (now - t_rep) > args.budget_s:
             break
     measured = {k: statistics.median(v) for k, v in per_k.items()}
