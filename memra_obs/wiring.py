@@ -10,6 +10,7 @@ Argument > environment > default; a bad knob raises
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,10 +118,10 @@ def _serve(st: Settings, registry: Any, strict: bool) -> Any:
         )
     except OSError as exc:
         host, port = st.metrics_addr  # type: ignore[misc]
+        why = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
         msg = (
-            f"{MEMRA_OBS_METRICS_ADDR}={host}:{port}: cannot serve /metrics there "
-            f"({exc.strerror or exc}); several workers on one host: use agent mode "
-            f"({MEMRA_OBS_AGENT}) or one port per rank"
+            f"{MEMRA_OBS_METRICS_ADDR}={host}:{port}: cannot serve /metrics there ({why}); "
+            f"several workers on one host: agent mode ({MEMRA_OBS_AGENT}) or one port per rank"
         )
         if strict:
             raise ConfigError(msg) from None
@@ -153,11 +154,7 @@ def build_observer(
     lvl = flags.spec_trace_level() if level is None else level
     prf = flags.spec_prof_on() if prof is None else prof
     sinks: list[Sink] = [StderrSink(lvl, prf)] if lvl >= 1 or prf else []
-    if "nvtx" in st.sinks:
-        from .sinks.nvtx import NvtxSink
-
-        sinks.append(NvtxSink())
-    built = Exporters()
+    built = Exporters()  # first: an address that cannot be served is the one line said
     if st.sinks & {"otel", "prometheus"} and st.agent:
         from .agent.ring import RingSink
 
@@ -165,6 +162,10 @@ def build_observer(
         built.where.append(f"records -> agent rings in {st.agent}")
     elif st.sinks & {"otel", "prometheus"} or st.requests_file:
         built = build_exporters(st, worker=st.worker, registry=registry, env=env, strict=strict)
+    if "nvtx" in st.sinks:
+        from .sinks.nvtx import NvtxSink
+
+        sinks.append(NvtxSink())
     consumers = [*exporters, *built.all]
     qsink = None
     if consumers:

@@ -1,0 +1,68 @@
+"""Issue 13: a busy /metrics port (the second worker on a host, default address). A library
+observer says one line naming the address and MEMRA_OBS_METRICS_ADDR and keeps working without
+/metrics, leaving no thread behind; a CLI command exits 2 with that one line."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from memra_obs.wiring import build_observer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def busy_port() -> tuple[socket.socket, int]:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    return s, s.getsockname()[1]
+
+
+def test_a_library_observer_says_it_once_and_carries_on(caplog):
+    s, port = busy_port()
+    try:
+        before = threading.active_count()
+        with caplog.at_level(logging.WARNING, logger="memra_obs"):
+            obs = build_observer(
+                level=1, prof=False, env={}, registry=CollectorRegistry(), sinks="prometheus",
+                metrics_addr=f"127.0.0.1:{port}",
+            )  # fmt: skip
+            try:
+                with obs.session("glm5") as sess, sess.burst(4) as b:
+                    b.begin_round()
+                    for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+                        end()
+                    b.end_round(k=4, j=2)
+                assert not any(w.startswith("/metrics on ") for w in obs.where)
+            finally:
+                obs.shutdown()
+        said = [r.getMessage() for r in caplog.records if "cannot serve /metrics" in r.getMessage()]
+        assert len(said) == 1
+        assert f"MEMRA_OBS_METRICS_ADDR=127.0.0.1:{port}" in said[0] and "agent" in said[0]
+        assert threading.active_count() <= before
+    finally:
+        s.close()
+
+
+def test_the_cli_exits_2_with_one_line():
+    s, port = busy_port()
+    try:
+        env = {**os.environ, "MEMRA_OBS_METRICS_ADDR": f"127.0.0.1:{port}", "PYTHONPATH": str(ROOT)}
+        p = subprocess.run(
+            [sys.executable, "-m", "memra_obs.cli", "demo", "--requests", "1"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        s.close()
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in p.stderr
+    assert f"127.0.0.1:{port}" in lines[0] and "MEMRA_OBS_METRICS_ADDR" in lines[0]
