@@ -89,8 +89,7 @@ def test_sessions_of_every_worker_get_host_unique_ids(tmp_path):
     assert len(by) == 3
     assert sorted(r.worker for r in cap.of(SessionRecord)) == ["w1", "w1", "w2"]
     assert len(cap.of(RoundRecord)) == 15 and len(cap.of(FirstTokenRecord)) == 3
-    pub, lost = a.worker_counts()
-    assert pub == {"w1": 2 * 10, "w2": 10} and lost == {"w1": 0, "w2": 0}
+    assert a.counts() == {"w1": (2 * 10, 0, 2 * 10), "w2": (10, 0, 10)}
     s1.shutdown()
     s2.shutdown()
     a.close()

@@ -241,7 +241,7 @@ def test_a_concurrent_reader_never_sees_a_torn_record(tmp_path):
         assert key > last
         last = key
     assert len(got) + reader.lost == n
-    assert reader.corrupt == 0
+    assert reader.read == len(got)  # a damaged record would have raised FormatError
     assert len(got) > n // 50  # it did read along, not just the last lap
 
 

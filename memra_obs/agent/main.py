@@ -9,24 +9,53 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from ..environment import MEMRA_OBS_AGENT, MEMRA_OBS_SINKS, ConfigError, Settings
 from ..export import RecordExporter
 from ..wiring import build_exporters
 from .loop import Agent, AgentBusy
-from .metrics import AgentCollector
-from .ring import RingSink, ring_directory
+from .ring import check_cpu, ring_directory
 
-__all__ = ["Agent", "AgentBusy", "RingSink", "build_agent", "default_directory", "main"]
+__all__ = ["AgentCollector", "build_agent", "default_directory", "main"]
+
+_COUNTERS = (
+    ("memra_obs_agent_records", "Records of a worker the agent read from its ring and published "
+     "(context it replays or makes up is not counted)."),
+    ("memra_obs_agent_lost_records", "Records of a worker that never reached the exporters: "
+     "overwritten in its ring before the agent read them, or refused by the writer."),
+    ("memra_obs_agent_written_records", "Records a worker handed its ring, as its ring says "
+     "(refused ones included); records + lost_records equals it once the ring is read."),
+)  # fmt: skip
 
 
 def default_directory() -> str:
-    """``/dev/shm/memra-obs`` (RAM-backed, like a k8s ``emptyDir: {medium: Memory}``), or
-    the temp directory where there is no /dev/shm."""
+    """``/dev/shm/memra-obs`` (RAM, like a k8s ``emptyDir: {medium: Memory}``), else the
+    temp directory."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     return os.path.join(base, "memra-obs")
+
+
+class AgentCollector(Collector):
+    """``memra_obs_agent_rings`` and, per worker, records read, lost and written, read from
+    the agent's totals at scrape time."""
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+
+    def collect(self) -> Iterator[Any]:
+        yield GaugeMetricFamily("memra_obs_agent_rings", "Worker rings the agent is reading "
+                                "(one per worker process).", value=self._agent.rings)  # fmt: skip
+        counts = sorted(self._agent.counts().items())
+        for i, (name, doc) in enumerate(_COUNTERS):
+            c = CounterMetricFamily(name, doc, labels=["worker"])
+            for w, n in counts:
+                c.add_metric([w], n[i])
+            yield c
 
 
 def build_agent(
@@ -36,16 +65,18 @@ def build_agent(
     registry: Any = None,
     exporters: Sequence[RecordExporter] = (),
     serve: bool = True,
+    machine: str | None = None,
     **agent_kw: Any,
 ) -> tuple[Agent, list[Callable[[], None]], Any]:
     """The agent the environment asks for: ``(agent, closers, metrics_server_or_None)``.
 
-    Sinks: ``MEMRA_OBS_SINKS`` (``otel``/``prometheus``; unset = both). Spans go where the
-    in-process observer would send them; metrics to a fresh registry served on
-    ``MEMRA_OBS_METRICS_ADDR``, every series labelled ``worker`` (:func:`build_exporters`).
+    Sinks: ``MEMRA_OBS_SINKS`` (unset = ``otel,prometheus``). Spans go where the in-process
+    observer would send them; metrics to a fresh registry served on ``MEMRA_OBS_METRICS_ADDR``,
+    every series labelled ``worker``. ``machine`` stands in for the CPU's (tests).
     """
     from prometheus_client import CollectorRegistry
 
+    check_cpu(machine)
     env = os.environ if env is None else env
     knobs = {} if env.get(MEMRA_OBS_SINKS, "").strip() else {"sinks": "otel,prometheus"}
     st = Settings.resolve(env, **knobs)
@@ -59,26 +90,22 @@ def build_agent(
             c.shutdown(1.0)
         built.close()
         raise
-    if built.prom is not None:
-        wire_metrics(agent, built.prom, built.spans)
+    prom, spans = built.prom, built.spans
+    if prom is not None:  # the instrument's own health, as in-process
+        prom.watch("dropped", "ring", agent.lost_total)
+        prom.watch("errors", "records", lambda: agent.worker.errors)
+        prom.watch("errors", "metrics", lambda: prom.export_errors)
+        if spans is not None:
+            prom.watch("dropped", "spans", lambda: spans.dropped_spans)
+            prom.watch("errors", "spans", lambda: spans.export_errors)
         registry.register(AgentCollector(agent))
     return agent, [built.close], built.server
 
 
-def wire_metrics(agent: Agent, prom: Any, span_ex: Any = None) -> None:
-    """The instrument's own health, as in-process: ring losses are ``dropped{signal="ring"}``."""
-    prom.watch("dropped", "ring", agent.lost_total)
-    prom.watch("errors", "records", lambda: agent.export_errors)
-    prom.watch("errors", "metrics", lambda: prom.export_errors)
-    if span_ex is not None:
-        prom.watch("dropped", "spans", lambda: span_ex.dropped_spans)
-        prom.watch("errors", "spans", lambda: span_ex.export_errors)
-
-
 def set_priority(priority: str) -> None:
-    """Yield the CPU to the loop: a wake-up of this process must never delay a loop thread's
-    (on a contended core, a runnable agent does). ``idle`` trades that for the risk of
-    starving under a host that keeps every core busy; the rings then overflow, counted."""
+    """Yield the CPU to the loop: on a contended core a runnable agent delays a loop thread's
+    wake-up. ``idle`` risks starving under a host that keeps every core busy; the rings
+    then overflow, counted."""
     if priority == "idle" and hasattr(os, "SCHED_IDLE"):
         try:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
@@ -116,7 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--once", action="store_true", help="publish what the rings hold now, then exit")
     p.add_argument("--keep", action="store_true", help="do not remove rings of exited workers")
-    return p
+    return p  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,28 +151,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.poll_ms <= 0:
         raise ConfigError(f"--poll-ms={args.poll_ms}: expected a positive number")
-    # Handlers first: a SIGTERM during start-up still means "drain, flush, exit 0".
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    stop = threading.Event()  # handlers first: a SIGTERM during start-up still drains
+    old = {
+        s: signal.signal(s, lambda signum, frame: stop.set())
+        for s in (signal.SIGTERM, signal.SIGINT)
+    }
     set_priority(args.priority)
     try:
         agent, closers, server = build_agent(
             args.dir, poll_s=args.poll_ms / 1000.0, cleanup=not args.keep
         )
-    except AgentBusy as exc:
-        print(f"memra-obs agent: {exc}", file=sys.stderr)
-        return 2
-    except BaseException:
+    except BaseException as exc:
         for sig, h in old.items():
             signal.signal(sig, h)
-        raise
-    where = [f"rings in {agent.directory}"]
-    if server is not None:
-        where.append(f"/metrics on {server.url}")
+        if not isinstance(exc, AgentBusy):
+            raise
+        print(f"memra-obs agent: {exc}", file=sys.stderr)
+        return 2
+    where = [f"rings in {agent.directory}"] + (
+        [] if server is None else [f"/metrics on {server.url}"]
+    )
     print(f"[memra-obs agent] publishing {'; '.join(where)}", file=sys.stderr, flush=True)
     try:
         if args.once:
@@ -158,10 +183,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             close()
         for sig, h in old.items():
             signal.signal(sig, h)
-    print(
-        f"[memra-obs agent] done: published={agent.published} lost={agent.lost_total()} "
-        f"rings_removed={agent.rings_removed}",
-        file=sys.stderr,
-        flush=True,
-    )
+    print(f"[memra-obs agent] done: published={agent.published} lost={agent.lost_total()} "
+          f"rings_removed={agent.rings_removed}", file=sys.stderr, flush=True)  # fmt: skip
     return 0
