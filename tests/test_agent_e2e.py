@@ -31,6 +31,10 @@ from memra_obs.timeline import BurstRecord, RoundRecord, SessionEndRecord, Sessi
 
 DONE = re.compile(r"demo done: sessions=(\d+) rounds=(\d+) tokens=(\d+)")
 AGENT_URL = re.compile(r"/metrics on (http://\S+/metrics)")
+IDENTITY = (
+    "memra_obs_agent_records_total + memra_obs_agent_lost_records_total"
+    " - memra_obs_agent_written_records_total"
+)
 
 
 class Collect:
@@ -400,6 +404,14 @@ def test_prometheus_scrapes_the_agent_and_exemplars_name_exported_traces(tmp_pat
         return got == {w: float(t[1]) for w, t in totals.items()}
 
     wait_for("Prometheus to hold every worker's rounds", scraped, timeout_s=60, every=0.5)
+
+    def balanced() -> bool:  # read + lost == written, per worker, in PromQL (docs/AGENT.md)
+        res = _api(base, "query", query=IDENTITY)["result"]
+        return {r["metric"]["worker"] for r in res} == set(totals) and all(
+            float(r["value"][1]) == 0 for r in res
+        )
+
+    wait_for("records + lost - written == 0 for every worker", balanced, timeout_s=30, every=0.5)
     agent.send_signal(signal.SIGTERM)
     assert agent.wait(30) == 0
     trace_ids = {s["traceId"] for s in _spans(spans)}

@@ -84,8 +84,7 @@ class Agent:
         """worker -> (read, lost, written); ``read + lost == written`` once a ring is read."""
         return {w: (t[0], t[1], t[2]) for w, t in list(self.totals.items())}
 
-    def _account(self, s: RingStream) -> None:
-        now = (s.read, s.lost, s.written)
+    def _account(self, s: RingStream, now: tuple[int, int, int]) -> None:
         t = self.totals.setdefault(s.worker, [0, 0, 0])
         for i in (2, 1, 0):  # written first: a scrape never sees more read + lost than written
             t[i] += now[i] - s.accounted[i]
@@ -110,13 +109,15 @@ class Agent:
             except FileNotFoundError:
                 continue  # removed meanwhile
             except Exception as exc:
-                self._skip.add(path)
+                if not isinstance(exc, OSError):  # a file may become readable; a bad ring stays bad
+                    self._skip.add(path)
                 say_once(f"agent-ring:{path}", f"agent: skipping {path}: {exc}")
 
     def _drop(self, s: RingStream, exc: BaseException) -> None:
         say_once(f"agent-ring:{s.path}", f"agent: dropping {s.path} ({exc}); what it holds from "
                  "here on is neither published nor counted")  # fmt: skip
-        self._account(s)
+        r, lost, written = s.accounted  # its records published count; nothing it claims does
+        self._account(s, (s.read, lost, written + s.read - r))
         del self._streams[s.path]
         self._skip.add(s.path)
         s.close()
@@ -139,7 +140,7 @@ class Agent:
                 if scan:
                     s.writer_gone()  # sticky; read to the end below before retiring
                 s.publish(batch, self.batch_slots)
-                if s.gone and s.caught_up():
+                if s.gone and s.caught_up() and not s.trouble:
                     s.close_open(batch)
                     self._done.append(s)
             except Exception as exc:  # a damaged ring (or a bug): drop it, keep the rest
@@ -154,7 +155,8 @@ class Agent:
         """The pass's records are exported: count them, persist each cursor, retire finished rings."""
         for s in self._polled:
             s.commit()
-            self._account(s)
+            if not s.trouble:  # a ring in doubt is counted once it reads clean again
+                self._account(s, (s.read, s.lost, s.written))
         for s in self._done:
             del self._streams[s.path]
             self.rings_removed += 1

@@ -101,8 +101,10 @@ class RingReader:
         self.start_pos, self._rec0 = self.pos, self.rec
         #: Records read, and lost to overwrite, by this reader.
         self.read = self.overwritten = 0
-        self._last = (0, 0, 0, 0, 0)  # the writer's counters as last seen
-        self._trouble = False
+        #: The writer's counters as last seen (the cursor is a bound they cannot be below).
+        self._last = (self.pos, self.rec, 0, 0, 0)
+        #: The last read broke a rule: once may be a write in flight, twice is a broken ring.
+        self.trouble = False
 
     def _pread(self, n: int, off: int) -> bytes:
         b = os.pread(self._fd, n, off)
@@ -110,16 +112,16 @@ class RingReader:
             raise FormatError(f"{self.path}: shrank under the reader")
         return b
 
-    def _state(self) -> tuple[int, int, int, int, int] | None:
-        """head, rec_next, refused, table_full, closed: checked, or None while they move."""
+    def _state(self) -> tuple[int, int, int, int, int]:
+        """head, rec_next, refused, table_full, closed, read until two reads agree, checked."""
         a = self._pread(F.STATE.size, F.OFF_HEAD)
-        for _ in range(4):
+        for _ in range(16):
             b = self._pread(F.STATE.size, F.OFF_HEAD)
             if a == b:
                 break
             a = b
         else:
-            return None
+            raise FormatError(f"{self.path}: the writer's counters never hold still")
         s = F.STATE.unpack(a)
         u, n = s[1] - self.rec, s[0] - self.pos
         if not (0 <= u <= n <= F.MAXSPAN * u and max(s) < LIMIT and s[4] <= 1
@@ -134,13 +136,13 @@ class RingReader:
 
     def head(self) -> tuple[int, int]:
         """(positions published, records published), checked."""
-        self._state()
-        return self._last[0], self._last[1]
+        s = self._state()
+        return s[0], s[1]
 
     def writer_stats(self) -> tuple[int, int, bool]:
         """(records refused by the writer, sessions not in its table, closed cleanly)."""
-        self._state()
-        return self._last[2], self._last[3], bool(self._last[4])
+        s = self._state()
+        return s[2], s[3], bool(s[4])
 
     @property
     def lost(self) -> int:
@@ -179,10 +181,8 @@ class RingReader:
         buf = self._pread(first * F.SLOT, geo.data_off + a * F.SLOT)
         if n > first:
             buf += self._pread((n - first) * F.SLOT, geo.data_off)
-        state = self._state()
-        if state is None:
-            return
-        x = max(start, state[0] - geo.slots + F.MAXSPAN)
+        head, _, _, _, closed = self._state()  # closed cleanly: no record was in flight
+        x = max(start, head - geo.slots + (0 if closed else F.MAXSPAN))
         while x < stop:
             i = (x - start) << F.SLOT_SHIFT
             seq, meta = F.SLOT_HEAD.unpack_from(buf, i)
@@ -218,22 +218,22 @@ class RingReader:
         try:
             self._read(out, max_slots)
         except FormatError:
-            if self._trouble and not out:
+            if self.trouble and not out:
                 raise
-            self._trouble = True
+            self.trouble = True
             return out
-        self._trouble = False
+        self.trouble = False
         return out
 
     def _read(self, out: list[Item], max_slots: int) -> None:
         if os.fstat(self._fd).st_size != self.geo.size:
             raise FormatError(f"{self.path}: resized under the reader")
-        state = self._state()
-        if state is None or state[0] <= self.pos:
+        head, pos = self._state()[0], self.pos
+        if head <= pos:
             return
-        start = max(self.pos, state[0] - self.geo.slots)
-        stop = min(state[0], start + max_slots)
-        for x, span, rec, kind, payload in self._walk(start, stop, min(state[0], stop + F.MAXSPAN)):
+        start = max(pos, head - self.geo.slots)
+        stop = min(head, start + max_slots)
+        for x, span, rec, kind, payload in self._walk(start, stop, min(head, stop + F.MAXSPAN)):
             n = rec - self.rec  # records lost in between: they fill [pos, x) exactly
             if not 0 <= n <= x - self.pos <= F.MAXSPAN * n:
                 raise FormatError(
@@ -247,6 +247,8 @@ class RingReader:
             self.read += 1
             self.pos, self.rec = x + span, rec + 1
             out.append(item)
+        if self.pos == pos:  # any 16 intact slots hold a record's start
+            raise FormatError(f"{self.path}: no record in [{start}, {stop}) below head {head}")
 
     def commit(self) -> None:
         """Persist the cursor: a restarted agent resumes after what was published."""
