@@ -217,10 +217,10 @@ def test_a_worker_killed_mid_burst_loses_nothing_it_wrote(tmp_path, procs):
             ),
         )
         reader = RingReader(path)
-        wait_for("300 records in the ring", lambda: reader.head()[1] >= 300)
+        wait_for("300 records in the ring", lambda: reader.state().rec_next >= 300)
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
-        written = reader.head()[1]
+        written = reader.state().rec_next
         reader.close()
         procs.totals(other)
         wait_for("both rings retired", lambda: at.agent.rings_removed == 2)
@@ -328,7 +328,7 @@ def test_a_tiny_ring_reports_exactly_what_it_lost(tmp_path, procs):
     p = procs.demo(rings, 0, requests=3, MEMRA_OBS_RING_SLOTS="64")
     procs.totals(p)
     path = str(next(rings.glob("*.ring")))
-    written = RingReader(path).head()[1]
+    written = RingReader(path).state().rec_next
     cap = Collect()
     agent = Agent(str(rings), [cap], cleanup=False)
     assert agent.drain(10)
@@ -339,7 +339,7 @@ def test_a_tiny_ring_reports_exactly_what_it_lost(tmp_path, procs):
     synthetic += sum(1 for r in cap.records if type(r) is SessionEndRecord and r.error)
     delivered = len(cap.records) - synthetic
     assert agent.lost_total() > 0 and delivered + agent.lost_total() == written
-    assert RingReader(path).writer_stats()[0] == 0  # nothing refused: all of it was overwrite
+    assert RingReader(path).state().refused == 0  # nothing refused: all of it was overwrite
 
 
 # ------------------------------------------------------------------- a real Prometheus

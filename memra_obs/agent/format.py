@@ -23,63 +23,44 @@ from typing import Any
 from ..records import FIRST_TOKEN_FIELDS, FIRST_TOKEN_MS_FIELDS, SpecFirstTokenProf, SpecPhaseNs
 from ..timeline import BurstRecord, FirstTokenRecord, RoundRecord, SessionEndRecord, SessionRecord
 
-MAGIC = b"MEMRAOBS"
-VERSION = 1
-HEADER = 4096
-SLOT = 128
-SLOT_SHIFT = 7
-SLOT_HDR = 16
+MAGIC, VERSION = b"MEMRAOBS", 1
+HEADER, SLOT, SLOT_HDR = 4096, 128, 16
 PAYLOAD = SLOT - SLOT_HDR
 #: Largest record, in slots (a first-token profile with 16 devices' free memory takes 10).
 MAXSPAN = 16
-#: Ring sizes this version writes and reads, in slots (MEMRA_OBS_RING_SLOTS's range).
-MIN_SLOTS, MAX_SLOTS = 4 * MAXSPAN, 1 << 24
-MAX_TABLE = 1 << 16
-TABLE_ENTRY = 256
-TABLE_HDR = 24
-
+#: Ring sizes this version writes and reads (slots: MEMRA_OBS_RING_SLOTS's range).
+MIN_SLOTS, MAX_SLOTS, MAX_TABLE = 4 * MAXSPAN, 1 << 24, 1 << 16
+TABLE_ENTRY, TABLE_HDR = 256, 24
 KIND_CONT, KIND_SESSION, KIND_ROUND, KIND_ROUND_SPLIT = 0, 1, 2, 3
 KIND_BURST, KIND_BURST_SPLIT, KIND_FIRST_TOKEN, KIND_SESSION_END = 4, 5, 6, 7
 
 #: magic, version, slot size, slots, maxspan, table entries, entry size, data offset, writer
 #: pid, created (epoch ns), worker label (u8 length + 63 bytes).
 IDENT = struct.Struct("<8sIIIIIIIIQB63s")
-#: The writer's line: positions published (``head``), records published (``rec_next``).
-OFF_HEAD = 192
-HEAD = struct.Struct("<QQ")
-#: The writer's stats: records refused, sessions not in the table, closed flag.
-OFF_WSTAT = 256
-WSTAT = struct.Struct("<QQI")
-#: The writer's line and stats in one read.
+#: The writer's line at 192: positions published (``head``), records published (``rec_next``);
+#: its stats at 256: records refused, sessions not in the table, closed flag; both as one.
+OFF_HEAD, HEAD, OFF_WSTAT, WSTAT = 192, struct.Struct("<QQ"), 256, struct.Struct("<QQI")
 STATE = struct.Struct("<QQ48xQQI")
 #: The reader's line: the cursor (next position, next record), lost, agent pid.
-OFF_READER = 320
-READER = struct.Struct("<QQQQ")
-
-U64 = struct.Struct("<Q")
-SLOT_HEAD = struct.Struct("<QQ")
+OFF_READER, READER = 320, struct.Struct("<QQQQ")
+U64, SLOT_HEAD = struct.Struct("<Q"), struct.Struct("<QQ")
 #: A round, slot header included (the writer packs it in one go): seq, meta, session, burst,
 #: index, t0..t5, k, j, ctx, seq_rows (+ the level-2 split).
-ROUND = struct.Struct("<QQQII6QIIII")
-ROUND_SPLIT = struct.Struct("<QQQII6QIIII4Q")
+ROUND, ROUND_SPLIT = struct.Struct("<QQQII6QIIII"), struct.Struct("<QQQII6QIIII4Q")
 #: Table entry: seq (its SessionRecord's position + 1; 0 = free), session id, payload length.
 TABLE_ENTRY_HEAD = struct.Struct("<QQQ")
 
 
 class Geometry:
-    """Offsets of one ring, from its slot count and table size."""
+    """Offsets of one ring, from its slot count and table size (the table starts at HEADER)."""
 
-    __slots__ = ("data_off", "mask", "size", "slots", "table_entries", "table_off")
+    __slots__ = ("data_off", "mask", "size", "slots", "table_entries")
 
     def __init__(self, slots: int, table_entries: int) -> None:
-        if not MIN_SLOTS <= slots <= MAX_SLOTS or slots & (slots - 1):
-            raise ValueError(
-                f"ring slots={slots}: expected a power of two in {MIN_SLOTS}..{MAX_SLOTS}"
-            )
-        if not 0 <= table_entries <= MAX_TABLE:
-            raise ValueError(f"ring table={table_entries}: expected 0..{MAX_TABLE}")
+        if not MIN_SLOTS <= slots <= MAX_SLOTS or slots & (slots - 1) or table_entries > MAX_TABLE:
+            raise ValueError(f"ring of {slots} slots and {table_entries} sessions: expected a "
+                             f"power of two in {MIN_SLOTS}..{MAX_SLOTS} and at most {MAX_TABLE}")  # fmt: skip
         self.slots, self.mask, self.table_entries = slots, slots - 1, table_entries
-        self.table_off = HEADER
         # Page-aligned slots: the hot writes never share a page with the table.
         self.data_off = -(-(HEADER + table_entries * TABLE_ENTRY) // 4096) * 4096
         self.size = self.data_off + slots * SLOT
@@ -87,19 +68,12 @@ class Geometry:
 
 # -- codec: payloads are what follows the slot headers, joined over a record's slots -------
 
-_SESSION = struct.Struct("<8QBBB")
-_BURST = struct.Struct("<QIIQQ6QQQQ")
-_SPLIT = struct.Struct("<4Q")
-_END = struct.Struct("<5Q")
-_STR = struct.Struct("<H")
-_PAIR = struct.Struct("<QQ")
+_SESSION, _BURST, _END = struct.Struct("<8QBBB"), struct.Struct("<QIIQQ6QQQQ"), struct.Struct("<5Q")
+_SPLIT, _STR, _PAIR = struct.Struct("<4Q"), struct.Struct("<H"), struct.Struct("<QQ")
 _ROUND_BODY = struct.Struct("<QII6QIIII")
-_FT_COUNT_FIELDS = tuple(
-    f
-    for f in FIRST_TOKEN_FIELDS
-    if f not in FIRST_TOKEN_MS_FIELDS
-    and f not in ("draft_prime_arm", "draft_kv_mb", "free_mb_before", "free_mb_after")
-)
+#: Every other field of SpecFirstTokenProf is a count (u64).
+_NOT = {*FIRST_TOKEN_MS_FIELDS, "draft_prime_arm", "draft_kv_mb", "free_mb_before", "free_mb_after"}
+_FT_COUNT_FIELDS = tuple(f for f in FIRST_TOKEN_FIELDS if f not in _NOT)
 _FT_MS = struct.Struct(f"<{len(FIRST_TOKEN_MS_FIELDS)}d")
 _FT_COUNTS = struct.Struct(f"<{len(_FT_COUNT_FIELDS)}Qd")
 
@@ -132,7 +106,6 @@ class _Cursor:
 
 
 def _enc_session(r: SessionRecord, in_table: bool) -> bytes:
-    # ``in_table`` tells the agent whether the writer's table will show this session's end.
     return _SESSION.pack(
         r.session, r.start_ns_mono, r.anchor_ns_mono, r.anchor_ns_epoch, r.trace_id >> 64,
         r.trace_id & (1 << 64) - 1, r.span_id, r.parent_span_id, r.level, r.prof, in_table,
@@ -147,10 +120,10 @@ def _dec_session(c: _Cursor) -> tuple[SessionRecord, bool]:
     return rec, bool(in_table)
 
 
-def _enc_round(r: RoundRecord) -> bytes:
+def _enc_round(r: RoundRecord) -> tuple[int, bytes]:
     sid, burst, index, t, k, j, ctx, seq_rows, split, _ = r
     body = _ROUND_BODY.pack(sid, burst, index, *t, k, j, ctx, seq_rows)
-    return body if split is None else body + _SPLIT.pack(*split)
+    return (KIND_ROUND, body) if split is None else (KIND_ROUND_SPLIT, body + _SPLIT.pack(*split))
 
 
 def _dec_round(c: _Cursor, split: bool) -> RoundRecord:
@@ -159,12 +132,12 @@ def _dec_round(c: _Cursor, split: bool) -> RoundRecord:
                        c.take(_SPLIT) if split else None)  # fmt: skip
 
 
-def _enc_burst(r: BurstRecord) -> bytes:
-    p = r.phases
+def _enc_burst(r: BurstRecord) -> tuple[int, bytes]:
+    p, split = r.phases, r.split_ns
     body = _BURST.pack(r.session, r.index, r.k, r.start_ns_mono, r.end_ns_mono, p.draft,
                        p.verify, p.accept, p.roll, p.maint, p.rounds, r.tokens, r.hook_ns,
                        r.first_round)  # fmt: skip
-    return body if r.split_ns is None else body + _SPLIT.pack(*r.split_ns)
+    return (KIND_BURST, body) if split is None else (KIND_BURST_SPLIT, body + _SPLIT.pack(*split))
 
 
 def _dec_burst(c: _Cursor, split: bool) -> BurstRecord:
@@ -195,10 +168,6 @@ def _dec_first_token(c: _Cursor) -> FirstTokenRecord:
     return FirstTokenRecord(sid, SpecFirstTokenProf(**kw), ivs)
 
 
-def _enc_end(r: SessionEndRecord) -> bytes:
-    return _END.pack(r.session, r.end_ns_mono, r.rounds, r.bursts, r.tokens) + _s(r.error)
-
-
 def _dec_end(c: _Cursor) -> SessionEndRecord:
     sid, end, rounds, bursts, tokens = c.take(_END)
     return SessionEndRecord(sid, end, rounds, bursts, tokens, c.text())
@@ -206,18 +175,19 @@ def _dec_end(c: _Cursor) -> SessionEndRecord:
 
 def encode(rec: Any, in_table: bool = False) -> tuple[int, bytes]:
     """``(kind, payload)`` of a record; raises on a value the format cannot hold (the writer
-    counts those as refused)."""
+    counts those as refused). ``in_table``: the writer's table will show this session's end."""
     t = type(rec)
     if t is RoundRecord:
-        return (KIND_ROUND if rec.split_ns is None else KIND_ROUND_SPLIT), _enc_round(rec)
+        return _enc_round(rec)
     if t is BurstRecord:
-        return (KIND_BURST if rec.split_ns is None else KIND_BURST_SPLIT), _enc_burst(rec)
+        return _enc_burst(rec)
     if t is SessionRecord:
         return KIND_SESSION, _enc_session(rec, in_table)
     if t is FirstTokenRecord:
         return KIND_FIRST_TOKEN, _enc_first_token(rec)
     if t is SessionEndRecord:
-        return KIND_SESSION_END, _enc_end(rec)
+        return KIND_SESSION_END, _END.pack(rec.session, rec.end_ns_mono, rec.rounds, rec.bursts,
+                                           rec.tokens) + _s(rec.error)  # fmt: skip
     raise TypeError(f"{t.__name__} does not travel through the ring")
 
 

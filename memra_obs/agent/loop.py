@@ -1,13 +1,8 @@
-"""``memra-obs agent``'s engine: every ring in the directory, read in passes, published through
-the RecordExporters, each cursor persisted once its batch is out.
-
-The :class:`Agent` is a :class:`~memra_obs.export.RecordSource` (``take`` reads every ring
-once, ``taken`` commits), drained by the same :class:`~memra_obs.export.ExportWorker` loop
-that publishes an in-process queue. Delivery is at-least-once, exactly-once across a graceful
-restart: a crash between an export and its commit republishes at most that batch.
-
-Nothing a ring holds stops the agent or falsifies another ring: each ring is attached, read
-and counted on its own, and one that breaks a rule is reported once and dropped.
+"""``memra-obs agent``'s engine: every ring in the directory read in passes, each pass one
+batch to the exporters, each cursor persisted once its batch is out (at-least-once, exactly
+once across a graceful restart). The :class:`Agent` is the RecordSource of the same
+:class:`~memra_obs.export.ExportWorker` loop that drains an in-process queue. Each ring is
+attached, read and counted on its own: one that breaks a rule is reported once and dropped.
 """
 
 from __future__ import annotations
@@ -45,12 +40,8 @@ class Agent:
 
     def __init__(self, directory: str, exporters: Sequence[RecordExporter], *,
                  batch_slots: int = 4096, poll_s: float = 0.02, cleanup: bool = True) -> None:  # fmt: skip
-        self.directory, self.batch_slots, self.poll_s, self.cleanup = (
-            directory,
-            batch_slots,
-            poll_s,
-            cleanup,
-        )
+        self.directory, self.batch_slots = directory, batch_slots
+        self.poll_s, self.cleanup = poll_s, cleanup
         self.worker = ExportWorker(self, exporters, interval_ms=poll_s * 1000, stretch_ms=0,
                                    max_batch=1, tick_s=TICK_S)  # fmt: skip
         self._streams: dict[str, RingStream] = {}
@@ -63,18 +54,20 @@ class Agent:
         #: worker -> [records read, lost, written] over every ring so far (a scrape reads it).
         self.totals: dict[str, list[int]] = {}
         self.rings_removed = 0
-        self._closed = False
         os.makedirs(directory, exist_ok=True)
-        self._lock_fd = _lock(directory)
+        fd = os.open(
+            os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600
+        )
+        try:  # held for life: one agent per directory
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise AgentBusy(f"another memra-obs agent is publishing {directory}") from None
+        self._lock_fd = fd
 
     @property
     def rings(self) -> int:
         return len(self._streams)
-
-    @property
-    def published(self) -> int:
-        """Workers' records published (context the agent replays or makes up is not counted)."""
-        return sum(t[0] for t in list(self.totals.values()))
 
     def lost_total(self) -> int:
         """Records that never reached the exporters, over every ring (the dropped counter)."""
@@ -95,14 +88,10 @@ class Agent:
             names = [e.name for e in os.scandir(self.directory)]
         except OSError:
             return
+        known = self._streams.keys() | self._skip
         for name in names:
             path = os.path.join(self.directory, name)
-            if (
-                name.startswith(".")
-                or not name.endswith(".ring")
-                or path in self._streams
-                or path in self._skip
-            ):
+            if name.startswith(".") or not name.endswith(".ring") or path in known:
                 continue
             try:
                 self._streams[path] = RingStream(path, self._ids)
@@ -197,9 +186,8 @@ class Agent:
         """Flush and shut the exporters down, and release the directory. Sessions still open
         in a live worker are not ended (the next agent resumes them), and span exporters
         forget them rather than close them as unfinished: no span appears twice."""
-        if self._closed:
+        if self._lock_fd < 0:
             return
-        self._closed = True
         deadline = time.monotonic() + timeout_s
         self.worker.set.flush(max(deadline, time.monotonic() + 0.1))
         for ex in self.worker.exporters:
@@ -211,18 +199,7 @@ class Agent:
             s.close()
         self._streams.clear()
         os.close(self._lock_fd)
+        self._lock_fd = -1
 
     def stats(self) -> list[dict[str, Any]]:
         return [s.stats() for s in self._streams.values()]
-
-
-def _lock(directory: str) -> int:
-    """``flock`` on ``<dir>/.agent.lock``, held for the agent's life: one agent per directory."""
-    path = os.path.join(directory, LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise AgentBusy(f"another memra-obs agent is publishing {directory}") from None
-    return fd

@@ -123,27 +123,18 @@ def _parser() -> argparse.ArgumentParser:
         "OTEL_* / MEMRA_OBS_SPANS_FILE, one /metrics on MEMRA_OBS_METRICS_ADDR. SIGTERM "
         "drains, flushes and exits.",
     )
-    p.add_argument(
-        "--dir",
-        default=None,
-        help=f"ring directory (default ${MEMRA_OBS_AGENT}, else {default_directory()})",
-    )
-    p.add_argument(
-        "--poll-ms",
-        type=float,
-        default=20.0,
-        help="sleep between passes once every ring is read (default 20)",
-    )
-    p.add_argument(
-        "--priority",
-        choices=("idle", "low", "normal"),
-        default="idle",
-        help="CPU priority of this process: idle = SCHED_IDLE (runs only on cycles the "
-        "serving loop leaves; the default), low = nice 10, normal = unchanged",
-    )
+    # fmt: off
+    p.add_argument("--dir", default=None,
+                   help=f"ring directory (default ${MEMRA_OBS_AGENT}, else {default_directory()})")
+    p.add_argument("--poll-ms", type=float, default=20.0,
+                   help="sleep between passes once every ring is read (default 20)")
+    p.add_argument("--priority", choices=("idle", "low", "normal"), default="idle",
+                   help="CPU priority of this process: idle = SCHED_IDLE (runs only on cycles the "
+                   "serving loop leaves; the default), low = nice 10, normal = unchanged")
     p.add_argument("--once", action="store_true", help="publish what the rings hold now, then exit")
     p.add_argument("--keep", action="store_true", help="do not remove rings of exited workers")
-    return p  # fmt: skip
+    # fmt: on
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -152,26 +143,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.poll_ms <= 0:
         raise ConfigError(f"--poll-ms={args.poll_ms}: expected a positive number")
     stop = threading.Event()  # handlers first: a SIGTERM during start-up still drains
-    old = {
-        s: signal.signal(s, lambda signum, frame: stop.set())
-        for s in (signal.SIGTERM, signal.SIGINT)
-    }
-    set_priority(args.priority)
+    old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        agent, closers, server = build_agent(
-            args.dir, poll_s=args.poll_ms / 1000.0, cleanup=not args.keep
-        )
-    except BaseException as exc:
-        for sig, h in old.items():
-            signal.signal(sig, h)
-        if not isinstance(exc, AgentBusy):
-            raise
+        set_priority(args.priority)
+        return _serve(args, stop)
+    except AgentBusy as exc:
         print(f"memra-obs agent: {exc}", file=sys.stderr)
         return 2
-    where = [f"rings in {agent.directory}"] + (
-        [] if server is None else [f"/metrics on {server.url}"]
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def _serve(args: argparse.Namespace, stop: threading.Event) -> int:
+    agent, closers, server = build_agent(args.dir, poll_s=args.poll_ms / 1e3, cleanup=not args.keep)
+    where = f"rings in {agent.directory}" + (
+        "" if server is None else f"; /metrics on {server.url}"
     )
-    print(f"[memra-obs agent] publishing {'; '.join(where)}", file=sys.stderr, flush=True)
+    print(f"[memra-obs agent] publishing {where}", file=sys.stderr, flush=True)
     try:
         if args.once:
             agent.drain()
@@ -181,8 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         agent.close()
         for close in closers:
             close()
-        for sig, h in old.items():
-            signal.signal(sig, h)
-    print(f"[memra-obs agent] done: published={agent.published} lost={agent.lost_total()} "
+    published = sum(c[0] for c in agent.counts().values())
+    print(f"[memra-obs agent] done: published={published} lost={agent.lost_total()} "
           f"rings_removed={agent.rings_removed}", file=sys.stderr, flush=True)  # fmt: skip
     return 0

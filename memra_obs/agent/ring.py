@@ -1,24 +1,18 @@
 """The worker's side of agent mode: :class:`RingSink` writes records into this process's ring.
 
-Why a ring: an export thread in the serving process holds the GIL for milliseconds at a
-time, and the loop's p99 pays for it; here the loop only writes bytes, and the host's
-``memra-obs agent`` does the rest in another process (layout: :mod:`.format`).
-
-Why ``pwrite`` and not a mapping: a store into a mapped file that someone truncates kills
-the process with SIGBUS, and no Python code can guard that store. A write into a shrunk
-file only grows it again (the agent then drops the ring as damaged); the loop never knows.
-A round is one ``pack_into`` and two ``pwrite`` calls into memory (~2 µs): the slot, then
-``head``, the ring's sequence counter, last, so the agent trusts only what lies below the
-``head`` it read (x86-64 keeps stores in order; elsewhere agent mode refuses to start).
-No lock shared with another process, never blocks: the ring overwrites its oldest slots
-and the agent counts what it lost, by record number.
-
-Liveness without a shared PID namespace: the worker holds ``flock`` on its ring for life;
-the kernel drops it when the process dies (even by SIGKILL).
+Why a ring: an export thread in the serving process holds the GIL for milliseconds, and the
+loop's p99 pays; here the loop only writes bytes and ``memra-obs agent`` does the rest.
+Why ``pwrite``, not a mapping: a store into a mapped file that someone truncates kills the
+process with SIGBUS, and no Python code can guard it; a write into a shrunk file only grows
+it again (the agent drops the ring as damaged). A round is one ``pack_into`` and two
+``pwrite`` calls into memory (~2 µs): the slot, then ``head`` last (x86-64 keeps the order).
+Never blocks: the ring overwrites its oldest slots and the agent counts what it lost.
+Liveness across PID namespaces: the worker holds ``flock`` on its ring for life.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import platform
@@ -73,17 +67,14 @@ def fs_type(path: str) -> str:
                 if (real + "/").startswith(mnt.rstrip("/") + "/") and len(mnt) >= len(best):
                     best, kind = mnt, parts[2]
     except OSError:
-        pass
+        return ""
     return kind
 
 
 class RingSink(Sink):
-    """Writes every exported record type into this process's ring (see the module doc).
-
-    Legacy lines and NVTX stay with the other sinks; ProfRows/ProfSummary only feed the
-    legacy lines. Never raises: a record the format cannot hold, or a write the file
-    refuses, is counted in ``refused`` (and in the ring, for the agent).
-    """
+    """Every exported record into this process's ring (ProfRows/ProfSummary only feed the
+    legacy lines). Never raises: a record the format cannot hold, or a write the file refuses,
+    is counted in ``refused`` (and in the ring); ``written`` counts the records published."""
 
     wants_trace_ids = True
 
@@ -134,53 +125,43 @@ class RingSink(Sink):
             os.rename(tmp, path)  # the agent only ever sees complete headers
         except BaseException:
             os.close(fd)
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
             raise
         self._fd, self.path = fd, path
-        self._pos = self._rec = self.refused = self.table_full = 0
+        self._pos = self.written = self.refused = self.table_full = 0
         self._free = list(range(geo.table_entries - 1, -1, -1))
         self._entry: dict[int, int] = {}
 
     # -- under the lock ----------------------------------------------------------------
 
-    def _pwrite(self, data: Any, off: int) -> None:
-        if self._fd < 0:  # shut down: the number may be another file's by now
-            raise OSError("the ring is closed")
-        os.pwrite(self._fd, data, off)
+    def _pwrite(self, data: Any, off: int) -> bool:
+        """False when the file refused (said once), or the ring is shut (its descriptor's
+        number may be another file's by now)."""
+        try:
+            return self._fd >= 0 and os.pwrite(self._fd, data, off) == len(data)
+        except OSError as exc:
+            say_once(f"ring-write:{self.path}", f"ring {self.path}: {exc}; records are refused")
+            return False
 
     def _count(self, refused: int = 0, table_full: int = 0) -> None:
-        self.refused += refused
-        self.table_full += table_full
-        try:
-            self._pwrite(F.WSTAT.pack(self.refused, self.table_full, 0), F.OFF_WSTAT)
-        except OSError:
-            pass
+        self.refused, self.table_full = self.refused + refused, self.table_full + table_full
+        self._pwrite(F.WSTAT.pack(self.refused, self.table_full, 0), F.OFF_WSTAT)
 
     def _publish(self, data: Any, n: int) -> bool:
         """``n`` slots at the next position, then ``head``; False (counted) if the file refused."""
         geo, pos = self._geo, self._pos
-        a = pos & geo.mask
-        cut = (geo.slots - a) * F.SLOT  # bytes left before the ring wraps
-        try:
-            if len(data) <= cut:
-                self._pwrite(data, geo.data_off + a * F.SLOT)
-            else:
-                self._pwrite(data[:cut], geo.data_off + a * F.SLOT)
-                self._pwrite(data[cut:], geo.data_off)
-            F.HEAD.pack_into(self._head, 0, pos + n, self._rec + 1)
-            self._pwrite(self._head, F.OFF_HEAD)
-        except OSError as exc:
+        off = geo.data_off + (pos & geo.mask) * F.SLOT
+        cut = geo.data_off + geo.slots * F.SLOT - off  # bytes left before the ring wraps
+        wrap = len(data) > cut
+        F.HEAD.pack_into(self._head, 0, pos + n, self.written + 1)
+        if not (self._pwrite(data[:cut] if wrap else data, off)
+                and (not wrap or self._pwrite(data[cut:], geo.data_off))
+                and self._pwrite(self._head, F.OFF_HEAD)):  # fmt: skip
             if self._fd >= 0:
-                say_once(
-                    f"ring-write:{self.path}",
-                    f"ring {self.path}: {exc}; counting records as refused",
-                )
                 self._count(refused=1)
             return False
-        self._pos, self._rec = pos + n, self._rec + 1
+        self._pos, self.written = pos + n, self.written + 1
         return True
 
     def _write(self, kind: int, payload: bytes, entry: int = -1, sid: int = 0) -> bool:
@@ -189,23 +170,20 @@ class RingSink(Sink):
         if n > F.MAXSPAN:
             self._count(refused=1)
             return False
-        pos, r, p = self._pos, self._rec, F.PAYLOAD
+        pos, r, p = self._pos, self.written, F.PAYLOAD
         data = b"".join(F.SLOT_HEAD.pack(pos + i + 1, r << 16 | (kind << 8 | n if i == 0 else i))
                         + payload[i * p : (i + 1) * p] for i in range(n))  # fmt: skip
-        if entry >= 0:
-            off = self._geo.table_off + entry * F.TABLE_ENTRY
-            try:
-                self._pwrite(F.TABLE_ENTRY_HEAD.pack(0, sid, len(payload)) + payload, off)
-                self._pwrite(F.U64.pack(pos + 1), off)
-            except OSError:
-                pass  # _publish below fails the same way and counts it
+        if entry >= 0:  # before head: a reader that sees the record published sees its entry
+            off = F.HEADER + entry * F.TABLE_ENTRY
+            self._pwrite(F.TABLE_ENTRY_HEAD.pack(0, sid, len(payload)) + payload, off)
+            self._pwrite(F.U64.pack(pos + 1), off)
         return self._publish(data, n)
 
     # -- the sink ----------------------------------------------------------------------
 
     def on_round(self, rec: RoundRecord) -> None:
         with self._lock:
-            pos, r = self._pos, self._rec
+            pos, r = self._pos, self.written
             try:
                 sid, burst, index, t, k, j, ctx, seq_rows, split, _ = rec  # repeat: 1 from a loop
                 if split is None:
@@ -253,31 +231,17 @@ class RingSink(Sink):
         self._put(rec)
         with self._lock:
             entry = self._entry.pop(rec.session, -1)
-            if entry >= 0:
-                # Freed after the end record's head: an agent that finds the entry gone knows
-                # the end record lies below the head it reads next.
-                try:
-                    self._pwrite(F.U64.pack(0), self._geo.table_off + entry * F.TABLE_ENTRY)
-                except OSError:
-                    pass
+            if entry >= 0:  # freed after the end's head: gone from the table = end published
+                self._pwrite(F.U64.pack(0), F.HEADER + entry * F.TABLE_ENTRY)
                 self._free.append(entry)
-
-    @property
-    def written(self) -> int:
-        """Records published so far."""
-        return self._rec
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Mark the ring closed and drop the liveness lock; the file stays for the agent."""
         with self._lock:
-            if self._fd < 0:
-                return
-            try:
+            if self._fd >= 0:
                 self._pwrite(F.WSTAT.pack(self.refused, self.table_full, 1), F.OFF_WSTAT)
-            except OSError:
-                pass
-            os.close(self._fd)
-            self._fd = -1
+                os.close(self._fd)
+                self._fd = -1
 
 
 def _reopen_in_child(ref: weakref.ReferenceType[RingSink]) -> None:
@@ -288,7 +252,5 @@ def _reopen_in_child(ref: weakref.ReferenceType[RingSink]) -> None:
     sink._lock = threading.Lock()
     os.close(sink._fd)  # the parent's lock stays: it holds its own descriptor
     sink._fd = -1
-    try:
+    with contextlib.suppress(OSError):
         sink._open()
-    except OSError:
-        pass
