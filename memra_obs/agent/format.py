@@ -1,17 +1,9 @@
-"""The ring file's layout and the codec of every record that travels through it.
-
-One file per worker process, written by that worker alone, read by the host's agent alone::
-
-    [0, 4096)          header: identity and geometry (written once), the writer's line
-                       (``head``, ``rec_next``), its stats, the reader's line (the cursor)
-    [4096, +T*256)     session table: the SessionRecord of each open session, so an agent
-                       that lost or never saw one can still give its records their context
-    [data, +N*128)     N slots (a power of two): ``seq u64 | meta u64 | payload[112]``
-
-``seq`` is the slot's absolute position + 1; ``meta`` is ``rec << 16 | kind << 8 | span``:
-``rec`` numbers records (so losses are counted in records, whatever their size), ``span``
-is how many consecutive slots the record covers; continuation slots carry kind 0 and their
-index. Little-endian throughout. Nothing here touches a file.
+"""The ring file's layout and the codec of every record that travels through it (one file
+per worker process; the whole layout is drawn in docs/AGENT.md). A slot is ``seq | meta |
+payload``: ``seq`` is its absolute position + 1, ``meta`` is ``rec << 16 | kind << 8 | span``,
+``rec`` numbering records so that losses count in records whatever their size. The session
+table keeps each open session's SessionRecord, so an agent that lost or never saw one still
+has its context. Little-endian throughout; nothing here touches a file.
 """
 
 from __future__ import annotations
@@ -98,11 +90,7 @@ class _Cursor:
 
     def text(self) -> str:
         (n,) = self.take(_STR)
-        b = self.buf[self.off : self.off + n]
-        if len(b) != n:
-            raise ValueError("string runs past the record")
-        self.off += n
-        return b.decode("utf-8")
+        return self.take(struct.Struct(f"{n}s"))[0].decode("utf-8")
 
 
 def _enc_session(r: SessionRecord, in_table: bool) -> bytes:
@@ -192,14 +180,10 @@ def encode(rec: Any, in_table: bool = False) -> tuple[int, bytes]:
 
 
 DECODERS: dict[int, Callable[[_Cursor], Any]] = {
-    KIND_SESSION: _dec_session,
-    KIND_ROUND: lambda c: _dec_round(c, False),
-    KIND_ROUND_SPLIT: lambda c: _dec_round(c, True),
-    KIND_BURST: lambda c: _dec_burst(c, False),
-    KIND_BURST_SPLIT: lambda c: _dec_burst(c, True),
-    KIND_FIRST_TOKEN: _dec_first_token,
-    KIND_SESSION_END: _dec_end,
-}
+    KIND_SESSION: _dec_session, KIND_FIRST_TOKEN: _dec_first_token, KIND_SESSION_END: _dec_end,
+    KIND_ROUND: lambda c: _dec_round(c, False), KIND_ROUND_SPLIT: lambda c: _dec_round(c, True),
+    KIND_BURST: lambda c: _dec_burst(c, False), KIND_BURST_SPLIT: lambda c: _dec_burst(c, True),
+}  # fmt: skip
 
 
 def decode(kind: int, payload: bytes) -> Any:

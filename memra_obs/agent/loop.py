@@ -114,9 +114,8 @@ class Agent:
     # -- the RecordSource side -----------------------------------------------------------
 
     def take(self, limit: int = 0) -> list[Record]:
-        """One pass: maybe look for rings, read every ring once (``batch_slots`` each); rings
-        whose writer is gone and that are read retire once the batch is out. ``limit`` is
-        not used: a pass is a batch."""
+        """One pass (a batch: ``limit`` is not used); rings whose writer is gone and that are
+        read retire once it is out."""
         now = time.monotonic()
         scan = now >= self._next_scan
         if scan:
@@ -141,7 +140,7 @@ class Agent:
         return batch
 
     def taken(self) -> None:
-        """The pass's records are exported: count them, persist each cursor, retire finished rings."""
+        """The pass is exported: count it, persist each cursor, retire finished rings."""
         for s in self._polled:
             s.commit()
             if not s.trouble:  # a ring in doubt is counted once it reads clean again
@@ -155,7 +154,7 @@ class Agent:
         self._polled, self._done = [], []
 
     def pending(self) -> bool:
-        """Some ring has records past what the last pass read (its batch limit was hit)."""
+        """Some ring holds more than its last pass read (the batch limit was hit)."""
         return any(not s.caught_up() for s in self._streams.values())
 
     # -- running -------------------------------------------------------------------------
@@ -173,14 +172,14 @@ class Agent:
                 return True
         return False
 
-    def run(self, stop: threading.Event, *, drain_timeout_s: float = 10.0) -> None:
+    def run(self, stop: threading.Event) -> None:
         """Until ``stop``: read everything there is, then sleep ``poll_s``. Few wake-ups, big
         batches: on a host whose loops want every core, each wake-up can delay a loop's."""
         while not stop.is_set():
             self.step()
             if not self.pending():
                 stop.wait(self.poll_s)
-        self.drain(drain_timeout_s)
+        self.drain()
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Flush and shut the exporters down, and release the directory. Sessions still open

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -34,15 +35,13 @@ _COUNTERS = (
 
 
 def default_directory() -> str:
-    """``/dev/shm/memra-obs`` (RAM, like a k8s ``emptyDir: {medium: Memory}``), else the
-    temp directory."""
+    """In memory (like a k8s ``emptyDir: {medium: Memory}``) where there is /dev/shm."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     return os.path.join(base, "memra-obs")
 
 
 class AgentCollector(Collector):
-    """``memra_obs_agent_rings`` and, per worker, records read, lost and written, read from
-    the agent's totals at scrape time."""
+    """The agent's own health, from its totals at scrape time (nothing counted twice)."""
 
     def __init__(self, agent: Agent) -> None:
         self._agent = agent
@@ -58,24 +57,15 @@ class AgentCollector(Collector):
             yield c
 
 
-def build_agent(
-    directory: str | None = None,
-    *,
-    env: Mapping[str, str] | None = None,
-    registry: Any = None,
-    exporters: Sequence[RecordExporter] = (),
-    serve: bool = True,
-    machine: str | None = None,
-    **agent_kw: Any,
-) -> tuple[Agent, list[Callable[[], None]], Any]:
+def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None = None,
+                registry: Any = None, exporters: Sequence[RecordExporter] = (), serve: bool = True,
+                machine: str | None = None, **agent_kw: Any) -> tuple[Agent, list[Callable[[], None]], Any]:  # fmt: skip
     """The agent the environment asks for: ``(agent, closers, metrics_server_or_None)``.
 
     Sinks: ``MEMRA_OBS_SINKS`` (unset = ``otel,prometheus``). Spans go where the in-process
     observer would send them; metrics to a fresh registry served on ``MEMRA_OBS_METRICS_ADDR``,
     every series labelled ``worker``. ``machine`` stands in for the CPU's (tests).
     """
-    from prometheus_client import CollectorRegistry
-
     check_cpu(machine)
     env = os.environ if env is None else env
     knobs = {} if env.get(MEMRA_OBS_SINKS, "").strip() else {"sinks": "otel,prometheus"}
@@ -103,9 +93,8 @@ def build_agent(
 
 
 def set_priority(priority: str) -> None:
-    """Yield the CPU to the loop: on a contended core a runnable agent delays a loop thread's
-    wake-up. ``idle`` risks starving under a host that keeps every core busy; the rings
-    then overflow, counted."""
+    """On a contended core a runnable agent delays a loop's wake-up; ``idle`` may starve it
+    instead (the rings then overflow, counted)."""
     if priority == "idle" and hasattr(os, "SCHED_IDLE"):
         try:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))

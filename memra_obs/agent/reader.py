@@ -33,12 +33,11 @@ __all__ = ["FormatError", "Item", "RingReader", "RingStream", "State"]
 LIMIT = 1 << 48
 #: Sessions kept open per ring before the oldest is ended as lost.
 MAX_OPEN = 65536
-Sessions = dict[int, tuple[int, SessionRecord, bool]]  # session -> (position, record, in_table)
+Sessions = dict[int, tuple[SessionRecord, bool, int]]  # session -> (record, in_table, position)
 
 
 class Item(NamedTuple):
-    """One record read: its first slot's position, kind, and the record (a session's is
-    ``(SessionRecord, in_table)``)."""
+    """A record read: first slot's position, kind, record (``(SessionRecord, in_table)``)."""
 
     pos: int
     kind: int
@@ -46,8 +45,7 @@ class Item(NamedTuple):
 
 
 class State(NamedTuple):
-    """The writer's counters: positions and records published, records refused, sessions not
-    in its table, closed cleanly."""
+    """The writer's counters (its line and stats in the header)."""
 
     head: int
     rec_next: int
@@ -143,12 +141,10 @@ class RingReader:
     def writer_gone(self) -> bool:
         """True once the writer no longer holds its lock (exited, killed, closed). Sticky."""
         if not self.gone:
-            try:
+            with contextlib.suppress(BlockingIOError):
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
-            self.gone = True
-        return True
+                self.gone = True
+        return self.gone
 
     def caught_up(self) -> bool:
         return self.pos >= self.last.head
@@ -214,28 +210,23 @@ class RingReader:
     def commit(self) -> None:
         """Persist the cursor: a restarted agent resumes after what was published."""
         if self.writable:
-            try:
+            with contextlib.suppress(OSError):  # a read-only file system: it lives here only
                 os.pwrite(self._fd, F.READER.pack(self.pos, self.rec, self.lost, os.getpid()),
                           F.OFF_READER)  # fmt: skip
-            except OSError:
-                self.writable = False
 
     def open_sessions(self) -> Sessions:
-        """The writer's table of open sessions; entries that change while read are passed over."""
+        """The writer's table of open sessions (entries that change while read are passed over)."""
         size, e, out = self.geo.table_entries * F.TABLE_ENTRY, F.TABLE_ENTRY, Sessions()
         a, b = (self._pread(size, F.HEADER) for _ in range(2))
         for off in range(0, size, e):
             seq, sid, n = F.TABLE_ENTRY_HEAD.unpack_from(a, off)
             if not seq or a[off : off + e] != b[off : off + e]:
                 continue
-            try:
-                rec, in_table = F.decode(
-                    F.KIND_SESSION, a[off + F.TABLE_HDR : off + min(e, F.TABLE_HDR + n)]
-                )
-            except Exception:
-                continue
+            rec, in_table = F.decode(
+                F.KIND_SESSION, a[off + F.TABLE_HDR : off + min(e, F.TABLE_HDR + n)]
+            )
             if rec.session == sid:
-                out[sid] = (seq - 1, rec, in_table)
+                out[sid] = (rec, in_table, seq - 1)
         return out
 
     def sessions_before(self, pos: int) -> Sessions:
@@ -246,7 +237,7 @@ class RingReader:
             for x, _, _, kind, payload in self._walk(a, stop, min(pos, stop + F.MAXSPAN)):
                 if kind == F.KIND_SESSION:
                     rec, in_table = F.decode(kind, payload)
-                    out[rec.session] = (x, rec, in_table)
+                    out[rec.session] = (rec, in_table, x)
         return out
 
     def close(self, unlink: bool = False) -> None:
@@ -265,19 +256,14 @@ class _Open:
     rounds: int = 0
     bursts: int = 0
     tokens: int = 0
-    orphan: bool = False
 
 
 class RingStream(RingReader):
-    """One ring as exporters need it: agent-wide session ids, and each record after its
-    session's SessionRecord even when that one was lost or read by a previous agent.
-
-    An unknown session's context comes from the ring below the cursor or the writer's table,
-    replayed first; failing both, a stand-in (family ``unknown``, the ring's worker, no trace
-    ids) goes first: metrics still count its rounds, spans skip them. Sessions whose end never
-    comes are ended here: ``WorkerGone`` when the writer died, ``RingOverrun`` when the end
-    record was overwritten (once the writer's table shows the session gone).
-    """
+    """One ring as exporters need it: agent-wide session ids, each record after its session's
+    SessionRecord. An unknown session's comes from the ring below the cursor (a previous agent
+    read it) or the writer's table, replayed; failing both, a stand-in (family ``unknown``, no
+    trace ids) goes first: metrics count its rounds, spans skip them. Sessions whose end never
+    comes are ended here: ``WorkerGone`` (the writer died), ``RingOverrun`` (overwritten)."""
 
     def __init__(self, path: str, ids: Iterator[int]) -> None:
         super().__init__(path)
@@ -287,7 +273,7 @@ class RingStream(RingReader):
         self._table: Sessions | None = None  # the writer's, read once per publish at most
         #: After a loss: (sessions in the table, head before reading it, head after).
         self._gc: tuple[set[int], int, int] | None = None
-        self.orphaned = self.replayed = self.synthesized = 0
+        self.replayed = self.synthesized = 0
         #: What the agent's totals hold of this ring's (read, lost, written).
         self.accounted = (0, 0, 0)
 
@@ -299,7 +285,6 @@ class RingStream(RingReader):
                 self._start(rec[0], rec[1], pos, out)
                 continue
             st = self._open.get(rec.session) or self._recover(rec, pos, out)
-            self.orphaned += st.orphan
             if type(rec) is RoundRecord:
                 st.rounds, st.last_ns = st.rounds + 1, rec.t_ns_mono[5]
             elif type(rec) is BurstRecord:
@@ -330,15 +315,13 @@ class RingStream(RingReader):
         found = self._before.get(rec.session) or (self._table or {}).get(rec.session)
         if found is not None:
             self.replayed += 1
-            return self._start(found[1], found[2], found[0], out)
+            return self._start(*found, out)
         # Same host, same CLOCK_MONOTONIC: the agent's own anchor pair maps the stamps.
         t0 = rec.t_ns_mono[0] if type(rec) is RoundRecord else getattr(rec, "start_ns_mono", 0)
         stand_in = SessionRecord(rec.session, "unknown", "", "", self.worker, t0,
                                  time.perf_counter_ns(), time.time_ns(), 0, 0, 0, 0, False)  # fmt: skip
         self.synthesized += 1
-        st = self._start(stand_in, False, pos, out)
-        st.orphan = True
-        return st
+        return self._start(stand_in, False, pos, out)
 
     def _end(self, sid: int, error: str, out: list[Record]) -> None:
         st = self._open.pop(sid)
@@ -352,5 +335,5 @@ class RingStream(RingReader):
 
     def stats(self) -> dict[str, Any]:
         return {"worker": self.worker, "path": self.path, "read": self.read, "lost": self.lost,
-                "orphaned": self.orphaned, "replayed": self.replayed, "gone": self.gone,
-                "synthesized": self.synthesized, "open_sessions": len(self._open)}  # fmt: skip
+                "replayed": self.replayed, "synthesized": self.synthesized,
+                "open_sessions": len(self._open), "gone": self.gone}  # fmt: skip

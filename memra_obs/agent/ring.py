@@ -30,12 +30,8 @@ from ..sinks.base import Sink
 from ..timeline import RoundRecord, SessionEndRecord, SessionRecord
 from . import format as F
 
-__all__ = ["DEFAULT_SLOTS", "DEFAULT_TABLE", "RingSink", "check_cpu", "ring_directory"]
+__all__ = ["RingSink", "check_cpu", "ring_directory"]
 
-#: 65,536 slots x 128 B = 8 MiB: ~30 s of rounds at 2,000 rounds/s if the agent stalls.
-DEFAULT_SLOTS = 1 << 16
-#: Sessions open at once per worker that an agent can resume.
-DEFAULT_TABLE = 1024
 _MEMORY_FS = ("tmpfs", "ramfs", "hugetlbfs")
 
 
@@ -43,18 +39,15 @@ def check_cpu(machine: str | None = None) -> None:
     """Agent mode's lock-free ring relies on x86-64's store order; refuse it anywhere else."""
     m = platform.machine() if machine is None else machine
     if m not in ("x86_64", "AMD64"):
-        raise ConfigError(
-            f"agent mode ({MEMRA_OBS_AGENT}, memra-obs agent) needs an x86-64 CPU and this one "
-            f"is {m!r}: the ring's lock-free reads rely on x86-64 store order; publish "
-            f"in-process instead (unset {MEMRA_OBS_AGENT})"
-        )
+        raise ConfigError(f"agent mode ({MEMRA_OBS_AGENT}, memra-obs agent) needs an x86-64 CPU, "
+                          f"this one is {m!r}: the ring relies on x86-64 store order; publish "
+                          f"in-process instead (unset {MEMRA_OBS_AGENT})")  # fmt: skip
 
 
 def ring_directory(value: str) -> str:
     """``MEMRA_OBS_AGENT`` as a directory: a bare name (no ``/``) lives in ``/dev/shm``."""
-    return (
-        os.path.join("/dev/shm", value) if "/" not in value and os.path.isdir("/dev/shm") else value
-    )
+    shm = "/" not in value and os.path.isdir("/dev/shm")
+    return os.path.join("/dev/shm", value) if shm else value
 
 
 def fs_type(path: str) -> str:
@@ -78,8 +71,10 @@ class RingSink(Sink):
 
     wants_trace_ids = True
 
-    def __init__(self, directory: str, *, worker: str = "", slots: int = DEFAULT_SLOTS,
-                 table_entries: int = DEFAULT_TABLE) -> None:  # fmt: skip
+    # 65,536 slots x 128 B = 8 MiB: ~30 s at 2,000 rounds/s if the agent stalls; 1,024 sessions
+    # open at once that an agent can resume.
+    def __init__(self, directory: str, *, worker: str = "", slots: int = 1 << 16,
+                 table_entries: int = 1024) -> None:  # fmt: skip
         self.directory, self.worker = directory, worker
         self._geo = F.Geometry(slots, table_entries)
         self._lock = threading.Lock()
@@ -99,9 +94,7 @@ class RingSink(Sink):
         try:
             sink = cls(directory, worker=worker, slots=n)
         except OSError as exc:
-            raise ConfigError(
-                f"{MEMRA_OBS_AGENT}={directory!r}: cannot create the ring ({exc})"
-            ) from exc
+            raise ConfigError(f"{MEMRA_OBS_AGENT}={directory!r}: no ring there ({exc})") from exc
         kind = fs_type(directory)
         if kind and kind not in _MEMORY_FS:
             say_once(f"ring-fs:{directory}", f"{MEMRA_OBS_AGENT}={directory} is on {kind}, not in "
@@ -220,12 +213,10 @@ class RingSink(Sink):
             except Exception:
                 self._count(refused=1)
                 return
-            ok = self._write(F.KIND_SESSION, payload, entry, rec.session)
-            if entry >= 0:
-                if ok:
-                    self._entry[rec.session] = entry
-                else:
-                    self._free.append(entry)
+            if self._write(F.KIND_SESSION, payload, entry, rec.session) and entry >= 0:
+                self._entry[rec.session] = entry
+            elif entry >= 0:
+                self._free.append(entry)
 
     def on_session_end(self, rec: SessionEndRecord) -> None:
         self._put(rec)
