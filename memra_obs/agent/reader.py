@@ -31,6 +31,7 @@ __all__ = ["FormatError", "Item", "RingReader", "RingStream", "State"]
 
 #: Every counter stays below this (9 years of a million slots a second): more is a lie.
 LIMIT = 1 << 48
+THIS_VERSION = (F.MAGIC, F.VERSION, F.SLOT, F.MAXSPAN, F.TABLE_ENTRY)
 #: Sessions kept open per ring before the oldest is ended as lost.
 MAX_OPEN = 65536
 Sessions = dict[int, tuple[SessionRecord, bool, int]]  # session -> (record, in_table, position)
@@ -83,13 +84,7 @@ class RingReader:
                               f", not by this agent's uid {uid} alone")  # fmt: skip
         magic, version, slot, slots, maxspan, entries, entry, data_off, _, _, n, label = (
             F.IDENT.unpack(self._pread(F.IDENT.size, 0)))  # fmt: skip
-        if (magic, version, slot, maxspan, entry) != (
-            F.MAGIC,
-            F.VERSION,
-            F.SLOT,
-            F.MAXSPAN,
-            F.TABLE_ENTRY,
-        ):
+        if (magic, version, slot, maxspan, entry) != THIS_VERSION:
             raise FormatError(f"{self.path}: not a memra-obs ring v{F.VERSION}")
         try:
             self.geo = F.Geometry(slots, entries)

@@ -51,17 +51,15 @@ def ring_directory(value: str) -> str:
 
 
 def fs_type(path: str) -> str:
-    """The filesystem type holding ``path`` (its longest mount in /proc/self/mounts; "" unknown)."""
-    real, best, kind = os.path.realpath(path), "", ""
+    """The filesystem type holding ``path`` ("" when unknown)."""
+    real = os.path.realpath(path) + "/"
     try:
         with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
-            for parts in (line.split() for line in f):
-                mnt = parts[1].replace("\\040", " ") if len(parts) > 2 else "\0"
-                if (real + "/").startswith(mnt.rstrip("/") + "/") and len(mnt) >= len(best):
-                    best, kind = mnt, parts[2]
+            mounts = sorted((p for p in map(str.split, f) if len(p) > 2), key=lambda p: len(p[1]))
     except OSError:
         return ""
-    return kind
+    kinds = [p[2] for p in mounts if real.startswith(p[1].replace("\\040", " ").rstrip("/") + "/")]
+    return kinds[-1] if kinds else ""  # the longest mount point, and the last of equals
 
 
 class RingSink(Sink):
@@ -80,8 +78,8 @@ class RingSink(Sink):
         self._lock = threading.Lock()
         self._slot, self._head = bytearray(F.SLOT), bytearray(F.HEAD.size)
         self._open()
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _reopen_in_child(ref))
+        after = weakref.WeakMethod(self._after_fork)  # the sink may go before the process
+        os.register_at_fork(after_in_child=lambda: [m() for m in (after(),) if m is not None])
 
     @classmethod
     def create(cls, directory: str, *, worker: str = "", slots: int | None = None,
@@ -226,6 +224,15 @@ class RingSink(Sink):
                 self._pwrite(F.U64.pack(0), F.HEADER + entry * F.TABLE_ENTRY)
                 self._free.append(entry)
 
+    def _after_fork(self) -> None:
+        """A forked child must not write into its parent's ring: it gets its own."""
+        self._lock = threading.Lock()
+        if self._fd >= 0:
+            os.close(self._fd)  # the parent's lock stays: it holds its own descriptor
+            self._fd = -1
+            with contextlib.suppress(OSError):
+                self._open()
+
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Mark the ring closed and drop the liveness lock; the file stays for the agent."""
         with self._lock:
@@ -233,15 +240,3 @@ class RingSink(Sink):
                 self._pwrite(F.WSTAT.pack(self.refused, self.table_full, 1), F.OFF_WSTAT)
                 os.close(self._fd)
                 self._fd = -1
-
-
-def _reopen_in_child(ref: weakref.ReferenceType[RingSink]) -> None:
-    """A forked child must not write into its parent's ring: give it its own."""
-    sink = ref()
-    if sink is None or sink._fd < 0:
-        return
-    sink._lock = threading.Lock()
-    os.close(sink._fd)  # the parent's lock stays: it holds its own descriptor
-    sink._fd = -1
-    with contextlib.suppress(OSError):
-        sink._open()
