@@ -275,9 +275,19 @@ def _agent(
 ) -> subprocess.Popen[bytes]:
     env = clean_env(MEMRA_OBS_SPANS_FILE=str(spans), MEMRA_OBS_METRICS_ADDR=addr,
                     MEMRA_OBS_SINKS="otel,prometheus")  # fmt: skip
-    return procs.start(
-        name, [sys.executable, "-m", "memra_obs.cli", "agent", "--dir", str(rings)], env
-    )
+    # nice 10, not the default SCHED_IDLE: on a CI machine whose cores other jobs keep busy,
+    # an idle-class agent can starve for longer than these tests wait.
+    argv = [
+        sys.executable,
+        "-m",
+        "memra_obs.cli",
+        "agent",
+        "--dir",
+        str(rings),
+        "--priority",
+        "low",
+    ]
+    return procs.start(name, argv, env)
 
 
 def test_a_restarted_agent_resumes_without_double_counting(tmp_path, procs):
