@@ -296,7 +296,9 @@ def test_a_restarted_agent_resumes_without_double_counting(tmp_path, procs):
     rings = tmp_path / "rings"
     a1 = _agent(procs, "agent1", rings, tmp_path / "spans1.jsonl")
     wait_for("agent 1 up", lambda: "publishing" in procs.log(a1))
-    workers = [procs.demo(rings, i, requests=25, speed=0.1) for i in range(3)]
+    # speed 0.3: the same records over more wall time, so the workers outlive agent 1 even
+    # when a loaded machine makes its drain and flush take seconds
+    workers = [procs.demo(rings, i, requests=25, speed=0.3) for i in range(3)]
     paths = wait_for("3 rings", lambda: _rings(rings) if len(_rings(rings)) == 3 else None)
 
     def committed() -> bool:  # agent 1 has published part of every ring
