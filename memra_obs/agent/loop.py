@@ -1,18 +1,8 @@
-"""``memra-obs agent``'s engine: find every ring in the directory, read them in batches,
-publish through the RecordExporters, persist each cursor after its batch is published.
-
-The :class:`Agent` is a :class:`~memra_obs.export.RecordSource` (``take`` reads every ring
-once, ``taken`` commits the cursors), drained by the same
-:class:`~memra_obs.export.ExportWorker` loop that publishes an in-process queue.
-
-Delivery: at-least-once per record, exactly-once across a graceful restart (SIGTERM drains,
-publishes, commits, exits). A crash between an export and its commit republishes at most
-that one batch. Sessions open across a restart have their SessionRecord replayed to the
-new agent's exporters (context, not a second session: the metrics count rounds, not
-sessions). Records lost in a ring (overwritten before the agent read them, or refused by the
-writer) are counted exactly and published as ``memra_obs_dropped_total{signal="ring"}``.
-
-One agent per directory: it holds ``flock`` on ``<dir>/.agent.lock``.
+"""``memra-obs agent``'s engine: every ring in the directory read in passes, each pass one
+batch to the exporters, each cursor persisted once its batch is out (at-least-once, exactly
+once across a graceful restart). The :class:`Agent` is the RecordSource of the same
+:class:`~memra_obs.export.ExportWorker` loop that drains an in-process queue. Each ring is
+attached, read and counted on its own: one that breaks a rule is reported once and dropped.
 """
 
 from __future__ import annotations
@@ -25,89 +15,55 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..diagnostics import say
+from ..diagnostics import say_once
 from ..export import ExportWorker, RecordExporter
 from ..timeline import Record
-from .reader import FormatError, RingReader
-from .stream import RingStream
+from .reader import RingStream
 
 __all__ = ["Agent", "AgentBusy"]
 
 LOCK_NAME = ".agent.lock"
+#: How often to look for new rings and dead writers, and to tick the exporters.
+SCAN_S, TICK_S = 0.25, 0.2
 
 
 class AgentBusy(RuntimeError):
     """Another agent already publishes this directory."""
 
 
-def _say(msg: str) -> None:
-    say(f"agent: {msg}")
-
-
 class Agent:
     """Publishes every ring in ``directory`` to ``exporters``.
 
-    ``batch_slots``: slots read per ring per pass (a pass exports one batch for all rings);
-    ``poll_s``: sleep after a pass that caught up; ``scan_s``: how often to look for new rings
-    and dead writers; ``cleanup``: remove a ring once its writer is gone and it is read;
-    ``exclusive``: take the directory's agent lock.
+    ``batch_slots``: slots read per ring per pass; ``poll_s``: sleep after a pass that caught
+    up; ``cleanup``: remove a ring once its writer is gone and it is read.
     """
 
-    def __init__(
-        self,
-        directory: str,
-        exporters: Sequence[RecordExporter],
-        *,
-        batch_slots: int = 4096,
-        poll_s: float = 0.02,
-        scan_s: float = 0.25,
-        tick_s: float = 0.2,
-        cleanup: bool = True,
-        exclusive: bool = True,
-    ) -> None:
-        self.directory = directory
-        self.worker = ExportWorker(
-            self, exporters, interval_ms=poll_s * 1000, stretch_ms=0, max_batch=1, tick_s=tick_s
-        )
-        self.batch_slots = batch_slots
-        self.poll_s = poll_s
-        self.scan_s = scan_s
-        self.tick_s = tick_s
-        self.cleanup = cleanup
-        self._ids = itertools.count(1)
+    def __init__(self, directory: str, exporters: Sequence[RecordExporter], *,
+                 batch_slots: int = 4096, poll_s: float = 0.02, cleanup: bool = True) -> None:  # fmt: skip
+        self.directory, self.batch_slots = directory, batch_slots
+        self.poll_s, self.cleanup = poll_s, cleanup
+        self.worker = ExportWorker(self, exporters, interval_ms=poll_s * 1000, stretch_ms=0,
+                                   max_batch=1, tick_s=TICK_S)  # fmt: skip
         self._streams: dict[str, RingStream] = {}
-        self._bad: set[str] = set()
-        #: Rings read to the end (kept only with cleanup off, or when removal failed).
-        self._done: set[str] = set()
-        self._lock_fd = -1
-        os.makedirs(directory, exist_ok=True)
-        if exclusive:
-            self._take_lock()
+        #: Rings not to attach again: read to the end but kept, or dropped as bad.
+        self._skip: set[str] = set()
+        self._ids = itertools.count(1)
         self._next_scan = 0.0
         self._polled: list[RingStream] = []
-        self._finished: list[RingStream] = []
-        self._batch = 0
-        # Totals over every ring this agent has read, including rings already removed.
-        self.published = 0
-        self.lost_removed = 0
-        self.published_by_worker: dict[str, int] = {}
-        self.lost_by_worker: dict[str, int] = {}
+        self._done: list[RingStream] = []
+        #: worker -> [records read, lost, written] over every ring so far (a scrape reads it).
+        self.totals: dict[str, list[int]] = {}
         self.rings_removed = 0
-        self._closed = False
-        #: Guards the totals against a scrape while a ring moves from live to removed.
-        self._count_lock = threading.Lock()
-
-    def _take_lock(self) -> None:
-        path = os.path.join(self.directory, LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(
+            os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600
+        )
+        try:  # held for life: one agent per directory
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise AgentBusy(f"another memra-obs agent is publishing {self.directory}") from None
+            raise AgentBusy(f"another memra-obs agent is publishing {directory}") from None
         self._lock_fd = fd
-
-    # -- counts --------------------------------------------------------------------------
 
     @property
     def rings(self) -> int:
@@ -115,177 +71,138 @@ class Agent:
 
     def lost_total(self) -> int:
         """Records that never reached the exporters, over every ring (the dropped counter)."""
-        with self._count_lock:
-            return self.lost_removed + sum(s.lost for s in self._streams.values())
+        return sum(t[1] for t in list(self.totals.values()))
 
-    def worker_counts(self) -> tuple[dict[str, int], dict[str, int]]:
-        """(published, lost) per worker label, over rings read so far."""
-        with self._count_lock:
-            pub = dict(self.published_by_worker)
-            lost = dict(self.lost_by_worker)
-            streams = tuple(self._streams.values())
-        for s in streams:
-            pub[s.worker] = pub.get(s.worker, 0) + s.published
-            lost[s.worker] = lost.get(s.worker, 0) + s.lost
-        return pub, lost
+    def counts(self) -> dict[str, tuple[int, int, int]]:
+        """worker -> (read, lost, written); ``read + lost == written`` once a ring is read."""
+        return {w: (t[0], t[1], t[2]) for w, t in list(self.totals.items())}
 
-    # -- rings ---------------------------------------------------------------------------
+    def _account(self, s: RingStream, now: tuple[int, int, int]) -> None:
+        t = self.totals.setdefault(s.worker, [0, 0, 0])
+        for i in (2, 1, 0):  # written first: a scrape never sees more read + lost than written
+            t[i] += now[i] - s.accounted[i]
+        s.accounted = now
 
-    def discover(self) -> int:
-        """Attach to rings not seen yet; returns how many were added."""
-        added = 0
+    def _discover(self) -> None:
         try:
-            names = [
-                e.name
-                for e in os.scandir(self.directory)
-                if e.name.endswith(".ring") and not e.name.startswith(".")
-            ]
-        except FileNotFoundError:
-            return 0
+            names = [e.name for e in os.scandir(self.directory)]
+        except OSError:
+            return
+        known = self._streams.keys() | self._skip
         for name in names:
             path = os.path.join(self.directory, name)
-            if path in self._streams or path in self._bad or path in self._done:
+            if name.startswith(".") or not name.endswith(".ring") or path in known:
                 continue
             try:
-                reader = RingReader(path)
+                self._streams[path] = RingStream(path, self._ids)
             except FileNotFoundError:
                 continue  # removed meanwhile
-            except (FormatError, OSError) as exc:
-                self._bad.add(path)
-                _say(f"skipping {path}: {exc}")
-                continue
-            stream = RingStream(reader, self._ids)
-            with self._count_lock:
-                self._streams[path] = stream
-            added += 1
-        return added
+            except Exception as exc:
+                if not isinstance(exc, OSError):  # a file may become readable; a bad ring stays bad
+                    self._skip.add(path)
+                say_once(f"agent-ring:{path}", f"agent: skipping {path}: {exc}")
 
-    # -- the loop ------------------------------------------------------------------------
+    def _drop(self, s: RingStream, exc: BaseException) -> None:
+        say_once(f"agent-ring:{s.path}", f"agent: dropping {s.path} ({exc}); what it holds from "
+                 "here on is neither published nor counted")  # fmt: skip
+        r, lost, written = s.accounted  # its records published count; nothing it claims does
+        self._account(s, (s.read, lost, written + s.read - r))
+        del self._streams[s.path]
+        self._skip.add(s.path)
+        s.close()
+
+    # -- the RecordSource side -----------------------------------------------------------
 
     def take(self, limit: int = 0) -> list[Record]:
-        """One pass (the RecordSource side): maybe discover, read every ring once (up to
-        ``batch_slots`` slots each); rings whose writer is gone and that are fully read are
-        retired once the batch is out (:meth:`taken`). ``limit`` is not used: a pass is a
-        batch."""
+        """One pass (a batch: ``limit`` is not used); rings whose writer is gone and that are
+        read retire once it is out."""
         now = time.monotonic()
-        housekeeping = now >= self._next_scan
-        if housekeeping:
-            self._next_scan = now + self.scan_s
-            self.discover()
+        scan = now >= self._next_scan
+        if scan:
+            self._next_scan = now + SCAN_S
+            self._discover()
         batch: list[Record] = []
-        done: list[RingStream] = []
-        polled: list[RingStream] = []
+        self._polled, self._done = [], []
         for s in list(self._streams.values()):
-            if housekeeping and not s.reader.gone:
-                s.reader.writer_gone()  # sticky; read to the end below before retiring
             try:
-                s.poll(batch, self.batch_slots)
-            except Exception as exc:  # a bug or a damaged file: drop this ring, keep the rest
-                _say(f"reading {s.reader.path} failed ({exc!r}); leaving it alone")
-                self._bad.add(s.reader.path)
-                self._retire(s, unlink=False)
+                if scan:
+                    s.writer_gone()  # sticky; read to the end below before retiring
+                s.publish(batch, self.batch_slots)
+                if s.gone and s.caught_up() and not s.trouble:
+                    s.close_open(batch)
+                    self._done.append(s)
+            except Exception as exc:  # a damaged ring (or a bug): drop it, keep the rest
+                self._drop(s, exc)
                 continue
-            polled.append(s)
-            if s.reader.gone and s.reader.caught_up():
-                s.reader.finish()
-                s.close_open(batch)
-                done.append(s)
-        self._polled, self._finished = polled, done
-        self._batch = len(batch)
+            self._polled.append(s)
         if not batch:
             self.taken()  # nothing to export: commit and retire now
         return batch
 
     def taken(self) -> None:
-        """The pass's records are exported: persist each cursor, retire finished rings."""
+        """The pass is exported: count it, persist each cursor, retire finished rings."""
         for s in self._polled:
-            s.reader.commit()
-        for s in self._finished:
-            self._retire(s)
-        self.published += self._batch
-        self._polled, self._finished, self._batch = [], [], 0
+            s.commit()
+            if not s.trouble:  # a ring in doubt is counted once it reads clean again
+                self._account(s, (s.read, s.lost, s.written))
+        for s in self._done:
+            del self._streams[s.path]
+            self.rings_removed += 1
+            s.close(unlink=self.cleanup)
+            if not self.cleanup or os.path.exists(s.path):
+                self._skip.add(s.path)
+        self._polled, self._done = [], []
 
     def pending(self) -> bool:
-        return self.behind()
+        """Some ring holds more than its last pass read (the batch limit was hit)."""
+        return any(not s.caught_up() for s in self._streams.values())
+
+    # -- running -------------------------------------------------------------------------
 
     def step(self) -> int:
-        """One pass, exported: returns records published."""
+        """One pass, exported: returns records handed to the exporters."""
         return self.worker.drain_once()
 
-    def _retire(self, s: RingStream, unlink: bool = True) -> None:
-        with self._count_lock:
-            del self._streams[s.reader.path]
-            pub, lost = self.published_by_worker, self.lost_by_worker
-            pub[s.worker] = pub.get(s.worker, 0) + s.published
-            n_lost = s.lost
-            lost[s.worker] = lost.get(s.worker, 0) + n_lost
-            self.lost_removed += n_lost
-            self.rings_removed += 1
-        s.reader.close(unlink=unlink and self.cleanup)
-        if unlink and (not self.cleanup or os.path.exists(s.reader.path)):
-            self._done.add(s.reader.path)
-
-    @property
-    def exporters(self) -> tuple[RecordExporter, ...]:
-        return self.worker.exporters
-
-    @property
-    def export_errors(self) -> int:
-        """Exporter calls that raised (published as memra_obs_export_errors_total)."""
-        return self.worker.errors
-
     def drain(self, timeout_s: float = 10.0) -> bool:
-        """Read until every ring is caught up (and retire finished ones); True if done in time."""
-        deadline = time.monotonic() + timeout_s
-        self._next_scan = 0.0
-        while time.monotonic() < deadline:
-            n = self.step()
-            if n == 0 and all(s.reader.caught_up() for s in self._streams.values()):
-                return True
-        return False
+        """Publish what every ring holds now, retiring finished rings; True if done in time.
+        Live writers are not chased (a busy host would keep a stopping agent forever): the
+        next agent resumes where this one committed."""
+        deadline, self._next_scan = time.monotonic() + timeout_s, 0.0
+        self.step()
+        marks = {s: s.last.head for s in self._streams.values()}
+        while any(s.pos < m or s.trouble for s, m in marks.items() if s.path in self._streams):
+            if time.monotonic() >= deadline:
+                return False
+            self.step()
+        return True
 
-    def run(self, stop: threading.Event, *, drain_timeout_s: float = 10.0) -> None:
-        """Until ``stop`` is set: read everything there is, then sleep ``poll_s`` (at once
-        again only while a ring has more than one batch waiting). Few wake-ups, big
-        batches: on a host where the loop's threads want every core, each wake-up of this
-        process can delay a loop thread's."""
+    def run(self, stop: threading.Event) -> None:
+        """Until ``stop``: read everything there is, then sleep ``poll_s``. Few wake-ups, big
+        batches: on a host whose loops want every core, each wake-up can delay a loop's."""
         while not stop.is_set():
             self.step()
-            if not self.behind():
+            if not self.pending():
                 stop.wait(self.poll_s)
-        self.drain(drain_timeout_s)
-
-    def behind(self) -> bool:
-        """Some ring has records past what the last pass read (its batch limit was hit)."""
-        return any(not s.reader.caught_up() for s in self._streams.values())
+        self.drain()
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Flush and shut the exporters down, and release the directory. Sessions still
-        open in a live worker are not closed: the next agent resumes them."""
-        if self._closed:
+        """Flush and shut the exporters down, and release the directory. Sessions still open
+        in a live worker are not ended (the next agent resumes them), and span exporters
+        forget them rather than close them as unfinished: no span appears twice."""
+        if self._lock_fd < 0:
             return
-        self._closed = True
         deadline = time.monotonic() + timeout_s
-        for s in self._streams.values():
-            s.reader.commit()
         self.worker.set.flush(max(deadline, time.monotonic() + 0.1))
-        for ex in self.exporters:
-            _forget_open_sessions(ex)
+        for ex in self.worker.exporters:
+            forget = getattr(ex, "forget_open", None)
+            if callable(forget):
+                forget()
         self.worker.set.shutdown(deadline, floor_s=0.1)
-        for s in list(self._streams.values()):
-            self._retire(s, unlink=False)
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        for s in self._streams.values():
+            s.close()
+        self._streams.clear()
+        os.close(self._lock_fd)
+        self._lock_fd = -1
 
     def stats(self) -> list[dict[str, Any]]:
         return [s.stats() for s in self._streams.values()]
-
-
-def _forget_open_sessions(ex: object) -> None:
-    """A span exporter closes sessions still open at shutdown as 'unfinished'; in the agent
-    they are not finished — the next agent resumes them and ends their spans — so the
-    spans would appear twice. Have it forget them first."""
-    forget = getattr(ex, "forget_open", None)
-    if callable(forget):
-        forget()

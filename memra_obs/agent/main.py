@@ -9,43 +9,64 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from ..environment import MEMRA_OBS_AGENT, MEMRA_OBS_SINKS, ConfigError, Settings
 from ..export import RecordExporter
 from ..wiring import build_exporters
 from .loop import Agent, AgentBusy
-from .metrics import AgentCollector
-from .ring import RingSink, ring_directory
+from .ring import check_cpu, ring_directory
 
-__all__ = ["Agent", "AgentBusy", "RingSink", "build_agent", "default_directory", "main"]
+__all__ = ["AgentCollector", "build_agent", "default_directory", "main"]
+
+_COUNTERS = (
+    ("memra_obs_agent_records", "Records of a worker the agent read from its ring and published "
+     "(context it replays or makes up is not counted)."),
+    ("memra_obs_agent_lost_records", "Records of a worker that never reached the exporters: "
+     "overwritten in its ring before the agent read them, or refused by the writer."),
+    ("memra_obs_agent_written_records", "Records a worker handed its ring, as its ring says "
+     "(refused ones included); records + lost_records equals it once the ring is read."),
+)  # fmt: skip
 
 
 def default_directory() -> str:
-    """``/dev/shm/memra-obs`` (RAM-backed, like a k8s ``emptyDir: {medium: Memory}``), or
-    the temp directory where there is no /dev/shm."""
+    """In memory (like a k8s ``emptyDir: {medium: Memory}``) where there is /dev/shm."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     return os.path.join(base, "memra-obs")
 
 
-def build_agent(
-    directory: str | None = None,
-    *,
-    env: Mapping[str, str] | None = None,
-    registry: Any = None,
-    exporters: Sequence[RecordExporter] = (),
-    serve: bool = True,
-    **agent_kw: Any,
-) -> tuple[Agent, list[Callable[[], None]], Any]:
+class AgentCollector(Collector):
+    """The agent's own health, from its totals at scrape time (nothing counted twice)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+
+    def collect(self) -> Iterator[Any]:
+        yield GaugeMetricFamily("memra_obs_agent_rings", "Worker rings the agent is reading "
+                                "(one per worker process).", value=self._agent.rings)  # fmt: skip
+        counts = sorted(self._agent.counts().items())
+        for i, (name, doc) in enumerate(_COUNTERS):
+            c = CounterMetricFamily(name, doc, labels=["worker"])
+            for w, n in counts:
+                c.add_metric([w], n[i])
+            yield c
+
+
+def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None = None,
+                registry: Any = None, exporters: Sequence[RecordExporter] = (), serve: bool = True,
+                machine: str | None = None, **agent_kw: Any) -> tuple[Agent, list[Callable[[], None]], Any]:  # fmt: skip
     """The agent the environment asks for: ``(agent, closers, metrics_server_or_None)``.
 
-    Sinks: ``MEMRA_OBS_SINKS`` (``otel``/``prometheus``; unset = both). Spans go where the
-    in-process observer would send them; metrics to a fresh registry served on
-    ``MEMRA_OBS_METRICS_ADDR``, every series labelled ``worker`` (:func:`build_exporters`).
+    Sinks: ``MEMRA_OBS_SINKS`` (unset = ``otel,prometheus``). Spans go where the in-process
+    observer would send them; metrics to a fresh registry served on ``MEMRA_OBS_METRICS_ADDR``,
+    every series labelled ``worker``. ``machine`` stands in for the CPU's (tests).
     """
-    from prometheus_client import CollectorRegistry
-
+    check_cpu(machine)
     env = os.environ if env is None else env
     knobs = {} if env.get(MEMRA_OBS_SINKS, "").strip() else {"sinks": "otel,prometheus"}
     st = Settings.resolve(env, **knobs)
@@ -59,26 +80,21 @@ def build_agent(
             c.shutdown(1.0)
         built.close()
         raise
-    if built.prom is not None:
-        wire_metrics(agent, built.prom, built.spans)
+    prom, spans = built.prom, built.spans
+    if prom is not None:  # the instrument's own health, as in-process
+        prom.watch("dropped", "ring", agent.lost_total)
+        prom.watch("errors", "records", lambda: agent.worker.errors)
+        prom.watch("errors", "metrics", lambda: prom.export_errors)
+        if spans is not None:
+            prom.watch("dropped", "spans", lambda: spans.dropped_spans)
+            prom.watch("errors", "spans", lambda: spans.export_errors)
         registry.register(AgentCollector(agent))
     return agent, [built.close], built.server
 
 
-def wire_metrics(agent: Agent, prom: Any, span_ex: Any = None) -> None:
-    """The instrument's own health, as in-process: ring losses are ``dropped{signal="ring"}``."""
-    prom.watch("dropped", "ring", agent.lost_total)
-    prom.watch("errors", "records", lambda: agent.export_errors)
-    prom.watch("errors", "metrics", lambda: prom.export_errors)
-    if span_ex is not None:
-        prom.watch("dropped", "spans", lambda: span_ex.dropped_spans)
-        prom.watch("errors", "spans", lambda: span_ex.export_errors)
-
-
 def set_priority(priority: str) -> None:
-    """Yield the CPU to the loop: a wake-up of this process must never delay a loop thread's
-    (on a contended core, a runnable agent does). ``idle`` trades that for the risk of
-    starving under a host that keeps every core busy; the rings then overflow, counted."""
+    """On a contended core a runnable agent delays a loop's wake-up; ``idle`` may starve it
+    instead (the rings then overflow, counted)."""
     if priority == "idle" and hasattr(os, "SCHED_IDLE"):
         try:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
@@ -96,26 +112,17 @@ def _parser() -> argparse.ArgumentParser:
         "OTEL_* / MEMRA_OBS_SPANS_FILE, one /metrics on MEMRA_OBS_METRICS_ADDR. SIGTERM "
         "drains, flushes and exits.",
     )
-    p.add_argument(
-        "--dir",
-        default=None,
-        help=f"ring directory (default ${MEMRA_OBS_AGENT}, else {default_directory()})",
-    )
-    p.add_argument(
-        "--poll-ms",
-        type=float,
-        default=20.0,
-        help="sleep between passes once every ring is read (default 20)",
-    )
-    p.add_argument(
-        "--priority",
-        choices=("idle", "low", "normal"),
-        default="idle",
-        help="CPU priority of this process: idle = SCHED_IDLE (runs only on cycles the "
-        "serving loop leaves; the default), low = nice 10, normal = unchanged",
-    )
+    # fmt: off
+    p.add_argument("--dir", default=None,
+                   help=f"ring directory (default ${MEMRA_OBS_AGENT}, else {default_directory()})")
+    p.add_argument("--poll-ms", type=float, default=20.0,
+                   help="sleep between passes once every ring is read (default 20)")
+    p.add_argument("--priority", choices=("idle", "low", "normal"), default="idle",
+                   help="CPU priority of this process: idle = SCHED_IDLE (runs only on cycles the "
+                   "serving loop leaves; the default), low = nice 10, normal = unchanged")
     p.add_argument("--once", action="store_true", help="publish what the rings hold now, then exit")
     p.add_argument("--keep", action="store_true", help="do not remove rings of exited workers")
+    # fmt: on
     return p
 
 
@@ -124,29 +131,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.poll_ms <= 0:
         raise ConfigError(f"--poll-ms={args.poll_ms}: expected a positive number")
-    # Handlers first: a SIGTERM during start-up still means "drain, flush, exit 0".
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    set_priority(args.priority)
+    stop = threading.Event()  # handlers first: a SIGTERM during start-up still drains
+    old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        agent, closers, server = build_agent(
-            args.dir, poll_s=args.poll_ms / 1000.0, cleanup=not args.keep
-        )
+        set_priority(args.priority)
+        return _serve(args, stop)
     except AgentBusy as exc:
         print(f"memra-obs agent: {exc}", file=sys.stderr)
         return 2
-    except BaseException:
+    finally:
         for sig, h in old.items():
             signal.signal(sig, h)
-        raise
-    where = [f"rings in {agent.directory}"]
-    if server is not None:
-        where.append(f"/metrics on {server.url}")
-    print(f"[memra-obs agent] publishing {'; '.join(where)}", file=sys.stderr, flush=True)
+
+
+def _serve(args: argparse.Namespace, stop: threading.Event) -> int:
+    agent, closers, server = build_agent(args.dir, poll_s=args.poll_ms / 1e3, cleanup=not args.keep)
+    where = f"rings in {agent.directory}" + (
+        "" if server is None else f"; /metrics on {server.url}"
+    )
+    print(f"[memra-obs agent] publishing {where}", file=sys.stderr, flush=True)
     try:
         if args.once:
             agent.drain()
@@ -156,12 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         agent.close()
         for close in closers:
             close()
-        for sig, h in old.items():
-            signal.signal(sig, h)
-    print(
-        f"[memra-obs agent] done: published={agent.published} lost={agent.lost_total()} "
-        f"rings_removed={agent.rings_removed}",
-        file=sys.stderr,
-        flush=True,
-    )
+    published = sum(c[0] for c in agent.counts().values())
+    print(f"[memra-obs agent] done: published={published} lost={agent.lost_total()} "
+          f"rings_removed={agent.rings_removed}", file=sys.stderr, flush=True)  # fmt: skip
     return 0

@@ -1,300 +1,334 @@
-"""The agent's side of one ring: copy slots out in batches, keep only what provably did not
-change while it was copied, and count exactly what was lost.
+"""The agent's side of one ring: :class:`RingReader` checks the file and reads its records,
+counting exactly what was lost; :class:`RingStream` turns them into the exporters' stream.
 
-Why a batch copy is safe without any lock (single writer, x86-64 store order): the writer
-publishes ``head`` after a record's slots are complete, and stores to a slot only while
-writing position ``p >= head``. So after copying positions ``[a, b)`` (all ``< head`` read
-before the copy), reading ``head`` again as ``h2`` bounds what the writer may have touched
-meanwhile: positions below ``h2 + MAXSPAN``. A copied position ``x`` shares its slot with
-``x + N``; it is intact iff ``x + N >= h2 + MAXSPAN`` and its copied ``seq`` is ``x + 1``.
-Lost records are counted from the record numbers in the slots, so a record of 10 slots lost
-counts once, exactly.
-
-The cursor (next position, next record) lives in the ring's reader-owned header line and is
-written by :meth:`RingReader.commit` after the agent has published what it read: a new agent
-resumes there.
+Through the descriptor, never a mapping: a mapped file that shrinks kills the reader with
+SIGBUS, a short ``pread`` only drops the ring. No lock (one writer, x86-64 store order): the
+writer stores ``head`` after a record's slots and writes only positions >= head, so after a
+copy of slots below the head read first, a second read ``h`` bounds what it may have touched
+meanwhile: the slots of positions below ``h + MAXSPAN - N``; all above that floor is intact.
+The directory may be world-writable, so a ring is believed only while it keeps the writer's
+laws: owned by the agent's uid alone, sized as its header says, counters read until two reads
+agree, only moving forward and below :data:`LIMIT`, 1 to MAXSPAN slots a record (``u``
+records over ``s`` slots: ``u <= s <= MAXSPAN*u``), every slot above the floor holding its
+own position. Breaking one twice in a row (once may be a store in flight) is a FormatError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
-import mmap
 import os
+import stat
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..timeline import SessionRecord
+from ..timeline import BurstRecord, Record, RoundRecord, SessionEndRecord, SessionRecord
 from . import format as F
 
-__all__ = ["FormatError", "Item", "RingReader"]
+__all__ = ["FormatError", "Item", "RingReader", "RingStream", "State"]
 
-
-class FormatError(ValueError):
-    """The file is not a ring this version can read."""
+#: Every counter stays below this (9 years of a million slots a second): more is a lie.
+LIMIT = 1 << 48
+THIS_VERSION = (F.MAGIC, F.VERSION, F.SLOT, F.MAXSPAN, F.TABLE_ENTRY)
+#: Sessions kept open per ring before the oldest is ended as lost.
+MAX_OPEN = 65536
+Sessions = dict[int, tuple[SessionRecord, bool, int]]  # session -> (record, in_table, position)
 
 
 class Item(NamedTuple):
-    """One record read: its first slot's position, its kind, and the decoded record
-    (``(SessionRecord, in_table)`` for a session)."""
+    """A record read: first slot's position, kind, record (``(SessionRecord, in_table)``)."""
 
     pos: int
     kind: int
     rec: Any
 
 
+class State(NamedTuple):
+    """The writer's counters (its line and stats in the header)."""
+
+    head: int
+    rec_next: int
+    refused: int
+    table_full: int
+    closed: int
+
+
+class FormatError(ValueError):
+    """Not a ring, or one that broke a rule."""
+
+
 class RingReader:
-    """Attach to one ring file. Not thread-safe; one agent per directory."""
+    """One ring file, checked at attach and at every read; ``uid`` is the owner it must have
+    (default: this process's)."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        #: False when the file is not ours to write (another uid): the cursor then lives
-        #: only in this process, and a restarted agent starts over from the ring's oldest.
-        self.writable = True
+    def __init__(self, path: str, uid: int | None = None) -> None:
+        self.path, self.writable, self.gone, self.trouble = path, True, False, False
+        flags = os.O_NOFOLLOW | os.O_NONBLOCK  # a link or a FIFO is refused, never waited on
         try:
-            fd = os.open(path, os.O_RDWR)
-        except PermissionError:
-            fd = os.open(path, os.O_RDONLY)
-            self.writable = False
+            self._fd = os.open(path, os.O_RDWR | flags)
+        except PermissionError:  # not ours to write: the cursor then lives here only
+            self._fd, self.writable = os.open(path, os.O_RDONLY | flags), False
         try:
-            size = os.fstat(fd).st_size
-            if size < F.HEADER:
-                raise FormatError(f"{path}: {size} bytes is shorter than a ring header")
-            prot = mmap.PROT_READ | (mmap.PROT_WRITE if self.writable else 0)
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+            self._attach(os.fstat(self._fd), os.geteuid() if uid is None else uid)
         except BaseException:
-            os.close(fd)
+            os.close(self._fd)
             raise
-        self._fd = fd
-        self._mm = mm
-        try:
-            self._check(mm, size)
-        except BaseException:
-            self.close()
-            raise
-        pos, rec, lost, _ = F.READER.unpack_from(mm, F.OFF_READER)
-        self.pos = pos
-        self.rec = rec
-        #: Where this reader started (persisted cursor of a previous agent, or 0).
-        self.start_pos = pos
-        #: Records lost, as counted in the ring across agents (persisted) ...
-        self.lost_persisted = lost
-        #: ... and by this reader: overwritten before it could copy them, and unreadable.
-        self.overwritten = 0
-        self.corrupt = 0
-        self.gone = False
 
-    def _check(self, mm: mmap.mmap, size: int) -> None:
-        (magic, version, slot, slots, maxspan, entries, entry, data_off, pid, created, n,
-         label) = F.IDENT.unpack_from(mm, 0)  # fmt: skip
-        if magic != F.MAGIC or version != F.VERSION:
-            raise FormatError(
-                f"{self.path}: not a memra-obs ring v{F.VERSION} (magic {magic!r}, v{version})"
-            )
-        if slot != F.SLOT or maxspan != F.MAXSPAN or entry != F.TABLE_ENTRY:
-            raise FormatError(
-                f"{self.path}: slot geometry {slot}/{maxspan}/{entry} is not this version's"
-            )
+    def _attach(self, st: os.stat_result, uid: int) -> None:
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise FormatError(f"{self.path}: not a plain file with one name")
+        if st.st_uid != uid or st.st_mode & 0o022:
+            raise FormatError(f"{self.path}: owned by uid {st.st_uid}, mode {st.st_mode & 0o777:o}"
+                              f", not by this agent's uid {uid} alone")  # fmt: skip
+        magic, version, slot, slots, maxspan, entries, entry, data_off, _, _, n, label = (
+            F.IDENT.unpack(self._pread(F.IDENT.size, 0)))  # fmt: skip
+        if (magic, version, slot, maxspan, entry) != THIS_VERSION:
+            raise FormatError(f"{self.path}: not a memra-obs ring v{F.VERSION}")
         try:
-            geo = F.Geometry(slots, entries)
+            self.geo = F.Geometry(slots, entries)
         except ValueError as exc:
             raise FormatError(f"{self.path}: {exc}") from None
-        if geo.data_off != data_off or geo.size > size:
-            raise FormatError(f"{self.path}: header says {geo.size} bytes, file has {size}")
-        self.geo = geo
-        self.pid = pid
-        self.created_ns_epoch = created
+        if self.geo.data_off != data_off or self.geo.size != st.st_size or n > 63:
+            raise FormatError(f"{self.path}: {st.st_size} bytes, its header says {self.geo.size}")
         self.worker = label[:n].decode("utf-8", "replace")
+        self.pos, self.rec, _, _ = F.READER.unpack(self._pread(F.READER.size, F.OFF_READER))
+        if not self.rec <= self.pos <= F.MAXSPAN * self.rec or self.pos >= LIMIT:
+            raise FormatError(f"{self.path}: cursor {self.pos}/{self.rec} breaks the rules")
+        #: Records read, and lost to overwrite, by this reader, from its first cursor.
+        self.read, self.overwritten, self._rec0 = 0, 0, self.rec
+        self.last = State(self.pos, self.rec, 0, 0, 0)  # as last read (the cursor bounds it)
 
-    # -- writer state --------------------------------------------------------------------
+    def _pread(self, n: int, off: int) -> bytes:
+        b = os.pread(self._fd, n, off)
+        if len(b) != n:
+            raise FormatError(f"{self.path}: shrank under the reader")
+        return b
 
-    def head(self) -> tuple[int, int]:
-        """(positions published, records published) as the writer last stored them."""
-        return F.HEAD.unpack_from(self._mm, F.OFF_HEAD)
-
-    def writer_stats(self) -> tuple[int, int, bool]:
-        """(records refused by the writer, sessions not in the table, closed cleanly)."""
-        refused, table_full, closed = F.WSTAT.unpack_from(self._mm, F.OFF_WSTAT)
-        return refused, table_full, bool(closed)
-
-    def writer_gone(self) -> bool:
-        """True once the writer process no longer holds its lock (exited, killed, closed).
-        Sticky: the ring cannot grow afterwards."""
-        if not self.gone:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
-            self.gone = True
-        return True
+    def state(self) -> State:
+        """The writer's counters, read until two reads agree, checked against the rules."""
+        a, b = b"", self._pread(F.STATE.size, F.OFF_HEAD)
+        for _ in range(16):
+            a, b = b, self._pread(F.STATE.size, F.OFF_HEAD)
+            if a == b:
+                break
+        else:
+            raise FormatError(f"{self.path}: the writer's counters never hold still")
+        s = State(*F.STATE.unpack(a))
+        u, n = s.rec_next - self.rec, s.head - self.pos
+        if not (0 <= u <= n <= F.MAXSPAN * u and max(s) < LIMIT and s.closed <= 1
+                and all(x >= y for x, y in zip(s, self.last, strict=True))):  # fmt: skip
+            raise FormatError(f"{self.path}: counters {s} after {self.last} (cursor {self.pos})")
+        self.last = s
+        return s
 
     @property
     def lost(self) -> int:
-        """Records this reader lost (overwritten before read, or unreadable)."""
-        return self.overwritten + self.corrupt
+        """Records that will never be read: overwritten first, or refused by the writer."""
+        return self.overwritten + self.last.refused
+
+    @property
+    def written(self) -> int:
+        """Records the writer handed its ring since this reader's cursor (refused ones too)."""
+        return self.last.rec_next - self._rec0 + self.last.refused
+
+    def writer_gone(self) -> bool:
+        """True once the writer no longer holds its lock (exited, killed, closed). Sticky."""
+        if not self.gone:
+            with contextlib.suppress(BlockingIOError):
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.gone = True
+        return self.gone
 
     def caught_up(self) -> bool:
-        return self.pos >= self.head()[0]
+        return self.pos >= self.last.head
 
-    # -- reading -------------------------------------------------------------------------
-
-    def _copy(self, start: int, end: int) -> bytes:
-        geo = self.geo
-        a = start & geo.mask
-        n = end - start
-        base = geo.data_off
-        mm = self._mm
-        if a + n <= geo.slots:
-            return mm[base + a * F.SLOT : base + (a + n) * F.SLOT]
-        first = geo.slots - a
-        return (
-            mm[base + a * F.SLOT : base + geo.slots * F.SLOT]
-            + mm[base : base + (n - first) * F.SLOT]
-        )
-
-    def _slots(self, start: int, end: int) -> Iterator[tuple[int, int, int, int, bytes, int]]:
-        """Intact records whose slots all lie in [start, end): (pos, rec, kind, span, buf, i).
-        Stops early at a record the range cuts (yields nothing for it)."""
-        buf = self._copy(start, end)
-        h2 = F.U64.unpack_from(self._mm, F.OFF_HEAD)[0]
-        floor = h2 - self.geo.slots + (0 if self.gone else F.MAXSPAN)
-        head_unpack = F.SLOT_HEAD.unpack_from
-        x = max(start, floor)
-        while x < end:
+    def _walk(self, start: int, stop: int, end: int) -> Iterator[tuple[int, int, int, int, bytes]]:
+        """(position, span, record number, kind, payload) of each record starting in [start,
+        stop), from a copy of [start, end) taken now (``end``: head, or room enough past stop)."""
+        geo, x = self.geo, start & self.geo.mask
+        first = min(end - start, geo.slots - x)
+        buf = self._pread(first * F.SLOT, geo.data_off + x * F.SLOT)
+        if end - start > first:
+            buf += self._pread((end - start - first) * F.SLOT, geo.data_off)
+        s = self.state()  # closed cleanly: no record was in flight
+        x = max(start, s.head - geo.slots + (0 if s.closed else F.MAXSPAN))
+        while x < stop:
             i = (x - start) * F.SLOT
-            seq, meta = head_unpack(buf, i)
-            kind = (meta >> 8) & 0xFF
-            span = meta & 0xFF
-            if seq != x + 1 or kind == F.KIND_CONT or not 1 <= span <= F.MAXSPAN:
+            seq, meta = F.SLOT_HEAD.unpack_from(buf, i)
+            kind, span, rec = meta >> 8 & 0xFF, meta & 0xFF, meta >> 16
+            if seq != x + 1:
+                raise FormatError(f"{self.path}: the slot of position {x} holds {seq - 1}")
+            if kind == F.KIND_CONT:
                 x += 1
                 continue
-            rec = meta >> 16
-            if x + span > end:
-                self._cut = x
-                return
-            ok = True
-            for k in range(1, span):
-                s2, m2 = head_unpack(buf, i + k * F.SLOT)
-                if s2 != x + k + 1 or m2 != (rec << 16) | k:
-                    ok = False
-                    break
-            if not ok:
-                x += 1
-                continue
-            yield x, rec, kind, span, buf, i
+            tails = [F.SLOT_HEAD.unpack_from(buf, i + k * F.SLOT) for k in range(1, span)]
+            if kind not in F.DECODERS or not 1 <= span <= F.MAXSPAN or x + span > end or tails != [
+                (x + k + 1, rec << 16 | k) for k in range(1, span)
+            ]:  # fmt: skip
+                raise FormatError(f"{self.path}: record {rec} at {x} is malformed")
+            yield x, span, rec, kind, b"".join(
+                buf[i + k * F.SLOT + F.SLOT_HDR : i + (k + 1) * F.SLOT] for k in range(span)
+            )  # fmt: skip
             x += span
-        self._cut = end
 
     def poll(self, max_slots: int = 4096) -> list[Item]:
-        """Records published since the cursor (at most ``max_slots`` slots' worth), in order.
-        Advances the in-memory cursor; :meth:`commit` persists it."""
-        head = F.U64.unpack_from(self._mm, F.OFF_HEAD)[0]
-        pos = self.pos
-        if head <= pos:
-            return []
-        start = max(pos, head - self.geo.slots)
-        end = min(head, start + max_slots)
+        """Records published since the cursor (``max_slots`` slots' worth at most), in order;
+        :meth:`commit` persists the cursor."""
         out: list[Item] = []
-        expect = self.rec
-        decode = F.decode
-        for x, rec, kind, span, buf, i in self._slots(start, end):
-            if rec < expect:
-                continue  # cannot happen with one writer; never deliver twice
-            self.overwritten += rec - expect
-            expect = rec + 1
-            if span == 1:
-                payload: Any = memoryview(buf)[i + F.SLOT_HDR : i + F.SLOT]
-            else:
-                payload = b"".join(
-                    buf[i + k * F.SLOT + F.SLOT_HDR : i + (k + 1) * F.SLOT] for k in range(span)
-                )
-            try:
-                out.append(Item(x, kind, decode(kind, payload)))
-            except Exception:
-                self.corrupt += 1
-        self.pos = self._cut
-        self.rec = expect
+        try:
+            if os.fstat(self._fd).st_size != self.geo.size:
+                raise FormatError(f"{self.path}: resized under the reader")
+            head, pos = self.state().head, self.pos
+            start = max(pos, head - self.geo.slots)
+            stop = min(head, start + max_slots)
+            for x, span, rec, kind, payload in self._walk(start, stop, min(head, stop + F.MAXSPAN)):
+                n = rec - self.rec  # records lost in between: they fill [pos, x) exactly
+                if not 0 <= n <= x - self.pos <= F.MAXSPAN * n:
+                    raise FormatError(f"{self.path}: record {rec} at {x} after {self.rec - 1}")
+                try:
+                    out.append(Item(x, kind, F.decode(kind, payload)))
+                except Exception as exc:
+                    raise FormatError(f"{self.path}: record {rec} at {x}: {exc!r}") from None
+                self.overwritten, self.read = self.overwritten + n, self.read + 1
+                self.pos, self.rec = x + span, rec + 1
+            if self.pos == pos < head:  # any MAXSPAN intact slots hold a record's start
+                raise FormatError(f"{self.path}: no record in [{start}, {stop}) below {head}")
+            self.trouble = False
+        except FormatError:
+            if self.trouble and not out:
+                raise
+            self.trouble = True
         return out
-
-    def finish(self) -> int:
-        """After the writer is gone and everything is read: records it published that this
-        reader never saw (the tail was overwritten) are lost too. Returns that count."""
-        _, rec_next = self.head()
-        tail = max(0, rec_next - self.rec)
-        self.overwritten += tail
-        self.rec = max(self.rec, rec_next)
-        return tail
 
     def commit(self) -> None:
         """Persist the cursor: a restarted agent resumes after what was published."""
-        if not self.writable:
-            return
-        F.READER.pack_into(
-            self._mm, F.OFF_READER, self.pos, self.rec, self.lost_persisted + self.lost, os.getpid()
-        )
+        if self.writable:
+            with contextlib.suppress(OSError):  # a read-only file system: it lives here only
+                os.pwrite(self._fd, F.READER.pack(self.pos, self.rec, self.lost, os.getpid()),
+                          F.OFF_READER)  # fmt: skip
 
-    # -- sessions ------------------------------------------------------------------------
-
-    def open_sessions(self) -> dict[int, tuple[int, SessionRecord, bool]]:
-        """The writer's table of open sessions: local id -> (position of its SessionRecord,
-        record, in_table). Entries being rewritten while read are skipped."""
-        mm = self._mm
-        geo = self.geo
-        out: dict[int, tuple[int, SessionRecord, bool]] = {}
-        cap = F.TABLE_ENTRY - F.TABLE_HDR
-        for e in range(geo.table_entries):
-            off = geo.table_off + e * F.TABLE_ENTRY
-            if not F.U64.unpack_from(mm, off)[0]:
+    def open_sessions(self) -> Sessions:
+        """The writer's table of open sessions (entries that change while read are passed over)."""
+        size, e, out = self.geo.table_entries * F.TABLE_ENTRY, F.TABLE_ENTRY, Sessions()
+        a, b = (self._pread(size, F.HEADER) for _ in range(2))
+        for off in range(0, size, e):
+            seq, sid, n = F.TABLE_ENTRY_HEAD.unpack_from(a, off)
+            if not seq or a[off : off + e] != b[off : off + e]:
                 continue
-            seq, sid, n = F.TABLE_ENTRY_HEAD.unpack_from(mm, off)
-            payload = mm[off + F.TABLE_HDR : off + F.TABLE_HDR + min(n, cap)]
-            if seq == 0 or F.U64.unpack_from(mm, off)[0] != seq:
-                continue
-            try:
-                rec, in_table = F.decode_session(payload)
-            except Exception:
-                continue
+            rec, in_table = F.decode(
+                F.KIND_SESSION, a[off + F.TABLE_HDR : off + min(e, F.TABLE_HDR + n)]
+            )
             if rec.session == sid:
-                out[sid] = (seq - 1, rec, in_table)
+                out[sid] = (rec, in_table, seq - 1)
         return out
 
-    def sessions_before(self, pos: int) -> dict[int, tuple[int, SessionRecord, bool]]:
-        """SessionRecords still in the ring below ``pos`` (what a previous agent read): the
-        context of sessions whose later records lie past the cursor."""
-        head = self.head()[0]
-        lo = max(0, head - self.geo.slots)
-        out: dict[int, tuple[int, SessionRecord, bool]] = {}
-        step = 4096
-        a = lo
-        while a < pos:
-            b = min(pos, a + step)
-            nxt = b
-            for x, _rec, kind, span, buf, i in self._slots(a, b):
+    def sessions_before(self, pos: int) -> Sessions:
+        """SessionRecords still in the ring below ``pos`` (a previous agent read them)."""
+        out: Sessions = {}
+        for a in range(max(0, self.state().head - self.geo.slots), pos, 4096):
+            stop = min(pos, a + 4096)
+            for x, _, _, kind, payload in self._walk(a, stop, min(pos, stop + F.MAXSPAN)):
                 if kind == F.KIND_SESSION:
-                    payload = b"".join(
-                        buf[i + k * F.SLOT + F.SLOT_HDR : i + (k + 1) * F.SLOT] for k in range(span)
-                    )
-                    try:
-                        rec, in_table = F.decode_session(payload)
-                    except Exception:
-                        continue
-                    out[rec.session] = (x, rec, in_table)
-            nxt = self._cut if self._cut > a else b
-            a = nxt
+                    rec, in_table = F.decode(kind, payload)
+                    out[rec.session] = (rec, in_table, x)
         return out
-
-    # -- end -----------------------------------------------------------------------------
 
     def close(self, unlink: bool = False) -> None:
-        try:
-            self._mm.close()
-        except Exception:
-            pass
-        try:
-            os.close(self._fd)
-        except OSError:
-            pass
+        os.close(self._fd)
         if unlink:
-            try:
+            with contextlib.suppress(OSError):  # gone already, or not ours to remove
                 os.unlink(self.path)
-            except OSError:  # gone already, or not ours to remove: the agent skips it
-                pass
+
+
+@dataclass(slots=True)
+class _Open:
+    gid: int
+    sr_pos: int
+    in_table: bool
+    last_ns: int
+    rounds: int = 0
+    bursts: int = 0
+    tokens: int = 0
+
+
+class RingStream(RingReader):
+    """One ring as exporters need it: agent-wide session ids, each record after its session's
+    SessionRecord. An unknown session's comes from the ring below the cursor (a previous agent
+    read it) or the writer's table, replayed; failing both, a stand-in (family ``unknown``, no
+    trace ids) goes first: metrics count its rounds, spans skip them. Sessions whose end never
+    comes are ended here: ``WorkerGone`` (the writer died), ``RingOverrun`` (overwritten)."""
+
+    def __init__(self, path: str, ids: Iterator[int]) -> None:
+        super().__init__(path)
+        self._ids = ids
+        self._open: dict[int, _Open] = {}
+        self._before = self.sessions_before(self.pos) if self.pos else Sessions()
+        self._table: Sessions | None = None  # the writer's, read once per publish at most
+        #: After a loss: (sessions in the table, head before reading it, head after).
+        self._gc: tuple[set[int], int, int] | None = None
+        self.replayed = self.synthesized = 0
+        #: What the agent's totals hold of this ring's (read, lost, written).
+        self.accounted = (0, 0, 0)
+
+    def publish(self, out: list[Record], max_slots: int = 4096) -> None:
+        """Append the next records (remapped, context first) to ``out``."""
+        lost0, self._table = self.overwritten, None
+        for pos, kind, rec in self.poll(max_slots):
+            if kind == F.KIND_SESSION:
+                self._start(rec[0], rec[1], pos, out)
+                continue
+            st = self._open.get(rec.session) or self._recover(rec, pos, out)
+            if type(rec) is RoundRecord:
+                st.rounds, st.last_ns = st.rounds + 1, rec.t_ns_mono[5]
+            elif type(rec) is BurstRecord:
+                st.bursts, st.tokens = st.bursts + 1, st.tokens + rec.tokens
+                st.last_ns = max(st.last_ns, rec.end_ns_mono)
+            elif type(rec) is SessionEndRecord:
+                del self._open[rec.session]
+            out.append(rec._replace(session=st.gid))
+        if self._gc is None and self.overwritten > lost0:
+            before, table = self.state().head, set(self.open_sessions())
+            self._gc = (table, before, self.state().head)
+        if self._gc is not None and self.pos >= self._gc[2]:
+            (table, before, _), self._gc = self._gc, None
+            for sid in [s for s, st in self._open.items() if st.in_table and st.sr_pos < before]:
+                if sid not in table:  # it ended, and its end record lies below the cursor
+                    self._end(sid, "RingOverrun", out)
+
+    def _start(self, srec: SessionRecord, in_table: bool, pos: int, out: list[Record]) -> _Open:
+        if len(self._open) >= MAX_OPEN:  # ends lost without a trace: do not grow forever
+            self._end(next(iter(self._open)), "RingOverrun", out)
+        st = self._open[srec.session] = _Open(next(self._ids), pos, in_table, srec.start_ns_mono)
+        out.append(srec._replace(session=st.gid, worker=srec.worker or self.worker))
+        return st
+
+    def _recover(self, rec: Any, pos: int, out: list[Record]) -> _Open:
+        if self._table is None and rec.session not in self._before:
+            self._table = self.open_sessions()
+        found = self._before.get(rec.session) or (self._table or {}).get(rec.session)
+        if found is not None:
+            self.replayed += 1
+            return self._start(*found, out)
+        # Same host, same CLOCK_MONOTONIC: the agent's own anchor pair maps the stamps.
+        t0 = rec.t_ns_mono[0] if type(rec) is RoundRecord else getattr(rec, "start_ns_mono", 0)
+        stand_in = SessionRecord(rec.session, "unknown", "", "", self.worker, t0,
+                                 time.perf_counter_ns(), time.time_ns(), 0, 0, 0, 0, False)  # fmt: skip
+        self.synthesized += 1
+        return self._start(stand_in, False, pos, out)
+
+    def _end(self, sid: int, error: str, out: list[Record]) -> None:
+        st = self._open.pop(sid)
+        self.synthesized += 1
+        out.append(SessionEndRecord(st.gid, st.last_ns, st.rounds, st.bursts, st.tokens, error))
+
+    def close_open(self, out: list[Record]) -> None:
+        """The writer is gone and everything is read: end its sessions still open."""
+        for sid in list(self._open):
+            self._end(sid, "WorkerGone", out)
+
+    def stats(self) -> dict[str, Any]:
+        return {"worker": self.worker, "path": self.path, "read": self.read, "lost": self.lost,
+                "replayed": self.replayed, "synthesized": self.synthesized,
+                "open_sessions": len(self._open), "gone": self.gone}  # fmt: skip

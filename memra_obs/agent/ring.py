@@ -1,359 +1,242 @@
-"""The worker's side of agent mode: :class:`RingSink` writes records into a shared-memory ring.
+"""The worker's side of agent mode: :class:`RingSink` writes records into this process's ring.
 
-Why a ring: a background export thread in the serving process takes the GIL for milliseconds
-at a time (span building, metric aggregation) and the loop's p99 pays for it. Here the loop
-only packs bytes into an mmap'd file; the host's ``memra-obs agent`` does the rest in another
-process. Layout and codec: :mod:`.format`.
-
-Hot path (a round): one ``struct.pack_into`` of the whole slot (its ``seq`` = position + 1,
-the record, its number), then one store of ``head`` — the ring's sequence counter, published
-last: a reader trusts only what lies below the ``head`` it read before copying and re-reads
-``head`` after copying to discard anything the writer may have reached meanwhile (see
-:mod:`.reader`), so a torn record is never delivered. No syscall, no lock shared with another
-process, never blocks: the ring overwrites its oldest slots and the reader counts what it
-lost, by record number. An in-process lock orders writers when the loop runs several
-threads (uncontended: one acquire/release per record).
-
-Liveness without a shared PID namespace: the worker holds ``flock`` on its ring for its whole
-life (taken once, never touched again); the kernel drops it when the process dies, even by
-SIGKILL, and the agent then knows the ring will not grow and may be removed once read.
+Why a ring: an export thread in the serving process holds the GIL for milliseconds, and the
+loop's p99 pays; here the loop only writes bytes and ``memra-obs agent`` does the rest.
+Why ``pwrite``, not a mapping: a store into a mapped file that someone truncates kills the
+process with SIGBUS, and no Python code can guard it; a write into a shrunk file only grows
+it again (the agent drops the ring as damaged). A round is one ``pack_into`` and two
+``pwrite`` calls into memory (~2 µs): the slot, then ``head`` last (x86-64 keeps the order).
+Never blocks: the ring overwrites its oldest slots and the agent counts what it lost.
+Liveness across PID namespaces: the worker holds ``flock`` on its ring for life.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
-import mmap
 import os
+import platform
 import re
 import secrets
-import struct
 import threading
 import time
 import weakref
 from collections.abc import Mapping
+from typing import Any
 
 from ..diagnostics import say_once
-from ..environment import MEMRA_OBS_AGENT, ConfigError
+from ..environment import MEMRA_OBS_AGENT, ConfigError, Settings
 from ..sinks.base import Sink
-from ..timeline import (
-    BurstRecord,
-    FirstTokenRecord,
-    Record,
-    RoundRecord,
-    SessionEndRecord,
-    SessionRecord,
-)
+from ..timeline import RoundRecord, SessionEndRecord, SessionRecord
 from . import format as F
 
-__all__ = ["DEFAULT_SLOTS", "DEFAULT_TABLE", "RingSink", "ring_directory", "ring_name"]
+__all__ = ["RingSink", "check_cpu", "ring_directory"]
 
-#: 65,536 slots x 128 B = 8 MiB per worker: ~30 s of rounds at 2,000 rounds/s of headroom
-#: if the agent stalls.
-DEFAULT_SLOTS = 1 << 16
-#: Sessions open at once per worker that a restarted agent can resume.
-DEFAULT_TABLE = 1024
+_MEMORY_FS = ("tmpfs", "ramfs", "hugetlbfs")
 
-_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+def check_cpu(machine: str | None = None) -> None:
+    """Agent mode's lock-free ring relies on x86-64's store order; refuse it anywhere else."""
+    m = platform.machine() if machine is None else machine
+    if m not in ("x86_64", "AMD64"):
+        raise ConfigError(f"agent mode ({MEMRA_OBS_AGENT}, memra-obs agent) needs an x86-64 CPU, "
+                          f"this one is {m!r}: the ring relies on x86-64 store order; publish "
+                          f"in-process instead (unset {MEMRA_OBS_AGENT})")  # fmt: skip
 
 
 def ring_directory(value: str) -> str:
-    """``MEMRA_OBS_AGENT`` as a directory: a path as given, a bare name (no ``/``) as a
-    shared-memory name, i.e. ``/dev/shm/<name>``."""
-    if "/" not in value and os.path.isdir("/dev/shm"):
-        return os.path.join("/dev/shm", value)
-    return value
+    """``MEMRA_OBS_AGENT`` as a directory: a bare name (no ``/``) lives in ``/dev/shm``."""
+    shm = "/" not in value and os.path.isdir("/dev/shm")
+    return os.path.join("/dev/shm", value) if shm else value
 
 
-def ring_name(worker: str, pid: int) -> str:
-    """``ring-<worker>-<pid>-<nonce>.ring``: unique even when a rank's pid is reused."""
-    w = _SAFE.sub("_", worker)[:40] or "worker"
-    return f"ring-{w}-{pid}-{secrets.token_hex(4)}.ring"
-
-
-def _slots_from_env(env: Mapping[str, str]) -> int:
-    from ..environment import Settings
-
-    return Settings.resolve(env).ring_slots
+def fs_type(path: str) -> str:
+    """The filesystem type holding ``path`` ("" when unknown)."""
+    real = os.path.realpath(path) + "/"
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            mounts = sorted((p for p in map(str.split, f) if len(p) > 2), key=lambda p: len(p[1]))
+    except OSError:
+        return ""
+    kinds = [p[2] for p in mounts if real.startswith(p[1].replace("\\040", " ").rstrip("/") + "/")]
+    return kinds[-1] if kinds else ""  # the longest mount point, and the last of equals
 
 
 class RingSink(Sink):
-    """Publishes every exported record type into this process's ring (see module doc).
-
-    Legacy lines and NVTX stay in the worker (other sinks); ProfRows/ProfSummary feed only
-    the legacy lines and are not written. :meth:`flush` returns at once: what is in the ring
-    is already visible to the agent and outlives this process.
-    """
+    """Every exported record into this process's ring (ProfRows/ProfSummary only feed the
+    legacy lines). Never raises: a record the format cannot hold, or a write the file refuses,
+    is counted in ``refused`` (and in the ring); ``written`` counts the records published."""
 
     wants_trace_ids = True
 
-    def __init__(
-        self,
-        directory: str,
-        *,
-        worker: str = "",
-        slots: int = DEFAULT_SLOTS,
-        table_entries: int = DEFAULT_TABLE,
-    ) -> None:
-        self.directory = directory
-        self.worker = worker
+    # 65,536 slots x 128 B = 8 MiB: ~30 s at 2,000 rounds/s if the agent stalls; 1,024 sessions
+    # open at once that an agent can resume.
+    def __init__(self, directory: str, *, worker: str = "", slots: int = 1 << 16,
+                 table_entries: int = 1024) -> None:  # fmt: skip
+        self.directory, self.worker = directory, worker
         self._geo = F.Geometry(slots, table_entries)
         self._lock = threading.Lock()
-        self.path = ""
+        self._slot, self._head = bytearray(F.SLOT), bytearray(F.HEAD.size)
         self._open()
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _reopen_in_child(ref))
+        after = weakref.WeakMethod(self._after_fork)  # the sink may go before the process
+        os.register_at_fork(after_in_child=lambda: [m() for m in (after(),) if m is not None])
 
     @classmethod
-    def create(
-        cls,
-        directory: str,
-        *,
-        worker: str = "",
-        slots: int | None = None,
-        table_entries: int = DEFAULT_TABLE,
-        env: Mapping[str, str] | None = None,
-    ) -> RingSink:
-        """The ring for this process in ``directory`` (made if missing). ``slots`` defaults to
-        ``MEMRA_OBS_RING_SLOTS``. A directory that cannot hold it is a start-up error."""
-        n = slots if slots is not None else _slots_from_env(os.environ if env is None else env)
+    def create(cls, directory: str, *, worker: str = "", slots: int | None = None,
+               env: Mapping[str, str] | None = None, machine: str | None = None) -> RingSink:  # fmt: skip
+        """The ring for this process in ``directory`` (made if missing); ``slots`` defaults to
+        ``MEMRA_OBS_RING_SLOTS``. A CPU or directory that cannot hold it is a start-up error."""
+        check_cpu(machine)
+        n = slots if slots is not None else Settings.resolve(env).ring_slots
         directory = ring_directory(directory)
         try:
-            sink = cls(directory, worker=worker, slots=n, table_entries=table_entries)
+            sink = cls(directory, worker=worker, slots=n)
         except OSError as exc:
-            raise ConfigError(
-                f"{MEMRA_OBS_AGENT}={directory!r}: cannot create the ring ({exc})"
-            ) from exc
-        _warn_if_on_disk(directory)
+            raise ConfigError(f"{MEMRA_OBS_AGENT}={directory!r}: no ring there ({exc})") from exc
+        kind = fs_type(directory)
+        if kind and kind not in _MEMORY_FS:
+            say_once(f"ring-fs:{directory}", f"{MEMRA_OBS_AGENT}={directory} is on {kind}, not in "
+                     "memory: the kernel's writeback of the ring can stall the loop; use /dev/shm "
+                     "or a k8s emptyDir with medium: Memory")  # fmt: skip
         return sink
 
-    # -- file ----------------------------------------------------------------------------
-
     def _open(self) -> None:
-        geo = self._geo
+        geo, pid = self._geo, os.getpid()
         os.makedirs(self.directory, exist_ok=True)
-        pid = os.getpid()
-        name = ring_name(self.worker, pid)
-        tmp = os.path.join(self.directory, "." + name + ".tmp")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        name = f"ring-{re.sub(r'[^A-Za-z0-9_.-]+', '_', self.worker)[:40] or 'worker'}-{pid}-{secrets.token_hex(4)}.ring"
+        tmp, path = os.path.join(self.directory, f".{name}.tmp"), os.path.join(self.directory, name)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
-            os.ftruncate(fd, geo.size)
-            mm = mmap.mmap(fd, geo.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            os.posix_fallocate(fd, 0, geo.size)  # every page now: no round allocates one
             label = self.worker.encode("utf-8")[:63]
-            F.IDENT.pack_into(
-                mm, 0, F.MAGIC, F.VERSION, F.SLOT, geo.slots, F.MAXSPAN, geo.table_entries,
-                F.TABLE_ENTRY, geo.data_off, pid, time.time_ns(), len(label), label,
-            )  # fmt: skip
-            _prefault(mm, geo.data_off, geo.size)
-            # Held for life; the kernel releases it when this process is gone.
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            final = os.path.join(self.directory, name)
-            os.rename(tmp, final)  # the agent only ever sees complete headers
+            os.pwrite(fd, F.IDENT.pack(F.MAGIC, F.VERSION, F.SLOT, geo.slots, F.MAXSPAN,
+                                       geo.table_entries, F.TABLE_ENTRY, geo.data_off, pid,
+                                       time.time_ns(), len(label), label), 0)  # fmt: skip
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held for life
+            os.rename(tmp, path)  # the agent only ever sees complete headers
         except BaseException:
             os.close(fd)
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
             raise
-        self._fd = fd
-        self._mm: mmap.mmap | None = mm
-        self.path = final
-        self._pos = 0
-        self._rec = 0
-        self._mask = geo.mask
-        self._data = geo.data_off
+        self._fd, self.path = fd, path
+        self._pos = self.written = self.refused = self.table_full = 0
         self._free = list(range(geo.table_entries - 1, -1, -1))
         self._entry: dict[int, int] = {}
-        self.refused = 0
-        self.table_full = 0
-        self._pid = pid
+
+    # -- under the lock ----------------------------------------------------------------
+
+    def _pwrite(self, data: Any, off: int) -> bool:
+        """False when the file refused (said once), or the ring is shut (its descriptor's
+        number may be another file's by now)."""
+        try:
+            return self._fd >= 0 and os.pwrite(self._fd, data, off) == len(data)
+        except OSError as exc:
+            say_once(f"ring-write:{self.path}", f"ring {self.path}: {exc}; records are refused")
+            return False
 
     def _count(self, refused: int = 0, table_full: int = 0) -> None:
-        self.refused += refused
-        self.table_full += table_full
-        if self._mm is not None:
-            F.WSTAT.pack_into(self._mm, F.OFF_WSTAT, self.refused, self.table_full, 0)
+        self.refused, self.table_full = self.refused + refused, self.table_full + table_full
+        self._pwrite(F.WSTAT.pack(self.refused, self.table_full, 0), F.OFF_WSTAT)
 
-    # -- hot path ------------------------------------------------------------------------
+    def _publish(self, data: Any, n: int) -> bool:
+        """``n`` slots at the next position, then ``head``; False (counted) if the file refused."""
+        geo, pos = self._geo, self._pos
+        off = geo.data_off + (pos & geo.mask) * F.SLOT
+        cut = geo.data_off + geo.slots * F.SLOT - off  # bytes left before the ring wraps
+        wrap = len(data) > cut
+        F.HEAD.pack_into(self._head, 0, pos + n, self.written + 1)
+        if not (self._pwrite(data[:cut] if wrap else data, off)
+                and (not wrap or self._pwrite(data[cut:], geo.data_off))
+                and self._pwrite(self._head, F.OFF_HEAD)):  # fmt: skip
+            if self._fd >= 0:
+                self._count(refused=1)
+            return False
+        self._pos, self.written = pos + n, self.written + 1
+        return True
+
+    def _write(self, kind: int, payload: bytes, entry: int = -1, sid: int = 0) -> bool:
+        """A record of one or more slots; its table entry, if any, goes in before ``head``."""
+        n = max(1, -(-len(payload) // F.PAYLOAD))
+        if n > F.MAXSPAN:
+            self._count(refused=1)
+            return False
+        pos, r, p = self._pos, self.written, F.PAYLOAD
+        data = b"".join(F.SLOT_HEAD.pack(pos + i + 1, r << 16 | (kind << 8 | n if i == 0 else i))
+                        + payload[i * p : (i + 1) * p] for i in range(n))  # fmt: skip
+        if entry >= 0:  # before head: a reader that sees the record published sees its entry
+            off = F.HEADER + entry * F.TABLE_ENTRY
+            self._pwrite(F.TABLE_ENTRY_HEAD.pack(0, sid, len(payload)) + payload, off)
+            self._pwrite(F.U64.pack(pos + 1), off)
+        return self._publish(data, n)
+
+    # -- the sink ----------------------------------------------------------------------
 
     def on_round(self, rec: RoundRecord) -> None:
-        sid, burst, index, t, k, j, ctx, seq_rows, split, _ = rec  # repeat: 1 from a loop
         with self._lock:
-            mm = self._mm
-            if mm is None:
-                return
-            pos = self._pos
-            r = self._rec
-            off = self._data + ((pos & self._mask) << F.SLOT_SHIFT)
+            pos, r = self._pos, self.written
             try:
+                sid, burst, index, t, k, j, ctx, seq_rows, split, _ = rec  # repeat: 1 from a loop
                 if split is None:
-                    F.ROUND.pack_into(mm, off, pos + 1, (r << 16) | 0x201, sid, burst, index, *t,
-                                      k, j, ctx, seq_rows)  # fmt: skip
+                    F.ROUND.pack_into(self._slot, 0, pos + 1, r << 16 | 0x201, sid, burst, index,
+                                      *t, k, j, ctx, seq_rows)  # fmt: skip
                 else:
-                    F.ROUND_SPLIT.pack_into(mm, off, pos + 1, (r << 16) | 0x301, sid, burst,
+                    F.ROUND_SPLIT.pack_into(self._slot, 0, pos + 1, r << 16 | 0x301, sid, burst,
                                             index, *t, k, j, ctx, seq_rows, *split)  # fmt: skip
-            except (struct.error, TypeError):
-                self._count(refused=1)  # the slot is past head: rewritten by the next record
+            except Exception:
+                self._count(refused=1)
                 return
-            self._pos = pos + 1
-            self._rec = r + 1
-            F.HEAD.pack_into(mm, F.OFF_HEAD, pos + 1, r + 1)
+            self._publish(self._slot, 1)
 
-    def on_burst(self, rec: BurstRecord) -> None:
-        self._put(rec)
+    def _put(self, rec: Any) -> None:
+        with self._lock:
+            try:
+                kind, payload = F.encode(rec)
+            except Exception:
+                self._count(refused=1)
+                return
+            self._write(kind, payload)
 
-    def on_first_token(self, rec: FirstTokenRecord) -> None:
-        self._put(rec)
+    on_burst = on_first_token = _put
 
     def on_session(self, rec: SessionRecord) -> None:
         with self._lock:
-            free = self._free
-            slot = free.pop() if free else -1
-        try:
-            payload = F.encode_session(rec, slot >= 0)
-        except (struct.error, TypeError, UnicodeEncodeError):
-            self._count(refused=1)
-            self._release(slot)
-            return
-        if slot < 0:
-            self._count(table_full=1)
-        elif len(payload) > F.TABLE_ENTRY - F.TABLE_HDR:
-            self._release(slot)
-            slot = -1
-            payload = F.encode_session(rec, False)
-            self._count(table_full=1)
-        self._write(F.KIND_SESSION, payload, table=(slot, rec.session))
+            try:
+                payload = F.encode(rec, True)[1]
+                fits = self._free and len(payload) <= F.TABLE_ENTRY - F.TABLE_HDR
+                entry = self._free.pop() if fits else -1
+                if entry < 0:
+                    payload = F.encode(rec, False)[1]
+                    self._count(table_full=1)
+            except Exception:
+                self._count(refused=1)
+                return
+            if self._write(F.KIND_SESSION, payload, entry, rec.session) and entry >= 0:
+                self._entry[rec.session] = entry
+            elif entry >= 0:
+                self._free.append(entry)
 
     def on_session_end(self, rec: SessionEndRecord) -> None:
         self._put(rec)
         with self._lock:
-            slot = self._entry.pop(rec.session, -1)
-            mm = self._mm
-            if slot >= 0 and mm is not None:
-                # Freed after the end record's head store: a reader that finds the entry
-                # gone knows the end record sits below the head it reads next.
-                F.U64.pack_into(mm, self._geo.table_off + slot * F.TABLE_ENTRY, 0)
-                self._free.append(slot)
+            entry = self._entry.pop(rec.session, -1)
+            if entry >= 0:  # freed after the end's head: gone from the table = end published
+                self._pwrite(F.U64.pack(0), F.HEADER + entry * F.TABLE_ENTRY)
+                self._free.append(entry)
 
-    def _release(self, slot: int) -> None:
-        if slot >= 0:
-            with self._lock:
-                self._free.append(slot)
-
-    def _put(self, rec: Record) -> None:
-        try:
-            kind, payload = F.encode(rec)
-        except (struct.error, TypeError, UnicodeEncodeError):
-            self._count(refused=1)
-            return
-        self._write(kind, payload)
-
-    def _write(self, kind: int, payload: bytes, table: tuple[int, int] = (-1, 0)) -> None:
-        """A record of one or more slots: every slot (seq, meta, payload), then the table
-        entry, then head."""
-        n = max(1, -(-len(payload) // F.PAYLOAD))
-        if n > F.MAXSPAN:
-            self._count(refused=1)
-            self._release(table[0])
-            return
-        with self._lock:
-            mm = self._mm
-            if mm is None:
-                return
-            pos, r, mask, data = self._pos, self._rec, self._mask, self._data
-            for i in range(n):
-                off = data + (((pos + i) & mask) << F.SLOT_SHIFT)
-                meta = (r << 16) | ((kind << 8) | n if i == 0 else i)
-                F.SLOT_HEAD.pack_into(mm, off, pos + i + 1, meta)
-                chunk = payload[i * F.PAYLOAD : (i + 1) * F.PAYLOAD]
-                mm[off + F.SLOT_HDR : off + F.SLOT_HDR + len(chunk)] = chunk
-            slot, sid = table
-            if slot >= 0:
-                # Before head: a reader that sees this record published also sees its entry.
-                eoff = self._geo.table_off + slot * F.TABLE_ENTRY
-                F.TABLE_ENTRY_HEAD.pack_into(mm, eoff, 0, sid, len(payload))
-                mm[eoff + F.TABLE_HDR : eoff + F.TABLE_HDR + len(payload)] = payload
-                F.U64.pack_into(mm, eoff, pos + 1)
-                self._entry[sid] = slot
-            self._pos = pos + n
-            self._rec = r + 1
-            F.HEAD.pack_into(mm, F.OFF_HEAD, pos + n, r + 1)
-
-    # -- lifecycle -----------------------------------------------------------------------
-
-    @property
-    def written(self) -> int:
-        """Records published so far."""
-        return self._rec
-
-    def flush(self, timeout_s: float = 5.0) -> bool:
-        return True
+    def _after_fork(self) -> None:
+        """A forked child must not write into its parent's ring: it gets its own."""
+        self._lock = threading.Lock()
+        if self._fd >= 0:
+            os.close(self._fd)  # the parent's lock stays: it holds its own descriptor
+            self._fd = -1
+            with contextlib.suppress(OSError):
+                self._open()
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Mark the ring closed and drop the liveness lock; the file stays for the agent."""
         with self._lock:
-            mm, self._mm = self._mm, None
-            if mm is None:
-                return
-            F.WSTAT.pack_into(mm, F.OFF_WSTAT, self.refused, self.table_full, 1)
-            mm.close()
-            os.close(self._fd)
-
-
-def _prefault(mm: mmap.mmap, start: int, end: int) -> None:
-    """Touch every page now (start-up), so no round ever takes a page fault for it."""
-    zeros = bytes(1 << 20)
-    for off in range(start, end, len(zeros)):
-        n = min(len(zeros), end - off)
-        mm[off : off + n] = zeros[:n]
-
-
-_MEMORY_FS = frozenset(("tmpfs", "ramfs", "hugetlbfs"))
-
-
-def fs_type(path: str) -> str:
-    """The filesystem type holding ``path`` (from /proc/self/mounts; "" when unknown)."""
-    real = os.path.realpath(path)
-    best, kind = "", ""
-    try:
-        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) < 3:
-                    continue
-                mnt = parts[1].replace("\\040", " ")
-                inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
-                if inside and len(mnt) >= len(best):
-                    best, kind = mnt, parts[2]
-    except OSError:
-        return ""
-    return kind
-
-
-def _warn_if_on_disk(directory: str) -> None:
-    kind = fs_type(directory)
-    if kind and kind not in _MEMORY_FS:
-        say_once(
-            f"ring-fs:{directory}",
-            f"{MEMRA_OBS_AGENT}={directory} is on {kind}, not in memory: the kernel's writeback "
-            "of the ring costs the loop page faults; use /dev/shm or a k8s emptyDir with "
-            "medium: Memory",
-        )
-
-
-def _reopen_in_child(ref: weakref.ReferenceType[RingSink]) -> None:
-    """A forked child must not write into its parent's ring: give it its own."""
-    sink = ref()
-    if sink is None or sink._mm is None:
-        return
-    sink._lock = threading.Lock()
-    try:
-        sink._mm.close()
-    except Exception:
-        pass
-    os.close(sink._fd)  # the parent's lock stays: it holds its own descriptor
-    sink._mm = None
-    try:
-        sink._open()
-    except OSError:
-        sink._mm = None
+            if self._fd >= 0:
+                self._pwrite(F.WSTAT.pack(self.refused, self.table_full, 1), F.OFF_WSTAT)
+                os.close(self._fd)
+                self._fd = -1

@@ -1,0 +1,380 @@
+"""Issue 13, the agent and its rings: whatever a ring file holds, the agent neither dies nor
+lets it falsify another ring; a shrinking ring kills no one; what /metrics counts adds up;
+agent mode refuses a CPU whose store order the ring does not handle."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from memra_obs.agent import format as F
+from memra_obs.agent.loop import Agent
+from memra_obs.agent.main import build_agent
+from memra_obs.agent.reader import FormatError, RingReader
+from memra_obs.agent.ring import RingSink
+from memra_obs.environment import ConfigError
+from memra_obs.observer import Observer
+from memra_obs.prom import encode
+from memra_obs.timeline import RoundRecord, SessionRecord
+
+SRC = str(Path(__file__).resolve().parent.parent)
+
+
+class Collect:
+    """A RecordExporter that keeps everything."""
+
+    def __init__(self) -> None:
+        self.records: list = []
+
+    def export(self, batch):
+        self.records.extend(batch)
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        return True
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        pass
+
+
+def work(sink: RingSink, sessions: int = 2, rounds: int = 5) -> None:
+    """Sessions of ``rounds`` rounds through a real observer."""
+    obs = Observer([sink], level=0, prof=False, worker=sink.worker)
+    for _ in range(sessions):
+        with obs.session("glm5") as s:
+            b = s.burst(4)
+            for i in range(rounds):
+                b.begin_round()
+                for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+                    end()
+                b.end_round(k=4, j=2, ctx=10 + i)
+            b.end()
+
+
+def crafted(d: Path, worker: str = "w0", **fields: tuple) -> str:
+    """A ring a real writer filled and left, then rewritten at ``fields``' header lines
+    (``head``, ``wstat``, ``reader``: their struct's values)."""
+    sink = RingSink(str(d), worker=worker, slots=64)
+    work(sink, 1, 3)
+    sink.shutdown()
+    fd = os.open(sink.path, os.O_RDWR)
+    for name, values in fields.items():
+        s, off = {"head": (F.HEAD, F.OFF_HEAD), "wstat": (F.WSTAT, F.OFF_WSTAT),
+                  "reader": (F.READER, F.OFF_READER)}[name]  # fmt: skip
+        os.pwrite(fd, s.pack(*values), off)
+    os.close(fd)
+    return sink.path
+
+
+def reports(caplog: pytest.LogCaptureFixture, path: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if path in r.getMessage()]
+
+
+BIG = (1 << 63) - 1
+BAD_HEADERS = {
+    "cursor past head": {"reader": (500, 400, 0, 0)},
+    "head near 2^63": {"head": (BIG, BIG)},
+    "records without slots": {"head": (8, 300)},
+    "a real worker's label, 232 records claimed": {"head": (256, 232)},
+    "refused near 2^63": {"wstat": (BIG, 0, 1)},
+    "closed flag not a flag": {"wstat": (0, 0, 7)},
+}
+
+
+@pytest.mark.parametrize("case", BAD_HEADERS)
+def test_a_crafted_ring_is_reported_once_and_falsifies_no_one(tmp_path, caplog, case):
+    """A ring whose header breaks the writer's rules: the agent survives, reports it once,
+    charges nothing to the worker it names, and publishes the honest ring next to it exactly
+    (memra_obs_dropped_total{signal="ring"} included)."""
+    caplog.set_level(logging.WARNING, logger="memra_obs")
+    bad = crafted(tmp_path, "w0", **BAD_HEADERS[case])
+    honest = RingSink(str(tmp_path), worker="w0", slots=4096)
+    work(honest)
+    reg = CollectorRegistry()
+    env = {"MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": ""}
+    cap = Collect()
+    agent, closers, _ = build_agent(str(tmp_path), env=env, registry=reg, exporters=[cap])
+    for _ in range(3):
+        agent.drain(5)
+
+    def val(name: str, **labels: str) -> float | None:
+        return reg.get_sample_value(name, labels)
+
+    assert val("memra_obs_dropped_total", signal="ring") == 0
+    assert val("memra_obs_agent_lost_records_total", worker="w0") == 0
+    assert val("memra_obs_agent_records_total", worker="w0") == honest.written
+    assert len([r for r in cap.records if type(r) is RoundRecord]) == 10
+    assert len(reports(caplog, bad)) == 1
+    assert agent.counts()["w0"] == (honest.written, 0, honest.written)
+    honest.shutdown()
+    agent.close()
+    for c in closers:
+        c()
+
+
+def test_a_ring_the_agents_uid_does_not_own_alone_is_skipped(tmp_path, caplog):
+    """Owner: a ring of another uid, or one others may write, is reported and not read."""
+    caplog.set_level(logging.WARNING, logger="memra_obs")
+    sink = RingSink(str(tmp_path), worker="w", slots=64)
+    work(sink, 1, 2)
+    with pytest.raises(FormatError, match="uid"):
+        RingReader(sink.path, uid=os.geteuid() + 1)
+    os.chmod(sink.path, 0o666)
+    with pytest.raises(FormatError, match="uid"):
+        RingReader(sink.path)
+    cap = Collect()
+    a = Agent(str(tmp_path), [cap])
+    a.drain(2)
+    assert cap.records == [] and len(reports(caplog, sink.path)) == 1
+    a.close()
+    sink.shutdown()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_ring_owned_by_another_user_is_skipped(tmp_path, caplog):
+    """A ring another user put in a world-writable directory is not read."""
+    caplog.set_level(logging.WARNING, logger="memra_obs")
+    sink = RingSink(str(tmp_path), worker="w", slots=64)
+    work(sink, 1, 2)
+    os.chown(sink.path, 12345, 12345)
+    cap = Collect()
+    a = Agent(str(tmp_path), [cap])
+    a.drain(2)
+    assert cap.records == [] and "uid 12345" in reports(caplog, sink.path)[0]
+    a.close()
+    sink.shutdown()
+
+
+def test_a_ring_whose_file_does_not_match_its_header_is_skipped(tmp_path, caplog):
+    """Size against geometry, one name, no links: a grown ring, a second name for a ring
+    and a symlink are reported; the ring itself is published once."""
+    caplog.set_level(logging.WARNING, logger="memra_obs")
+    grown = RingSink(str(tmp_path), worker="grown", slots=64)
+    work(grown, 1, 2)
+    grown.shutdown()
+    os.truncate(grown.path, os.path.getsize(grown.path) + 4096)
+    sink = RingSink(str(tmp_path), worker="w", slots=64)
+    work(sink, 1, 2)
+    sink.shutdown()
+    os.symlink(sink.path, tmp_path / "link.ring")
+    cap = Collect()
+    a = Agent(str(tmp_path), [cap], cleanup=False)
+    a.drain(2)
+    assert reports(caplog, grown.path) and reports(caplog, str(tmp_path / "link.ring"))
+    assert len([r for r in cap.records if type(r) is RoundRecord]) == 2
+    assert a.counts() == {"w": (sink.written, 0, sink.written)}
+    a.close()
+    os.link(sink.path, tmp_path / "second-name.ring")
+    with pytest.raises(FormatError, match="one name"):
+        RingReader(sink.path)
+
+
+def test_counters_that_move_back_drop_the_ring_and_spare_the_others(tmp_path, caplog):
+    """A live ring whose head goes back is dropped with a report after what it published
+    is counted; the ring next to it goes on."""
+    caplog.set_level(logging.WARNING, logger="memra_obs")
+    victim = RingSink(str(tmp_path), worker="v", slots=256)
+    other = RingSink(str(tmp_path), worker="o", slots=256)
+    work(victim, 1, 3)
+    work(other, 1, 3)
+    cap = Collect()
+    a = Agent(str(tmp_path), [cap])
+    a.drain(2)
+    fd = os.open(victim.path, os.O_RDWR)
+    os.pwrite(fd, F.HEAD.pack(2, 2), F.OFF_HEAD)
+    os.close(fd)
+    work(other, 1, 3)
+    a.drain(2)
+    assert a.rings == 1 and len(reports(caplog, victim.path)) == 1
+    assert a.counts() == {
+        "v": (victim.written, 0, victim.written),
+        "o": (other.written, 0, other.written),
+    }
+    victim.shutdown()
+    other.shutdown()
+    a.close()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 8191 + 64 * 128), st.integers(0, 255)), min_size=1,
+                max_size=12))  # fmt: skip
+def test_no_bytes_in_a_ring_stop_the_agent_or_falsify_another(tmp_path_factory, damage):
+    """Any bytes anywhere in a ring (header, table, slots): the agent never raises, and an
+    honest ring beside it is published exactly."""
+    d = tmp_path_factory.mktemp("fuzz")
+    bad = RingSink(str(d), worker="bad", slots=64, table_entries=8)
+    work(bad, 2, 4)
+    bad.shutdown()
+    fd = os.open(bad.path, os.O_RDWR)
+    size = os.fstat(fd).st_size
+    for off, byte in damage:
+        os.pwrite(fd, bytes([byte]), min(off, size - 1))
+    os.close(fd)
+    honest = RingSink(str(d), worker="honest", slots=256)
+    work(honest)
+    cap = Collect()
+    a = Agent(str(d), [cap])
+    a.drain(2)
+    a.drain(1)
+    ids = {r.session for r in cap.records if type(r) is SessionRecord and r.worker == "honest"}
+    assert len([r for r in cap.records if r.session in ids]) == honest.written
+    assert a.counts()["honest"] == (honest.written, 0, honest.written)
+    honest.shutdown()
+    a.close()
+
+
+_WRITER = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, {src!r})
+    from memra_obs.agent.ring import RingSink
+    from memra_obs.records import SpecPhaseNs
+    from memra_obs.timeline import RoundRecord, SessionRecord, BurstRecord, SessionEndRecord
+    sink = RingSink({d!r}, worker={worker!r}, slots=4096)
+    print(sink.path, flush=True)
+    deadline = time.monotonic() + {seconds}
+    i = 0
+    while time.monotonic() < deadline:
+        sink.on_session(SessionRecord(i, "glm5", "t", "tv", "", 1, 2, 3, 4, 5, 0, 0, False))
+        for j in range(20):
+            sink.on_round(RoundRecord(i, 0, j, (1, 2, 3, 4, 5, 6), 4, 2, 10, 0, None))
+        sink.on_burst(BurstRecord(i, 0, 4, 1, 6, SpecPhaseNs(), None, 3, 0, 0))
+        sink.on_session_end(SessionEndRecord(i, 6, 20, 1, 3, ""))
+        i += 1
+        {extra}
+        time.sleep({pause})
+    print("written", sink.written, flush=True)
+    """
+)
+
+
+def _writer(
+    d: Path, worker: str, seconds: float, extra: str = "pass", pause: float = 0.001
+) -> subprocess.Popen[str]:
+    code = _WRITER.format(
+        src=SRC, d=str(d), worker=worker, seconds=seconds, extra=extra, pause=pause
+    )
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+
+def test_a_worker_survives_its_ring_truncated_and_removed(tmp_path):
+    """The worker writes through its descriptor: a ring shrunk to nothing, then removed,
+    under a running worker costs it neither its life nor an exception."""
+    extra = ("if i == 50: os.truncate(sink.path, 0)\n"
+             "    if i == 100: os.unlink(sink.path)")  # fmt: skip
+    p = _writer(tmp_path, "w", 1.0, extra)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out
+    assert int(out.split()[-1]) > 100 * 23
+
+
+def test_a_ring_truncated_under_the_agent_and_its_worker_kills_neither(tmp_path):
+    """SIGBUS, both sides: `memra-obs agent` keeps publishing the other worker, drops the
+    shrunk ring with one report and exits 0 on SIGTERM; the shrunk ring's worker lives on."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_", "OTEL_"))}
+    env.update(MEMRA_OBS_SINKS="prometheus", MEMRA_OBS_METRICS_ADDR="", PYTHONPATH=SRC)
+    agent = subprocess.Popen([sys.executable, "-m", "memra_obs.cli", "agent", "--dir", str(tmp_path), "--priority", "normal"],
+                             env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert "publishing" in agent.stderr.readline()
+        # ~1,100 records/s each: the agent keeps up, and the victim's writes never reach its
+        # last slot, so its ring stays short to the end
+        victim, bystander = (_writer(tmp_path, w, 3.0, pause=0.02) for w in ("victim", "by"))
+        path = victim.stdout.readline().strip()
+        time.sleep(0.5)
+        os.truncate(path, 4096)
+        assert victim.wait(60) == 0 and bystander.wait(60) == 0
+        written = int(bystander.stdout.read().split()[-1])
+        deadline = time.monotonic() + 30
+        while any("-by-" in f for f in os.listdir(tmp_path)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        agent.send_signal(signal.SIGTERM)
+        err = agent.stderr.read()
+        assert agent.wait(30) == 0, err
+    finally:
+        agent.kill()
+    said = [ln for ln in err.splitlines() if path in ln]
+    assert len(said) == 1 and ("shrank" in said[0] or "resized" in said[0]), err
+    published = int(err.split("published=")[1].split()[0])
+    assert (
+        published >= written and "lost=0" in err
+    )  # all of the bystander's, and the victim's before the cut
+
+
+def test_records_plus_lost_equal_written_on_metrics(tmp_path):
+    """read + lost == written per worker, on /metrics: a lapped ring (stand-in sessions and
+    RingOverrun ends that the agent makes up) and refused records included."""
+    sink = RingSink(str(tmp_path), worker="w", slots=64)
+    reg = CollectorRegistry()
+    env = {"MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": ""}
+    cap = Collect()
+    agent, closers, _ = build_agent(str(tmp_path), env=env, registry=reg, exporters=[cap])
+    work(sink, 1, 2)
+    agent.drain(2)  # the agent knows the first session
+    work(sink, 3, 40)  # laps the ring: SessionRecords and end records lost
+    sink.on_round(RoundRecord(1, 0, 0, (0,) * 6, -1, 0, 0, 0, None))  # refused
+    sink.shutdown()
+    agent.drain(5)
+    text = encode(reg, "text/plain")[0].decode()
+
+    def value(name: str) -> float:
+        line = next(x for x in text.splitlines() if x.startswith(f'{name}{{worker="w"}}'))
+        return float(line.split()[-1])
+
+    assert agent_made(cap) > 0 and value("memra_obs_agent_lost_records_total") > 0
+    read, lost = value("memra_obs_agent_records_total"), value("memra_obs_agent_lost_records_total")
+    assert read + lost == sink.written + sink.refused
+    assert value("memra_obs_agent_written_records_total") == sink.written + sink.refused
+    assert value("memra_obs_agent_lost_records_total") == reg.get_sample_value(
+        "memra_obs_dropped_total", {"signal": "ring"}
+    )
+    agent.close()
+    for c in closers:
+        c()
+
+
+def agent_made(cap: Collect) -> int:
+    """Records the agent made up: stand-in sessions, RingOverrun/WorkerGone ends."""
+    return sum(
+        1
+        for r in cap.records
+        if (type(r) is SessionRecord and r.family == "unknown")
+        or (type(r).__name__ == "SessionEndRecord" and r.error in ("RingOverrun", "WorkerGone"))
+    )
+
+
+def test_agent_mode_refuses_a_cpu_other_than_x86_64(tmp_path):
+    """On a CPU other than x86-64 the worker's ring and `memra-obs agent` both refuse to
+    start, with one line (exit 2 from the command line)."""
+    fake = "import platform, sys; platform.machine = lambda: 'aarch64'; from memra_obs.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_", "OTEL_"))}
+    env.update(
+        MEMRA_OBS_METRICS_ADDR="",
+        MEMRA_OBS_AGENT=str(tmp_path),
+        MEMRA_OBS_SINKS="prometheus",
+        PYTHONPATH=SRC,
+    )
+    for argv in (["agent", "--once"], ["demo", "--requests", "1"]):
+        p = subprocess.run([sys.executable, "-c", fake, *argv], env=env, capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+        assert p.returncode == 2, p.stderr
+        assert (
+            [ln for ln in p.stderr.splitlines() if ln.strip()]
+            == [ln for ln in p.stderr.splitlines() if "x86-64" in ln]
+            != []
+        )
+    with pytest.raises(ConfigError, match="x86-64"):
+        RingSink.create(str(tmp_path), machine="aarch64")
+    with pytest.raises(ConfigError, match="x86-64"):
+        build_agent(str(tmp_path), env={"MEMRA_OBS_METRICS_ADDR": ""}, machine="aarch64")
+    assert not list(tmp_path.glob("*.ring"))
