@@ -15,7 +15,7 @@ from typing import Any
 from ..records import FIRST_TOKEN_FIELDS, FIRST_TOKEN_MS_FIELDS, SpecFirstTokenProf, SpecPhaseNs
 from ..timeline import BurstRecord, FirstTokenRecord, RoundRecord, SessionEndRecord, SessionRecord
 
-MAGIC, VERSION = b"MEMRAOBS", 1
+MAGIC, VERSION = b"MEMRAOBS", 2
 HEADER, SLOT, SLOT_HDR = 4096, 128, 16
 PAYLOAD = SLOT - SLOT_HDR
 #: Largest record, in slots (a first-token profile with 16 devices' free memory takes 10).
@@ -97,14 +97,14 @@ def _enc_session(r: SessionRecord, in_table: bool) -> bytes:
     return _SESSION.pack(
         r.session, r.start_ns_mono, r.anchor_ns_mono, r.anchor_ns_epoch, r.trace_id >> 64,
         r.trace_id & (1 << 64) - 1, r.span_id, r.parent_span_id, r.level, r.prof, in_table,
-    ) + b"".join(_s(t) for t in (r.family, r.tag, r.tag_v, r.worker))  # fmt: skip
+    ) + b"".join(_s(t) for t in (r.family, r.tag, r.tag_v, r.worker, r.clock))  # fmt: skip
 
 
 def _dec_session(c: _Cursor) -> tuple[SessionRecord, bool]:
     sid, start, am, ae, thi, tlo, span, parent, level, prof, in_table = c.take(_SESSION)
-    family, tag, tag_v, worker = c.text(), c.text(), c.text(), c.text()
+    family, tag, tag_v, worker, clock = (c.text() for _ in range(5))
     rec = SessionRecord(sid, family, tag, tag_v, worker, start, am, ae, thi << 64 | tlo, span,
-                        parent, level, bool(prof))  # fmt: skip
+                        parent, level, bool(prof), clock)  # fmt: skip
     return rec, bool(in_table)
 
 
@@ -158,7 +158,7 @@ def _dec_first_token(c: _Cursor) -> FirstTokenRecord:
 
 def _dec_end(c: _Cursor) -> SessionEndRecord:
     sid, end, rounds, bursts, tokens = c.take(_END)
-    return SessionEndRecord(sid, end, rounds, bursts, tokens, c.text())
+    return SessionEndRecord(sid, end, rounds, bursts, tokens, c.text(), c.text())
 
 
 def encode(rec: Any, in_table: bool = False) -> tuple[int, bytes]:
@@ -175,7 +175,7 @@ def encode(rec: Any, in_table: bool = False) -> tuple[int, bytes]:
         return KIND_FIRST_TOKEN, _enc_first_token(rec)
     if t is SessionEndRecord:
         return KIND_SESSION_END, _END.pack(rec.session, rec.end_ns_mono, rec.rounds, rec.bursts,
-                                           rec.tokens) + _s(rec.error)  # fmt: skip
+                                           rec.tokens) + _s(rec.error) + _s(rec.advice)  # fmt: skip
     raise TypeError(f"{t.__name__} does not travel through the ring")
 
 
