@@ -3,14 +3,10 @@
     memra-obs tail --follow /var/log/worker0.err --worker rank0
     worker 2>&1 >/dev/null | memra-obs tail - --worker rank0
 
-Every byte read goes on to the tail's stderr unchanged; the legacy lines are parsed
-(:func:`memra_obs.legacy.parse_line`), turned back into the observer's records
-(:mod:`.rebuild`) and published through the exporters a worker uses (``MEMRA_OBS_SINKS``;
-unset, the tail publishes both metrics and spans: publishing is what it is for). Records
-reach them through the in-process queue with backpressure (``QueueSink.put_many(block=True)``):
-when the exporters fall behind, the tail holds back its reading rather than dropping, so every
-round read is published. Modules: :mod:`.source` (pipe, followed file), :mod:`.passthrough`
-(bytes -> pass-through + records), :mod:`.rebuild` (lines -> records), :mod:`.stats`.
+Bytes go through unchanged (:mod:`.passthrough`), legacy lines are parsed and turned back
+into the observer's records (:mod:`.rebuild`) for the exporters a worker uses, through the
+queue with backpressure (``put_many(block=True)``: a tail holds its reading back rather than
+drop, so every round read is published). :mod:`.source`: pipe, followed file.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from typing import Any
 
 from ..environment import MEMRA_OBS_SINKS, MEMRA_OBS_WORKER, Settings
 from ..export import QueueSink
-from ..wiring import build_exporters
+from ..wiring import Exporters, build_exporters
 from .passthrough import Tail
 from .rebuild import Rebuilder
 from .source import FollowSource, PipeSource
@@ -47,9 +43,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="--follow: read what the file already holds first (default: its end)")  # fmt: skip
     for flag, kind, default, metavar, text in _OPTIONS:
         p.add_argument(flag, type=kind, default=default, metavar=metavar, help=text)
-    p.add_argument(
-        "--quiet", "-q", action="store_true", help="no start/end lines of the tail's own"
-    )
+    p.add_argument("--quiet", "-q", action="store_true", help="no start/end lines of the tail's own")  # fmt: skip
 
 
 def _options(rest: Sequence[str], given: argparse.Namespace | None = None) -> argparse.Namespace:
@@ -75,14 +69,22 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     opts, path = _options(rest, args), args.path
     # argument > environment > default, as every knob: --worker, MEMRA_OBS_WORKER (the
     # worker's own label when the tail shares its environment), the file's name / stdin.
-    worker = args.worker or os.environ.get(MEMRA_OBS_WORKER) or _name(path)
+    name = "stdin" if path == "-" else os.path.basename(path) or path
+    worker = args.worker or os.environ.get(MEMRA_OBS_WORKER) or name
     knobs: dict[str, Any] = {"worker": worker}
     if MEMRA_OBS_SINKS not in os.environ:
         knobs["sinks"] = "otel,prometheus"
     st = Settings.resolve(None, **knobs)
     early: list[str] = []
     try:
-        source = _source(path, args.follow, opts, early.append)
+        if path == "-":
+            source: PipeSource | FollowSource = PipeSource(sys.stdin.fileno(), "stdin")
+        elif args.follow:
+            source = FollowSource(
+                path, from_start=opts.from_start, poll_s=opts.poll, on_wait=early.append
+            )
+        else:
+            source = PipeSource(os.open(path, os.O_RDONLY), path)
     except OSError as exc:
         print(f"memra-obs tail: {path}: {exc.strerror}", file=sys.stderr)
         return 2
@@ -91,10 +93,10 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     queue = (
         QueueSink(built.all, capacity=st.queue_size, pause_s=0, stretch_ms=0) if built.all else None
     )
-    publish = queue.put_many if queue is not None else _discard
     rb = Rebuilder(worker, linger_ns=int(opts.linger * 1e9), max_bursts=opts.max_bursts,
                    session_gap_ns=int(opts.session_gap * 1e9))  # fmt: skip
-    tail = Tail(rb, publish, name=source.name, max_devices=st.max_devices)
+    tail = Tail(rb, queue.put_many if queue is not None else lambda batch: None, name=source.name,
+                max_devices=st.max_devices)  # fmt: skip
     if built.prom is not None:
         built.prom.attach_queue(queue)
         collector = TailCollector()
@@ -102,11 +104,11 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
         built.prom.registry.register(collector)
     if not opts.quiet:
         where = "; ".join(built.where) or "publishing nothing (MEMRA_OBS_SINKS)"
-        tail.note(f"{'following' if isinstance(source, FollowSource) else 'reading'} "
-                  f"{source.name} as worker {worker!r}; {where}")  # fmt: skip
+        mode = "following" if isinstance(source, FollowSource) else "reading"
+        tail.note(f"{mode} {source.name} as worker {worker!r}; {where}")
     for msg in early:
         tail.note(msg)
-    stop = _run(tail, source, queue, built.close)
+    stop = _run(tail, source, queue, built)
     if not opts.quiet:
         s, rows, means = tail.stats, rb.rounds_from_rows, rb.rounds_from_means
         tail.note(
@@ -118,25 +120,8 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     return 0
 
 
-def _name(path: str) -> str:
-    return "stdin" if path == "-" else os.path.basename(path) or path
-
-
-def _source(
-    path: str, follow: bool, opts: argparse.Namespace, on_wait: Callable[[str], None]
-) -> PipeSource | FollowSource:
-    if path == "-":
-        return PipeSource(sys.stdin.fileno(), "stdin")
-    if follow:
-        return FollowSource(path, from_start=opts.from_start, poll_s=opts.poll, on_wait=on_wait)
-    return PipeSource(os.open(path, os.O_RDONLY), path)
-
-
 def _run(
-    tail: Tail,
-    source: PipeSource | FollowSource,
-    queue: QueueSink | None,
-    close: Callable[[], None],
+    tail: Tail, source: PipeSource | FollowSource, queue: QueueSink | None, built: Exporters
 ) -> bool:
     """Pump until the input ends or SIGINT/SIGTERM, then flush the exporters (bounded: 10 s).
     Returns whether a signal stopped it."""
@@ -151,7 +136,7 @@ def _run(
             signal.signal(s, h)
         if queue is not None:
             queue.shutdown(10.0)
-        close()
+        built.close()
         source.close()
     return bool(stop)
 
@@ -179,7 +164,3 @@ def pump(
             tail.feed(data, now)
         tail.tick(now)
     tail.close(time.perf_counter_ns())
-
-
-def _discard(batch: list[Any]) -> None:
-    pass

@@ -1,12 +1,8 @@
 """One stream through the tail: bytes in, the same bytes out, records to the exporters.
 
-:class:`Tail` has no I/O policy of its own (tests and the benchmark drive it): ``feed(chunk,
-t)`` passes the chunk's complete lines through at once (a partial last line waits for its
-newline, at most ~0.1 s, so notes never land inside a line), parses each with the one parser
-(:func:`memra_obs.legacy.parse_line`), hands the legacy ones to the
-:class:`~memra_obs.tail.rebuild.Rebuilder` and the finished records to ``publish``, one batch
-per chunk. It never raises on input: a tagged line that does not parse is counted, reported
-(line number and reason) and skipped; bytes that are not UTF-8 pass through as they came.
+:class:`Tail` has no I/O policy of its own (tests and the benchmark drive it). It never raises
+on input: a tagged line that does not parse is counted, reported (line number and reason) and
+skipped; bytes that are not UTF-8 pass through as they came.
 """
 
 from __future__ import annotations
@@ -26,41 +22,29 @@ __all__ = ["MAX_LINE", "Tail"]
 #: A line longer than this (no newline in 1 MiB) is nobody's legacy line: passed through,
 #: counted as ``other`` and reported, never kept whole in memory.
 MAX_LINE = 1 << 20
+_OVERLONG = f"a line over {MAX_LINE} bytes; passed through, not parsed"
 
 
 class Tail:
-    """Bytes of one worker's stderr -> pass-through + records for ``publish``.
+    """Bytes of one worker's stderr -> pass-through (to ``out``: a binary stream, an fd, or
+    None) + each chunk's records, one batch to ``publish``. ``notes``: where the tail's own
+    lines go (default: the output, between passed-through lines); ``report_limit``: bad lines
+    reported one by one; ``max_devices``: CUDA ordinals a ``[spec-prof]`` line may name
+    (``MEMRA_OBS_MAX_DEVICES``), so a garbled line cannot mint series."""
 
-    ``out``: where the bytes go on (a binary stream, an fd, or None). ``publish``: called with
-    each non-empty batch of records, in order. ``notes``: where the tail's own lines go
-    (default: the output, between passed-through lines). ``report_limit``: bad lines reported
-    one by one before only counting. ``max_devices``: CUDA ordinals a ``[spec-prof]`` line
-    may name (``MEMRA_OBS_MAX_DEVICES``), so a garbled line cannot mint series.
-    """
-
-    def __init__(
-        self,
-        rebuilder: Rebuilder,
-        publish: Callable[[list[Record]], None],
-        *,
-        out: BinaryIO | int | None = 2,
-        name: str = "-",
-        notes: Callable[[str], None] | None = None,
-        report_limit: int = 20,
-        max_devices: int = 64,
-    ) -> None:
+    def __init__(self, rebuilder: Rebuilder, publish: Callable[[list[Record]], None], *,
+                 out: BinaryIO | int | None = 2, name: str = "-",
+                 notes: Callable[[str], None] | None = None, report_limit: int = 20,
+                 max_devices: int = 64) -> None:  # fmt: skip
         self.rebuilder, self.publish, self.name = rebuilder, publish, name
         self.stats = TailStats(rebuilder)
         self.lineno = self.reports = 0
         self.report_limit, self.max_devices = report_limit, max_devices
-        self._write = _writer(out)
-        self._buf = b""  # the partial last line, kept until its newline
-        self._written = 0  # how much of it already went through (see tick)
-        self._since = 0  # when it started
-        self._bol = True  # the output stands at a line boundary
-        self._skipping = False  # inside an over-long line
+        self._write, self._note_to = _writer(out), notes
         self._notes: list[bytes] = []
-        self._note_to = notes
+        # The partial last line (kept until its newline), how much of it already went
+        # through (see tick) and since when; the output at a line boundary; an over-long line.
+        self._buf, self._written, self._since, self._bol, self._skipping = b"", 0, 0, True, False
 
     def note(self, text: str) -> None:
         """One line of the tail's own on the output, between passed-through lines."""
@@ -77,7 +61,8 @@ class Tail:
             self._write(b"".join(notes))
 
     def feed(self, data: bytes, t: int) -> None:
-        """A chunk read at ``t`` (ns, monotonic): its complete lines go through now."""
+        """A chunk read at ``t`` (ns, monotonic): its complete lines go through now, a partial
+        last line waits for its newline (at most ~0.1 s: so notes never land inside a line)."""
         self.stats.bytes += len(data)
         cut = data.rfind(b"\n") + 1
         if not cut:
@@ -95,13 +80,12 @@ class Tail:
             # shape) while the output keeps them as they came.
             text = blob.decode("utf-8", "replace")
             if self._skipping:  # the end of an over-long line
-                self._skipping = False
-                self._skip_line()
                 text = text[text.index("\n") + 1 :]
+                self._skip_line()
             self._lines(text, t)
         if len(self._buf) > MAX_LINE:
             if not self._skipping:
-                self._report_overlong(self.lineno + 1)
+                self._bad(self.lineno + 1, _OVERLONG, "")
             self._write(self._buf[self._written :])
             self._buf, self._written, self._bol, self._skipping = b"", 0, False, True
 
@@ -121,7 +105,6 @@ class Tail:
             self._write(buf[self._written :])
             self._written, self._bol = 0, False
             if self._skipping:
-                self._skipping = False
                 self._skip_line()
             else:
                 self._lines(buf.decode("utf-8", "replace") + "\n", t)
@@ -139,11 +122,10 @@ class Tail:
         self._flush_notes()
 
     def _skip_line(self) -> None:
+        """The end of an over-long line came: it counts as another program's line."""
+        self._skipping = False
         self.lineno += 1
         self.stats.lines["other"] += 1
-
-    def _report_overlong(self, lineno: int) -> None:
-        self._bad(lineno, f"a line over {MAX_LINE} bytes; passed through, not parsed", "")
 
     def _problems(self, lineno: int) -> None:
         """Bursts the rebuilder refused, closed by line ``lineno``: counted and reported
@@ -160,8 +142,7 @@ class Tail:
 
     def _lines(self, text: str, t: int) -> None:
         """Parse and place the lines of ``text`` (each ends in a newline), then publish."""
-        lines = text.split("\n")
-        lines.pop()  # after the last newline
+        lines = text.split("\n")[:-1]  # nothing after the last newline
         st, rb = self.stats, self.rebuilder
         seen, feed, problems = st.lines, rb.feed, rb.problems
         long = len(text) > MAX_LINE  # a line over MAX_LINE can only be whole in a big chunk
@@ -170,7 +151,7 @@ class Tail:
             n += 1
             if long and len(line) > MAX_LINE and line[:1] == "[":
                 other += 1
-                self._report_overlong(n)
+                self._bad(n, _OVERLONG, "")
                 continue
             try:
                 rec = parse_line(line)
@@ -229,29 +210,22 @@ class Tail:
 
 def _writer(out: BinaryIO | int | None) -> Callable[[bytes | memoryview], None]:
     """Whole writes to ``out``; a closed output is given up silently (publishing goes on)."""
-    if out is None:
-        return lambda b: None
-    if isinstance(out, int):
-        fd = out
 
-        def write_fd(b: bytes | memoryview) -> None:
+    def write(b: bytes | memoryview) -> None:
+        if isinstance(out, int):
             view = memoryview(b)
             while view:
                 try:
-                    view = view[os.write(fd, view) :]
+                    view = view[os.write(out, view) :]
                 except BlockingIOError:  # a non-blocking stderr that is full: wait, as the
-                    select.select([], [fd], [], 1.0)  # worker itself would have
+                    select.select([], [out], [], 1.0)  # worker itself would have
                 except OSError:
                     return
+        elif out is not None:
+            try:
+                out.write(b)
+                out.flush()
+            except (OSError, ValueError):
+                pass
 
-        return write_fd
-    stream = out
-
-    def write_stream(b: bytes | memoryview) -> None:
-        try:
-            stream.write(b)
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-
-    return write_stream
+    return write

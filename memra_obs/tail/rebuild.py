@@ -1,14 +1,9 @@
 """Legacy lines back into the observer's records: what the lines say, laid out in time.
 
 The lines carry no session ids and no timestamps; the README's "Reconstruction" table is the
-contract. A phase line is a burst whose rounds get its per-round means (to the tighter of its
-two printed precisions), its level-2 line their mean verify split. A ``[spec-prof-rounds]``
-row is one round, exact (only ``rest_ms`` is split, in the burst's rollback:maint ratio); a
-``[spec-prof]`` line starts a session and gives round 0 to the ns. Rounds without a row carry
-``k = j = -1`` (never invented) and come as runs of equal rounds (``repeat``). A burst ends
-when its phase line arrived, or right after the previous burst when lines come faster than
-bursts run (a backlog); its rounds lie back to back from its start. Stamps are the lines'
-arrival (``perf_counter_ns``); nothing here reads a clock but the session anchors.
+contract: rows are exact rounds, phase lines give the rest their burst's means (``k = j = -1``:
+never invented; runs of equal rounds as one record with ``repeat``), a burst ends when its
+line arrived (or right after the previous one in a backlog), rounds lie back to back in it.
 """
 
 from __future__ import annotations
@@ -21,14 +16,7 @@ from typing import Any
 
 from ..legacy import FirstTokenLine, LegacyLine, PhaseLine, RoundsLine, SummaryLine, VerifyLine
 from ..records import SPEC_PROF_ROUNDS, SpecFirstTokenProf, SpecPhaseNs, SpecRoundProf
-from ..timeline import (
-    BurstRecord,
-    FirstTokenRecord,
-    Record,
-    RoundRecord,
-    SessionEndRecord,
-    SessionRecord,
-)
+from ..timeline import BurstRecord, FirstTokenRecord, RoundRecord, SessionEndRecord, SessionRecord
 
 __all__ = ["MAX_BURST_ROUNDS", "UNKNOWN_FAMILY", "Rebuilder", "family_of"]
 
@@ -40,14 +28,7 @@ MAX_BURST_ROUNDS = 1 << 16
 _MAX_NS = 1 << 50
 #: The profile's creation buckets in the loop's order (before the first burst), and round 0's.
 _CREATION = ("cache_alloc", "sink_alloc", "prime", "capture", "anchor", "draft_alloc")
-_ROUND0 = (
-    "draft_prime",
-    "first_draft",
-    "first_verify",
-    "first_accept",
-    "first_roll",
-    "first_maint",
-)
+_ROUND0 = ("draft_prime", *(f"first_{p}" for p in ("draft", "verify", "accept", "roll", "maint")))
 #: Session ids are unique per process, whichever rebuilder made them (exporters key on them).
 _session_ids = itertools.count(1)
 _new = tuple.__new__  # a NamedTuple without its Python-level __new__ (the same object)
@@ -55,7 +36,7 @@ _new = tuple.__new__  # a NamedTuple without its Python-level __new__ (the same 
 #: parsing: a third of its cost, the same int (half to even; inf raises OverflowError).
 _round = float.__round__
 Split = tuple[int, int, int, int]
-_PHASES, _ROLL_MAINT = (0, 1, 2, 3, 4), (3, 4)
+Key = tuple[int, int, int, Split | None]  # a burst's session, index, first round, split
 
 
 def family_of(tag: str) -> str:
@@ -97,22 +78,14 @@ class Rebuilder:
     out (:meth:`take`, in the contract's order). The stream's sessions are taken to run one
     after another (one loop thread); what does not fit is reported back, never guessed."""
 
-    def __init__(
-        self,
-        worker: str = "",
-        *,
-        linger_ns: int = 500_000_000,
-        session_gap_ns: int = 1_000_000_000,
-        max_bursts: int = 64,
-        rng: random.Random | None = None,
-        epoch_ns: Callable[[], int] = time.time_ns,
-        mono_ns: Callable[[], int] = time.perf_counter_ns,
-    ) -> None:
+    def __init__(self, worker: str = "", *, linger_ns: int = 500_000_000,
+                 session_gap_ns: int = 1_000_000_000, max_bursts: int = 64,
+                 rng: random.Random | None = None, epoch_ns: Callable[[], int] = time.time_ns,
+                 mono_ns: Callable[[], int] = time.perf_counter_ns) -> None:  # fmt: skip
         self.worker, self.linger_ns, self.max_bursts = worker, linger_ns, max_bursts
         self.session_gap_ns = session_gap_ns
-        self._rng = rng or random.Random()
-        self._epoch, self._mono = epoch_ns, mono_ns
-        self._out: list[Record] = []
+        self._rng, self._epoch, self._mono = rng or random.Random(), epoch_ns, mono_ns
+        self._out: list[Any] = []
         self._pending: _Burst | None = None
         self._session: _Session | None = None
         self._fresh: _Burst | None = None  # the pending burst while its phase line is the last
@@ -135,12 +108,13 @@ class Rebuilder:
                 b.nxt, b.last = i + 1, t
                 return None
             return self._row(rec, t)
-        fresh, self._fresh = self._fresh, None
+        b, self._fresh = self._fresh, None
         if type(rec) is PhaseLine:
             return self._phase(rec, t)
         if type(rec) is VerifyLine:
-            b = fresh
-            if b is None or b is not self._pending or b.rows or (b.rounds, b.k) != rec[1:3]:
+            if b is None or b is not self._pending or b.rows or b.rounds != rec.rounds:
+                return "level-2 line without its phase line just before it"
+            if b.k != rec.k:
                 return "level-2 line without its phase line just before it"
             b.verify, b.last = rec, t
             return None
@@ -153,16 +127,11 @@ class Rebuilder:
     def tick(self, now: int) -> None:
         """Time passed without lines: settle a burst whose lines stopped ``linger_ns`` ago,
         end a session idle for ``session_gap_ns``."""
-        b = self._pending
-        if b is not None and now - b.last >= self.linger_ns:
+        if (b := self._pending) is not None and now - b.last >= self.linger_ns:
             self._finish(b)
         s = self._session
-        if (
-            s is not None
-            and self._pending is None
-            and (not s.prof or s.summarized)
-            and now - s.last_line >= self.session_gap_ns
-        ):
+        if s and not self._pending and (not s.prof or s.summarized) and now - s.last_line >= \
+                self.session_gap_ns:  # fmt: skip
             self._end(s)
 
     def close(self) -> None:
@@ -172,12 +141,10 @@ class Rebuilder:
         if self._session is not None:
             self._end(self._session)
 
-    def take(self) -> list[Record]:
+    def take(self) -> list[Any]:
         """The records completed since the last call, in order."""
         out, self._out = self._out, []
         return out
-
-    # -- per kind --------------------------------------------------------------------------
 
     def _phase(self, p: PhaseLine, t: int) -> str | None:
         self._seen_phase = True
@@ -196,8 +163,7 @@ class Rebuilder:
         self._fresh = None
         if b is not None and not b.rows and b.rounds is not None:
             base = 0 if b.prof is not None else (s.rounds if s is not None else 0)
-            stop = min(SPEC_PROF_ROUNDS, base + b.rounds)
-            if i == base < stop:
+            if i == base < (stop := min(SPEC_PROF_ROUNDS, base + b.rounds)):
                 b.rows.append(rec.prof)
                 b.nxt, b.stop, b.last = i + 1, stop, t
                 return None
@@ -234,43 +200,29 @@ class Rebuilder:
     def _summary(self, rounds: int, t: int) -> str | None:
         if self._pending is not None:
             self._finish(self._pending)
-        s = self._session
-        if s is None:
-            if rounds == 0:  # a session that ran no round at all: no other line marked it
-                self._end(self._open(None, next(_session_ids), t, t, len(self._out)))
-                return None
-            return "[spec-prof-summary] with no session open"
-        s.last_line = t
-        if rounds < SPEC_PROF_ROUNDS:
+        if (s := self._session) is None:
+            if rounds:
+                return "[spec-prof-summary] with no session open"
+            # A session that ran no round at all: no other line marked it.
+            self._end(self._open(None, next(_session_ids), t, t, len(self._out)))
+        elif rounds < SPEC_PROF_ROUNDS:
+            s.last_line = t
             self._end(s)
-        else:
-            s.summarized = True  # the log is full; the session may go on
+        else:  # the log is full; the session may go on
+            s.last_line, s.summarized = t, True
         return None
-
-    # -- sessions and bursts ---------------------------------------------------------------
 
     def _open(self, b: _Burst | None, sid: int, start: int, t: int, at: int) -> _Session:
         """A session for burst ``b`` (None: a session without rounds), its record at ``at``."""
         tag, v = (b.tag, b.verify) if b is not None else ("", None)
         s = self._session = _Session(sid, tag, b is not None and b.prof is not None, start, t)
-        rng = self._rng
-        rec = SessionRecord(
-            session=sid,
-            family=family_of(tag),
-            tag=tag,
-            tag_v=v.tag if v is not None else (f"{tag}-v" if tag else ""),
-            worker=self.worker,
-            start_ns_mono=start,
-            anchor_ns_mono=self._mono(),
-            anchor_ns_epoch=self._epoch(),
-            trace_id=rng.getrandbits(128) or 1,
-            span_id=rng.getrandbits(64) or 1,
-            parent_span_id=0,
-            level=0 if b is None or b.phase is None else (1 if v is None else 2),
-            prof=s.prof,
-        )
+        level = 0 if b is None or b.phase is None else (1 if v is None else 2)
+        tag_v = v.tag if v is not None else (f"{tag}-v" if tag else "")
+        rng, self.sessions = self._rng, self.sessions + 1
+        rec = SessionRecord(sid, family_of(tag), tag, tag_v, self.worker, start, self._mono(),
+                            self._epoch(), rng.getrandbits(128) or 1, rng.getrandbits(64) or 1,
+                            0, level, s.prof)  # fmt: skip
         self._out.insert(at, rec)
-        self.sessions += 1
         return s
 
     def _end(self, s: _Session) -> None:
@@ -298,24 +250,17 @@ class Rebuilder:
             creation, r0, hook, wall0 = _prof_ns(prof) if prof is not None else ((), (), 0, 0)
             lead = sum(x for _, x in creation) if creation else 0
             start = self._last_end + lead
-            n, wall, phases, jsum = self._lay(b, sid, bidx, first, start, split, r0)
+            n, wall, phases, jsum = self._lay(b, (sid, bidx, first, split), start, r0)
+            wall = wall if wall > wall0 else wall0
+            if wall + lead + hook + (max(split) if split else 0) + (sum(r0) if r0 else 0) > _MAX_NS:
+                raise ValueError("durations past any plausible clock (> 2**50 ns)")
         except (ArithmeticError, ValueError) as exc:
             del out[mark:]
             self.problems.append(f"burst dropped: {exc}")
             return
-        if wall < wall0:
-            wall = wall0
-        if wall + lead + hook + (max(split) if split else 0) + (sum(r0) if r0 else 0) > _MAX_NS:
-            del out[mark:]
-            self.problems.append("burst dropped: durations past any plausible clock (> 2**50 ns)")
-            return
         if b.arrival > start + wall:  # live: the burst ended when its line arrived
-            dt = b.arrival - start - wall
-            start += dt
-            rounds: list[Any] = out[mark:]
-            out[mark:] = [
-                r._replace(t_ns_mono=tuple([x + dt for x in r.t_ns_mono])) for r in rounds
-            ]
+            dt, start, rounds = b.arrival - start - wall, b.arrival - wall, out[mark:]
+            out[mark:] = [r._replace(t_ns_mono=tuple([x + dt for x in r.t_ns_mono])) for r in rounds]  # fmt: skip
         end = self._last_end = start + wall
         if s is None:
             s = self._open(b, sid, start - lead, b.arrival, mark)
@@ -323,39 +268,23 @@ class Rebuilder:
         k = b.k if b.phase is not None or not b.rows else max(p.k for p in b.rows)
         if split is not None:
             split = (split[0] * n, split[1] * n, split[2] * n, split[3] * n)
-        out.append(
-            _new(BurstRecord, (sid, bidx, k, start, end, phases, split, tokens, hook, first))
-        )
+        out.append(_new(BurstRecord, (sid, bidx, k, start, end, phases, split, tokens, hook, first)))  # fmt: skip
         if prof is not None:
             out.append(FirstTokenRecord(sid, prof, _intervals(creation, r0, start, end)))
-        rows = len(b.rows)
-        self.rounds_from_rows += rows
-        self.rounds_from_means += n - rows
-        s.rounds += n
-        s.bursts += 1
-        s.tokens += tokens
-        s.last_end = end
-        if s.last_line < b.last:
-            s.last_line = b.last
+        self.rounds_from_rows += len(b.rows)
+        self.rounds_from_means += n - len(b.rows)
+        s.rounds, s.bursts, s.tokens = s.rounds + n, s.bursts + 1, s.tokens + tokens
+        s.last_end, s.last_line = end, (b.last if b.last > s.last_line else s.last_line)
 
-    def _lay(
-        self,
-        b: _Burst,
-        sid: int,
-        bidx: int,
-        idx: int,
-        t: int,
-        split: Split | None,
-        r0: tuple[int, ...],
-    ) -> tuple[int, int, SpecPhaseNs, int]:
+    def _lay(self, b: _Burst, key: Key, t: int, r0: tuple[int, ...]) -> tuple[int, int, SpecPhaseNs, int]:  # fmt: skip
         """The burst's rounds back to back from ``t``, appended: round 0 from the profile
         (``r0``), the rows' own values, then the burst's means for rounds without a row, as
-        runs. Returns its rounds, wall, phase totals and the rows' sum of j.
-
-        A row has rollback + maint only as ``rest_ms``: when rows cover the burst, rollback's
-        share is chosen so its sum matches the phase line's; otherwise it is the line's
-        rollback:maint ratio (the stream's latest one, for a burst without a line)."""
-        ph, body, out, share, t0 = b.phase, b.rows, self._out, self._roll_share, t
+        runs. ``key``: session, burst, first round, split. Returns its rounds, wall, phase
+        totals and the rows' sum of j. A row has rollback + maint only as ``rest_ms``: when
+        rows cover the burst, rollback's share is chosen so its sum matches the line's;
+        otherwise it is the line's rollback:maint ratio (the stream's latest, without one)."""
+        sid, bidx, idx, split = key
+        ph, body, append, share, t0 = b.phase, b.rows, self._out.append, self._roll_share, t
         n = len(body) if ph is None else ph.rounds
         if r0 and not n and b.rounds:
             n = 1  # no phase line and no rows: round 0 is still known from the profile
@@ -365,14 +294,13 @@ class Rebuilder:
             td += dp
             counts = body[0][5:] if body else (-1, -1, 0, 0)
             ts = (t, t + td, t + td + tv, t + td + tv + ta, t + td + tv + ta + tr)
-            out.append(_new(RoundRecord, (sid, bidx, idx, (*ts, ts[4] + tm), *counts, split, 1)))
+            append(_new(RoundRecord, (sid, bidx, idx, (*ts, ts[4] + tm), *counts, split, 1)))
             t, idx, body = ts[4] + tm, idx + 1, body[1:]
         if ph is not None:
             # Rows covering the burst need only its rollback and maint totals (the others
             # are computed all the same when a value is large enough to overflow).
             cover = len(b.rows) == n
-            few = cover and max(ph[4:14]) < 1e290
-            totals = _totals(ph, _ROLL_MAINT if few else _PHASES)
+            totals = _totals(ph, (3, 4) if cover and max(ph[4:14]) < 1e290 else (0, 1, 2, 3, 4))
             roll, maint = totals[-2], totals[-1]
             if roll + maint > 0:
                 share = self._roll_share = roll / (roll + maint)
@@ -380,36 +308,22 @@ class Rebuilder:
                 share = (roll - tr) / rest  # the line's rollback sum, exactly
                 share = 0.0 if share < 0.0 else (1.0 if share > 1.0 else share)
         for w, d, v, a, e, k, j, c, q in body:
-            d = _round(d * 1e6)
-            v = _round(v * 1e6)
-            a = _round(a * 1e6)
+            d, v, a = _round(d * 1e6), _round(v * 1e6), _round(a * 1e6)
             e = _round(_round(e * 1e6) * share)
-            td += d
-            tv += v
-            ta += a
+            td, tv, ta = td + d, tv + v, ta + a
             tr += e
-            t1 = t + d
-            t2 = t1 + v
-            t3 = t2 + a
-            t4 = t3 + e
+            t4 = (t3 := (t2 := (t1 := t + d) + v) + a) + e
             t5 = t + _round(w * 1e6)
             if t5 < t4:  # the f32 roundings: maint held at 0, the wall grows by as much
                 t5 = t4
-            out.append(
+            append(
                 _new(RoundRecord, (sid, bidx, idx, (t, t1, t2, t3, t4, t5), k, j, c, q, split, 1))
             )
-            jsum += j
-            idx += 1
-            t = t5
+            jsum, idx, t = jsum + j, idx + 1, t5
         if ph is not None and (m := end - idx) > 0:  # the rest of the line's totals, evenly
             sums = (td, tv, ta, tr, t - t0 - td - tv - ta - tr)
-            t, left = _mean_runs(
-                out,
-                [max(x - y, 0) for x, y in zip(totals, sums, strict=True)],
-                m,
-                t,
-                (sid, bidx, idx, split),
-            )
+            left = [x - y if x > y else 0 for x, y in zip(totals, sums, strict=True)]
+            t = _mean_runs(self._out, left, m, t, (sid, bidx, idx, split))
             td, tv, ta, tr = td + left[0], tv + left[1], ta + left[2], tr + left[3]
         p = object.__new__(SpecPhaseNs)  # sums of valid ns counts: the record's checks skipped
         p.draft, p.verify, p.accept, p.roll, p.maint = td, tv, ta, tr, t - t0 - td - tv - ta - tr
@@ -417,38 +331,29 @@ class Rebuilder:
         return n, t - t0, p, jsum
 
 
-def _mean_runs(
-    out: list[Record], left: list[int], m: int, t: int, key: tuple[int, int, int, Split | None]
-) -> tuple[int, list[int]]:
+def _mean_runs(out: list[Any], left: list[int], m: int, t: int, key: Key) -> int:
     """``m`` rounds sharing each phase's ``left`` as evenly as ints allow (the first
-    ``x mod m`` rounds carry 1 ns more, so the sums come back exact), appended from ``t`` as
+    ``x mod m`` rounds carry 1 ns more: the sums come back exact), appended from ``t`` as
     runs of equal rounds: at most six records, whatever ``m`` is. Returns the end."""
     sid, bidx, idx, split = key
     qs = [divmod(x, m) for x in left]
-    for lo, hi in itertools.pairwise(sorted({0, m, *(e for _, e in qs)})):
+    for lo, hi in itertools.pairwise(sorted({0, m, *[e for _, e in qs]})):
         d, v, a, r, mt = [q + (lo < e) for q, e in qs]
-        ts = (t, t + d, t + d + v, t + d + v + a, t + d + v + a + r)
-        out.append(
-            _new(RoundRecord, (sid, bidx, idx, (*ts, ts[4] + mt), -1, -1, 0, 0, split, hi - lo))
-        )
-        idx, t = idx + hi - lo, t + (ts[4] + mt - t) * (hi - lo)
-    return t, left
+        ts = (t, t + d, t + d + v, t + d + v + a, t + d + v + a + r, t + d + v + a + r + mt)
+        out.append(_new(RoundRecord, (sid, bidx, idx, ts, -1, -1, 0, 0, split, hi - lo)))
+        idx, t = idx + hi - lo, t + (ts[5] - t) * (hi - lo)
+    return t
 
 
-def _prof_ns(
-    p: SpecFirstTokenProf,
-) -> tuple[tuple[tuple[str, int], ...], tuple[int, ...], int, int]:
+def _prof_ns(p: SpecFirstTokenProf) -> tuple[tuple[tuple[str, int], ...], tuple[int, ...], int, int]:  # fmt: skip
     """The profile in ns: its creation buckets that ran, round 0's six, the hook, the wall."""
-    creation = zip(_CREATION, (p.cache_alloc_ms, p.sink_alloc_ms, p.prime_ms, p.capture_ms,
-                               p.anchor_ms, p.draft_alloc_ms), strict=True)  # fmt: skip
+    creation = (p.cache_alloc_ms, p.sink_alloc_ms, p.prime_ms, p.capture_ms, p.anchor_ms,
+                p.draft_alloc_ms)  # fmt: skip
     r0 = (p.draft_prime_ms, p.first_draft_ms, p.first_verify_ms, p.first_accept_ms,
           p.first_roll_ms, p.first_maint_ms)  # fmt: skip
-    return (
-        tuple((c, x) for c, ms in creation if (x := _round(ms * 1e6)) > 0),
-        tuple([_round(x * 1e6) for x in r0]),
-        _round(p.first_burst_hook_ms * 1e6),
-        _round(p.first_burst_ms * 1e6),
-    )
+    ns = [(c, _round(ms * 1e6)) for c, ms in zip(_CREATION, creation, strict=True)]
+    return (tuple([(c, x) for c, x in ns if x > 0]), tuple([_round(x * 1e6) for x in r0]),
+            _round(p.first_burst_hook_ms * 1e6), _round(p.first_burst_ms * 1e6))  # fmt: skip
 
 
 def _totals(ph: PhaseLine, phases: tuple[int, ...]) -> list[int]:
@@ -456,39 +361,28 @@ def _totals(ph: PhaseLine, phases: tuple[int, ...]) -> list[int]:
     forms: ``total`` is exact to 0.005 ms, ``per-round`` to 0.0005 ms a round; the truth lies
     in both intervals, so take the middle of their intersection (per-round alone when
     rounding left them disjoint)."""
-    n = ph.rounds
+    n, ms, out = ph.rounds, ph[4:14], []  # the totals, then the per-round values
     w = 500.0 * n
-    ms = ph[4:14]  # the totals, then the per-round values
-    out = []
     for i in phases:
-        t = ms[i] * 1e6
-        p = ms[i + 5] * 1e6 * n
-        lo, x = p - w, t - 5000.0
-        if x >= lo:
-            lo = x
-        hi, x = p + w, t + 5000.0
-        if x <= hi:
-            hi = x
+        t, p = ms[i] * 1e6, ms[i + 5] * 1e6 * n
+        lo = p - w if p - w > t - 5000.0 else t - 5000.0
+        hi = p + w if p + w < t + 5000.0 else t + 5000.0
         if lo < 0.0:
             lo = 0.0
         out.append((_round(p) if p > 0.0 else 0) if lo > hi else _round((lo + hi) * 0.5))
     return out
 
 
-def _intervals(
-    creation: tuple[tuple[str, int], ...], r0: tuple[int, ...], start: int, end: int
-) -> tuple[tuple[str, int, int], ...]:
+def _intervals(creation: tuple[tuple[str, int], ...], r0: tuple[int, ...], start: int,
+               end: int) -> tuple[tuple[str, int, int], ...]:  # fmt: skip
     """The profile's buckets laid out: creation back to back before the first burst, round
     0's (``draft_prime`` when it ran, then the ``first_*``) from the burst's start, the burst."""
     iv: list[tuple[str, int, int]] = []
     t = start - sum(x for _, x in creation)
     for name, x in creation:
-        iv.append((name, t, t + x))
-        t += x
+        iv.append((name, t, (t := t + x)))
     t = start
     for name, x in zip(_ROUND0, r0, strict=True):
         if x > 0 or name != "draft_prime":
-            iv.append((name, t, t + x))
-            t += x
-    iv.append(("first_burst", start, end))
-    return tuple(iv)
+            iv.append((name, t, (t := t + x)))
+    return (*iv, ("first_burst", start, end))

@@ -1,18 +1,11 @@
 """Where the bytes come from: a pipe (or a file read once), or a log file followed through
-its rotations.
-
-Both hand out raw chunks, never lines (the tail passes bytes through untouched and splits
-lines itself): ``read(timeout_s)`` returns a chunk, ``b""`` when nothing came in time, or
-``None`` at the end of the input. A followed file never ends; the caller closes it. Rotation,
-as ``tail -F`` follows it, is checked whenever the file is at its end: **rename + create**
-(the path names another inode: the old file's rest was read, the new one is read from its
-start) and **copytruncate** (the file got shorter than our offset: read again from its start;
-what was written between the copy and the truncate is lost, the method's own gap).
+its rotations (the README's "Rotation"). Both hand out raw chunks, never lines:
+``read(timeout_s)`` returns a chunk, ``b""`` when nothing came in time, or ``None`` at the end
+of the input (a followed file never ends; the caller closes it).
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import select
 import time
@@ -42,37 +35,26 @@ class PipeSource:
         if not ready:
             return b""
         try:
-            data = os.read(self.fd, CHUNK)
-        except InterruptedError:
+            return os.read(self.fd, CHUNK) or None  # (EINTR is retried: PEP 475)
+        except BlockingIOError:
             return b""
-        except OSError as exc:
-            if exc.errno == errno.EAGAIN:
-                return b""
-            raise
-        return data or None
 
     def close(self) -> None:
         pass
 
 
 class FollowSource:
-    """A growing log file, followed by name through rename+create and copytruncate.
+    """A growing log file, followed by name, as ``tail -F`` does, checked whenever the file is
+    at its end: **rename + create** (the path names another inode: the rest of the old file
+    was read, the new one is read from its start) and **copytruncate** (the file got shorter
+    than our offset: read again from its start). ``from_start``: read what the file already
+    holds (default: start at its end, as log shippers do, so a restarted tail does not publish
+    old lines again). A file that does not exist yet is waited for (``on_wait`` says so).
+    ``on_rotate(style)`` is called on each rotation before the new content's first byte."""
 
-    ``from_start``: read what the file already holds (default: start at its end, as log
-    shippers do, so a restarted tail does not publish old lines again). A file that does not
-    exist yet is waited for (``on_wait`` says so once). ``on_rotate(style)`` is called on each
-    rotation (``"rename"`` / ``"truncate"``) before the new content's first byte is returned.
-    """
-
-    def __init__(
-        self,
-        path: str,
-        *,
-        from_start: bool = False,
-        poll_s: float = 0.1,
-        on_rotate: Callable[[str], None] | None = None,
-        on_wait: Callable[[str], None] | None = None,
-    ) -> None:
+    def __init__(self, path: str, *, from_start: bool = False, poll_s: float = 0.1,
+                 on_rotate: Callable[[str], None] | None = None,
+                 on_wait: Callable[[str], None] | None = None) -> None:  # fmt: skip
         self.path = self.name = path
         self.poll_s, self.on_rotate = poll_s, on_rotate
         self._fd, self._ident, self._pos = -1, (0, 0), 0

@@ -1,8 +1,8 @@
 """The tail's own counts, as plain ints, and the collector that publishes them when scraped.
 
 Counting is an integer add on the reading thread; nothing touches prometheus_client until a
-scrape asks (render when scraped), so the hot path pays nothing for these series. The
-README's tail section lists them (``memra_obs_tail_*``: the instrument's own health).
+scrape asks, so the hot path pays nothing for these series (``memra_obs_tail_*``, listed in
+the README's tail section).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ _FAMILIES = (  # name, help, second label
 
 
 class TailStats:
-    """What one tail has seen: plain ints, written by the reading thread only (rounds and
-    sessions are its rebuilder's)."""
+    """What one tail has seen, written by the reading thread only (rounds and sessions are
+    its rebuilder's)."""
 
     __slots__ = ("bytes", "lines", "malformed", "orphans", "rebuilder", "rotations")
 
@@ -47,34 +47,17 @@ class TailStats:
         self.rotations = {"rename": 0, "truncate": 0}
         self.rebuilder = rebuilder
 
-    @property
-    def total_lines(self) -> int:
-        return sum(self.lines.values())
+    total_lines = property(lambda self: sum(self.lines.values()))
+    total_malformed = property(lambda self: sum(self.malformed.values()))
+    total_orphans = property(lambda self: sum(self.orphans.values()))
 
-    @property
-    def total_malformed(self) -> int:
-        return sum(self.malformed.values())
-
-    @property
-    def total_orphans(self) -> int:
-        return sum(self.orphans.values())
-
-    def samples(self) -> list[dict[Any, int]]:
-        """Each family's values by its second label (None: the family has only ``worker``)."""
-        rb = self.rebuilder
-        rows, means, sessions = (
-            (rb.rounds_from_rows, rb.rounds_from_means, rb.sessions) if rb else (0, 0, 0)
-        )
-        legacy = KINDS[:-1]  # other lines are never malformed nor orphans
-        return [
-            dict(self.lines),
-            {k: self.malformed[k] for k in legacy},
-            {k: self.orphans[k] for k in legacy},
-            {"row": rows, "burst_mean": means},
-            {None: sessions},
-            dict(self.rotations),
-            {None: self.bytes},
-        ]
+    def samples(self) -> tuple[dict[Any, int], ...]:
+        """Each family's values by its second label (None: only ``worker``); other lines are
+        never malformed nor orphans."""
+        rb, legacy = self.rebuilder, KINDS[:-1]
+        rows, means, sessions = (rb.rounds_from_rows, rb.rounds_from_means, rb.sessions) if rb else (0, 0, 0)  # fmt: skip
+        return (self.lines, {k: self.malformed[k] for k in legacy}, {k: self.orphans[k] for k in legacy},
+                {"row": rows, "burst_mean": means}, {None: sessions}, self.rotations, {None: self.bytes})  # fmt: skip
 
 
 class TailCollector:
