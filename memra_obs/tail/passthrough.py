@@ -131,7 +131,7 @@ class Tail:
         """Bursts the rebuilder refused, closed by line ``lineno``: counted and reported
         with the phase lines that could not be placed."""
         for why in self.rebuilder.problems:
-            self._orphan(PHASE, lineno, why, "")
+            self._bad(lineno, why, "", PHASE)
         self.rebuilder.problems.clear()
 
     def _publish(self) -> None:
@@ -171,7 +171,7 @@ class Tail:
                 seen[rec.kind] += 1
             why = feed(rec, t)
             if why is not None:
-                self._orphan(rec.kind, n, why, line)
+                self._bad(n, why, line, rec.kind)
             if problems:  # a burst this line closed was refused
                 self._problems(n)
         self.lineno = n
@@ -191,12 +191,11 @@ class Tail:
                 return True
         return False
 
-    def _orphan(self, kind: str, lineno: int, why: str, text: str) -> None:
-        """A valid line the rebuilder could not place: counted by kind and reported."""
-        self.stats.orphans[kind] += 1
-        self._bad(lineno, why, text)
-
-    def _bad(self, lineno: int, why: str, text: str) -> None:
+    def _bad(self, lineno: int, why: str, text: str, orphan: str = "") -> None:
+        """Report a bad line (``orphan``: the kind of a valid line that could not be placed,
+        counted here); the first ``report_limit`` one by one, then only counted."""
+        if orphan:
+            self.stats.orphans[orphan] += 1
         self.reports += 1
         if self.reports <= self.report_limit:
             excerpt = text if len(text) <= 80 else text[:77] + "..."

@@ -336,10 +336,13 @@ def _mean_runs(out: list[Any], left: list[int], m: int, t: int, key: Key) -> int
     ``x mod m`` rounds carry 1 ns more: the sums come back exact), appended from ``t`` as
     runs of equal rounds: at most six records, whatever ``m`` is. Returns the end."""
     sid, bidx, idx, split = key
-    qs = [divmod(x, m) for x in left]
-    for lo, hi in itertools.pairwise(sorted({0, m, *[e for _, e in qs]})):
-        d, v, a, r, mt = [q + (lo < e) for q, e in qs]
-        ts = (t, t + d, t + d + v, t + d + v + a, t + d + v + a + r, t + d + v + a + r + mt)
+    (qd, ed), (qv, ev), (qa, ea), (qr, er), (qm, em) = map(divmod, left, (m,) * 5)
+    for lo, hi in itertools.pairwise(sorted({0, m, ed, ev, ea, er, em})):
+        t1 = t + qd + (lo < ed)
+        t2 = t1 + qv + (lo < ev)
+        t3 = t2 + qa + (lo < ea)
+        t4 = t3 + qr + (lo < er)
+        ts = (t, t1, t2, t3, t4, t4 + qm + (lo < em))
         out.append(_new(RoundRecord, (sid, bidx, idx, ts, -1, -1, 0, 0, split, hi - lo)))
         idx, t = idx + hi - lo, t + (ts[5] - t) * (hi - lo)
     return t
@@ -361,12 +364,12 @@ def _totals(ph: PhaseLine, phases: tuple[int, ...]) -> list[int]:
     forms: ``total`` is exact to 0.005 ms, ``per-round`` to 0.0005 ms a round; the truth lies
     in both intervals, so take the middle of their intersection (per-round alone when
     rounding left them disjoint)."""
-    n, ms, out = ph.rounds, ph[4:14], []  # the totals, then the per-round values
+    n, ms, out = float(ph.rounds), ph[4:14], []  # the totals, then the per-round values
     w = 500.0 * n
     for i in phases:
         t, p = ms[i] * 1e6, ms[i + 5] * 1e6 * n
-        lo = p - w if p - w > t - 5000.0 else t - 5000.0
-        hi = p + w if p + w < t + 5000.0 else t + 5000.0
+        lo = a if (a := p - w) > (b := t - 5000.0) else b
+        hi = a if (a := p + w) < (b := t + 5000.0) else b
         if lo < 0.0:
             lo = 0.0
         out.append((_round(p) if p > 0.0 else 0) if lo > hi else _round((lo + hi) * 0.5))
