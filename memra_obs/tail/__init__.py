@@ -3,10 +3,9 @@
     memra-obs tail --follow /var/log/worker0.err --worker rank0
     worker 2>&1 >/dev/null | memra-obs tail - --worker rank0
 
-Bytes go through unchanged (:mod:`.passthrough`), legacy lines are parsed and turned back
-into the observer's records (:mod:`.rebuild`) for the exporters a worker uses, through the
-queue with backpressure (``put_many(block=True)``: a tail holds its reading back rather than
-drop, so every round read is published). :mod:`.source`: pipe, followed file.
+Bytes go through unchanged (:mod:`.passthrough`); legacy lines become the observer's records
+(:mod:`.rebuild`) for a worker's exporters, queued with backpressure (``put_many(block=True)``:
+the tail holds its reading back rather than drop, so every round read is published).
 """
 
 from __future__ import annotations

@@ -121,15 +121,13 @@ class Tail:
             self._bol = True
         self._flush_notes()
 
-    def _skip_line(self) -> None:
-        """The end of an over-long line came: it counts as another program's line."""
+    def _skip_line(self) -> None:  # the end of an over-long line: another program's line
         self._skipping = False
         self.lineno += 1
         self.stats.lines["other"] += 1
 
     def _problems(self, lineno: int) -> None:
-        """Bursts the rebuilder refused, closed by line ``lineno``: counted and reported
-        with the phase lines that could not be placed."""
+        """Bursts the rebuilder refused (closed by line ``lineno``): unplaced phase lines."""
         for why in self.rebuilder.problems:
             self._bad(lineno, why, "", PHASE)
         self.rebuilder.problems.clear()

@@ -40,8 +40,7 @@ Key = tuple[int, int, int, Split | None]  # a burst's session, index, first roun
 
 
 def family_of(tag: str) -> str:
-    """``glm5-phase`` -> ``glm5`` (the observer's default tag is ``{family}-phase``); any
-    other tag is its own family."""
+    """``glm5-phase`` -> ``glm5`` (the observer's default tag); any other tag is its own."""
     return tag[:-6] if tag.endswith("-phase") and len(tag) > 6 else tag or UNKNOWN_FAMILY
 
 
@@ -92,6 +91,7 @@ class Rebuilder:
         self._last_end = 0  # end of the latest burst laid out, over all sessions
         self._seen_phase = False
         self._roll_share = 0.5  # rollback's share of rest_ms: the latest phase line's
+        self._spare = 0  # a session id drawn for a burst that was refused: the next one's
         #: Rounds published with a row's values / with their burst's means; sessions opened.
         self.rounds_from_rows = self.rounds_from_means = self.sessions = 0
         #: Why bursts were refused while laid out (values no clock produces); the caller
@@ -125,13 +125,11 @@ class Rebuilder:
         return None  # the flag-override line: nothing to place
 
     def tick(self, now: int) -> None:
-        """Time passed without lines: settle a burst whose lines stopped ``linger_ns`` ago,
-        end a session idle for ``session_gap_ns``."""
+        """No lines for a while: settle a burst idle ``linger_ns``, a session ``session_gap_ns``."""
         if (b := self._pending) is not None and now - b.last >= self.linger_ns:
             self._finish(b)
-        s = self._session
-        if s and not self._pending and (not s.prof or s.summarized) and now - s.last_line >= \
-                self.session_gap_ns:  # fmt: skip
+        s, gap = self._session, self.session_gap_ns
+        if s and not self._pending and (not s.prof or s.summarized) and now - s.last_line >= gap:
             self._end(s)
 
     def close(self) -> None:
@@ -204,7 +202,7 @@ class Rebuilder:
             if rounds:
                 return "[spec-prof-summary] with no session open"
             # A session that ran no round at all: no other line marked it.
-            self._end(self._open(None, next(_session_ids), t, t, len(self._out)))
+            self._end(self._open(None, self._id(), t, t, len(self._out)))
         elif rounds < SPEC_PROF_ROUNDS:
             s.last_line = t
             self._end(s)
@@ -225,6 +223,10 @@ class Rebuilder:
         self._out.insert(at, rec)
         return s
 
+    def _id(self) -> int:
+        sid, self._spare = self._spare or next(_session_ids), 0
+        return sid
+
     def _end(self, s: _Session) -> None:
         self._session = None
         self._out.append(SessionEndRecord(s.id, s.last_end, s.rounds, s.bursts, s.tokens, ""))
@@ -241,7 +243,7 @@ class Rebuilder:
         ):
             self._end(s)
             s = None
-        sid, bidx, first = (s.id, s.bursts, s.rounds) if s else (next(_session_ids), 0, 0)
+        sid, bidx, first = (s.id, s.bursts, s.rounds) if s else (self._id(), 0, 0)
         mark, split, v = len(out), None, b.verify
         try:  # the ms -> ns conversions that can overflow (the rows' f32 values cannot)
             if v is not None:
@@ -257,6 +259,8 @@ class Rebuilder:
         except (ArithmeticError, ValueError) as exc:
             del out[mark:]
             self.problems.append(f"burst dropped: {exc}")
+            if s is None:
+                self._spare = sid  # no session opened: the next one's id
             return
         if b.arrival > start + wall:  # live: the burst ended when its line arrived
             dt, start, rounds = b.arrival - start - wall, b.arrival - wall, out[mark:]
@@ -360,10 +364,9 @@ def _prof_ns(p: SpecFirstTokenProf) -> tuple[tuple[tuple[str, int], ...], tuple[
 
 
 def _totals(ph: PhaseLine, phases: tuple[int, ...]) -> list[int]:
-    """The burst totals of ``phases`` (0-4: draft .. maint) from the line's two printed
-    forms: ``total`` is exact to 0.005 ms, ``per-round`` to 0.0005 ms a round; the truth lies
-    in both intervals, so take the middle of their intersection (per-round alone when
-    rounding left them disjoint)."""
+    """The burst totals of ``phases`` (0-4: draft .. maint): the line's ``total`` is exact to
+    0.005 ms, ``per-round`` to 0.0005 ms a round; the truth lies in both intervals, so take the
+    middle of their intersection (per-round alone when rounding left them disjoint)."""
     n, ms, out = float(ph.rounds), ph[4:14], []  # the totals, then the per-round values
     w = 500.0 * n
     for i in phases:

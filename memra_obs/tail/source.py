@@ -6,6 +6,7 @@ of the input (a followed file never ends; the caller closes it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import time
@@ -22,10 +23,8 @@ class PipeSource:
 
     def __init__(self, fd: int, name: str) -> None:
         self.fd, self.name = fd, name
-        try:
+        with contextlib.suppress(OSError):
             os.set_blocking(fd, True)
-        except OSError:
-            pass
 
     def read(self, timeout_s: float) -> bytes | None:
         try:

@@ -1,8 +1,5 @@
-"""The tail's own counts, as plain ints, and the collector that publishes them when scraped.
-
-Counting is an integer add on the reading thread; nothing touches prometheus_client until a
-scrape asks, so the hot path pays nothing for these series (``memra_obs_tail_*``, listed in
-the README's tail section).
+"""The tail's own counts (``memra_obs_tail_*``) as plain ints, and the collector that
+publishes them when scraped: counting is an integer add, the hot path pays nothing more.
 """
 
 from __future__ import annotations
