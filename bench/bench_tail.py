@@ -97,7 +97,7 @@ def worker_stderr(sessions: int, seed: int = 7, prof: bool = True) -> list[str]:
             if not prof:
                 continue
             if first:
-                prof = SpecFirstTokenProf(
+                ft = SpecFirstTokenProf(
                     cache_alloc_ms=0.4, prime_ms=35.9, capture_ms=0.2, anchor_ms=0.2, draft_alloc_ms=0.19,
                     draft_prime_ms=4.27, first_draft_ms=1.0, first_verify_ms=2.9, first_accept_ms=0.34,
                     first_roll_ms=0.14, first_maint_ms=0.18, first_round_tokens=rows[0].j + 1,
@@ -106,10 +106,10 @@ def worker_stderr(sessions: int, seed: int = 7, prof: bool = True) -> list[str]:
                     draft_prime_chunks=11, draft_prime_arm="eager", draft_kv_mb=181.938,
                     free_mb_before=[(0, 79511)], free_mb_after=[(0, 79285)],
                 )  # fmt: skip
-                out.append(prof_line(prof))
+                out.append(prof_line(ft))
                 first = False
-            for r in rows:
-                log.push(r)
+            for row in rows:
+                log.push(row)
             fresh = log.fresh()
             out.extend(prof_rounds_lines(fresh, log.printed - len(fresh)))
             if not log.wants_more() and not log.summarized:
@@ -136,7 +136,7 @@ def run_tail(
     return tail
 
 
-def stage(name: str, n_lines: int, fn: Callable[[], None], repeat: int) -> float:
+def stage(name: str, n_lines: int, fn: Callable[[], object], repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -156,12 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile the +prom stage")
     ap.add_argument("--trace-only", action="store_true",
                     help="a worker without MEMRA_SPEC_PROF: phase + level-2 lines only")  # fmt: skip
+    ap.add_argument("--only", metavar="STAGE", help="run that stage once, quietly (`none`: only "
+                    "build the input), for instruction counts: valgrind --tool=callgrind python "
+                    "bench/bench_tail.py --only rebuild, minus the same with --only none")  # fmt: skip
     a = ap.parse_args(argv)
+    if a.only is not None:
+        names = ("none", "parse", "rebuild", "+prom", "prom alone", "+prom+spans")
+        if a.only not in names:
+            ap.error(f"--only: one of {', '.join(names)}")
+        return _only(a)
 
-    lines = worker_stderr(a.sessions, prof=not a.trace_only)
-    blob = ("\n".join(lines) + "\n").encode()
-    parts = chunks(blob)
-    n = len(lines)
+    lines, blob, parts, n = _input(a)
     kinds: dict[str, int] = {}
     for line in lines:
         tag = line[1 : line.index("]")]
@@ -172,34 +177,74 @@ def main(argv: list[str] | None = None) -> int:
     if not a.trace_only:
         print(f"rows cover the first {SPEC_PROF_ROUNDS} rounds of each session")
 
+    fns = _stages(lines, parts)
+    stage("parse", n, fns["parse"], a.repeat)
+    stage("rebuild", n, fns["rebuild"], a.repeat)
+    rate = stage("+prom", n, fns["+prom"], a.repeat)
+    floor = stage("prom alone", n, fns["prom alone"], a.repeat)
+    stage("+prom+spans", n, fns["+prom+spans"], max(1, a.repeat - 1))
+    verdict = "meets" if rate >= GOAL else "misses"
+    print(f"+prom {verdict} the goal of {GOAL:,} tagged lines/s ({rate / GOAL:.2f}x); "
+          f"the PrometheusExporter's share: {1e6 / floor:.2f} us/line "
+          f"({1e6 * n / floor / rounds:.2f} us/round)")  # fmt: skip
+
+    if a.profile:
+        prom = new_prom()
+        cProfile.runctx("run_tail(parts, prom.export, rb)", globals(), {"parts": parts,
+                        "prom": prom, "run_tail": run_tail, "rb": Rebuilder("bench")},
+                        "/tmp/bench_tail.prof")  # fmt: skip
+        pstats.Stats("/tmp/bench_tail.prof").sort_stats("tottime").print_stats(18)
+    return 0
+
+
+def _input(a: argparse.Namespace) -> tuple[list[str], bytes, list[bytes], int]:
+    lines = worker_stderr(a.sessions, prof=not a.trace_only)
+    blob = ("\n".join(lines) + "\n").encode()
+    return lines, blob, chunks(blob), len(lines)
+
+
+def _only(a: argparse.Namespace) -> int:
+    """One stage, once: deterministic enough for callgrind (seeded input and rebuilder)."""
+    lines, _, parts, _ = _input(a)
+    fns = _stages(
+        lines, parts, lambda: Rebuilder("bench", rng=random.Random(0)), a.only == "prom alone"
+    )
+    if "prom" in a.only:
+        new_prom()  # its imports and families outside the count
+    fns.get(a.only, lambda: None)()
+    return 0
+
+
+def new_prom() -> Any:
+    from memra_obs.prom import PrometheusExporter
+
+    return PrometheusExporter(registry=CollectorRegistry(), worker="bench", worker_label=True)
+
+
+def _stages(
+    lines: list[str],
+    parts: list[bytes],
+    rebuilder: Callable[[], Rebuilder] = lambda: Rebuilder("bench"),
+    prebuild: bool = True,
+) -> dict[str, Callable[[], object]]:
+    """Each stage as a call over the whole input (``prebuild``: the batches of ``prom alone``)."""
+
     def parse_all() -> None:
         for line in lines:
             parse_line(line)
 
-    stage("parse", n, parse_all, a.repeat)
-
-    def new_prom() -> Any:
-        from memra_obs.prom import PrometheusExporter
-
-        return PrometheusExporter(registry=CollectorRegistry(), worker="bench", worker_label=True)
-
     def with_prom() -> None:
-        prom = new_prom()
-        run_tail(parts, prom.export, Rebuilder("bench"))
-
-    stage("rebuild", n, lambda: run_tail(parts, lambda b: None, Rebuilder("bench")), a.repeat)
-    rate = stage("+prom", n, with_prom, a.repeat)
+        run_tail(parts, new_prom().export, rebuilder())
 
     # The exporter alone, on the batches rebuilt beforehand: its share of +prom.
     batches: list[list[Any]] = []
-    run_tail(parts, batches.append, Rebuilder("bench"))
+    if prebuild:
+        run_tail(parts, batches.append, rebuilder())
 
     def prom_only() -> None:
         prom = new_prom()
         for b in batches:
             prom.export(b)
-
-    floor = stage("prom alone", n, prom_only, a.repeat)
 
     def with_spans() -> None:
         from memra_obs.environment import Settings
@@ -218,23 +263,17 @@ def main(argv: list[str] | None = None) -> int:
                 # drop spans (their writing then missing from the figure).
                 sx.flush(30.0)
 
-            run_tail(parts, both, Rebuilder("bench"))
+            run_tail(parts, both, rebuilder())
             sx.shutdown(30.0)
             assert not sx.dropped_spans, sx.dropped_spans
 
-    stage("+prom+spans", n, with_spans, max(1, a.repeat - 1))
-    verdict = "meets" if rate >= GOAL else "misses"
-    print(f"+prom {verdict} the goal of {GOAL:,} tagged lines/s ({rate / GOAL:.2f}x); "
-          f"the PrometheusExporter's share: {1e6 / floor:.2f} us/line "
-          f"({1e6 * n / floor / rounds:.2f} us/round)")  # fmt: skip
-
-    if a.profile:
-        prom = new_prom()
-        cProfile.runctx("run_tail(parts, prom.export, rb)", globals(), {"parts": parts,
-                        "prom": prom, "run_tail": run_tail, "rb": Rebuilder("bench")},
-                        "/tmp/bench_tail.prof")  # fmt: skip
-        pstats.Stats("/tmp/bench_tail.prof").sort_stats("tottime").print_stats(18)
-    return 0
+    return {
+        "parse": parse_all,
+        "rebuild": lambda: run_tail(parts, lambda b: None, rebuilder()),
+        "+prom": with_prom,
+        "prom alone": prom_only,
+        "+prom+spans": with_spans,
+    }
 
 
 if __name__ == "__main__":

@@ -3,21 +3,9 @@
     memra-obs tail --follow /var/log/worker0.err --worker rank0
     worker 2>&1 >/dev/null | memra-obs tail - --worker rank0
 
-Every byte read goes on to the tail's own stderr unchanged (grep keeps working); the legacy
-lines are parsed (:func:`memra_obs.legacy.parse_line`), turned back into the observer's
-records (:mod:`.rebuild`) and published through the same exporters a worker uses in-process:
-``/metrics`` on ``MEMRA_OBS_METRICS_ADDR`` (every series labelled ``worker``), spans to the
-``OTEL_*`` exporter or ``MEMRA_OBS_SPANS_FILE``. ``MEMRA_OBS_SINKS`` picks them as for a
-worker; unset, the tail publishes both (publishing is what it is for).
-
-Records go to the exporters through the in-process queue and its export worker
-(:class:`memra_obs.export.QueueSink`), filled with backpressure: when the exporters fall
-behind, the tail holds back its reading (the writer's pipe fills, or the file waits) rather
-than dropping, so every round read is published and the end line and ``/metrics`` agree.
-
-Modules: :mod:`.source` (pipe / followed file with rotation), :mod:`.passthrough` (bytes ->
-pass-through + records), :mod:`.rebuild` (lines -> records), :mod:`.stats` (the tail's own
-counters).
+Bytes go through unchanged (:mod:`.passthrough`); legacy lines become the observer's records
+(:mod:`.rebuild`) for a worker's exporters, queued with backpressure (``put_many(block=True)``:
+the tail holds its reading back rather than drop, so every round read is published).
 """
 
 from __future__ import annotations
@@ -32,7 +20,7 @@ from typing import Any
 
 from ..environment import MEMRA_OBS_SINKS, MEMRA_OBS_WORKER, Settings
 from ..export import QueueSink
-from ..wiring import build_exporters
+from ..wiring import Exporters, build_exporters
 from .passthrough import Tail
 from .rebuild import Rebuilder
 from .source import FollowSource, PipeSource
@@ -40,45 +28,21 @@ from .stats import TailCollector, TailStats
 
 __all__ = ["Rebuilder", "Tail", "TailCollector", "TailStats", "main", "pump"]
 
+_OPTIONS: tuple[tuple[str, type, Any, str, str], ...] = (
+    ("--poll", float, 0.1, "S", "--follow: seconds between checks of a file at its end (default 0.1)"),
+    ("--linger", float, 0.5, "S", "seconds a burst waits for its level-2 line, profile and rows (0.5)"),
+    ("--session-gap", float, 1.0, "S", "seconds without a line that end a session (default 1.0)"),
+    ("--max-bursts", int, 64, "N", "bursts per session when no [spec-prof] line marks requests (64)"),
+)  # fmt: skip
+
 
 def add_options(p: argparse.ArgumentParser) -> None:
     """The tail's own options, on the CLI's ``tail`` subparser (so ``--help`` lists them)."""
-    p.add_argument(
-        "--from-start",
-        action="store_true",
-        help="--follow: read what the file already holds first (default: its end)",
-    )
-    p.add_argument(
-        "--poll",
-        type=float,
-        default=0.1,
-        metavar="S",
-        help="--follow: seconds between checks of a file at its end (default 0.1)",
-    )
-    p.add_argument(
-        "--linger",
-        type=float,
-        default=0.5,
-        metavar="S",
-        help="seconds a burst waits for its level-2 line, profile and rows (0.5)",
-    )
-    p.add_argument(
-        "--session-gap",
-        type=float,
-        default=1.0,
-        metavar="S",
-        help="seconds without a line that end a session (default 1.0)",
-    )
-    p.add_argument(
-        "--max-bursts",
-        type=int,
-        default=64,
-        metavar="N",
-        help="bursts per session when no [spec-prof] line marks requests (64)",
-    )
-    p.add_argument(
-        "--quiet", "-q", action="store_true", help="no start/end lines of the tail's own"
-    )
+    p.add_argument("--from-start", action="store_true",
+                   help="--follow: read what the file already holds first (default: its end)")  # fmt: skip
+    for flag, kind, default, metavar, text in _OPTIONS:
+        p.add_argument(flag, type=kind, default=default, metavar=metavar, help=text)
+    p.add_argument("--quiet", "-q", action="store_true", help="no start/end lines of the tail's own")  # fmt: skip
 
 
 def _options(rest: Sequence[str], given: argparse.Namespace | None = None) -> argparse.Namespace:
@@ -101,25 +65,19 @@ def _options(rest: Sequence[str], given: argparse.Namespace | None = None) -> ar
 
 def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     """``memra-obs tail [--follow] FILE|- [--worker W] [options]`` (see ``_options``)."""
-    opts = _options(rest, args)
-    path: str = args.path
+    opts, path = _options(rest, args), args.path
     # argument > environment > default, as every knob: --worker, MEMRA_OBS_WORKER (the
     # worker's own label when the tail shares its environment), the file's name / stdin.
-    worker = (
-        args.worker
-        or os.environ.get(MEMRA_OBS_WORKER)
-        or ("stdin" if path == "-" else os.path.basename(path) or path)
-    )
+    name = "stdin" if path == "-" else os.path.basename(path) or path
+    worker = args.worker or os.environ.get(MEMRA_OBS_WORKER) or name
     knobs: dict[str, Any] = {"worker": worker}
     if MEMRA_OBS_SINKS not in os.environ:
         knobs["sinks"] = "otel,prometheus"
     st = Settings.resolve(None, **knobs)
-
     early: list[str] = []
-    source: PipeSource | FollowSource
     try:
         if path == "-":
-            source = PipeSource(sys.stdin.fileno(), "stdin")
+            source: PipeSource | FollowSource = PipeSource(sys.stdin.fileno(), "stdin")
         elif args.follow:
             source = FollowSource(
                 path, from_start=opts.from_start, poll_s=opts.poll, on_wait=early.append
@@ -129,32 +87,43 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     except OSError as exc:
         print(f"memra-obs tail: {path}: {exc.strerror}", file=sys.stderr)
         return 2
-
     built = build_exporters(st, worker=worker, worker_label=True)
-    queue: QueueSink | None = None
-    if built.all:
-        # Backpressure, not drops: nothing waits on a tail but the input it holds back.
-        queue = QueueSink(built.all, capacity=st.queue_size, pause_s=0, stretch_ms=0)
-    rb = Rebuilder(
-        worker,
-        linger_ns=int(opts.linger * 1e9),
-        session_gap_ns=int(opts.session_gap * 1e9),
-        max_bursts=opts.max_bursts,
+    # Backpressure, not drops: nothing waits on a tail but the input it holds back.
+    queue = (
+        QueueSink(built.all, capacity=st.queue_size, pause_s=0, stretch_ms=0) if built.all else None
     )
-    publish = queue.put_many if queue is not None else _discard
-    tail = Tail(rb, publish, out=2, name=source.name, max_devices=st.max_devices)
+    rb = Rebuilder(worker, linger_ns=int(opts.linger * 1e9), max_bursts=opts.max_bursts,
+                   session_gap_ns=int(opts.session_gap * 1e9))  # fmt: skip
+    tail = Tail(rb, queue.put_many if queue is not None else lambda batch: None, name=source.name,
+                max_devices=st.max_devices)  # fmt: skip
     if built.prom is not None:
         built.prom.attach_queue(queue)
         collector = TailCollector()
         collector.add(worker, tail.stats)
         built.prom.registry.register(collector)
     if not opts.quiet:
-        mode = "following" if args.follow and path != "-" else "reading"
         where = "; ".join(built.where) or "publishing nothing (MEMRA_OBS_SINKS)"
+        mode = "following" if isinstance(source, FollowSource) else "reading"
         tail.note(f"{mode} {source.name} as worker {worker!r}; {where}")
     for msg in early:
         tail.note(msg)
+    stop = _run(tail, source, queue, built)
+    if not opts.quiet:
+        s, rows, means = tail.stats, rb.rounds_from_rows, rb.rounds_from_means
+        tail.note(
+            f"{'stopped' if stop else 'end of input'}: {tail.lineno} lines "
+            f"({s.total_lines - s.lines['other']} legacy, {s.total_malformed} malformed, "
+            f"{s.total_orphans} unplaced), {rb.sessions} sessions, {rows + means} rounds "
+            f"({rows} from rows), {queue.dropped if queue is not None else 0} records dropped"
+        )
+    return 0
 
+
+def _run(
+    tail: Tail, source: PipeSource | FollowSource, queue: QueueSink | None, built: Exporters
+) -> bool:
+    """Pump until the input ends or SIGINT/SIGTERM, then flush the exporters (bounded: 10 s).
+    Returns whether a signal stopped it."""
     stop: list[int] = []
     old = {
         s: signal.signal(s, lambda n, f: stop.append(n)) for s in (signal.SIGINT, signal.SIGTERM)
@@ -168,16 +137,7 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
             queue.shutdown(10.0)
         built.close()
         source.close()
-    if not opts.quiet:
-        st_ = tail.stats
-        rows, means = rb.rounds_from_rows, rb.rounds_from_means
-        tail.note(
-            f"{'stopped' if stop else 'end of input'}: {tail.lineno} lines "
-            f"({st_.total_lines - st_.lines['other']} legacy, {st_.total_malformed} malformed, "
-            f"{st_.total_orphans} unplaced), {rb.sessions} sessions, {rows + means} rounds "
-            f"({rows} from rows), {queue.dropped if queue else 0} records dropped"
-        )
-    return 0
+    return bool(stop)
 
 
 def pump(
@@ -203,7 +163,3 @@ def pump(
             tail.feed(data, now)
         tail.tick(now)
     tail.close(time.perf_counter_ns())
-
-
-def _discard(batch: list[Any]) -> None:
-    pass
