@@ -12,7 +12,7 @@ import select
 from collections.abc import Callable
 from typing import BinaryIO
 
-from ..legacy import PHASE, FirstTokenLine, LegacyParseError, RoundsLine, parse_line
+from ..legacy import PHASE, PROF_ROUNDS, FirstTokenLine, LegacyParseError, RoundsLine, parse_line
 from ..timeline import Record
 from .rebuild import Rebuilder
 from .stats import TailStats
@@ -174,7 +174,7 @@ class Tail:
                 self._problems(n)
         self.lineno = n
         seen["other"] += other
-        seen[RoundsLine.kind] += rows
+        seen[PROF_ROUNDS] += rows
         self._publish()
 
     def _too_many_devices(self, rec: FirstTokenLine, n: int, line: str) -> bool:
