@@ -1,11 +1,11 @@
 """The span RecordExporter: records -> span tuples -> encoded requests -> a bounded queue ->
 a sender thread per output, with the one retry loop all senders share.
 
-Building and encoding hold the GIL, so they run in ``export()`` on the export worker, in its
-short stretches (:mod:`memra_obs.export`); sending waits on the network with the GIL
-released, so it has its own thread. A full queue drops the newest request: nothing waits.
-Every span built is counted once, in ``exported_spans`` or ``dropped_spans``; retries and
-shutdown keep to their deadlines (docs/SPANS.md says how).
+Building and encoding hold the GIL, so they run in ``export()`` in the export worker's short
+stretches (:mod:`memra_obs.export`); sending waits on the network, so it has its own thread.
+A full queue drops the newest request: nothing waits. Every span built is counted once, in
+``exported_spans`` or ``dropped_spans``; retries and shutdown keep to their deadlines
+(docs/SPANS.md).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from .transport import Retry, SendError
 
 BACKOFF_BASE_S, BACKOFF_MAX_S = 0.1, 5.0
 _CUT_S = 0.02  # what shutdown keeps of its time to cut a stuck send off and still be on time
+_CHUNK = 128  # spans encoded per call (the sealing checks run between chunks)
 
 
 def backoff_s(n: int) -> float:
@@ -34,16 +35,11 @@ def backoff_s(n: int) -> float:
     return min(BACKOFF_BASE_S * 2**n, BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
 
 
-#: Spans encoded per call (the sealing checks run between chunks).
-_CHUNK = 128
-
-
 class Output:
     """One destination: an encoder (None: span tuples pass through), a sender, the next
-    request's fragments, the bounded queue of sealed ones and the thread that sends them.
-    A request is sealed at about ``max_spans`` spans or ``max_bytes`` bytes (under gRPC's
-    4 MiB message limit) or at the worker's tick: few big ones, the Python cost is per request.
-    """
+    request's fragments, the bounded queue of sealed ones and the thread sending them. A
+    request is sealed at about ``max_spans`` spans or ``max_bytes`` bytes (under gRPC's 4 MiB)
+    or at the worker's tick: few big ones, as the Python cost is per request."""
 
     def __init__(
         self,
@@ -133,8 +129,7 @@ class Output:
 
     def _deliver(self, payload: Any) -> int:
         """Send, retrying what is retryable after the receiver's wait (at least
-        :func:`backoff_s`), while the export timeout since the first try and shutdown's
-        deadline allow."""
+        :func:`backoff_s`) while the export timeout and shutdown's deadline allow."""
         s, tries = self.sender, 0
         until = time.monotonic() + s.timeout_s
         while True:
@@ -154,15 +149,12 @@ class Output:
                         self._cv.wait(pause)
 
     def after_fork(self) -> None:
-        """In a forked child: an empty queue, a fresh lock and thread, the sender's
-        connection dropped (the parent's socket is the parent's)."""
+        """In a forked child: an empty queue, a fresh lock and thread, no parent's connection."""
         started = self._thread.ident is not None
         self._frags, self._size, self._qbytes, self._flying = [], 0, 0, 0
         self._q.clear()
         self._cv = threading.Condition()
-        forget = getattr(self.sender, "after_fork", None)
-        if forget is not None:
-            forget()
+        getattr(self.sender, "after_fork", lambda: None)()
         self._thread = threading.Thread(target=self._run, name=self._thread.name, daemon=True)
         if started and not self._closed and self._stop_at == math.inf:
             self._thread.start()
@@ -228,9 +220,8 @@ class SpanExporter:
             o.start()
 
     def after_fork(self) -> None:
-        """In a forked child (:meth:`memra_obs.export.ExporterSet.after_fork`): the parent's
-        open sessions are the parent's, so are its counts; fresh locks (one may have been held
-        at the fork)."""
+        """In a forked child: the parent's open sessions and counts stay the parent's; fresh
+        locks (one may have been held at the fork)."""
         self._lock, self._count_lock = threading.Lock(), threading.Lock()
         self.exported_spans = self.dropped_spans = self.export_errors = 0
         self.builder.forget_open()

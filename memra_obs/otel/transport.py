@@ -1,10 +1,10 @@
 """Where encoded requests go: OTLP/HTTP (stdlib), OTLP/gRPC (grpcio), a JSON-lines file
 rotated at a size limit, or an SDK ``SpanExporter`` found by entry point.
 
-``send(payload, timeout_s)`` is one attempt: it returns the spans the receiver rejected, or
-raises :class:`Retry` for what the OTLP specification calls retryable (with the receiver's
-``Retry-After`` or RetryInfo wait), else :class:`SendError`; the retry loop is the
-exporter's. ``abort()`` (from another thread, at shutdown) cuts the attempt in flight short.
+``send(payload, timeout_s)`` is one attempt (the retry loop is the exporter's): it returns the
+spans the receiver rejected, or raises :class:`Retry` for what the OTLP specification calls
+retryable (with the receiver's wait), else :class:`SendError`. ``abort()`` (another thread,
+at shutdown) cuts the attempt in flight short.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ class Retry(Exception):
 
 
 def _fields(b: Any) -> list[tuple[int, Any]]:
-    """(field number, value) pairs of a protobuf message, read by hand so the core never
-    imports opentelemetry-proto: varints as ints, length-delimited fields as bytes (fixed
-    ones skipped; not bytes: no fields). Junk raises IndexError or ValueError."""
+    """(field number, value) pairs of a protobuf message, read by hand (no opentelemetry-proto):
+    varints as ints, length-delimited as bytes, fixed skipped; junk raises IndexError or
+    ValueError, not bytes has no fields."""
     out: list[tuple[int, Any]] = []
     i, n = 0, len(b) if isinstance(b, bytes) else 0
     while i < n:
