@@ -3,13 +3,13 @@ a sender thread per output, with the one retry loop all senders share.
 
 Building and encoding hold the GIL, so they run in ``export()`` in the export worker's short
 stretches (:mod:`memra_obs.export`); sending waits on the network, so it has its own thread.
-A full queue drops the newest request: nothing waits. Every span built is counted once, in
-``exported_spans`` or ``dropped_spans``; retries and shutdown keep to their deadlines
-(docs/SPANS.md).
+A full queue drops the newest request: nothing waits. Every span built is counted once,
+exported or dropped; retries and shutdown keep to their deadlines (docs/SPANS.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import threading
@@ -30,8 +30,8 @@ _CHUNK = 128  # spans encoded per call (the sealing checks run between chunks)
 
 
 def backoff_s(n: int) -> float:
-    """The wait before retry ``n`` (0-based): exponential, capped, drawn from [½, 1] of it so
-    that clients that failed together do not retry together."""
+    """The wait before retry ``n`` (0-based): exponential, capped, jittered (clients that failed
+    together must not retry together)."""
     return min(BACKOFF_BASE_S * 2**n, BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
 
 
@@ -189,10 +189,8 @@ class Output:
             self.sender.abort()
             t.join(max(0.0, deadline - time.monotonic()))
         if not t.is_alive():
-            try:
+            with contextlib.suppress(Exception):
                 self.sender.close()
-            except Exception:
-                pass
 
     def _count(self, ok: int, dropped: int, errors: int, kind: str = "", msg: str = "") -> None:
         p = self.parent
