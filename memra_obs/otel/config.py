@@ -120,8 +120,7 @@ class OtlpConfig:
             timeout_s = math.nan
         if not 0 < timeout_s < 1e6:
             raise ConfigError(f"{var}={ms!r}: expected a number of milliseconds > 0")
-        got = _get(env, "HEADERS")
-        headers = tuple(parse_key_values(*got)) if got else ()
+        headers = tuple(parse_key_values(*got)) if (got := _get(env, "HEADERS")) else ()
         compression = _choice(env, "COMPRESSION", ("none", "gzip"))
         pems = [_file(env, x) for x in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE")]
         return cls(protocol, *_endpoint(env, protocol), headers, timeout_s, compression, *pems)

@@ -169,8 +169,8 @@ class Output:
         return True
 
     def close(self, deadline: float) -> None:
-        """Send what is queued while time is left, then cut off what is still queued or in
-        flight (counted dropped) and close: back by ``deadline``."""
+        """Send what is queued while time lasts, then cut off the rest (counted dropped) and
+        close: back by ``deadline``."""
         with self._cv:
             self._stop_at = deadline
             self._cv.notify_all()
@@ -255,8 +255,8 @@ class SpanExporter:
         return all([o.wait_idle(deadline) for o in self.outputs])
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
-        """Close sessions that never ended (end = last stamp seen), send what is left while
-        ``timeout_s`` lasts, cut off the rest (counted dropped): back within ``timeout_s``."""
+        """Close unended sessions (at their last stamp), send what is left while ``timeout_s``
+        lasts, cut off the rest (counted dropped): back within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
             if self._closed:

@@ -1,12 +1,11 @@
 """Records -> plain span tuples: the tree of DESIGN §4, built on the export worker's thread.
 
 A span is ``(name, trace_id, span_id, parent_span_id, start_ns_epoch, end_ns_epoch, attrs,
-status)``: ``attrs`` ``(key, value)`` pairs, ``status`` None or ``(code, message)``, parent 0
-for a root; times are the records' stamps moved to epoch ns by the session's anchor, never
-"now". Ids below the session are derived, not drawn: ``session_span_id XOR (n * GAMMA)``
-(splitmix64's Weyl step) for ``n = 8 * index + kind``, a bijection (no collisions in a
-session, one multiply) that names a round's span from outside (:func:`round_span_id`, for
-exemplars). Rounds past ``round_spans`` get no spans; their burst counts them.
+status)`` (``attrs``: ``(key, value)`` pairs; ``status``: None or ``(code, message)``); times
+are the records' stamps moved to epoch ns, never "now". Ids below the session are derived:
+``session_span_id XOR (n * GAMMA)`` (splitmix64's Weyl step, a bijection: no collisions, one
+multiply) for ``n = 8 * index + kind``, so a round's span can be named from outside
+(:func:`round_span_id`, for exemplars). Rounds past ``round_spans`` get no spans.
 """
 
 from __future__ import annotations
@@ -78,8 +77,7 @@ def _split_attrs(verify_ns: int, split: tuple[int, int, int, int]) -> tuple[tupl
 
 
 class _Session:
-    """What the builder keeps per open session; ``burst`` is the burst whose rounds are
-    arriving but whose record has not (-1: none)."""
+    """Per open session; ``burst``: the burst whose rounds came but whose record has not (-1)."""
 
     __slots__ = (
         "b_rounds", "b_start", "b_tokens", "burst", "js", "ks", "last", "off", "ph", "rec", "sid",
@@ -96,10 +94,9 @@ class _Session:
 
 
 class SpanBuilder:
-    """Turns the records of any number of interleaved sessions into span tuples; one consumer
-    feeds it in order. ``max_open`` bounds the sessions waiting for their end (a dropped end
-    must not leak; the oldest is closed as unfinished). Skipped and counted: ``orphans``
-    (their SessionRecord never came) and ``bad_records`` (they raised)."""
+    """Records of interleaved sessions, fed in order, to span tuples. ``max_open`` bounds the
+    sessions open (a lost end must not leak: the oldest closes unfinished). Skipped, counted:
+    ``orphans`` (no SessionRecord came) and ``bad_records`` (they raised)."""
 
     __slots__ = ("_open", "bad_records", "max_open", "orphans", "round_spans")
 
@@ -206,9 +203,9 @@ class SpanBuilder:
             s.burst = -1
         ph, first, cap = rec.phases, rec.first_round, self.round_spans
         u = max(first + ph.rounds - max(cap, first), 0)  # rounds_unsampled
-        vals = (rec.index, ph.rounds, rec.k, s.rec.family, rec.tokens, first, u, ph.draft)
-        vals += (ph.verify, ph.accept, ph.roll, ph.maint, rec.hook_ns)
-        attrs: tuple[tuple[str, Any], ...] = tuple(zip(_BURST_KEYS, vals, strict=True))
+        v: tuple[Any, ...] = (rec.index, ph.rounds, rec.k, s.rec.family, rec.tokens, first, u)
+        v += (ph.draft, ph.verify, ph.accept, ph.roll, ph.maint, rec.hook_ns)
+        attrs: tuple[tuple[str, Any], ...] = tuple(zip(_BURST_KEYS, v, strict=True))
         if rec.split_ns is not None:
             attrs += _split_attrs(ph.verify, rec.split_ns)
         start, end = rec.start_ns_mono + s.off, rec.end_ns_mono + s.off
@@ -272,8 +269,7 @@ class SpanBuilder:
 
 
 def _request_attrs(s: _Session) -> tuple[tuple[str, Any], ...]:
-    """The per-request record (vLLM / AIPerf spec-decode fields, phase totals) as
-    ``memra.spec.request.*``, the same values ``Session.spec_decode()`` returns."""
+    """The per-request record (``Session.spec_decode()``'s values) as ``memra.spec.request.*``."""
     from ..requests import request_record
 
     out = []
@@ -286,8 +282,7 @@ def _request_attrs(s: _Session) -> tuple[tuple[str, Any], ...]:
 
 
 def _advice_attrs(line: str) -> tuple[tuple[str, Any], ...]:
-    """The session's ``[spec-advice]`` line as ``memra.spec.advice.*`` (estimates, each with
-    its interval as ``_lo``/``_hi``); nothing when the line does not parse (said once)."""
+    """The session's ``[spec-advice]`` line as ``memra.spec.advice.*``; none if unparsable."""
     from ..legacy import AdviceLine, parse_line
 
     try:
@@ -297,8 +292,8 @@ def _advice_attrs(line: str) -> tuple[tuple[str, Any], ...]:
     if not isinstance(a, AdviceLine):
         say_once("otel.advice", f"session advice not set on its span: {line[:120]!r}")
         return ()
-    vals = (True, a.clock, a.rounds, a.k_now, a.k_rec, *a.tokens_per_round, *a.tokens_per_s)
-    vals += (*a.speedup, a.plain_step_ms, a.plain_source)
+    vals: tuple[Any, ...] = (True, a.clock, a.rounds, a.k_now, a.k_rec, *a.tokens_per_round)
+    vals += (*a.tokens_per_s, *a.speedup, a.plain_step_ms, a.plain_source)
     return tuple(zip(_ADVICE_KEYS, vals, strict=True))
 
 

@@ -240,8 +240,9 @@ class FileSender(_Local):
     def __init__(self, path: str, max_bytes: int = 0) -> None:
         self.path, self.max_bytes = os.path.abspath(path), max_bytes
         mib = f"{max_bytes >> 20} MiB" if max_bytes % (1 << 20) == 0 else f"{max_bytes} bytes"
-        keep = f" (rotates at {mib}, keeps one previous file)" if max_bytes else ""
-        self.url = self.path + keep
+        self.url = self.path + (
+            f" (rotates at {mib}, keeps one previous file)" if max_bytes else ""
+        )
         self._f: Any = None
         self._size = 0
 
@@ -279,22 +280,20 @@ class SdkSender(_Local):
 
         self.url, self.exporter, self._chunk = type(exporter).__name__, exporter, chunk
         flags, codes = TraceFlags(TraceFlags.SAMPLED), {0: StatusCode.UNSET, 1: StatusCode.OK}
+        same = {"resource": resource, "kind": SpanKind.INTERNAL, "instrumentation_scope": scope}
 
         def readable(sp: Span) -> Any:
             name, tid, sid, pid, start, end, attrs, st = sp
             code = codes.get(st[0], StatusCode.ERROR) if st else StatusCode.UNSET
-            status = Status(code, st[1] or None) if st else Status()
             return ReadableSpan(
                 name,
                 context=SpanContext(tid, sid, False, flags),
                 parent=SpanContext(tid, pid, False, flags) if pid else None,
-                resource=resource,
                 attributes=dict(attrs),
-                kind=SpanKind.INTERNAL,
-                status=status,
+                status=Status(code, st[1] or None) if st else Status(),
                 start_time=start,
                 end_time=end,
-                instrumentation_scope=scope,
+                **same,
             )
 
         self.readable, self._ok = readable, SpanExportResult.SUCCESS
