@@ -1,16 +1,12 @@
 """OpenTelemetry spans from the observer's records, built and encoded off the loop.
 
-    ex = build_span_exporter(settings)        # a RecordExporter, or None when spans are off
-
-Selection follows the OTel environment (:mod:`.config`): off, our OTLP writer (HTTP/protobuf,
-HTTP/JSON, gRPC), the embedded default (OTLP-JSON lines in ``MEMRA_OBS_SPANS_FILE``, rotated
-at ``MEMRA_OBS_SPANS_FILE_MAX_BYTES``), or any SDK exporter by entry point (slow, universal).
-
-Why our own encoders: the SDK's per-span path (``ReadableSpan``, its OTLP encoder's message
-objects) measured 22.7 µs a span here; a round's six spans must stay small beside the round.
-So plain tuples (:mod:`.spans`) are written straight to the wire (:mod:`.otlp_proto`,
-:mod:`.otlp_json`), constant pieces encoded once, and sent (:mod:`.transport`) from the
-threads of :mod:`.exporter`. grpcio and opentelemetry-proto are never imported here.
+:func:`build_span_exporter` follows the OTel environment (:mod:`.config`): off, our OTLP
+writer (HTTP/protobuf, HTTP/JSON, gRPC), the embedded default (OTLP-JSON lines in
+``MEMRA_OBS_SPANS_FILE``, rotated), or any SDK exporter by entry point (slow, universal).
+Why our own encoders: the SDK's per-span path measured 22.7 µs a span here, too much beside a
+round; plain tuples (:mod:`.spans`) written straight to the wire (:mod:`.otlp_proto`,
+:mod:`.otlp_json`), constant pieces encoded once, cost a few µs. grpcio and opentelemetry-proto
+are never imported here.
 """
 
 from __future__ import annotations

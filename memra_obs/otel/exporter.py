@@ -26,12 +26,11 @@ from .transport import Retry, SendError
 
 BACKOFF_BASE_S, BACKOFF_MAX_S = 0.1, 5.0
 _CUT_S = 0.02  # what shutdown keeps of its time to cut a stuck send off and still be on time
-_CHUNK = 128  # spans encoded per call (the sealing checks run between chunks)
+_CHUNK = 128  # spans encoded per call: a request passes max_bytes by one chunk at most
 
 
 def backoff_s(n: int) -> float:
-    """The wait before retry ``n`` (0-based): exponential, capped, jittered (clients that failed
-    together must not retry together)."""
+    """The wait before retry ``n`` (0-based): exponential, capped, jittered to spread clients."""
     return min(BACKOFF_BASE_S * 2**n, BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
 
 
@@ -69,8 +68,6 @@ class Output:
     def add(self, spans: list[Span]) -> None:
         """On the export worker, under the exporter's lock (as :meth:`seal`)."""
         enc, step = self.encoder, self.max_spans
-        # Encoded a chunk at a time, so a request passes max_bytes by one chunk at most (a
-        # span file's line stays near 256 KiB, under the Collector's 1 MiB line limit).
         by = min(step, _CHUNK)
         for chunk in (spans[i : i + by] for i in range(0, len(spans), by)):
             if enc is None:
@@ -204,8 +201,7 @@ class Output:
 class SpanExporter:
     """A :class:`memra_obs.export.RecordExporter` publishing the spans of DESIGN §4."""
 
-    #: The ``signal`` label its counters are published under (``memra_obs_dropped_total``).
-    signal = "spans"
+    signal = "spans"  #: the label its counters are published under (memra_obs_dropped_total)
 
     def __init__(self, outputs: Sequence[Output], *, round_spans: int = 256) -> None:
         self.builder = SpanBuilder(round_spans)
@@ -218,8 +214,8 @@ class SpanExporter:
             o.start()
 
     def after_fork(self) -> None:
-        """In a forked child: the parent's open sessions and counts stay the parent's; fresh
-        locks (one may have been held at the fork)."""
+        """In a forked child: fresh locks (one may have been held at the fork); the parent's
+        open sessions and counts stay the parent's."""
         self._lock, self._count_lock = threading.Lock(), threading.Lock()
         self.exported_spans = self.dropped_spans = self.export_errors = 0
         self.builder.forget_open()

@@ -74,11 +74,10 @@ def _uvarint(b: bytes, i: int) -> tuple[int, int]:
 
 def rejected_spans(resp: bytes) -> int:
     """``partial_success.rejected_spans`` of an ``ExportTraceServiceResponse`` (0 if none)."""
-    try:
+    with contextlib.suppress(IndexError, ValueError):
         v = dict(_fields(dict(_fields(resp)).get(1))).get(1, 0)
-    except (IndexError, ValueError):
-        return 0
-    return v if isinstance(v, int) else 0
+        return v if isinstance(v, int) else 0
+    return 0
 
 
 def retry_info_s(details: bytes) -> float | None:
