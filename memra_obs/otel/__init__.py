@@ -1,18 +1,12 @@
 """OpenTelemetry spans from the observer's records, built and encoded off the loop.
 
-    ex = build_span_exporter(settings)        # a RecordExporter, or None when spans are off
-
-Selection follows the OTel environment (:mod:`.config`): off, our OTLP writer (HTTP/protobuf,
-HTTP/JSON, gRPC), the embedded default (OTLP-JSON lines in ``MEMRA_OBS_SPANS_FILE``, rotated
-at ``MEMRA_OBS_SPANS_FILE_MAX_BYTES``), or any SDK exporter by entry point (slow, universal).
-
-Why our own encoders: the SDK's per-span path (``ReadableSpan`` and its OTLP encoder's
-message objects) measured 22.7 µs a span here. The goal is a few µs a span of background
-CPU, so that publishing a round's six spans stays small beside the round: plain tuples
-(:mod:`.spans`) written straight to the wire (:mod:`.otlp_proto`, :mod:`.otlp_json`) with
-every constant piece encoded once, sent by :mod:`.transport` from the threads of
-:mod:`.exporter`. grpcio and opentelemetry-proto are never imported here; the SDK only for
-``Resource.create``.
+:func:`build_span_exporter` follows the OTel environment (:mod:`.config`): off, our OTLP
+writer (HTTP/protobuf, HTTP/JSON, gRPC), the embedded default (OTLP-JSON lines in
+``MEMRA_OBS_SPANS_FILE``, rotated), or any SDK exporter by entry point (slow, universal).
+Why our own encoders: the SDK's per-span path measured 22.7 µs a span here, too much beside a
+round; plain tuples (:mod:`.spans`) written straight to the wire (:mod:`.otlp_proto`,
+:mod:`.otlp_json`), constant pieces encoded once, cost a few µs. grpcio and opentelemetry-proto
+are never imported here.
 """
 
 from __future__ import annotations
@@ -36,9 +30,8 @@ _FORCED = {"otlp": None, "otlp_proto_http": "http/protobuf", "otlp_proto_grpc": 
 def build_span_exporter(
     settings: Settings, env: Mapping[str, str] | None = None
 ) -> SpanExporter | None:
-    """The span exporter the environment asks for, or None when spans are off. A value it
-    cannot use raises a :class:`~memra_obs.environment.ConfigError` naming the variable,
-    and nothing is started."""
+    """The span exporter the environment asks for, or None when spans are off; a value it
+    cannot use raises :class:`~memra_obs.environment.ConfigError` and nothing is started."""
     env = os.environ if env is None else env
     names = traces_exporters(env)
     if not names:
@@ -58,20 +51,19 @@ def build_span_exporter(
     return SpanExporter(outputs, round_spans=settings.round_spans) if outputs else None
 
 
-def _output(name: str, settings: Settings, env: Mapping[str, str], resource: Any) -> Output:
+def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> Output:
     from .otlp_json import JsonEncoder
     from .otlp_proto import ProtoEncoder
     from .transport import FileSender, GrpcSender, HttpSender
 
     def enc(cls: Any) -> Any:
-        attrs = dict(resource.attributes)
-        return cls(attrs, SCOPE_NAME, __version__, schema_url=resource.schema_url)
+        return cls(dict(res.attributes), SCOPE_NAME, __version__, schema_url=res.schema_url)
 
     if name == "file":  # lines well under the Collector file receivers' 1 MiB line limit
         sender = FileSender(settings.spans_file, settings.spans_file_max_bytes)
         return Output(name, enc(JsonEncoder), sender, max_bytes=256 << 10)
     if name not in _FORCED:
-        return _sdk_output(name, resource)
+        return _sdk_output(name, res)
     cfg = OtlpConfig.from_env(env, protocol=_FORCED[name])
     if cfg.protocol != "grpc":
         json = cfg.protocol == "http/json"

@@ -1,13 +1,10 @@
 """Every ``OTEL_*`` variable the span exporter honors, read in one place, at start-up.
 
-The names and meanings are the OpenTelemetry specification's, so a deployment configures
-memra_obs as any other OTel component: ``OTEL_SDK_DISABLED``, ``OTEL_TRACES_EXPORTER``,
-``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_EXPORTER_OTLP_[TRACES_]`` +
-``ENDPOINT``, ``PROTOCOL``, ``HEADERS``, ``TIMEOUT``, ``COMPRESSION``, ``CERTIFICATE``,
-``CLIENT_KEY``, ``CLIENT_CERTIFICATE``, ``INSECURE`` (``TRACES_`` wins; docs/SPANS.md has
-the table). A value the project cannot use is a :class:`~memra_obs.environment.ConfigError`
-naming the variable, never a silent fallback. The timeout is milliseconds, as the
-specification says (opentelemetry-python's own exporters read it as seconds).
+Names and meanings are the OpenTelemetry specification's, so memra_obs is configured as any
+other OTel component (``OTEL_EXPORTER_OTLP_TRACES_*`` wins over ``OTEL_EXPORTER_OTLP_*``;
+docs/SPANS.md has the table). A value it cannot use is a
+:class:`~memra_obs.environment.ConfigError` naming the variable, never a silent fallback. The
+timeout is milliseconds, as the specification says (opentelemetry-python reads seconds).
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from ..environment import ConfigError
 OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
 OTEL_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
 _OTLP = "OTEL_EXPORTER_OTLP_"
-PROTOCOLS = ("http/protobuf", "http/json", "grpc")
 
 
 def _get(env: Mapping[str, str], x: str) -> tuple[str, str] | None:
@@ -37,12 +33,10 @@ def _get(env: Mapping[str, str], x: str) -> tuple[str, str] | None:
 
 
 def _choice(env: Mapping[str, str], x: str, allowed: tuple[str, ...]) -> str:
-    got = _get(env, x)
-    if got is None:
-        return allowed[0]
-    if got[1].lower() not in allowed:
-        raise ConfigError(f"{got[0]}={got[1]!r}: expected one of {', '.join(allowed)}")
-    return got[1].lower()
+    var, v = _get(env, x) or ("", allowed[0])
+    if v.lower() not in allowed:
+        raise ConfigError(f"{var}={v!r}: expected one of {', '.join(allowed)}")
+    return v.lower()
 
 
 def parse_bool(var: str, value: str | None) -> bool:
@@ -89,10 +83,10 @@ def resource_attributes(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _file(env: Mapping[str, str], x: str) -> str | None:
-    got = _get(env, x)
-    if got is not None and not os.path.isfile(got[1]):
-        raise ConfigError(f"{got[0]}={got[1]!r}: no such file")
-    return None if got is None else got[1]
+    var, path = _get(env, x) or ("", None)
+    if path is not None and not os.path.isfile(path):
+        raise ConfigError(f"{var}={path!r}: no such file")
+    return path
 
 
 @dataclass(frozen=True)
@@ -118,17 +112,15 @@ class OtlpConfig:
     ) -> OtlpConfig:
         """Read the OTLP variables; ``protocol`` forces one (``otlp_proto_grpc`` etc.)."""
         env = os.environ if env is None else env
-        protocol = protocol or _choice(env, "PROTOCOL", PROTOCOLS)
-        got, timeout_s = _get(env, "TIMEOUT"), 10.0
-        if got is not None:
-            try:
-                timeout_s = float(got[1]) / 1000.0
-            except ValueError:
-                timeout_s = math.nan
-            if not 0 < timeout_s < 1e6:
-                raise ConfigError(f"{got[0]}={got[1]!r}: expected a number of milliseconds > 0")
-        got = _get(env, "HEADERS")
-        headers = tuple(parse_key_values(*got)) if got else ()
+        protocol = protocol or _choice(env, "PROTOCOL", ("http/protobuf", "http/json", "grpc"))
+        var, ms = _get(env, "TIMEOUT") or ("", "10000")  # 10 s
+        try:
+            timeout_s = float(ms) / 1000.0
+        except ValueError:
+            timeout_s = math.nan
+        if not 0 < timeout_s < 1e6:
+            raise ConfigError(f"{var}={ms!r}: expected a number of milliseconds > 0")
+        headers = tuple(parse_key_values(*got)) if (got := _get(env, "HEADERS")) else ()
         compression = _choice(env, "COMPRESSION", ("none", "gzip"))
         pems = [_file(env, x) for x in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE")]
         return cls(protocol, *_endpoint(env, protocol), headers, timeout_s, compression, *pems)
@@ -136,11 +128,9 @@ class OtlpConfig:
 
 def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
     """(endpoint, secure): HTTP's full URL, or gRPC's ``host:port`` with TLS on or off."""
-    specific = env.get(f"{_OTLP}TRACES_ENDPOINT", "").strip()
-    general = env.get(_OTLP + "ENDPOINT", "").strip()
-    var = f"{_OTLP}TRACES_ENDPOINT" if specific else _OTLP + "ENDPOINT"
+    var, url = _get(env, "ENDPOINT") or ("(default)", "")
     if protocol == "grpc":
-        url = specific or general or "http://localhost:4317"
+        url = url or "http://localhost:4317"
         if "://" not in url:  # host:port, TLS unless told otherwise
             insecure = _get(env, "INSECURE")
             secure, target = not (insecure and parse_bool(*insecure)), url.rstrip("/")
@@ -152,8 +142,9 @@ def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
         if not target or ":" not in target.rsplit("]", 1)[-1]:
             target += ":443" if secure else ":4317"
         return target, secure
-    url = specific or (general.rstrip("/") + "/v1/traces" if general else "")
-    var, url = (var, url) if url else ("(default)", "http://localhost:4318/v1/traces")
+    if var == _OTLP + "ENDPOINT":  # the general endpoint: the signal's path appended
+        url = url.rstrip("/") + "/v1/traces"
+    url = url or "http://localhost:4318/v1/traces"
     u = urlsplit(url)
     try:
         u.port  # noqa: B018  (raises on a bad port)

@@ -1,15 +1,15 @@
 """The span RecordExporter: records -> span tuples -> encoded requests -> a bounded queue ->
 a sender thread per output, with the one retry loop all senders share.
 
-Building and encoding hold the GIL, so they run in ``export()`` on the export worker, in its
-short stretches (:mod:`memra_obs.export`); sending waits on the network with the GIL
-released, so it has its own thread. A full queue drops the newest request: nothing waits.
-Every span built is counted once, in ``exported_spans`` or ``dropped_spans``; retries and
-shutdown keep to their deadlines (docs/SPANS.md says how).
+Building and encoding hold the GIL, so they run in ``export()`` in the export worker's short
+stretches (:mod:`memra_obs.export`); sending waits on the network, so it has its own thread.
+A full queue drops the newest request: nothing waits. Every span built is counted once,
+exported or dropped; retries and shutdown keep to their deadlines (docs/SPANS.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import threading
@@ -26,24 +26,19 @@ from .transport import Retry, SendError
 
 BACKOFF_BASE_S, BACKOFF_MAX_S = 0.1, 5.0
 _CUT_S = 0.02  # what shutdown keeps of its time to cut a stuck send off and still be on time
+_CHUNK = 128  # spans encoded per call: a request passes max_bytes by one chunk at most
 
 
 def backoff_s(n: int) -> float:
-    """The wait before retry ``n`` (0-based): exponential, capped, drawn from [½, 1] of it so
-    that clients that failed together do not retry together."""
+    """The wait before retry ``n`` (0-based): exponential, capped, jittered to spread clients."""
     return min(BACKOFF_BASE_S * 2**n, BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
-
-
-#: Spans encoded per call (the sealing checks run between chunks).
-_CHUNK = 128
 
 
 class Output:
     """One destination: an encoder (None: span tuples pass through), a sender, the next
-    request's fragments, the bounded queue of sealed ones and the thread that sends them.
-    A request is sealed at about ``max_spans`` spans or ``max_bytes`` bytes (under gRPC's
-    4 MiB message limit) or at the worker's tick: few big ones, the Python cost is per request.
-    """
+    request's fragments, the bounded queue of sealed ones and the thread sending them. A
+    request is sealed at about ``max_spans`` spans or ``max_bytes`` bytes (under gRPC's 4 MiB)
+    or at the worker's tick: few big ones, as the Python cost is per request."""
 
     def __init__(
         self,
@@ -73,8 +68,6 @@ class Output:
     def add(self, spans: list[Span]) -> None:
         """On the export worker, under the exporter's lock (as :meth:`seal`)."""
         enc, step = self.encoder, self.max_spans
-        # Encoded a chunk at a time, so a request passes max_bytes by one chunk at most (a
-        # span file's line stays near 256 KiB, under the Collector's 1 MiB line limit).
         by = min(step, _CHUNK)
         for chunk in (spans[i : i + by] for i in range(0, len(spans), by)):
             if enc is None:
@@ -133,8 +126,7 @@ class Output:
 
     def _deliver(self, payload: Any) -> int:
         """Send, retrying what is retryable after the receiver's wait (at least
-        :func:`backoff_s`), while the export timeout since the first try and shutdown's
-        deadline allow."""
+        :func:`backoff_s`) while the export timeout and shutdown's deadline allow."""
         s, tries = self.sender, 0
         until = time.monotonic() + s.timeout_s
         while True:
@@ -154,15 +146,12 @@ class Output:
                         self._cv.wait(pause)
 
     def after_fork(self) -> None:
-        """In a forked child: an empty queue, a fresh lock and thread, the sender's
-        connection dropped (the parent's socket is the parent's)."""
+        """In a forked child: an empty queue, a fresh lock and thread, no parent's connection."""
         started = self._thread.ident is not None
         self._frags, self._size, self._qbytes, self._flying = [], 0, 0, 0
         self._q.clear()
         self._cv = threading.Condition()
-        forget = getattr(self.sender, "after_fork", None)
-        if forget is not None:
-            forget()
+        getattr(self.sender, "after_fork", lambda: None)()
         self._thread = threading.Thread(target=self._run, name=self._thread.name, daemon=True)
         if started and not self._closed and self._stop_at == math.inf:
             self._thread.start()
@@ -177,8 +166,8 @@ class Output:
         return True
 
     def close(self, deadline: float) -> None:
-        """Send what is queued while time is left, then cut off what is still queued or in
-        flight (counted dropped) and close: back by ``deadline``."""
+        """Send what is queued while time lasts, then cut off the rest (counted dropped) and
+        close: back by ``deadline``."""
         with self._cv:
             self._stop_at = deadline
             self._cv.notify_all()
@@ -197,10 +186,8 @@ class Output:
             self.sender.abort()
             t.join(max(0.0, deadline - time.monotonic()))
         if not t.is_alive():
-            try:
+            with contextlib.suppress(Exception):
                 self.sender.close()
-            except Exception:
-                pass
 
     def _count(self, ok: int, dropped: int, errors: int, kind: str = "", msg: str = "") -> None:
         p = self.parent
@@ -214,8 +201,7 @@ class Output:
 class SpanExporter:
     """A :class:`memra_obs.export.RecordExporter` publishing the spans of DESIGN §4."""
 
-    #: The ``signal`` label its counters are published under (``memra_obs_dropped_total``).
-    signal = "spans"
+    signal = "spans"  #: the label its counters are published under (memra_obs_dropped_total)
 
     def __init__(self, outputs: Sequence[Output], *, round_spans: int = 256) -> None:
         self.builder = SpanBuilder(round_spans)
@@ -228,9 +214,8 @@ class SpanExporter:
             o.start()
 
     def after_fork(self) -> None:
-        """In a forked child (:meth:`memra_obs.export.ExporterSet.after_fork`): the parent's
-        open sessions are the parent's, so are its counts; fresh locks (one may have been held
-        at the fork)."""
+        """In a forked child: fresh locks (one may have been held at the fork); the parent's
+        open sessions and counts stay the parent's."""
         self._lock, self._count_lock = threading.Lock(), threading.Lock()
         self.exported_spans = self.dropped_spans = self.export_errors = 0
         self.builder.forget_open()
@@ -266,8 +251,8 @@ class SpanExporter:
         return all([o.wait_idle(deadline) for o in self.outputs])
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
-        """Close sessions that never ended (end = last stamp seen), send what is left while
-        ``timeout_s`` lasts, cut off the rest (counted dropped): back within ``timeout_s``."""
+        """Close unended sessions (at their last stamp), send what is left while ``timeout_s``
+        lasts, cut off the rest (counted dropped): back within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
             if self._closed:

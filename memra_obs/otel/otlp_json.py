@@ -1,10 +1,8 @@
 """The same requests as OTLP/JSON: what the embedded default writes, one request a line.
 
-The OTLP JSON encoding (protobuf's JSON mapping with OTLP's exceptions): lowerCamelCase
-names, trace and span ids as lowercase hex (not base64), 64-bit integers as decimal strings,
-enums as numbers. A line is one ``ExportTraceServiceRequest``, what the Collector's
-``otlpjsonfile`` receiver replays. Constant pieces are formatted once, as in
-:mod:`.otlp_proto`, whose skeleton this shares.
+Protobuf's JSON mapping with OTLP's exceptions: lowerCamelCase names, ids as lowercase hex,
+64-bit integers as decimal strings, enums as numbers. A line is one request, what the
+Collector's ``otlpjsonfile`` receiver replays; constant pieces are formatted once.
 """
 
 from __future__ import annotations

@@ -113,8 +113,7 @@ class Encoder:
     def _trace(self, tid: int) -> Any:
         if len(self._traces) >= self.max_traces:
             self._traces.clear()
-        head = self._traces[tid] = self._trace_head(tid)
-        return head
+        return self._traces.setdefault(tid, self._trace_head(tid))
 
 
 def _key_entry(key: str) -> tuple[list[bytes], list[bytes], bytes, bytes]:
@@ -122,10 +121,8 @@ def _key_entry(key: str) -> tuple[list[bytes], list[bytes], bytes, bytes]:
     field heads for an int of each varint length and for a double; the key field."""
     kb = _text(0x0A, key)
     small = [_field(0x4A, kb + _field(0x12, b"\x18" + varint(i))) for i in range(256)]
-    ints = [b""] + [
-        b"\x4a" + varint(len(kb) + 3 + n) + kb + b"\x12" + _B1[n + 1] + b"\x18"
-        for n in range(1, 11)
-    ]
+    heads = [b"\x4a" + varint(len(kb) + 3 + n) + kb + b"\x12" + _B1[n + 1] for n in range(1, 11)]
+    ints = [b""] + [h + b"\x18" for h in heads]
     return small, ints, b"\x4a" + varint(len(kb) + 11) + kb + b"\x12\x09\x21", kb
 
 

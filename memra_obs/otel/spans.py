@@ -1,13 +1,11 @@
 """Records -> plain span tuples: the tree of DESIGN §4, built on the export worker's thread.
 
 A span is ``(name, trace_id, span_id, parent_span_id, start_ns_epoch, end_ns_epoch, attrs,
-status)``, cheap to build and to encode: ``attrs`` ``(key, value)`` pairs, ``status`` None or
-``(code, message)``, parent 0 for a root; times are the records' stamps moved to epoch ns by
-the session's anchor offset, never "now". Ids below the session are derived, not drawn:
-``session_span_id XOR (n * GAMMA)`` (splitmix64's Weyl step) for ``n = 8 * index + kind``, a
-bijection: no collisions in a session, one multiply, and a round's span can be named from
-outside (:func:`round_span_id`, for exemplars). Rounds past ``round_spans`` get no spans;
-their burst counts them in ``memra.spec.rounds_unsampled``.
+status)`` (``attrs``: ``(key, value)`` pairs; ``status``: None or ``(code, message)``); times
+are the records' stamps moved to epoch ns, never "now". Ids below the session are derived:
+``session_span_id XOR (n * GAMMA)`` (splitmix64's Weyl step, a bijection: no collisions, one
+multiply) for ``n = 8 * index + kind``, so a round's span can be named from outside
+(:func:`round_span_id`, for exemplars). Rounds past ``round_spans`` get no spans.
 """
 
 from __future__ import annotations
@@ -30,15 +28,23 @@ _GAMMA = 0x9E3779B97F4A7C15
 _G = tuple(k * _GAMMA for k in range(8))
 #: The phase spans of a round, in order (the seed's five phases).
 PHASE_SPAN_NAMES = ("spec.draft", "spec.verify", "spec.accept", "spec.rollback", "spec.maint")
-_BURST, _FT = "spec.burst", "memra.spec.first_token."
-_FAMILY, _ROUNDS, _TOKENS = "memra.spec.family", "memra.spec.rounds", "memra.spec.tokens"
-_SPLIT = tuple(f"memra.spec.verify.{p}_ns" for p in ("kda", "kda_scan", "mla", "rest", "ffn"))
-_SESSION_KEYS = tuple(
-    "memra.spec.session memra.spec.family memra.spec.worker memra.spec.trace_level "  # noqa: SIM905
-    "memra.spec.prof".split()
-)
-_ENDED_KEYS = ("memra.spec.rounds", "memra.spec.bursts", _TOKENS, "gen_ai.usage.output_tokens")
-_OPEN_KEYS = ("memra.spec.burst", _ROUNDS, _FAMILY, _TOKENS, "memra.spec.unfinished")
+_BURST, _FT, _TOKENS = "spec.burst", "memra.spec.first_token.", "memra.spec.tokens"
+
+
+def _keys(names: str, prefix: str = "memra.spec.") -> tuple[str, ...]:
+    return tuple(prefix + n for n in names.split())
+
+
+_SPLIT = _keys("kda_ns kda_scan_ns mla_ns rest_ns ffn_ns", "memra.spec.verify.")
+_SESSION_KEYS = _keys("session family worker trace_level prof")
+_ENDED_KEYS = (*_keys("rounds bursts tokens"), "gen_ai.usage.output_tokens")
+_OPEN_KEYS = _keys("burst rounds family tokens unfinished")
+_BURST_KEYS = _keys("burst rounds k family tokens first_round rounds_unsampled draft_ns verify_ns")
+_BURST_KEYS += _keys("accept_ns rollback_ns maint_ns hook_ns")
+_IV = ("expected_tokens_per_round", "tokens_per_second", "estimated_speedup")  # with _lo, _hi
+_ADVICE_KEYS = _keys("estimate clock rounds current_k recommended_k", "memra.spec.advice.")
+_ADVICE_KEYS += tuple(f"memra.spec.advice.{n}{x}" for n in _IV for x in ("", "_lo", "_hi"))
+_ADVICE_KEYS += _keys("plain_step_ms plain_step_source", "memra.spec.advice.")
 
 
 def derived_span_id(session_span_id: int, n: int) -> int:
@@ -71,8 +77,7 @@ def _split_attrs(verify_ns: int, split: tuple[int, int, int, int]) -> tuple[tupl
 
 
 class _Session:
-    """What the builder keeps per open session; ``burst`` is the burst whose rounds are
-    arriving but whose record has not (-1: none)."""
+    """Per open session; ``burst``: the burst whose rounds came but whose record has not (-1)."""
 
     __slots__ = (
         "b_rounds", "b_start", "b_tokens", "burst", "js", "ks", "last", "off", "ph", "rec", "sid",
@@ -89,10 +94,9 @@ class _Session:
 
 
 class SpanBuilder:
-    """Turns the records of any number of interleaved sessions into span tuples; one consumer
-    feeds it in order. ``max_open`` bounds the sessions waiting for their end (a dropped end
-    must not leak; the oldest is closed as unfinished). Skipped and counted: ``orphans``
-    (their SessionRecord never came) and ``bad_records`` (they raised)."""
+    """Records of interleaved sessions, fed in order, to span tuples. ``max_open`` bounds the
+    sessions open (a lost end must not leak: the oldest closes unfinished). Skipped, counted:
+    ``orphans`` (no SessionRecord came) and ``bad_records`` (they raised)."""
 
     __slots__ = ("_open", "bad_records", "max_open", "orphans", "round_spans")
 
@@ -144,13 +148,12 @@ class SpanBuilder:
         return n
 
     def _round(self, s: _Session, rec: RoundRecord, out: list[Span]) -> None:
-        rep, b, j = rec.repeat, rec.burst, rec.j
+        rep, b, j, t = rec.repeat, rec.burst, rec.j, rec.t_ns_mono
         if b != s.burst:
             s.burst = b
-            s.b_start, s.b_rounds, s.b_tokens = rec.t_ns_mono[0], 0, 0
+            s.b_start, s.b_rounds, s.b_tokens = t[0], 0, 0
         s.b_rounds += rep
         s.b_tokens += (j + 1 if j >= 0 else 1) * rep  # j = -1: unknown; the bonus token
-        t = rec.t_ns_mono
         wall = t[5] - t[0]
         s.last = t[5] + (rep - 1) * wall
         if rec.k > 0:
@@ -199,14 +202,10 @@ class SpanBuilder:
         if s.burst == rec.index:
             s.burst = -1
         ph, first, cap = rec.phases, rec.first_round, self.round_spans
-        unsampled = first + ph.rounds - (cap if cap > first else first)
-        u = unsampled if unsampled > 0 else 0
-        attrs: tuple[tuple[str, Any], ...] = (("memra.spec.burst", rec.index), (_ROUNDS, ph.rounds))
-        attrs += (("memra.spec.k", rec.k), (_FAMILY, s.rec.family), (_TOKENS, rec.tokens))
-        attrs += (("memra.spec.first_round", first), ("memra.spec.rounds_unsampled", u))
-        attrs += (("memra.spec.draft_ns", ph.draft), ("memra.spec.verify_ns", ph.verify))
-        attrs += (("memra.spec.accept_ns", ph.accept), ("memra.spec.rollback_ns", ph.roll))
-        attrs += (("memra.spec.maint_ns", ph.maint), ("memra.spec.hook_ns", rec.hook_ns))
+        u = max(first + ph.rounds - max(cap, first), 0)  # rounds_unsampled
+        v: tuple[Any, ...] = (rec.index, ph.rounds, rec.k, s.rec.family, rec.tokens, first, u)
+        v += (ph.draft, ph.verify, ph.accept, ph.roll, ph.maint, rec.hook_ns)
+        attrs: tuple[tuple[str, Any], ...] = tuple(zip(_BURST_KEYS, v, strict=True))
         if rec.split_ns is not None:
             attrs += _split_attrs(ph.verify, rec.split_ns)
         start, end = rec.start_ns_mono + s.off, rec.end_ns_mono + s.off
@@ -270,8 +269,7 @@ class SpanBuilder:
 
 
 def _request_attrs(s: _Session) -> tuple[tuple[str, Any], ...]:
-    """The per-request record (vLLM / AIPerf spec-decode fields, phase totals) as
-    ``memra.spec.request.*``, the same values ``Session.spec_decode()`` returns."""
+    """The per-request record (``Session.spec_decode()``'s values) as ``memra.spec.request.*``."""
     from ..requests import request_record
 
     out = []
@@ -284,8 +282,7 @@ def _request_attrs(s: _Session) -> tuple[tuple[str, Any], ...]:
 
 
 def _advice_attrs(line: str) -> tuple[tuple[str, Any], ...]:
-    """The session's ``[spec-advice]`` line as ``memra.spec.advice.*`` (estimates, each with
-    its interval as ``_lo``/``_hi``); nothing when the line does not parse (said once)."""
+    """The session's ``[spec-advice]`` line as ``memra.spec.advice.*``; none if unparsable."""
     from ..legacy import AdviceLine, parse_line
 
     try:
@@ -295,17 +292,9 @@ def _advice_attrs(line: str) -> tuple[tuple[str, Any], ...]:
     if not isinstance(a, AdviceLine):
         say_once("otel.advice", f"session advice not set on its span: {line[:120]!r}")
         return ()
-    p = "memra.spec.advice."
-    out = [(p + "estimate", True), (p + "clock", a.clock), (p + "rounds", a.rounds)]
-    out += [(p + "current_k", a.k_now), (p + "recommended_k", a.k_rec)]
-    for name, (v, lo, hi) in (
-        ("expected_tokens_per_round", a.tokens_per_round),
-        ("tokens_per_second", a.tokens_per_s),
-        ("estimated_speedup", a.speedup),
-    ):
-        out += [(p + name, v), (p + name + "_lo", lo), (p + name + "_hi", hi)]
-    out += [(p + "plain_step_ms", a.plain_step_ms), (p + "plain_step_source", a.plain_source)]
-    return tuple(out)
+    vals: tuple[Any, ...] = (True, a.clock, a.rounds, a.k_now, a.k_rec, *a.tokens_per_round)
+    vals += (*a.tokens_per_s, *a.speedup, a.plain_step_ms, a.plain_source)
+    return tuple(zip(_ADVICE_KEYS, vals, strict=True))
 
 
 _BY_TYPE: dict[type, Callable[[SpanBuilder, _Session, Any, list[Span]], None]] = {

@@ -1,14 +1,15 @@
 """Where encoded requests go: OTLP/HTTP (stdlib), OTLP/gRPC (grpcio), a JSON-lines file
 rotated at a size limit, or an SDK ``SpanExporter`` found by entry point.
 
-``send(payload, timeout_s)`` is one attempt: it returns the spans the receiver rejected, or
-raises :class:`Retry` for what the OTLP specification calls retryable (with the receiver's
-``Retry-After`` or RetryInfo wait), else :class:`SendError`; the retry loop is the
-exporter's. ``abort()`` (from another thread, at shutdown) cuts the attempt in flight short.
+``send(payload, timeout_s)`` is one attempt (the retry loop is the exporter's): it returns the
+spans the receiver rejected, or raises :class:`Retry` for what the OTLP specification calls
+retryable (with the receiver's wait), else :class:`SendError`. ``abort()`` (another thread,
+at shutdown) cuts the attempt in flight short.
 """
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import gzip
 import http.client
@@ -45,9 +46,9 @@ class Retry(Exception):
 
 
 def _fields(b: Any) -> list[tuple[int, Any]]:
-    """(field number, value) pairs of a protobuf message, read by hand so the core never
-    imports opentelemetry-proto: varints as ints, length-delimited fields as bytes (fixed
-    ones skipped; not bytes: no fields). Junk raises IndexError or ValueError."""
+    """(field number, value) pairs of a protobuf message, read by hand (no opentelemetry-proto):
+    varints as ints, length-delimited as bytes, fixed skipped; junk raises IndexError or
+    ValueError, not bytes has no fields."""
     out: list[tuple[int, Any]] = []
     i, n = 0, len(b) if isinstance(b, bytes) else 0
     while i < n:
@@ -55,13 +56,11 @@ def _fields(b: Any) -> list[tuple[int, Any]]:
         if tag & 7 in (1, 5):
             i += 8 if tag & 7 == 1 else 4
             continue
-        if tag & 7 not in (0, 2):
-            raise ValueError(f"wire type {tag & 7}")
         v, i = _uvarint(b, i)
         if tag & 7 == 2:
             v, i = b[i : i + v], i + v
-        if i > n:
-            raise ValueError("truncated")
+        if i > n or tag & 7 not in (0, 2):
+            raise ValueError(f"truncated, or wire type {tag & 7}")
         out.append((tag >> 3, v))
     return out
 
@@ -75,23 +74,20 @@ def _uvarint(b: bytes, i: int) -> tuple[int, int]:
 
 def rejected_spans(resp: bytes) -> int:
     """``partial_success.rejected_spans`` of an ``ExportTraceServiceResponse`` (0 if none)."""
-    try:
+    with contextlib.suppress(IndexError, ValueError):
         v = dict(_fields(dict(_fields(resp)).get(1))).get(1, 0)
-    except (IndexError, ValueError):
-        return 0
-    return v if isinstance(v, int) else 0
+        return v if isinstance(v, int) else 0
+    return 0
 
 
 def retry_info_s(details: bytes) -> float | None:
     """The delay of the RetryInfo in a ``grpc-status-details-bin`` trailer (google.rpc.Status
     {3: Any {1: type_url, 2: RetryInfo {1: Duration {1: s, 2: ns}}}*}), or None."""
-    try:
+    with contextlib.suppress(IndexError, ValueError, TypeError, AttributeError):
         for a in (dict(_fields(v)) for f, v in _fields(details) if f == 3):
             if a.get(1, b"").endswith(b"/google.rpc.RetryInfo"):
                 d = dict(_fields(dict(_fields(a.get(2))).get(1)))
                 return max(0.0, d.get(1, 0) + d.get(2, 0) / 1e9)
-    except (IndexError, ValueError, TypeError, AttributeError):
-        pass
     return None
 
 
@@ -168,10 +164,8 @@ class HttpSender:
 
     def abort(self) -> None:
         """Shut the socket down: the sender's own thread sees the error and closes it."""
-        try:
+        with contextlib.suppress(AttributeError, OSError):  # no connection (yet), or closed
             getattr(self._conn, "sock").shutdown(socket.SHUT_RDWR)  # noqa: B009
-        except (AttributeError, OSError):  # no connection (yet), or already closed
-            pass
 
     def close(self) -> None:
         c, self._conn = self._conn, None
@@ -191,9 +185,8 @@ class GrpcSender:
 
         self._grpc = grpc
         self.url, self.timeout_s = cfg.endpoint, cfg.timeout_s
-        # grpcio's retries off (ours run). Its reconnect backoff grows to 120 s while the
-        # collector is down, and every export fails fast until the next attempt (after a 30 s
-        # outage a worker went on dropping for 12 s, Jaeger back): capped, ~2.4 s.
+        # grpcio's retries off (ours run); its reconnect backoff capped (~2.4 s): grown to 120 s,
+        # every export failed fast until the next attempt (12 s of drops after a 30 s outage).
         opt = [("grpc.max_send_message_length", 64 << 20), ("grpc.enable_retries", 0)]
         opt += [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000)]
         gz = cfg.compression == "gzip"
@@ -224,12 +217,9 @@ class GrpcSender:
         self._channel.close()  # cancels the call in flight
 
     def after_fork(self) -> None:
-        say_once(
-            "otlp-grpc-fork",
-            "OTLP/gRPC in a forked child: grpcio channels survive fork only with "
-            "GRPC_ENABLE_FORK_SUPPORT=1 set before grpc is imported; http/protobuf has no such "
-            "limit (OTEL_EXPORTER_OTLP_PROTOCOL)",
-        )
+        why = "grpcio channels survive fork only with GRPC_ENABLE_FORK_SUPPORT=1 set before grpc"
+        why += " is imported; http/protobuf has no such limit (OTEL_EXPORTER_OTLP_PROTOCOL)"
+        say_once("otlp-grpc-fork", f"OTLP/gRPC in a forked child: {why}")
 
     close = abort
 
@@ -243,15 +233,15 @@ class _Local:
 
 class FileSender(_Local):
     """Appends each request as one line to a file, kept open. With ``max_bytes``, a line that
-    would take the file past it first renames the file to ``<path>.1`` (replacing an older
-    one) and starts a new file: at most two files, each within the limit (a single longer
-    line excepted)."""
+    would take the file past it first moves the file to ``<path>.1`` and starts a new one: at
+    most two files, each within the limit (a single longer line excepted)."""
 
     def __init__(self, path: str, max_bytes: int = 0) -> None:
         self.path, self.max_bytes = os.path.abspath(path), max_bytes
         mib = f"{max_bytes >> 20} MiB" if max_bytes % (1 << 20) == 0 else f"{max_bytes} bytes"
-        keep = f" (rotates at {mib}, keeps one previous file)" if max_bytes else ""
-        self.url = self.path + keep
+        self.url = self.path + (
+            f" (rotates at {mib}, keeps one previous file)" if max_bytes else ""
+        )
         self._f: Any = None
         self._size = 0
 
@@ -279,9 +269,8 @@ class FileSender(_Local):
 
 
 class SdkSender(_Local):
-    """The slow, universal path: ReadableSpans handed to an SDK ``SpanExporter`` (which does
-    its own retries). Spans are built here, on the sender thread, in chunks with a short
-    sleep between, so even this path leaves the loop its GIL."""
+    """The slow, universal path: ReadableSpans handed to an SDK ``SpanExporter`` (its own
+    retries), built on the sender thread in chunks with a short sleep between (the GIL)."""
 
     def __init__(self, exporter: Any, resource: Any, scope: Any, *, chunk: int = 64) -> None:
         from opentelemetry.sdk.trace import ReadableSpan
@@ -290,22 +279,20 @@ class SdkSender(_Local):
 
         self.url, self.exporter, self._chunk = type(exporter).__name__, exporter, chunk
         flags, codes = TraceFlags(TraceFlags.SAMPLED), {0: StatusCode.UNSET, 1: StatusCode.OK}
+        same = {"resource": resource, "kind": SpanKind.INTERNAL, "instrumentation_scope": scope}
 
         def readable(sp: Span) -> Any:
             name, tid, sid, pid, start, end, attrs, st = sp
             code = codes.get(st[0], StatusCode.ERROR) if st else StatusCode.UNSET
-            status = Status(code, st[1] or None) if st else Status()
             return ReadableSpan(
                 name,
                 context=SpanContext(tid, sid, False, flags),
                 parent=SpanContext(tid, pid, False, flags) if pid else None,
-                resource=resource,
                 attributes=dict(attrs),
-                kind=SpanKind.INTERNAL,
-                status=status,
+                status=Status(code, st[1] or None) if st else Status(),
                 start_time=start,
                 end_time=end,
-                instrumentation_scope=scope,
+                **same,
             )
 
         self.readable, self._ok = readable, SpanExportResult.SUCCESS

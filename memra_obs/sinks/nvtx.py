@@ -2,16 +2,12 @@
 ``spec.verify`` / ``spec.accept`` / ``spec.rollback`` / ``spec.maint``, on the ``memra`` domain.
 
 Ranges are pushed and popped on the loop's thread *at the boundaries*, right after the
-clock's mark, so on a timeline they sit over the kernels each phase launched (under the sync
-clock they also cover the drain, i.e. the phase's device time). Records arrive too late for
-that, so this sink is not fed records: it hands the observer a :attr:`NvtxSink.range_hook`
-(``push(name)`` / ``pop()``), and the observer gives bursts that hook only when one exists —
-with no NVTX sink, or no profiler attached, a boundary stays one clock mark.
-
-Decided once at construction (the NVTX way): the ``nvtx`` package's ``memra`` domain with one
-pre-built attribute set per range name; without ``nvtx``, ``torch.cuda.nvtx`` (no domains);
-without either — or with ``NVTX_DISABLE`` set, or no tool attached (``nvtx`` then hands back
-its dummy domain) — the sink is a no-op and says so once.
+clock's mark, so they sit over the kernels each phase launched (under the sync clock, its
+drain too). Records arrive too late for that, so this sink takes no records: it hands the
+observer a :attr:`NvtxSink.range_hook` (``push(name)`` / ``pop()``), given to bursts only
+when one exists. Decided once, at construction: the ``nvtx`` package's ``memra`` domain
+(attributes pre-built per name), else ``torch.cuda.nvtx`` (no domains), else — also with
+``NVTX_DISABLE`` set or no tool attached (a dummy domain) — a no-op, said once.
 """
 
 from __future__ import annotations
@@ -25,29 +21,17 @@ from .base import Sink
 __all__ = ["DOMAIN", "RANGE_NAMES", "NvtxSink"]
 
 DOMAIN = "memra"
+_RANGES = (  # every range the observer opens: name, timeline colour, its ARGB
+    ("spec.burst", "grey", 0xFF808080),
+    ("spec.round", "white", 0xFFE0E0E0),
+    ("spec.draft", "green", 0xFF2CA02C),
+    ("spec.verify", "blue", 0xFF1F77B4),
+    ("spec.accept", "orange", 0xFFFF7F0E),
+    ("spec.rollback", "red", 0xFFD62728),
+    ("spec.maint", "purple", 0xFF9467BD),
+)
 #: Every range the observer opens, with its timeline colour.
-RANGE_NAMES: dict[str, str] = {
-    "spec.burst": "grey",
-    "spec.round": "white",
-    "spec.draft": "green",
-    "spec.verify": "blue",
-    "spec.accept": "orange",
-    "spec.rollback": "red",
-    "spec.maint": "purple",
-}
-_ARGB = {
-    "grey": 0xFF808080,
-    "white": 0xFFE0E0E0,
-    "green": 0xFF2CA02C,
-    "blue": 0xFF1F77B4,
-    "orange": 0xFFFF7F0E,
-    "red": 0xFFD62728,
-    "purple": 0xFF9467BD,
-}
-
-
-def _say_once(key: str, msg: str) -> None:
-    say_once(f"nvtx:{key}", msg)
+RANGE_NAMES: dict[str, str] = {name: colour for name, colour, _ in _RANGES}
 
 
 class _DomainRanges:
@@ -56,12 +40,9 @@ class _DomainRanges:
     __slots__ = ("_attrs", "_pop", "_push")
 
     def __init__(self, domain: Any) -> None:
-        self._attrs = {
-            name: domain.get_event_attributes(message=name, color=_ARGB[color])
-            for name, color in RANGE_NAMES.items()
-        }
-        self._push = domain.push_range
-        self._pop = domain.pop_range
+        mk = domain.get_event_attributes
+        self._attrs = {name: mk(message=name, color=argb) for name, _, argb in _RANGES}
+        self._push, self._pop = domain.push_range, domain.pop_range
 
     def push(self, name: str) -> None:
         self._push(self._attrs[name])
@@ -76,8 +57,7 @@ class _TorchRanges:
     __slots__ = ("pop", "push")
 
     def __init__(self, nvtx: Any) -> None:
-        self.push = nvtx.range_push
-        self.pop = nvtx.range_pop
+        self.push, self.pop = nvtx.range_push, nvtx.range_pop
 
 
 class NvtxSink(Sink):
@@ -93,53 +73,38 @@ class NvtxSink(Sink):
         #: Which backend is in use: ``"nvtx"``, ``"torch"`` or ``"off"``.
         self.backend = "off"
         try:
-            if domain is not None:
-                self.range_hook = _DomainRanges(domain)
-                self.backend = "nvtx"
-            else:
-                self._find()
+            self.range_hook, self.backend = _find(domain)
         except Exception as exc:
-            self.range_hook = None
-            self.backend = "off"
-            _say_once(
-                "nvtx-error", f"NVTX sink: setting up ranges failed ({exc!r}); no NVTX ranges"
-            )
+            _off("nvtx-error", f"setting up ranges failed ({exc!r}); no NVTX ranges")
 
-    def _find(self) -> None:
-        if _importable("nvtx"):
-            import nvtx
 
-            if not nvtx.enabled():
-                _say_once("nvtx-disabled", "NVTX sink: NVTX_DISABLE is set; no NVTX ranges")
-                return
-            domain = nvtx.get_domain(DOMAIN)
-            if type(domain).__name__ == "DummyDomain":
-                _say_once(
-                    "nvtx-notool",
-                    "NVTX sink: no profiler attached (run under Nsight Systems, "
-                    "`nsys profile`, to see ranges); no NVTX ranges",
-                )
-                return
-            self.range_hook = _DomainRanges(domain)
-            self.backend = "nvtx"
-            return
-        if _importable("torch"):
-            import torch
+def _find(domain: Any) -> tuple[Any, str]:
+    """(range hook, backend), or (None, "off") said once."""
+    if domain is None and _importable("nvtx"):
+        import nvtx
 
-            if torch.cuda.is_available():
-                self.range_hook = _TorchRanges(torch.cuda.nvtx)
-                self.backend = "torch"
-                _say_once(
-                    "nvtx-torch",
-                    "NVTX sink: the nvtx package is not installed; using "
-                    "torch.cuda.nvtx (no 'memra' domain)",
-                )
-                return
-        _say_once(
-            "nvtx-absent",
-            "NVTX sink: neither the nvtx package nor a CUDA torch is installed; "
-            "no NVTX ranges (pip install nvtx)",
-        )
+        if not nvtx.enabled():
+            return _off("nvtx-disabled", "NVTX_DISABLE is set; no NVTX ranges")
+        domain = nvtx.get_domain(DOMAIN)
+        if type(domain).__name__ == "DummyDomain":
+            why = "no profiler attached (run under Nsight Systems, `nsys profile`, to see ranges)"
+            return _off("nvtx-notool", why + "; no NVTX ranges")
+    if domain is not None:
+        return _DomainRanges(domain), "nvtx"
+    if _importable("torch"):
+        import torch
+
+        if torch.cuda.is_available():
+            why = "the nvtx package is not installed; using torch.cuda.nvtx (no 'memra' domain)"
+            say_once("nvtx:nvtx-torch", f"NVTX sink: {why}")
+            return _TorchRanges(torch.cuda.nvtx), "torch"
+    why = "neither the nvtx package nor a CUDA torch is installed; no NVTX ranges"
+    return _off("nvtx-absent", why + " (pip install nvtx)")
+
+
+def _off(key: str, msg: str) -> tuple[None, str]:
+    say_once(f"nvtx:{key}", f"NVTX sink: {msg}")
+    return None, "off"
 
 
 def _importable(name: str) -> bool:
