@@ -23,10 +23,10 @@ from matplotlib.ticker import MaxNLocator
 
 from ..analysis import MIN_ROUNDS, Advice, Interval
 from ..legacy import SummaryLine
-from ..records import FIRST_TOKEN_FIELDS
+from ..records import FIRST_TOKEN_FIELDS, f32
 from ..timeline import PHASES
 from ..version import __version__
-from .stats import CAP, CLOCK, N_BOOT, REL_THRESHOLD, ABRow, View, median, slow_rounds, threshold
+from .stats import CAP, CLOCK, N_BOOT, REL_THRESHOLD, ABRow, View, median, slow_rounds
 
 COLORS = dict(zip(PHASES, ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2"), strict=True))
 RC = {"font.size": 8.5, "svg.fonttype": "none", "svg.hashsalt": "memra-obs", "axes.grid": True,
@@ -90,7 +90,8 @@ def round_wall_distribution(ax: Axes, v: View, views: Sequence[View]) -> None:
     every = np.concatenate([x.metric("wall") for x in views])
     edges = np.linspace(every.min(), np.quantile(every, 0.995), 81)
     ax.hist(np.clip(w, None, edges[-1]), bins=edges, color=COLORS["verify"], alpha=0.8)  # type: ignore[arg-type]
-    med, thr, above = threshold(w)
+    med = median(w32 := w.astype(np.float32))  # the seed's rule: f32 walls past f32(1.5 x median)
+    above = int((w32 > np.float32(thr := f32(1.5 * med))).sum())
     ax.axvline(med, color="k", lw=1, label=f"median {med:.3f} ms")
     ax.axvline(thr, c="#e15759", ls="--", lw=1, label=f"1.5x median {thr:.3f} ms: {above} above")
     ax.set_xlabel("round wall, ms (last bin: all past the 99.5th percentile)")
