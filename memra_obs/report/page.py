@@ -391,8 +391,7 @@ def acceptance(views: Sequence[View]) -> str:
     out += [f"<p>{escape(v.label)}: no round with known k and j (a trace-only log: its lines carry"
             " no per-round counts), so no acceptance estimate.</p>"
             for v in views if not v.acceptance.positions]  # fmt: skip
-    figs = (acceptance_by_position, expected_tokens_per_round, throughput_vs_k)
-    out += [fig(views) for fig in figs]
+    out += [f(views) for f in (acceptance_by_position, expected_tokens_per_round, throughput_vs_k)]
     out.append(by_run(views, ["estimate, 95% interval"], advice) + "<div class=cols>")
     for v in (v for v in views if v.acceptance.positions):
         rows = (f'<tr>{td(p.position)}{td(p.at_risk)}{td(p.accepted)}{td(_iv(p.alpha), f"alpha_{p.position}")}'
@@ -448,9 +447,7 @@ def render(views: Sequence[View], ab: Sequence[ABRow] | None, step: Callable[[st
 
     names = " vs ".join(escape(v.label) for v in views)
     nav = "".join(f'<a href="#{s}">{s}</a>' for s in SECTIONS if s != "ab" or ab)
-    notes = [
-        f"<p class=note>{escape(v.label)}: {escape(n)}</p>" for v in views for n in v.run.notes
-    ]
+    said = [f"<p class=note>{escape(v.label)}: {escape(n)}</p>" for v in views for n in v.run.notes]
     parts = [
         f"<header><h1>memra-obs report</h1><p class=meta>{names}<br>generated "
         f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} by memra_obs {__version__}</p></header><nav>{nav}</nav>",
@@ -463,7 +460,7 @@ def render(views: Sequence[View], ab: Sequence[ABRow] | None, step: Callable[[st
         sec("memory", "Free device memory", free_device_memory),
         sec("summaries", "[spec-prof-summary] lines", lambda vs: "".join(map(_summaries, vs))),
         sec("refused", "What the parser refused", lambda vs: "".join(map(_refused, vs))),
-        sec("notes", "What each number covers", lambda _: NOTES + "".join(notes)),
+        sec("notes", "What each number covers", lambda _: NOTES + "".join(said)),
     ]  # fmt: skip
     return ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
             'content="width=device-width,initial-scale=1"><link rel="icon" href="data:,">'
