@@ -262,8 +262,7 @@ def free_device_memory(ax: Axes, v: View, views: Sequence[View]) -> None:
 SECTIONS = ("ab", "totals", "round-wall", "phases", "first-token", "acceptance", "memory",
             "summaries", "refused", "notes")  # fmt: skip
 LIST_CAP = 200  # rows of the summary and refusal tables shown per run (the rest counted)
-CSS = """
-body{font:14px/1.45 system-ui,sans-serif;color:#222;max-width:1200px;margin:0 auto;padding:0 16px 40px}
+CSS = """body{font:14px/1.45 system-ui,sans-serif;color:#222;max-width:1200px;margin:0 auto;padding:0 16px 40px}
 h1{font-size:22px;margin:18px 0 4px}h2{font-size:17px;border-bottom:1px solid #ccc;margin-top:28px}
 h3{font-size:14px;margin:14px 0 4px}nav a{margin-right:10px}figure{margin:10px 0}
 figure img{width:100%;height:auto}figcaption,.note,.meta{color:#555;font-size:12.5px}
@@ -271,8 +270,7 @@ table{border-collapse:collapse;font-size:12.5px;margin:6px 0}td,th{border:1px so
 th{background:#f4f4f4;text-align:left}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .cols{display:grid;grid-template-columns:repeat(auto-fit,minmax(320px,1fr));gap:18px}
 .flag,.bad{background:#fde2e1}.flag{font-weight:600}.scroll{overflow-x:auto}
-@media print{nav{display:none}section,figure,table{break-inside:avoid}body{max-width:none}}
-"""
+@media print{nav{display:none}section,figure,table{break-inside:avoid}body{max-width:none}}"""
 NOTES = """<ul>
 <li><b>Own measurement</b>: a log's rounds with a <code>[spec-prof-rounds]</code> row (the first
 64 rounds of each session; exact to the worker's f32, rollback and maint split from rest_ms in
