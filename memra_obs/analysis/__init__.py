@@ -53,7 +53,9 @@ class Interval(NamedTuple):
     hi: float
 
 
-def z_of(level: float) -> float:
+def z_of(level: float, clock: str = "host") -> float:
+    if clock not in CLOCKS:
+        raise ValueError(f"clock={clock!r}: expected one of {CLOCKS}")
     if not 0.0 < level < 1.0:
         raise ValueError(f"level={level!r}: expected a confidence level in (0, 1)")
     return NormalDist().inv_cdf(0.5 + level / 2)
@@ -81,8 +83,6 @@ class Stats:
     (phases are integer ns), so a window adds and removes a round (``s`` = -1) in O(1), without
     drift. Rounds with unknown counts are ``skipped``."""
 
-    __slots__ = ("g", "kj", "skipped")
-
     def __init__(self, rounds: Iterable[RoundLike] = (), phases: bool = True) -> None:
         self.kj: Counter[tuple[int, int]] = Counter()
         self.g, self.skipped, it = [0] * len(PAIRS), 0, iter(rounds)
@@ -92,9 +92,8 @@ class Stats:
             self.kj.update((r.k, r.j) for r in ok)
             if phases and ok:
                 x = list(zip(*((1, r.k, *(p := r.phase_ns()), sum(p)) for r in ok), strict=True))
-                self.g = [
-                    g + sum(map(mul, x[a], x[b])) for g, (a, b) in zip(self.g, PAIRS, strict=True)
-                ]
+                for i, (a, b) in enumerate(PAIRS):
+                    self.g[i] += sum(map(mul, x[a], x[b]))
 
     def add(self, k: int, j: int, ph: Sequence[int], s: int = 1) -> None:
         self.kj[k, j] += s
@@ -102,8 +101,7 @@ class Stats:
             x = (1, k, *ph, sum(ph))
             self.g = [g + s * x[a] * x[b] for g, (a, b) in zip(self.g, PAIRS, strict=True)]
 
-    def s(self, u: Sequence[int], w: Sequence[int]) -> int:
-        """Σ over rounds of (Σ_{a in u} x_a)·(Σ_{b in w} x_b), for pairs in PAIRS."""
+    def s(self, u: Sequence[int], w: Sequence[int]) -> int:  # Σ (Σ_u x_a)·(Σ_w x_b) over rounds
         return sum(self.g[AT[a, b]] for a in u for b in w)
 
     def counts(self) -> tuple[list[int], list[int], list[int]]:
@@ -125,8 +123,7 @@ class PositionCounts(NamedTuple):  # sum(drafted) == Σk, sum(accepted) == Σj
 def position_counts(rounds: Iterable[RoundLike]) -> PositionCounts:
     """What the ``..._by_position_total`` counters add: a round adds 1 to drafted at 0..k-1 and
     to accepted at 0..j-1; rounds with unknown counts are left out."""
-    drafted, accepted, _ = Stats(rounds, phases=False).counts()
-    return PositionCounts(tuple(drafted), tuple(accepted))
+    return PositionCounts(*map(tuple, Stats(rounds, phases=False).counts()[:2]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,22 +157,19 @@ class AcceptanceEstimate:
         terms = [(g, a) for g, a in zip(grad, [*al[:n], self.tail], strict=True) if g]
         lo = math.sqrt(sum((g * (a.value - a.lo)) ** 2 for g, a in terms))
         hi = math.sqrt(sum((g * (a.hi - a.value)) ** 2 for g, a in terms))
-        e = 1.0 + sum(surv)
-        return Interval(e, max(1.0, e - lo), min(1.0 + k, e + hi))
+        return Interval(e := 1.0 + sum(surv), max(1.0, e - lo), min(1.0 + k, e + hi))
 
 
 def estimate_acceptance(
     rounds: Iterable[RoundLike] | Stats, *, level: float = 0.95, max_position: int | None = None
 ) -> AcceptanceEstimate:
-    """α_i and S(i+1) by position (0..max_position at most), E(k) and the pooled rate, over
-    ``rounds`` or their :class:`Stats`."""
+    """α_i and S(i+1) by position (0..max_position at most), E(k) and the pooled rate."""
     st = rounds if isinstance(rounds, Stats) else Stats(rounds, phases=False)
     z, (_, accepted, at_risk) = z_of(level), st.counts()
     n_pos = next((i for i, n in enumerate(at_risk) if n == 0), len(at_risk))
     n_pos = n_pos if max_position is None else min(n_pos, max_position + 1)
     positions: list[Position] = []
-    logs = lo2 = hi2 = 0.0
-    up, prev = 1.0, Interval(1.0, 1.0, 1.0)
+    logs, lo2, hi2, up, prev = 0.0, 0.0, 0.0, 1.0, Interval(1.0, 1.0, 1.0)
     for i in range(n_pos):
         a = wilson(accepted[i], at_risk[i], z)
         up *= a.hi
@@ -190,10 +184,8 @@ def estimate_acceptance(
         prev = Interval(sv.value, min(sv.lo, prev.lo), min(sv.hi, prev.hi))
         positions.append(Position(i, at_risk[i], accepted[i], a, prev))
     x = n = 0
-    for p in reversed(positions):
-        x, n = x + p.accepted, n + p.at_risk
-        if n >= TAIL_AT_RISK:
-            break
+    for p in reversed(positions):  # the deepest positions, until TAIL_AT_RISK rounds at risk
+        x, n = (x + p.accepted, n + p.at_risk) if n < TAIL_AT_RISK else (x, n)
     pooled = wilson(sum(p.accepted for p in positions), sum(p.at_risk for p in positions), z)
     tail = wilson(x, n, z)
     return AcceptanceEstimate(st.kj.total(), st.skipped, level, (*positions,), pooled, tail)
@@ -252,23 +244,16 @@ class CostModel:
         draft = self.draft_fixed_ns.value + self.draft_per_token_ns.value * k
         return max(1.0, draft + self.verify_ns(k + 1) + fixed)
 
-    def leverage(self, k1: float, k2: float) -> float:
-        """Covariance of the fitted values at k1 and k2 per unit residual covariance."""
+    def leverage(self, k1: float, k2: float) -> float:  # cov(fit at k1, fit at k2) per unit σ²
         n, sk, skk = self.design
         dd = n * skk - sk * sk
         return (skk - (k1 + k2) * sk + k1 * k2 * n) / dd if dd else 1.0 / n
 
 
-def check_clock(clock: str) -> str:
-    if clock not in CLOCKS:
-        raise ValueError(f"clock={clock!r}: expected one of {CLOCKS}")
-    return clock
-
-
 def fit_costs(rounds: Iterable[RoundLike] | Stats, *, clock: str, level: float = 0.95) -> CostModel:
     """The cost model of ``rounds`` (or their :class:`Stats`) timed by ``clock``."""
     m = rounds if isinstance(rounds, Stats) else Stats(rounds)
-    n, sk, skk, z = m.s(ONE, ONE), m.s(ONE, K), m.s(K, K), z_of(level)
+    n, sk, skk, z = m.s(ONE, ONE), m.s(ONE, K), m.s(K, K), z_of(level, clock)
     if n < 3:
         raise ValueError(f"fit_costs needs at least 3 rounds with known counts, got {n}")
     dd = n * skk - sk * sk  # 0: k never varied
@@ -301,7 +286,7 @@ def fit_costs(rounds: Iterable[RoundLike] | Stats, *, clock: str, level: float =
 
     d0, d1, a, b = *line(DRAFT, K, 1, "draft"), *line(VERIFY, ONE + K, 0, "verify")
     return CostModel(
-        check_clock(clock), n, bool(dd), "; ".join(notes), d0, d1, a, b, mean(ACCEPT), mean(ROLL),
+        clock, n, bool(dd), "; ".join(notes), d0, d1, a, b, mean(ACCEPT), mean(ROLL),
         mean(MAINT), max(0.0, cross(WALL, WALL)), max(0.0, cross(VERIFY, VERIFY)),
         cross(VERIFY, WALL), (n, sk, skk),
     )  # fmt: skip
@@ -346,23 +331,17 @@ def _ratio(e: Interval, log_var: float, z: float, scale: float) -> Interval:
     return Interval(v, v * math.exp(-math.sqrt(lo * lo + c)), v * math.exp(math.sqrt(hi * hi + c)))
 
 
-def advise(
-    rounds: Iterable[RoundLike] | Stats,
-    *,
-    max_k: int = 16,
-    plain_step_ns: float | None = None,
-    clock: str = "event",
-    level: float = 0.95,
-    explore: int = EXPLORE,
-) -> Advice | None:
+def advise(rounds: Iterable[RoundLike] | Stats, *, max_k: int = 16,
+           plain_step_ns: float | None = None, clock: str = "event", level: float = 0.95,
+           explore: int = EXPLORE) -> Advice | None:  # fmt: skip
     """Advice over ``rounds`` (or their :class:`Stats`), None below MIN_ROUNDS drafting rounds.
     ``plain_step_ns``: a measured plain one-token step; else the verify fit at one row. The
     recommendation stays within ``explore`` of the longest draft seen; the curve is 1..max_k."""
-    st, clock = rounds if isinstance(rounds, Stats) else Stats(rounds), check_clock(clock)
+    z, st = z_of(level, clock), rounds if isinstance(rounds, Stats) else Stats(rounds)
     acc = estimate_acceptance(st, level=level)
     if not acc.positions or acc.positions[0].at_risk < MIN_ROUNDS or max_k < 1:
         return None
-    c, z = fit_costs(st, clock=clock, level=level), z_of(level)
+    c = fit_costs(st, clock=clock, level=level)
     curve = []
     for k in range(1, max_k + 1):
         e, tk = acc.expected_tokens(k), c.round_ns(k)
@@ -393,21 +372,17 @@ class AdviceWindow:
     over them with ``options`` (its keywords). ``add`` runs on an exporter thread, so it never
     raises: unknown counts are ignored, j outside 0..k dropped and counted in ``refused``."""
 
-    __slots__ = ("_lock", "_opts", "_q", "_st", "refused", "size")
-
     def __init__(self, size: int = 2048, **options: Any) -> None:
         if size < MIN_ROUNDS:
             raise ValueError(f"size={size}: a window holds at least MIN_ROUNDS={MIN_ROUNDS}")
         advise(Stats(), **options)  # a bad keyword, clock or level fails here, not on a scrape
-        self.size, self.refused, self._opts = size, 0, options
-        self._st, self._lock = Stats(), threading.Lock()
-        self._q: deque[tuple[int, int, tuple[int, int, int, int, int]]] = deque()
+        self.size, self.refused, self._opts, self._st = size, 0, options, Stats()
+        self._lock, self._q = threading.Lock(), deque[tuple[int, int, tuple[int, ...]]]()
 
     def __len__(self) -> int:
         return len(self._q)
 
-    def add(self, r: RoundLike) -> bool:
-        """Take one round; True when it entered the window."""
+    def add(self, r: RoundLike) -> bool:  # True when the round entered the window
         k, j = r.k, r.j
         if k < 0 or not 0 <= j <= k:
             self.refused += k >= 0  # unknown counts are not refusals

@@ -63,12 +63,9 @@ def read(path: str, progress: Progress | None = None) -> Run:
     with open(0 if path == "-" else path, "rb", closefd=path != "-") as f:
         run = Run("stdin" if path == "-" else path)
         run.size, first = (0 if path == "-" else os.fstat(f.fileno()).st_size), f.readline()
-        lines = _lines(f, first, run, progress)
         if first.lstrip()[:1] == b"{" and b'"resourceSpans"' in first[:65536]:
             run.kind = "spans"
-            _read_spans(lines, run)
-        else:
-            _read_log(lines, run)
+        (_read_spans if run.kind == "spans" else _read_log)(_lines(f, first, run, progress), run)
     return run
 
 
@@ -113,12 +110,9 @@ def _read_log(lines: Iterable[str], run: Run) -> None:
     rb.close()
     run.unplaced += [(0, p) for p in rb.problems]
     into: dict[type, list[Any]] = {SessionRecord: run.sessions, BurstRecord: run.bursts,
-                                   FirstTokenRecord: run.first_tokens}  # fmt: skip
+                                   FirstTokenRecord: run.first_tokens, RoundRecord: run.rounds}  # fmt: skip
     for r in rb.take():
-        if isinstance(r, RoundRecord):
-            run.rounds += each_round(r)
-        else:
-            into.get(type(r), []).append(r)
+        into.get(type(r), []).extend(each_round(r) if isinstance(r, RoundRecord) else (r,))
 
 
 def _value(v: dict[str, Any]) -> Any:
@@ -131,8 +125,7 @@ def _value(v: dict[str, Any]) -> Any:
 
 def _read_spans(lines: Iterable[str], run: Run) -> None:
     """Every ``spec.*`` span of every line, then one ``spec.session`` subtree at a time."""
-    kids: Kids = {}
-    roots: list[tuple[int, Span]] = []
+    kids, roots = Kids(), list[tuple[int, Span]]()
     for n, line in enumerate(lines, 1):
         try:
             reqs = json.loads(line)["resourceSpans"] if line.strip() else ()
@@ -153,15 +146,13 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
         except (TypeError, ValueError, KeyError) as exc:
             run.refused.append((0, f"session span {sp[1]:016x} refused: {exc!r}", ""))
     if hidden := run.kinds["sessions_without_log"]:
-        run.notes.append(f"{hidden} profiled sessions have rounds of their first "
-                         f"{LOGGED} without spans (or without k, j): their "
-                         "[spec-prof-summary] cannot be recomputed, and they are left out of the "
-                         "slow-round count.")  # fmt: skip
+        run.notes.append(f"{hidden} profiled sessions have rounds of their first {LOGGED} without "
+                         "spans (or without k, j): their [spec-prof-summary] cannot be recomputed, "
+                         "and they are left out of the slow-round count.")  # fmt: skip
     if run.unsampled:
         run.notes.append(f"{run.unsampled} of {len(run.rounds)} rounds were past the span cap "
-                         "(MEMRA_OBS_ROUND_SPANS) and have no spans: their phase times are their "
-                         "burst's remainder spread evenly, their k and j unknown (left out of "
-                         "every token count).")  # fmt: skip
+                         "(MEMRA_OBS_ROUND_SPANS) and have no spans: their phase times are their burst's"
+                         " remainder spread evenly, their k and j unknown (left out of every token count).")  # fmt: skip
 
 
 def _session(sid: int, tid: int, sp: Span, kids: Kids, run: Run) -> None:
@@ -214,9 +205,8 @@ def _burst(sid: int, b: Span, kids: Kids, run: Run) -> list[RoundRecord]:
         run.rounds.append(RoundRecord._make(rec))
     run.unsampled += u
     phases = records.SpecPhaseNs(*tot, n)  # type: ignore[call-arg]
-    hook = at.get(A + "hook_ns", 0)
     run.bursts.append(BurstRecord(sid, idx, at.get(A + "k", 0), b[3], b[4], phases, split,
-                                  at.get(A + "tokens", 0), hook, first))  # fmt: skip
+                                  at.get(A + "tokens", 0), at.get(A + "hook_ns", 0), first))  # fmt: skip
     return rounds
 
 
@@ -227,12 +217,8 @@ def _first_token(sid: int, ft: Span, kids: Kids) -> FirstTokenRecord:
     kw: dict[str, Any] = {n: at[FT + n] for n in records.FIRST_TOKEN_FIELDS if FT + n in at}
     for name in ("free_mb_before", "free_mb_after"):
         kw[name] = list(zip(at.get(FT + name + "_devices", ()), kw.get(name, ()), strict=True))
-    for k in kids.get(ft[1], ()):
-        if k[0] == "spec.first_token.first_burst":
-            fb.append(("first_burst", k[3], k[4]))
-            iv += [(c[0][17:], c[3], c[4]) for c in kids.get(k[1], ())]
-        else:
-            iv.append((k[0][17:], k[3], k[4]))
-    return FirstTokenRecord(
-        sid, records.SpecFirstTokenProf(**kw), (*sorted(iv, key=lambda x: x[1]), *fb)
-    )
+    for k in kids.get(ft[1], ()):  # spec.first_token.<bucket>; round 1's under first_burst
+        (fb if k[0].endswith(".first_burst") else iv).append((k[0][17:], k[3], k[4]))
+        iv += [(c[0][17:], c[3], c[4]) for c in kids.get(k[1], ())]
+    iv.sort(key=lambda x: x[1])
+    return FirstTokenRecord(sid, records.SpecFirstTokenProf(**kw), (*iv, *fb))

@@ -51,14 +51,12 @@ class Progress:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        import matplotlib  # noqa: F401
-        import numpy  # noqa: F401
+        import matplotlib  # noqa: F401  (it needs numpy)
     except ImportError:
         print("memra-obs report needs matplotlib: pip install 'memra_obs[report]'", file=sys.stderr)
         return 2
     if len(args.inputs) > 2 or args.inputs.count("-") > 1:
-        usage = "memra-obs report: one input, or two for A/B (at most one of them -)"
-        print(usage, file=sys.stderr)
+        sys.stderr.write("memra-obs report: one input, or two for A/B (at most one of them -)\n")
         return 2
     from .inputs import read
     from .page import render

@@ -1,25 +1,268 @@
-"""The report page: one self-contained HTML file (figures inline, no script, no request). Every
-number in a table carries ``data-key`` (A/B rows ``data-ab`` and ``data-flag``) for tests and
-scripts, and says which rounds it covers: a log's rows, burst means and sampled spans differ."""
+"""The report page: one self-contained HTML file (no script, no request). Figures are drawn with
+matplotlib's object API (no pyplot state) and inlined as data URIs: SVG for bars and lines (text
+stays text), PNG for dense scatters; one panel a run on shared axes (A/B compares on one scale),
+saying why when it has nothing to draw. Every number in a table carries ``data-key`` (A/B rows
+``data-ab`` and ``data-flag``) for tests and scripts, and says which rounds it covers: a log's
+rows, burst means and sampled spans differ."""
 
 from __future__ import annotations
 
+import base64
+import functools
+import io
 import time
 from collections.abc import Callable, Iterable, Sequence
 from html import escape
 from typing import Any
 
-from ..analysis import Advice, Interval
+import matplotlib
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from ..analysis import MIN_ROUNDS, Advice, Interval
 from ..legacy import SummaryLine
+from ..records import FIRST_TOKEN_FIELDS, f32
+from ..timeline import PHASES
 from ..version import __version__
-from . import figures as f
 from .stats import CAP, CLOCK, N_BOOT, REL_THRESHOLD, ABRow, View, median, slow_rounds
+
+COLORS = dict(zip(PHASES, ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2"), strict=True))
+RC = {"font.size": 8.5, "svg.fonttype": "none", "svg.hashsalt": "memra-obs", "axes.grid": True,
+      "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False}  # fmt: skip
+#: Draws run ``v`` (one of ``views``) on ``ax``; raises Empty when it has nothing to draw.
+Draw = Callable[[Axes, View, Sequence[View]], None]
+Figures = Callable[[Sequence[View]], str]
+
+
+class Empty(Exception): ...  # a panel with nothing to draw: the message is drawn instead
+
+
+def need(ok: object, why: str) -> None:
+    if not ok:
+        raise Empty(why)
+
+
+def panels(ylabel: str, *, fmt: str | Figures = "svg", h: float = 2.8, sharey: bool = True,
+           legend: str = "upper right") -> Callable[[Draw], Figures]:  # fmt: skip
+    """One panel per run drawn by the decorated function, whose name is the figure's alt text
+    and whose docstring its caption; the page's ``<figure>``. ``fmt``: "svg", "png", or a
+    function of the runs choosing; ``legend``: where in each panel, or "right" of them all /
+    "below" them all for one."""
+
+    def figure(draw: Draw, views: Sequence[View]) -> str:
+        with matplotlib.rc_context(RC):  # type: ignore[arg-type]
+            fig = Figure(figsize=(9.6 if len(views) == 1 else 5.2 * len(views), h),
+                         layout="constrained")  # fmt: skip
+            axes = fig.subplots(1, len(views), sharex=True, sharey=sharey, squeeze=False)[0]
+            one, hs = legend in ("right", "below"), dict[str, Any]()
+            for ax, v in zip(axes, views, strict=True):
+                ax.set_title(v.label, loc="left", fontsize=9)
+                try:
+                    draw(ax, v, views)
+                    if not one:
+                        ax.legend(loc=legend, markerscale=3)
+                except Empty as why:
+                    ax.text(0.5, 0.5, str(why), ha="center", va="center", color="#666",
+                            transform=ax.transAxes)  # fmt: skip
+                hs |= dict(zip(*ax.get_legend_handles_labels()[::-1], strict=True))
+            axes[0].set_ylabel(ylabel)
+            if one and hs:
+                right = legend == "right"
+                fig.legend(list(hs.values()), list(hs), fontsize=7, ncols=1 if right else 7,
+                           loc="outside right upper" if right else "outside lower center")  # fmt: skip
+            buf, kind = io.BytesIO(), fmt if isinstance(fmt, str) else fmt(views)
+            fig.savefig(buf, format=kind, dpi=100, metadata={"Date": None} if kind == "svg" else {})
+        data, mime = base64.b64encode(buf.getvalue()).decode(), "svg+xml" if kind == "svg" else kind
+        alt, cap = draw.__name__.replace("_", " "), " ".join((draw.__doc__ or "").split())
+        return (f'<figure><img alt="{alt}" src="data:image/{mime};base64,{data}">'
+                f"<figcaption>{cap}</figcaption></figure>")  # fmt: skip
+
+    return lambda draw: functools.wraps(draw)(functools.partial(figure, draw))
+
+
+@panels("rounds")
+def round_wall_distribution(ax: Axes, v: View, views: Sequence[View]) -> None:
+    """Per-round wall of every round with its own measurement (a log's rows: the first 64 rounds
+    of each session; a span file's round spans); median and mark pooled over the run."""
+    need(len(w := v.metric("wall")), "no round with its own wall")
+    every = np.concatenate([x.metric("wall") for x in views])
+    edges = np.linspace(every.min(), np.quantile(every, 0.995), 81)
+    ax.hist(np.clip(w, None, edges[-1]), bins=edges, color=COLORS["verify"], alpha=0.8)  # type: ignore[arg-type]
+    med = median(w32 := w.astype(np.float32))  # the seed's rule: f32 walls past f32(1.5 x median)
+    above = int((w32 > np.float32(thr := f32(1.5 * med))).sum())
+    ax.axvline(med, color="k", lw=1, label=f"median {med:.3f} ms")
+    ax.axvline(thr, c="#e15759", ls="--", lw=1, label=f"1.5x median {thr:.3f} ms: {above} above")
+    ax.set_xlabel("round wall, ms (last bin: all past the 99.5th percentile)")
+
+
+@panels("round wall, ms", fmt="png")
+def round_wall_over_round_index(ax: Axes, v: View, views: Sequence[View]) -> None:
+    """Round wall over the round's index in its session (y cut at 1.3 x the 99.5th percentile)."""
+    need(len(v.wall_ms), "no rounds")
+    for sel, color, label in ((~v.own, "#bbb", "burst mean"), (v.own, COLORS["draft"], "own wall")):
+        ax.scatter(v.index[sel], v.wall_ms[sel], s=2.5, c=color, lw=0, label=label, rasterized=True)
+    if v.own.any():
+        idx = np.unique(v.index[v.own])[:512]
+        med = [median(v.wall_ms[v.own & (v.index == i)]) for i in idx]
+        ax.plot(idx, med, color="k", lw=0.8, label="median per index")
+    ax.set(ylim=(0, np.quantile(v.wall_ms, 0.995) * 1.3), xlabel="round index in its session")
+
+
+@panels("share", legend="right")
+def phase_shares_per_round(ax: Axes, v: View, views: Sequence[View]) -> None:
+    """Phase shares per round, by index in the session (rounds with their own times)."""
+    need(v.own.any(), "no round with its own phase times")
+    n = min(int((idx := v.index[v.own]).max()) + 1, 256)
+    sums = np.stack([np.bincount(idx, v.phase_ms[v.own, p], n)[:n] for p in range(5)])
+    share = sums / np.maximum(sums.sum(axis=0), 1e-12)
+    ax.stackplot(np.arange(n), share, colors=[COLORS[p] for p in PHASES], labels=PHASES)
+    ax.set(xlabel="round index in its session", ylim=(0, 1))
+
+
+@panels("share", legend="right")
+def phase_shares_per_burst(ax: Axes, v: View, views: Sequence[View]) -> None:
+    """Phase shares per burst (the [glm5-phase] lines' totals; span files: burst attributes)."""
+    need(len(v.burst_ms), "no bursts")
+    groups = np.array_split(v.burst_ms, min(len(v.burst_ms), 120))  # bins of consecutive bursts
+    share = np.stack([g.sum(axis=0) for g in groups]).T
+    share, bottom = share / np.maximum(share.sum(axis=0), 1e-12), np.zeros(share.shape[1])
+    for p, row in zip(PHASES, share, strict=True):  # one filled step path a phase
+        edges = np.arange(len(row) + 1)
+        ax.stairs(bottom + row, edges, baseline=bottom, fill=True, color=COLORS[p], label=p)
+        bottom = bottom + row
+    per = -(-len(v.burst_ms) // len(groups))
+    ax.set(xlabel=f"burst, in order ({per} a bar)" if per > 1 else "burst, in order", ylim=(0, 1))
+
+
+#: The level-2 split's parts, nested as printed: scan inside vkda, vffn inside vrest.
+SPLIT = {"vkda - scan": "#4e79a7", "scan (in vkda)": "#a0cbe8", "vmla": "#f28e2b",
+         "vrest - vffn": "#59a14f", "vffn (in vrest)": "#8cd17d"}  # fmt: skip
+
+
+@panels("", h=1.5, legend="right")
+def verify_split(ax: Axes, v: View, views: Sequence[View]) -> None:
+    """Level-2 verify sub-split over the bursts that printed it, per-round mean ms (vrest =
+    verify - vkda - vmla)."""
+    b = [x for x in v.run.bursts if x.split_ns is not None]
+    need(n := sum(x.phases.rounds for x in b) * 1e6, "no level-2 ([tag-v]) lines")  # ns a ms
+    kda, scan, mla, ffn = np.array([x.split_ns for x in b]).sum(axis=0) / n
+    rest = max(sum(x.phases.verify for x in b) / n - kda - mla, 0.0)
+    parts = (kda - scan, scan, mla, max(rest - ffn, 0.0), min(ffn, rest))
+    for (name, col), x, left in zip(SPLIT.items(), parts, np.cumsum((0, *parts[:-1])), strict=True):
+        ax.barh(0, x, left=left, color=col, label=name)
+    ax.set(yticks=[], xlabel="verify, per-round mean ms")
+
+
+#: First-token fields that are shares inside a bucket (not additive to it), by bucket.
+SHARES = {"prime": ("prime_tap_dtoh",), "first_burst": ("first_burst_hook",),
+          "draft_prime": ("draft_prime_h2d", "draft_prime_feat", "draft_prime_kv")}  # fmt: skip
+BUCKETS = [f[:-3] for f in FIRST_TOKEN_FIELDS if f.endswith("_ms")]  # a colour each, every panel
+
+
+def _tab(name: str) -> Any:
+    return matplotlib.colormaps["tab20"](BUCKETS.index(name) if name in BUCKETS else 19)
+
+
+@panels("", h=3.4, sharey=False, legend="below")
+def first_token_waterfall_per_session(ax: Axes, v: View, views: Sequence[View]) -> None:
+    """First-token waterfall of up to 10 sessions spread over the TTFT range: buckets in the order
+    they ran; round-1 buckets sit inside first_burst; hatched bars are shares of the bucket above
+    them (tap DtoH in prime, the drafter-prime split, the commit hook)."""
+    fts = sorted(v.run.first_tokens, key=lambda f: f.prof.total_ms())
+    need(fts, "no first-token profile ([spec-prof]) in this input")
+    pick = sorted({round(q) for q in np.linspace(0, len(fts) - 1, min(10, len(fts)))})
+    for y, ft in enumerate(fts[i] for i in pick):
+        t0 = min(a for _, a, _ in ft.intervals)
+        fb = next((x for x in ft.intervals if x[0] == "first_burst"), ("", 0, 0))
+        for name, a, b in ft.intervals:
+            inner = name != "first_burst" and fb[1] <= a and b <= fb[2]  # round 1's buckets
+            ax.barh(y, (b - a) / 1e6, left=(a - t0) / 1e6, height=0.4 if inner else 0.8,
+                    zorder=3 if inner else 2, color=_tab(name), label=name)  # fmt: skip
+            shares = [(s, getattr(ft.prof, s + "_ms")) for s in SHARES.get(name, ())]
+            shares = [(s, w) for s, w in shares if w > 0]
+            x = (a - t0) / 1e6  # from the bucket's start; the hook at the burst's end
+            x = (b - t0) / 1e6 - sum(w for _, w in shares) if name == "first_burst" else x
+            for share, w in shares:
+                ax.barh(y - 0.3, w, left=x, height=0.2, color=_tab(share), hatch="//", label=share)
+                x += w
+    ax.set_yticks(range(len(pick)), [f"TTFT {fts[i].prof.total_ms():.1f} ms" for i in pick])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms from the session's first bucket")
+
+
+@panels("sessions")
+def ttft_distribution(ax: Axes, v: View, views: Sequence[View]) -> None:
+    """TTFT per session: the creation buckets + the first burst (the profile's total_ms)."""
+    need(len(x := v.ttft_ms), "no first-token profile ([spec-prof]) in this input")
+    ax.hist(x, bins=min(60, max(5, len(x) // 3)), color=COLORS["accept"])
+    ax.axvline(median(x), color="k", lw=1, label=f"median {median(x):.2f} ms (n={len(x)})")
+    ax.set_xlabel("time to first token (profile total), ms")
+
+
+def _band(ax: Axes, x: Any, ivs: Sequence[Interval], color: str, label: str, f: str = "-o") -> None:
+    """Estimates with their intervals: the values, a band between the bounds."""
+    val, lo, hi = np.array(ivs, dtype=float).reshape(-1, 3).T
+    ax.fill_between(x, lo, hi, color=color, alpha=0.2, lw=0)
+    ax.plot(x, val, f, color=color, ms=3, lw=1, label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+@panels("probability", legend="best")
+def acceptance_by_position(ax: Axes, v: View, views: Sequence[View]) -> None:
+    """Estimates: acceptance by draft position, α_i = P(accepted | drafted and every earlier
+    draft accepted), with its 95% Wilson interval, and S(i+1) = P(drafts 0..i all accepted),
+    product-limit, with its interval."""
+    need(ps := v.acceptance.positions, "no round with known k and j")
+    _band(ax, [p.position for p in ps], [p.alpha for p in ps], COLORS["draft"], "α_i", "o")
+    _band(ax, [p.position for p in ps], [p.survival for p in ps], COLORS["verify"], "S(i+1)")
+    ax.set(xlabel="draft position i (0-based)", ylim=(0, 1.02))
+
+
+@panels("tokens per round", legend="best")
+def expected_tokens_per_round(ax: Axes, v: View, views: Sequence[View]) -> None:
+    """Estimates: tokens a round drafting k commits, E(k) = 1 + Σ S(i), with its interval; past
+    the deepest position seen (dotted), acceptance is the flat tail's."""
+    need((acc := v.acceptance).positions, "no round with known k and j")
+    ks = range(1, 17)
+    _band(ax, ks, [acc.expected_tokens(k) for k in ks], COLORS["accept"], "E(k)")
+    ax.axvline(len(acc.positions) + 0.5, color="#999", ls=":", lw=1, label="data | flat tail")
+    ax.set_xlabel("draft length k")
+
+
+@panels("tokens per second", legend="best")
+def throughput_vs_k(ax: Axes, v: View, views: Sequence[View]) -> None:
+    """Estimates: throughput E(k) / t_round(k), the cost model fitted to the rounds' own phases,
+    with the recommended k (the best within 2 past the longest draft seen, dotted) and the
+    throughput the rounds measured."""
+    if (a := v.advice) is None:
+        raise Empty(f"no advice: fewer than {MIN_ROUNDS} rounds with known k >= 1")
+    _band(ax, range(1, 17), [p.tokens_per_s for p in a.curve], COLORS["rollback"], "model")
+    ax.axvline(a.recommended_k, color="k", lw=1, label=f"recommended k = {a.recommended_k}")
+    ax.axvline(a.observed_k + 0.5, color="#999", ls=":", lw=1)
+    ax.axhline(a.measured_tokens_per_s, color="#999", ls="--", lw=1, label="measured")
+    ax.set_xlabel("draft length k")
+
+
+@panels("free MB", fmt=lambda vs: "png" if max(len(v.ttft_ms) for v in vs) > 2000 else "svg")
+def free_device_memory(ax: Axes, v: View, views: Sequence[View]) -> None:
+    """Free device memory per CUDA ordinal, before the trunk cache alloc and after the drafter
+    KV (PNG past 2000 sessions a run: the lines turn dense)."""
+    ax.set_xlabel("session, in order")
+    fts = v.run.first_tokens
+    devs = sorted({d for f in fts for d, _ in f.prof.free_mb_before + f.prof.free_mb_after})
+    need(devs, "no free-memory snapshot in this input")
+    for d in devs:
+        for point, ls in (("before", "-"), ("after", "--")):
+            y = [dict(getattr(f.prof, "free_mb_" + point)).get(d, np.nan) for f in fts]
+            ax.plot(np.arange(len(y)), y, ls, lw=0.9, label=f"device {d} {point}")
+
 
 SECTIONS = ("ab", "totals", "round-wall", "phases", "first-token", "acceptance", "memory",
             "summaries", "refused", "notes")  # fmt: skip
 LIST_CAP = 200  # rows of the summary and refusal tables shown per run (the rest counted)
-CSS = """
-body{font:14px/1.45 system-ui,sans-serif;color:#222;max-width:1200px;margin:0 auto;padding:0 16px 40px}
+CSS = """body{font:14px/1.45 system-ui,sans-serif;color:#222;max-width:1200px;margin:0 auto;padding:0 16px 40px}
 h1{font-size:22px;margin:18px 0 4px}h2{font-size:17px;border-bottom:1px solid #ccc;margin-top:28px}
 h3{font-size:14px;margin:14px 0 4px}nav a{margin-right:10px}figure{margin:10px 0}
 figure img{width:100%;height:auto}figcaption,.note,.meta{color:#555;font-size:12.5px}
@@ -27,8 +270,7 @@ table{border-collapse:collapse;font-size:12.5px;margin:6px 0}td,th{border:1px so
 th{background:#f4f4f4;text-align:left}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .cols{display:grid;grid-template-columns:repeat(auto-fit,minmax(320px,1fr));gap:18px}
 .flag,.bad{background:#fde2e1}.flag{font-weight:600}.scroll{overflow-x:auto}
-@media print{nav{display:none}section,figure,table{break-inside:avoid}body{max-width:none}}
-"""
+@media print{nav{display:none}section,figure,table{break-inside:avoid}body{max-width:none}}"""
 NOTES = """<ul>
 <li><b>Own measurement</b>: a log's rounds with a <code>[spec-prof-rounds]</code> row (the first
 64 rounds of each session; exact to the worker's f32, rollback and maint split from rest_ms in
@@ -147,8 +389,7 @@ def acceptance(views: Sequence[View]) -> str:
     out += [f"<p>{escape(v.label)}: no round with known k and j (a trace-only log: its lines carry"
             " no per-round counts), so no acceptance estimate.</p>"
             for v in views if not v.acceptance.positions]  # fmt: skip
-    figs = (f.acceptance_by_position, f.expected_tokens_per_round, f.throughput_vs_k)
-    out += [fig(views) for fig in figs]
+    out += [f(views) for f in (acceptance_by_position, expected_tokens_per_round, throughput_vs_k)]
     out.append(by_run(views, ["estimate, 95% interval"], advice) + "<div class=cols>")
     for v in (v for v in views if v.acceptance.positions):
         rows = (f'<tr>{td(p.position)}{td(p.at_risk)}{td(p.accepted)}{td(_iv(p.alpha), f"alpha_{p.position}")}'
@@ -192,7 +433,7 @@ def _refused(v: View) -> str:
 def _split(views: Sequence[View]) -> str:
     if not any(b.split_ns for v in views for b in v.run.bursts):
         return "<h3>Level-2 verify split</h3><p>No level-2 ([tag-v]) lines: trace level 1.</p>"
-    return "<h3>Level-2 verify split</h3>" + f.verify_split(views)
+    return "<h3>Level-2 verify split</h3>" + verify_split(views)
 
 
 def render(views: Sequence[View], ab: Sequence[ABRow] | None, step: Callable[[str], None]) -> str:
@@ -204,22 +445,20 @@ def render(views: Sequence[View], ab: Sequence[ABRow] | None, step: Callable[[st
 
     names = " vs ".join(escape(v.label) for v in views)
     nav = "".join(f'<a href="#{s}">{s}</a>' for s in SECTIONS if s != "ab" or ab)
-    notes = [
-        f"<p class=note>{escape(v.label)}: {escape(n)}</p>" for v in views for n in v.run.notes
-    ]
+    said = [f"<p class=note>{escape(v.label)}: {escape(n)}</p>" for v in views for n in v.run.notes]
     parts = [
         f"<header><h1>memra-obs report</h1><p class=meta>{names}<br>generated "
         f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} by memra_obs {__version__}</p></header><nav>{nav}</nav>",
         sec("ab", "A/B: B against A", lambda _: _ab(ab)) if ab else "",
         sec("totals", "Totals and what they cover", lambda vs: by_run(vs, ["quantity", "covers"], totals)),
-        sec("round-wall", "Round wall", f.round_wall_distribution, f.round_wall_over_round_index),
-        sec("phases", "Phase shares", f.phase_shares_per_round, f.phase_shares_per_burst, _split),
-        sec("first-token", "First token", f.first_token_waterfall_per_session, f.ttft_distribution),
+        sec("round-wall", "Round wall", round_wall_distribution, round_wall_over_round_index),
+        sec("phases", "Phase shares", phase_shares_per_round, phase_shares_per_burst, _split),
+        sec("first-token", "First token", first_token_waterfall_per_session, ttft_distribution),
         sec("acceptance", "Acceptance (estimates)", acceptance),
-        sec("memory", "Free device memory", f.free_device_memory),
+        sec("memory", "Free device memory", free_device_memory),
         sec("summaries", "[spec-prof-summary] lines", lambda vs: "".join(map(_summaries, vs))),
         sec("refused", "What the parser refused", lambda vs: "".join(map(_refused, vs))),
-        sec("notes", "What each number covers", lambda _: NOTES + "".join(notes)),
+        sec("notes", "What each number covers", lambda _: NOTES + "".join(said)),
     ]  # fmt: skip
     return ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
             'content="width=device-width,initial-scale=1"><link rel="icon" href="data:,">'

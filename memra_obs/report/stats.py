@@ -1,17 +1,16 @@
 """The numbers the page prints and the figures draw, computed by the package's own code where
 the seed defines them (slow rounds: ``SpecRoundsLog.slow_rounds`` over each session's logged
-rows; thresholds ``f32(1.5 * median)``; medians ``sorted[n // 2]``; estimates: ``analysis``)."""
+rows; medians ``sorted[n // 2]``; estimates: ``analysis``)."""
 
 from __future__ import annotations
 
-from functools import cached_property
 from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
 
-from ..analysis import AcceptanceEstimate, Advice, advise, estimate_acceptance
-from ..records import SpecRoundsLog, f32
+from ..analysis import advise, estimate_acceptance
+from ..records import SpecRoundsLog
 from ..timeline import PHASES
 from .inputs import Run
 
@@ -39,8 +38,7 @@ class View:
 
     def __init__(self, label: str, run: Run) -> None:
         self.label, self.run, rs = label, run, run.rounds
-        t = np.fromiter(chain.from_iterable(r.t_ns_mono for r in rs), np.int64, 6 * len(rs))
-        t = t.reshape(-1, 6)
+        t = np.fromiter(chain.from_iterable(r.t_ns_mono for r in rs), np.int64).reshape(-1, 6)
         self.phase_ms, self.wall_ms = np.diff(t, axis=1) / 1e6, (t[:, 5] - t[:, 0]) / 1e6
         self.index, self.k, self.j = (np.fromiter((getattr(r, a) for r in rs), np.int64, len(rs))
                                       for a in ("index", "k", "j"))  # fmt: skip
@@ -51,14 +49,8 @@ class View:
                                  dtype=float).reshape(-1, 5) / 1e6  # fmt: skip
         self.burst_n = np.array([p.rounds for p in ph], dtype=float)
         self.ttft_ms = np.array([f.prof.total_ms() for f in run.first_tokens])
-
-    @cached_property
-    def advice(self) -> Advice | None:
-        return advise(self.run.rounds, clock=CLOCK)
-
-    @cached_property
-    def acceptance(self) -> AcceptanceEstimate:
-        return self.advice.acceptance if self.advice else estimate_acceptance(self.run.rounds)
+        self.advice = advise(rs, clock=CLOCK)
+        self.acceptance = self.advice.acceptance if self.advice else estimate_acceptance(rs)
 
     def metric(self, name: str) -> np.ndarray:
         """Per-round ms of ``name`` (``wall`` or a phase) over the rounds with their own."""
@@ -68,13 +60,6 @@ class View:
 def slow_rounds(run: Run) -> list[int]:
     """Per round log: the seed's slow-round count over its rows (``SpecRoundsLog``)."""
     return [SpecRoundsLog(rounds=log.rows).slow_rounds() for log in run.logs]
-
-
-def threshold(walls_ms: np.ndarray) -> tuple[float, float, int]:
-    """Median, ``f32(1.5 * median)`` and how many walls pass it, walls as the f32 the seed keeps."""
-    w = walls_ms.astype(np.float32)
-    thr = f32(1.5 * median(w))
-    return median(w), thr, int((w > np.float32(thr)).sum())
 
 
 def bootstrap(a: np.ndarray, b: np.ndarray, seed: int = SEED) -> tuple[float, float, float]:
