@@ -1,12 +1,12 @@
 """The compact aggregation behind every series, its text, and the bridge to prometheus_client.
 
-A :class:`Hist` keeps per-bucket counts (one ``bisect``), an exact integer sum in the family's
-unit (ns for time), the count and the latest exemplar per bucket; the exporter mutates children
-under its lock, a scrape copies them under it and renders outside. prometheus_client formats
-~10 µs a sample (the set has ~900); here each child's sample prefixes are built once, for the
-same bytes (``tests/test_prom_render.py``). :class:`SpecCollector` is an ordinary ``Collector``
-(any registry, any server); in :func:`encode`, prometheus_client renders the rest of the
-registry while our collectors hand back nothing and are appended from the fast text.
+prometheus_client formats ~10 µs a sample (the set has ~900), so a :class:`Hist` keeps bucket
+counts (one ``bisect``), an exact integer sum (ns for time), the count and the latest exemplar per
+bucket, and each child's sample prefixes are built once, for the same bytes
+(``tests/test_prom_render.py``). The exporter mutates children under its lock; a scrape copies
+them under it and renders outside. :class:`SpecCollector` is an ordinary ``Collector``; in
+:func:`encode` prometheus_client renders the rest of the registry while ours yield nothing and
+are appended from the fast text.
 """
 
 from __future__ import annotations
@@ -17,16 +17,12 @@ import threading
 import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
+from itertools import accumulate
 from typing import Any
 
+from prometheus_client import core
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 #: (exemplar labels, observed value in the family's unit, epoch seconds or None)
@@ -94,23 +90,16 @@ def labelstr(items: Sequence[tuple[str, str]]) -> str:
 
 
 class Family:
-    """One metric name with its children keyed by label values.
-
-    ``kind``: ``histogram``, ``counter`` or ``gauge``; a counter's ``name`` has no ``_total``
-    (prometheus_client's convention). The unit is read off the name (``_seconds``: stored as
-    integer ns; ``_bytes``)."""
+    """One metric name with its children keyed by label values. ``kind``: ``histogram``,
+    ``counter`` or ``gauge``; a counter's ``name`` has no ``_total`` (prometheus_client's
+    convention). The unit is read off the name (``_seconds``: stored as integer ns; ``_bytes``)."""
 
     __slots__ = ("bounds", "children", "div", "help", "kind", "labelnames", "les", "name", "unit")
 
     def __init__(
-        self,
-        name: str,
-        help: str,
-        kind: str,
-        labelnames: Sequence[str],
-        buckets: Sequence[float] = (),
+        self, name: str, help: str, kind: str, labels: Sequence[str], buckets: Sequence[float] = ()
     ) -> None:
-        self.name, self.help, self.kind, self.labelnames = name, help, kind, tuple(labelnames)
+        self.name, self.help, self.kind, self.labelnames = name, help, kind, tuple(labels)
         self.unit = next((u for u in ("seconds", "bytes") if name.endswith("_" + u)), "")
         self.div = 1e9 if self.unit == "seconds" else 1.0
         # Bounds in the stored unit; integral ns compare as ints (exact, and faster).
@@ -132,9 +121,8 @@ class Family:
                 )
             else:
                 c = Value(read)
-                c.prefix = (
-                    f"{self.name}{'_total' if self.kind == 'counter' else ''}{labelstr(base)} "
-                )
+                total = "_total" if self.kind == "counter" else ""
+                c.prefix = f"{self.name}{total}{labelstr(base)} "
             self.children[lv] = c
         return c
 
@@ -161,17 +149,12 @@ class Family:
         if memo is not None and memo[0] == n:
             return memo[1]  # unchanged since the last scrape
         pre, lines, cum = c.prefixes, [], 0
-        for i, k in enumerate(counts):
-            cum += k
-            e = ex[i] if om else None
-            if e is None:
-                lines.append(f"{pre[i]}{floatToGoString(cum)}\n")
-            else:
+        for i, cum in enumerate(accumulate(counts)):
+            line = f"{pre[i]}{floatToGoString(cum)}"
+            if om and (e := ex[i]) is not None:
                 ts = "" if e[2] is None else f" {e[2]}"
-                lines.append(
-                    f"{pre[i]}{floatToGoString(cum)} # {labelstr(list(e[0].items()))} "
-                    f"{floatToGoString(e[1] / self.div)}{ts}\n"
-                )
+                line += f" # {labelstr(list(e[0].items()))} {floatToGoString(e[1] / self.div)}{ts}"
+            lines.append(line + "\n")
         lines.append(
             f"{pre[-2]}{floatToGoString(cum)}\n{pre[-1]}{floatToGoString(total / self.div)}\n"
         )
@@ -201,11 +184,11 @@ class SpecCollector:
         with self._lock:
             return [(f, f.snapshot()) for f in self._families]
 
-    def describe(self) -> list[Metric]:
+    def describe(self) -> list[core.Metric]:
         """Names only: registering never walks the data, and name clashes are caught."""
         return [_metric(f, []) for f in self._families]
 
-    def collect(self) -> list[Metric]:
+    def collect(self) -> list[core.Metric]:
         fast = _FAST.get()
         if fast is not None:
             fast.append(self)
@@ -222,22 +205,16 @@ class SpecCollector:
         with _owner_lock:
             old = _owner.pop(registry, None)
             if old is not None:
-                _leave(registry, old)
+                with suppress(KeyError):  # its exporter unregistered it meanwhile
+                    registry.unregister(old)
             registry.register(self)
             _owner[registry] = self
 
     def unregister(self, registry: Any) -> None:
-        with _owner_lock:
+        with _owner_lock, suppress(KeyError):  # taken over, or never registered
             if _owner.get(registry) is self:
                 del _owner[registry]
-            _leave(registry, self)
-
-
-def _leave(registry: Any, c: SpecCollector) -> None:
-    try:
-        registry.unregister(c)
-    except KeyError:
-        pass  # taken over, or never registered
+            registry.unregister(self)
 
 
 def encode(
@@ -270,22 +247,18 @@ def encode(
     return body, headers
 
 
-def _metric(f: Family, snap: Snapshot) -> Metric:
-    m: Any
-    if f.kind == "histogram":
-        m = HistogramMetricFamily(f.name, f.help, labels=f.labelnames, unit=f.unit)
-        for lv, _c, (_n, counts, total, ex) in snap:
-            buckets: list[Any] = []
-            cum = 0
-            for le, k, e in zip(f.les, counts, ex, strict=True):
-                cum += k
-                buckets.append(
-                    (le, cum) if e is None else (le, cum, Exemplar(e[0], e[1] / f.div, e[2]))
-                )
-            m.add_metric(list(lv), buckets, total / f.div)
+def _metric(f: Family, snap: Snapshot) -> core.Metric:
+    if f.kind != "histogram":
+        cls = core.CounterMetricFamily if f.kind == "counter" else core.GaugeMetricFamily
+        m = cls(f.name, f.help, labels=f.labelnames, unit=f.unit)
+        for lv, _c, v in snap:
+            m.add_metric(list(lv), v)
         return m
-    cls = CounterMetricFamily if f.kind == "counter" else GaugeMetricFamily
-    m = cls(f.name, f.help, labels=f.labelnames, unit=f.unit)
-    for lv, _c, v in snap:
-        m.add_metric(list(lv), v)
-    return m
+    h = core.HistogramMetricFamily(f.name, f.help, labels=f.labelnames, unit=f.unit)
+    for lv, _c, (_n, counts, total, ex) in snap:
+        buckets = [
+            (le, k) if e is None else (le, k, core.Exemplar(e[0], e[1] / f.div, e[2]))
+            for le, k, e in zip(f.les, accumulate(counts), ex, strict=True)
+        ]
+        h.add_metric(list(lv), buckets, total / f.div)
+    return h
