@@ -16,6 +16,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from typing import Any, cast
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -154,10 +155,8 @@ class MetricsServer(ThreadingWSGIServer):
 
 def _hang_up(conn: Any) -> None:
     """Unblock whatever the connection's thread waits on; it then closes the socket."""
-    try:
+    with suppress(OSError):
         socket.socket.shutdown(conn, socket.SHUT_RDWR)  # the plain socket's, TLS or not
-    except OSError:
-        pass
 
 
 def _tls(certfile: str, keyfile: str, client_cafile: str | None) -> ssl.SSLContext:
@@ -188,12 +187,11 @@ def serve_metrics(
     certificates it signed); ``basic_auth=(user, password)`` requires those credentials. An
     address it cannot listen on raises :class:`MetricsAddressError`, leaving no thread behind.
     """
-    if isinstance(addr, str):
-        parsed = parse_addr("addr", addr, check=False)  # binding below says why it cannot
-        if parsed is None:
-            raise ValueError("serve_metrics: empty address")
-        addr = parsed
-    host, port = addr
+    # A string is parsed, not checked: binding below says why it cannot.
+    parsed = parse_addr("addr", addr, check=False) if isinstance(addr, str) else addr
+    if parsed is None:
+        raise ValueError("serve_metrics: empty address")
+    host, port = parsed
     if bool(certfile) != bool(keyfile):
         raise ValueError("serve_metrics: certfile and keyfile go together (TLS needs both)")
     if basic_auth is not None and not basic_auth[0]:
