@@ -68,12 +68,9 @@ def metrics_app(registry: Any = None, basic_auth: tuple[str, str] | None = None)
             status, headers = "405 Method Not Allowed", [("Allow", "OPTIONS,GET")]
             out = f"# HTTP {status}: {method}; use OPTIONS or GET\n".encode()
         elif environ.get("PATH_INFO") != "/favicon.ico":  # an empty answer for browsers
-            out, headers = encode(
-                reg,
-                environ.get("HTTP_ACCEPT"),
-                gzip_ok=gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")),
-                params=parse_qs(environ.get("QUERY_STRING", "")),
-            )
+            accept, gz = environ.get("HTTP_ACCEPT"), environ.get("HTTP_ACCEPT_ENCODING", "")
+            query = parse_qs(environ.get("QUERY_STRING", ""))
+            out, headers = encode(reg, accept, gzip_ok=gzip_accepted(gz), params=query)
         start_response(status, headers)
         return [out]
 
@@ -87,15 +84,13 @@ _CHALLENGE = [
 
 
 class _Handler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # a scrape every few seconds is not news
+    def log_message(self, format: str, *args: Any) -> None: ...  # a scrape is not news
 
 
 class MetricsServer(ThreadingWSGIServer):
-    """A running ``/metrics`` endpoint: ``.port``, ``.url``, ``close()`` (or ``with``).
-
-    It keeps each open connection's deadline; the accept loop hangs up the late ones every
-    ``poll_interval`` (0.5 s) and the oldest when one more would pass the cap."""
+    """A running ``/metrics`` endpoint: ``.port``, ``.url``, ``close()`` (or ``with``). The accept
+    loop hangs up the connections past their deadline every ``poll_interval`` (0.5 s), and the
+    oldest when one more would pass the cap."""
 
     timeout_s, max_connections, scheme, host = TIMEOUT_S, MAX_CONNECTIONS, "http", ""
     thread: threading.Thread | None = None
@@ -180,13 +175,11 @@ def serve_metrics(
     timeout_s: float = TIMEOUT_S,
     max_connections: int = MAX_CONNECTIONS,
 ) -> MetricsServer:
-    """Serve ``registry`` on ``addr`` (``(host, port)`` or ``"host:port"``; port 0: any free
-    port, read back from ``.port``) on a daemon thread.
-
-    ``certfile`` + ``keyfile`` turn on TLS 1.2+ (``client_cafile`` requires client
-    certificates it signed); ``basic_auth=(user, password)`` requires those credentials. An
-    address it cannot listen on raises :class:`MetricsAddressError`, leaving no thread behind.
-    """
+    """Serve ``registry`` on ``addr`` (``(host, port)`` or ``"host:port"``; port 0: any free port,
+    read back from ``.port``) on a daemon thread. ``certfile`` + ``keyfile`` turn on TLS 1.2+
+    (``client_cafile`` requires client certificates it signed); ``basic_auth=(user, password)``
+    requires those credentials. An address it cannot listen on raises
+    :class:`MetricsAddressError`, leaving no thread behind."""
     # A string is parsed, not checked: binding below says why it cannot.
     parsed = parse_addr("addr", addr, check=False) if isinstance(addr, str) else addr
     if parsed is None:
