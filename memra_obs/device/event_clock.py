@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
+from contextlib import suppress
 from functools import partial
 from typing import Any, Protocol
 
@@ -203,8 +204,7 @@ class EventClock:
         #: Host ns from before the last anchor's record to after its wait: the bound on the
         #: anchor's uncertainty (0 before the first settle).
         self.anchor_window_ns = 0
-        self._n = self._cap = 0
-        self._broken = False
+        self._n, self._cap, self._broken = 0, 0, False
         self._lanes: tuple[_Lane, ...] = ()
         self._calls: tuple[list[Callable[[], None]], ...] = ()
         streams = [s for s in (e, None if eh is e else eh) if s is not None]
@@ -269,10 +269,8 @@ class EventClock:
         base, broken = self._n - n, self._broken
         self._n, self._broken = 0, False
         for lane in lanes:
-            try:
+            with suppress(Exception):
                 lane.stream.synchronize()
-            except Exception:
-                pass
         if base < 0:
             _say("settle-count", f"settle got {n} stamps for {base + n} marks; host stamps kept")
         if broken or base < 0:

@@ -17,6 +17,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -55,10 +56,9 @@ def _text(v: object) -> str:
 
 
 def _try(f: Callable[..., Any], *args: Any) -> Any:
-    try:
+    with suppress(Exception):
         return f(*args)
-    except Exception:
-        return None
+    return None
 
 
 class NvmlDevice(NamedTuple):
@@ -185,8 +185,7 @@ class FreeMemory:
         environ: Mapping[str, str] | None = None,
         report: Callable[[str, str], None] | None = None,
     ) -> None:
-        self._load_nvml = nvml or load_pynvml
-        self._load_cuda = cuda or default_cuda
+        self._load_nvml, self._load_cuda = nvml or load_pynvml, cuda or default_cuda
         self._environ = environ
         self._report = report or (lambda key, msg: say_once("memory:" + key, msg))
         self._lock = threading.Lock()
@@ -197,10 +196,8 @@ class FreeMemory:
         self._cuda: CudaQuery | None = None
 
     def _say(self, key: str, msg: str) -> None:
-        try:
+        with suppress(Exception):
             self._report(key, "free memory: " + msg)
-        except Exception:
-            pass
 
     def warm(self) -> None:
         """Initialise NVML and enumerate its devices now (once; the costly part)."""
@@ -213,8 +210,7 @@ class FreeMemory:
         self._loaded = True
         try:
             nv = self._load_nvml()
-            self._devices = _nvml_devices(nv)
-            self._nv = nv
+            self._devices, self._nv = _nvml_devices(nv), nv
         except ModuleNotFoundError:
             self._why, self._quiet = "pynvml (nvidia-ml-py) is not installed", True
         except Exception as exc:
@@ -294,16 +290,14 @@ class FreeMemory:
         return slots
 
     def _read(self, s: Slot) -> int | None:
-        cuda = self._cuda
+        cuda, i = self._cuda, s.ordinal
         if s.nvml_index is not None:
             try:
                 handle = self._devices[s.nvml_index].handle
                 return int(self._nv.nvmlDeviceGetMemoryInfo(handle).free) // MIB
             except Exception as exc:
                 via = f"using cudaMemGetInfo via {cuda.name}" if cuda else "skipped"
-                self._say(
-                    f"nvml-read:{s.ordinal}", f"NVML refused ordinal {s.ordinal} ({exc}); {via}"
-                )
+                self._say(f"nvml-read:{i}", f"NVML refused ordinal {i} ({exc}); {via}")
                 if cuda is None:
                     return None
                 with self._lock:  # for good
@@ -314,12 +308,9 @@ class FreeMemory:
         if cuda is None:
             return None
         try:
-            return int(cuda.free_bytes(s.ordinal)) // MIB
+            return int(cuda.free_bytes(i)) // MIB
         except Exception as exc:
-            self._say(
-                f"cuda-read:{s.ordinal}",
-                f"cudaMemGetInfo failed on ordinal {s.ordinal} ({exc!r}); skipped",
-            )
+            self._say(f"cuda-read:{i}", f"cudaMemGetInfo failed on ordinal {i} ({exc!r}); skipped")
             return None
 
     def snapshot(self) -> list[tuple[int, int]]:

@@ -1,10 +1,9 @@
 """Acceptance by position and the k advisor on ``/metrics`` (issue 15), per loop label set.
 
-A round adds two integer counts (rounds by k, rounds by j); the by-position counters are
-their tail sums, read at scrape, so Σ over positions equals the drafted/accepted totals
-exactly. The advice is :func:`memra_obs.analysis.advise` over a window of recent rounds,
-recomputed by the exporter's own thread at most once a second (or at ``flush``) — never by
-the loop and never by a scrape, which reads the last gauges.
+A round adds two integer counts (rounds by k, rounds by j); the by-position counters are their
+tail sums, read at scrape, so Σ over positions equals the drafted/accepted totals exactly. The
+advice (:func:`memra_obs.analysis.advise` over recent rounds) is recomputed by the exporter's
+thread at most once a second (or at ``flush``), never by the loop or a scrape.
 """
 
 from __future__ import annotations

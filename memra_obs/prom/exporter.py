@@ -1,7 +1,6 @@
 """``PrometheusExporter``: records in, children updated, nothing else — off the loop's thread
 (the export worker, the agent, the tail). A round is a bisect and a few integer adds per
 histogram; a record standing for a run of equal rounds (``RoundRecord.repeat``) costs the same.
-
 Slow rounds: the seed's summary rule on a sliding window — wall > ``slow_factor`` (1.5) x the
 median wall of the session's last ``slow_window`` (64) rounds, itself included. State is kept
 for at most ``max_sessions`` sessions, the oldest forgotten first, whether their SessionRecord
@@ -47,14 +46,12 @@ class _Session:
 
 
 class PrometheusExporter:
-    """Aggregates the record stream into the DESIGN §5 metrics, published in ``registry``.
-
-    ``registry``: a prometheus_client registry (default: the global ``REGISTRY``); an exporter
-    already publishing there is taken over (an observer being replaced), any other name clash
-    raises. ``worker_label``: label every loop series ``worker`` (``SessionRecord.worker``, else
+    """Aggregates the record stream into the DESIGN §5 metrics, published in ``registry`` (a
+    prometheus_client registry, default the global ``REGISTRY``): an exporter already publishing
+    there is taken over (an observer being replaced), any other name clash raises.
+    ``worker_label``: label every loop series ``worker`` (``SessionRecord.worker``, else
     ``worker``), for the agent and the tail. ``round_span_id``: ``(session, round) -> span id``
-    of the round's span (0: none), added to round exemplars beside the session's ``trace_id``.
-    """
+    of the round's span (0: none), added to round exemplars beside the session's ``trace_id``."""
 
     signal = "metrics"
 

@@ -1,23 +1,20 @@
 """The compact aggregation behind every series, its text, and the bridge to prometheus_client.
 
-prometheus_client formats ~10 µs a sample (the set has ~900), so a :class:`Hist` keeps bucket
-counts (one ``bisect``), an exact integer sum (ns for time), the count and the latest exemplar per
-bucket, and each child's sample prefixes are built once, for the same bytes
-(``tests/test_prom_render.py``). The exporter mutates children under its lock; a scrape copies
-them under it and renders outside. :class:`SpecCollector` is an ordinary ``Collector``; in
-:func:`encode` prometheus_client renders the rest of the registry while ours yield nothing and
-are appended from the fast text.
+prometheus_client formats ~10 µs a sample (the set has ~900): here a child keeps integer counts
+and sums and builds its sample prefixes once, for the same bytes (``tests/test_prom_render.py``).
+A scrape copies children under the exporter's lock and renders outside; :func:`encode` has
+prometheus_client render the rest of the registry and appends our collectors' fast text.
 """
 
 from __future__ import annotations
 
-import contextvars
 import gzip
 import threading
 import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
+from contextvars import ContextVar
 from itertools import accumulate
 from typing import Any
 
@@ -31,15 +28,14 @@ Snapshot = list[tuple[tuple[str, ...], Any, Any]]
 
 
 class Hist:
-    """One histogram child; ``observe`` is the hot path: one bisect, three adds."""
+    """One histogram child: counts per bucket, an exact sum in the family's unit (ns for time),
+    the latest exemplar per bucket; ``observe`` is the hot path: one bisect, three adds."""
 
     __slots__ = ("bounds", "counts", "ex", "memo", "n", "prefixes", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
+        self.bounds, self.counts, self.n = bounds, [0] * (len(bounds) + 1), 0
         self.ex: list[ExState | None] = [None] * (len(bounds) + 1)
-        self.n = 0
         self.total: float = 0
         self.prefixes: tuple[str, ...] = ()  # sample names and labels: bucket, count, sum
         self.memo: dict[bool, tuple[int, str]] = {}  # openmetrics -> (n, its text at n)
@@ -68,15 +64,12 @@ class Value:
 
     def __init__(self, read: Callable[[], float] | None = None) -> None:
         self.v: float = 0
-        self.read = read
-        self.prefix = ""
+        self.read, self.prefix = read, ""
 
     def state(self) -> float:
         if self.read is not None:
-            try:
+            with suppress(Exception):  # else the last good reading: a counter never goes back
                 self.v = self.read()
-            except Exception:
-                pass  # keep the last good reading: a counter never goes back on our account
         return self.v
 
 
@@ -164,9 +157,7 @@ class Family:
 
 #: Set by :func:`encode` while prometheus_client renders the registry: our collectors add
 #: themselves here instead of yielding families.
-_FAST: contextvars.ContextVar[list[SpecCollector] | None] = contextvars.ContextVar(
-    "memra_prom_fast", default=None
-)
+_FAST: ContextVar[list[SpecCollector] | None] = ContextVar("memra_prom_fast", default=None)
 #: The collector of the exporter currently publishing into each registry (for take-over).
 _owner: weakref.WeakKeyDictionary[Any, SpecCollector] = weakref.WeakKeyDictionary()
 _owner_lock = threading.Lock()
@@ -177,8 +168,7 @@ class SpecCollector:
     """Exposes ``families``, whose writers hold ``lock``; a scrape holds it only to copy."""
 
     def __init__(self, families: Iterable[Family], lock: threading.Lock) -> None:
-        self._families = tuple(families)
-        self._lock = lock
+        self._families, self._lock = tuple(families), lock
 
     def _snapshot(self) -> list[tuple[Family, Snapshot]]:
         with self._lock:
