@@ -200,10 +200,8 @@ def serve_metrics(
     srv.host, srv.timeout_s, srv.max_connections = host, timeout_s, max_connections
     try:
         if ctx is not None:
-            srv.scheme = "https"
-            srv.socket = ctx.wrap_socket(
-                srv.socket, server_side=True, do_handshake_on_connect=False
-            )
+            tls = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
+            srv.scheme, srv.socket = "https", tls
         srv.thread = threading.Thread(target=srv.serve_forever, name="memra-obs-metrics")
         srv.thread.daemon = True
         srv.thread.start()
