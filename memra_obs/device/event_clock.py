@@ -35,21 +35,19 @@ def framework(stream: object) -> str | None:
 def stream_handle(stream: object) -> int | None:
     """The raw ``cudaStream_t`` of a CuPy (``.ptr``) or torch (``.cuda_stream``) stream."""
     attr = {"cupy": "ptr", "torch": "cuda_stream"}.get(framework(stream) or "")
-    try:
+    with suppress(Exception):
         return None if attr is None else int(getattr(stream, attr))
-    except Exception:
-        return None
+    return None
 
 
 def stream_device(stream: object) -> int | None:
     """The CUDA ordinal of a CuPy or torch stream (None when unknown)."""
     fw = framework(stream)
-    try:
+    with suppress(Exception):
         dev = getattr(stream, "device_id", None) if fw == "cupy" else None
         dev = stream.device.index if fw == "torch" else dev  # type: ignore[attr-defined]
         return None if dev is None else int(dev)
-    except Exception:
-        return None
+    return None
 
 
 def same_stream(a: object, b: object) -> bool:
@@ -61,8 +59,7 @@ def same_stream(a: object, b: object) -> bool:
 
 
 def pair(e: Stream | None, eh: Stream | None) -> tuple[Stream | None, Stream | None]:
-    """``(e, eh)`` with ``eh`` replaced by ``e`` when it is the same stream (or None); clocks
-    compare with ``is`` after this."""
+    """``(e, eh)``, ``eh`` made ``e`` when it is the same stream (or None): clocks use ``is``."""
     if eh is None or same_stream(e, eh):
         return e, e
     return (eh, eh) if e is None else (e, eh)
