@@ -123,6 +123,8 @@ class CupyEvents(TorchEvents):
 
 
 _ops: dict[str, EventOps] = {}
+#: ``stream -> EventOps`` for its kind, or None when it has no timing events (:func:`event_ops`).
+EventsOf = Callable[[Any], EventOps | None]
 
 
 def event_ops(stream: object) -> EventOps | None:
@@ -191,11 +193,7 @@ class EventClock:
     immediate = False
 
     def __init__(
-        self,
-        e: Stream | None = None,
-        eh: Stream | None = None,
-        *,
-        events: Callable[[Any], EventOps | None] = event_ops,
+        self, e: Stream | None = None, eh: Stream | None = None, *, events: EventsOf = event_ops
     ) -> None:
         self.e, self.eh = e, eh = pair(e, eh)
         #: Host ns from before the last anchor's record to after its wait: the bound on the

@@ -40,8 +40,7 @@ class LoopAdvisor:
         self.top = 0  # positions with series so far
         self.win: deque[RoundRecord] | None = deque(maxlen=window) if window else None
         self.dirty = False
-        #: The clock that timed this label set's phases ("" until a session says).
-        self.clock = ""
+        self.clock = ""  # the clock that timed this label set's phases ("" until a session says)
         self.info: tuple[str, ...] | None = None  # the info series' label values
 
     def add(self, r: RoundRecord, n: int) -> None:

@@ -25,6 +25,7 @@ from prometheus_client.utils import floatToGoString
 #: (exemplar labels, observed value in the family's unit, epoch seconds or None)
 ExState = tuple[dict[str, str], float, "float | None"]
 Snapshot = list[tuple[tuple[str, ...], Any, Any]]
+Query = dict[str, list[str]]
 
 
 class Hist:
@@ -210,13 +211,9 @@ class SpecCollector:
 
 
 def encode(
-    registry: Any,
-    accept: str | None,
-    *,
-    gzip_ok: bool = False,
-    params: dict[str, list[str]] | None = None,
+    registry: Any, accept: str | None, *, gzip_ok: bool = False, params: Query | None = None
 ) -> tuple[bytes, list[tuple[str, str]]]:
-    """The body and headers answering one ``GET /metrics``."""
+    """The body and headers answering one ``GET /metrics`` (``params``: its parsed query)."""
     encoder, content_type = choose_encoder(accept or "")
     if params and "name[]" in params:
         body = encoder(registry.restricted_registry(params["name[]"]))  # rare: the slow path
