@@ -5,8 +5,7 @@ bus id, which CuPy or torch give per CUDA ordinal (else ``CUDA_VISIBLE_DEVICES``
 runtime reads it). Where NVML is missing, refuses, or sees a MIG card whole, ``cudaMemGetInfo``
 reads the ordinal. Nothing raises into the loop; each fallback is said once; no GPU is ``[]``.
 NVML starts once a process (~50 ms: :func:`warm` ahead of time, else the first snapshot); then a
-snapshot is one ``nvmlDeviceGetMemoryInfo`` an ordinal. Hardware is passed in (``FreeMemory(nvml=,
-cuda=)``); pynvml, CuPy and torch are imported when first needed.
+snapshot is one ``nvmlDeviceGetMemoryInfo`` an ordinal. pynvml, CuPy and torch load when needed.
 """
 
 from __future__ import annotations
@@ -77,11 +76,9 @@ def _nvml_devices(nv: Any) -> list[NvmlDevice]:
     for i in range(int(nv.nvmlDeviceGetCount())):
         h = nv.nvmlDeviceGetHandleByIndex(i)
         pci, mig = _try(nv.nvmlDeviceGetPciInfo, h), _try(nv.nvmlDeviceGetMigMode, h)
-        uuid, name = _try(nv.nvmlDeviceGetUUID, h), _try(nv.nvmlDeviceGetName, h)
+        uuid, name = _try(nv.nvmlDeviceGetUUID, h) or "", _try(nv.nvmlDeviceGetName, h) or ""
         bus = parse_bus_id(getattr(pci, "busId", None))
-        out.append(
-            NvmlDevice(i, h, bus, _text(uuid or ""), _text(name or ""), bool(mig and mig[0]))
-        )
+        out.append(NvmlDevice(i, h, bus, _text(uuid), _text(name), bool(mig and mig[0])))
     return out
 
 
@@ -268,16 +265,15 @@ class FreeMemory:
 
     def _by_environment(self) -> list[Slot]:
         env = os.environ if self._environ is None else self._environ
-        devices = self._devices
         pci_order = (env.get("CUDA_DEVICE_ORDER") or "").upper() == "PCI_BUS_ID"
-        if not pci_order and len({d.name for d in devices}) > 1:
+        if not pci_order and len({d.name for d in self._devices}) > 1:
             self._say(
                 "order",
                 "mixed GPUs and CUDA_DEVICE_ORDER is not PCI_BUS_ID; ordinals assumed in PCI bus "
                 "order (set CUDA_DEVICE_ORDER=PCI_BUS_ID, or install CuPy or torch, to be exact)",
             )
         slots = []
-        for i, d in enumerate(visible_devices(env.get("CUDA_VISIBLE_DEVICES"), devices)):
+        for i, d in enumerate(visible_devices(env.get("CUDA_VISIBLE_DEVICES"), self._devices)):
             if isinstance(d, str) or d.mig:
                 name = d if isinstance(d, str) else format_bus_id(d.bus)
                 self._say(

@@ -61,7 +61,11 @@ def metrics_app(registry: Any = None, basic_auth: tuple[str, str] | None = None)
         if want and not (
             scheme.lower() == "basic" and hmac.compare_digest(cred.strip().encode(), want)
         ):
-            status, headers, out = "401 Unauthorized", _CHALLENGE, b"401 Unauthorized\n"
+            status, out = "401 Unauthorized", b"401 Unauthorized\n"
+            headers = [
+                ("WWW-Authenticate", 'Basic realm="memra-obs", charset="UTF-8"'),
+                ("Content-Type", "text/plain; charset=utf-8"),
+            ]
         elif method == "OPTIONS":
             headers = [("Allow", "OPTIONS,GET")]
         elif method != "GET":
@@ -75,12 +79,6 @@ def metrics_app(registry: Any = None, basic_auth: tuple[str, str] | None = None)
         return [out]
 
     return app
-
-
-_CHALLENGE = [
-    ("WWW-Authenticate", 'Basic realm="memra-obs", charset="UTF-8"'),
-    ("Content-Type", "text/plain; charset=utf-8"),
-]
 
 
 class _Handler(WSGIRequestHandler):
