@@ -11,10 +11,10 @@ import itertools
 import math
 import random
 import signal
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from threading import Event, Lock, Thread
 from typing import Any
 
 from . import flags
@@ -29,16 +29,14 @@ class SimStream:
     """A pretend device stream: ``enqueue`` returns at once, ``synchronize`` sleeps it out."""
 
     def __init__(self) -> None:
-        self._busy_until = 0.0
-        self._lock = threading.Lock()
+        self._busy_until, self._lock = 0.0, Lock()
 
     def enqueue(self, seconds: float) -> None:
         with self._lock:
             self._busy_until = max(self._busy_until, time.perf_counter()) + seconds
 
     def synchronize(self) -> None:
-        if (wait := self._busy_until - time.perf_counter()) > 0:
-            time.sleep(wait)
+        self.record_event().synchronize()  # wait for the work queued so far
 
     def record_event(self, ev: SimEvent | None = None) -> SimEvent:
         """A timing event (torch's duck API: the event clock runs here too)."""
@@ -67,7 +65,7 @@ class SimDevice:
 
     total_mb: int = 81_559
     used_mb: int = 2_048
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: Lock = field(default_factory=Lock)
 
     def snapshot(self) -> list[tuple[int, int]]:
         with self.lock:
@@ -172,7 +170,7 @@ class DemoStats:
     drafted: int = 0
     accepted: int = 0
     tokens: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: Lock = field(default_factory=Lock)
 
     def add(self, **counts: int) -> None:
         with self.lock:
@@ -200,12 +198,8 @@ def serve_one(
         w.draft_alloc(ctx)
         s.lap("draft_alloc")
         s.free_memory("after")
-        s.set(
-            draft_prime_rows=prompt,
-            draft_prime_chunks=-(-prompt // 256),
-            draft_prime_arm="eager",
-            draft_kv_mb=round(ctx * 0.0625, 3),
-        )
+        s.set(draft_prime_rows=prompt, draft_prime_chunks=-(-prompt // 256))
+        s.set(draft_prime_arm="eager", draft_kv_mb=round(ctx * 0.0625, 3))
         while n["tokens"] < want:
             b = s.burst(cfg.k)
             for _ in range(cfg.burst_rounds):
@@ -236,16 +230,12 @@ def serve_one(
 
 
 def run_demo(
-    cfg: DemoConfig,
-    obs: Any = None,
-    *,
-    stop: threading.Event | None = None,
-    device: SimDevice | None = None,
+    cfg: DemoConfig, obs: Any = None, *, stop: Event | None = None, device: SimDevice | None = None
 ) -> DemoStats:
     """Run the worker until ``duration_s``/``requests``/``stop``; returns counts. ``obs``:
     default, built from the environment; ``device``: the simulated device that observer snapshots.
     ``gpu`` builds the workloads first: no GPU raises :class:`GpuUnavailable` before any loop."""
-    stop = stop or threading.Event()
+    stop = stop or Event()
     dev = device if device is not None else SimDevice()
     seeds = [None if cfg.seed is None else cfg.seed + i for i in range(cfg.concurrency)]
     gpus = [GpuWorkload(seed=sd) for sd in seeds] if cfg.gpu else []
@@ -263,9 +253,7 @@ def run_demo(
                 return
             serve_one(obs, w, rng, cfg, cfg.families[n % len(cfg.families)], st, eager)
 
-    threads = [
-        threading.Thread(target=loop, args=(i,), daemon=True) for i in range(cfg.concurrency)
-    ]
+    threads = [Thread(target=loop, args=(i,), daemon=True) for i in range(cfg.concurrency)]
     for t in threads:
         t.start()
     for t in threads:
@@ -274,7 +262,7 @@ def run_demo(
     return st
 
 
-def install_stop_handlers(stop: threading.Event) -> None:
+def install_stop_handlers(stop: Event) -> None:
     """Ctrl-C / SIGTERM end the demo after the requests in flight."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: stop.set())

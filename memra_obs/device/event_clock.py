@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
+from contextlib import suppress
 from functools import partial
 from typing import Any, Protocol
 
@@ -34,21 +35,19 @@ def framework(stream: object) -> str | None:
 def stream_handle(stream: object) -> int | None:
     """The raw ``cudaStream_t`` of a CuPy (``.ptr``) or torch (``.cuda_stream``) stream."""
     attr = {"cupy": "ptr", "torch": "cuda_stream"}.get(framework(stream) or "")
-    try:
+    with suppress(Exception):
         return None if attr is None else int(getattr(stream, attr))
-    except Exception:
-        return None
+    return None
 
 
 def stream_device(stream: object) -> int | None:
     """The CUDA ordinal of a CuPy or torch stream (None when unknown)."""
     fw = framework(stream)
-    try:
+    with suppress(Exception):
         dev = getattr(stream, "device_id", None) if fw == "cupy" else None
         dev = stream.device.index if fw == "torch" else dev  # type: ignore[attr-defined]
         return None if dev is None else int(dev)
-    except Exception:
-        return None
+    return None
 
 
 def same_stream(a: object, b: object) -> bool:
@@ -60,8 +59,7 @@ def same_stream(a: object, b: object) -> bool:
 
 
 def pair(e: Stream | None, eh: Stream | None) -> tuple[Stream | None, Stream | None]:
-    """``(e, eh)`` with ``eh`` replaced by ``e`` when it is the same stream (or None); clocks
-    compare with ``is`` after this."""
+    """``(e, eh)``, ``eh`` made ``e`` when it is the same stream (or None): clocks use ``is``."""
     if eh is None or same_stream(e, eh):
         return e, e
     return (eh, eh) if e is None else (e, eh)
@@ -125,6 +123,8 @@ class CupyEvents(TorchEvents):
 
 
 _ops: dict[str, EventOps] = {}
+#: ``stream -> EventOps`` for its kind, or None when it has no timing events (:func:`event_ops`).
+EventsOf = Callable[[Any], EventOps | None]
 
 
 def event_ops(stream: object) -> EventOps | None:
@@ -193,18 +193,13 @@ class EventClock:
     immediate = False
 
     def __init__(
-        self,
-        e: Stream | None = None,
-        eh: Stream | None = None,
-        *,
-        events: Callable[[Any], EventOps | None] = event_ops,
+        self, e: Stream | None = None, eh: Stream | None = None, *, events: EventsOf = event_ops
     ) -> None:
         self.e, self.eh = e, eh = pair(e, eh)
         #: Host ns from before the last anchor's record to after its wait: the bound on the
         #: anchor's uncertainty (0 before the first settle).
         self.anchor_window_ns = 0
-        self._n = self._cap = 0
-        self._broken = False
+        self._n, self._cap, self._broken = 0, 0, False
         self._lanes: tuple[_Lane, ...] = ()
         self._calls: tuple[list[Callable[[], None]], ...] = ()
         streams = [s for s in (e, None if eh is e else eh) if s is not None]
@@ -269,10 +264,8 @@ class EventClock:
         base, broken = self._n - n, self._broken
         self._n, self._broken = 0, False
         for lane in lanes:
-            try:
+            with suppress(Exception):
                 lane.stream.synchronize()
-            except Exception:
-                pass
         if base < 0:
             _say("settle-count", f"settle got {n} stamps for {base + n} marks; host stamps kept")
         if broken or base < 0:

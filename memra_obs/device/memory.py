@@ -5,8 +5,7 @@ bus id, which CuPy or torch give per CUDA ordinal (else ``CUDA_VISIBLE_DEVICES``
 runtime reads it). Where NVML is missing, refuses, or sees a MIG card whole, ``cudaMemGetInfo``
 reads the ordinal. Nothing raises into the loop; each fallback is said once; no GPU is ``[]``.
 NVML starts once a process (~50 ms: :func:`warm` ahead of time, else the first snapshot); then a
-snapshot is one ``nvmlDeviceGetMemoryInfo`` an ordinal. Hardware is passed in (``FreeMemory(nvml=,
-cuda=)``); pynvml, CuPy and torch are imported when first needed.
+snapshot is one ``nvmlDeviceGetMemoryInfo`` an ordinal. pynvml, CuPy and torch load when needed.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -55,10 +55,9 @@ def _text(v: object) -> str:
 
 
 def _try(f: Callable[..., Any], *args: Any) -> Any:
-    try:
+    with suppress(Exception):
         return f(*args)
-    except Exception:
-        return None
+    return None
 
 
 class NvmlDevice(NamedTuple):
@@ -77,11 +76,9 @@ def _nvml_devices(nv: Any) -> list[NvmlDevice]:
     for i in range(int(nv.nvmlDeviceGetCount())):
         h = nv.nvmlDeviceGetHandleByIndex(i)
         pci, mig = _try(nv.nvmlDeviceGetPciInfo, h), _try(nv.nvmlDeviceGetMigMode, h)
-        uuid, name = _try(nv.nvmlDeviceGetUUID, h), _try(nv.nvmlDeviceGetName, h)
+        uuid, name = _try(nv.nvmlDeviceGetUUID, h) or "", _try(nv.nvmlDeviceGetName, h) or ""
         bus = parse_bus_id(getattr(pci, "busId", None))
-        out.append(
-            NvmlDevice(i, h, bus, _text(uuid or ""), _text(name or ""), bool(mig and mig[0]))
-        )
+        out.append(NvmlDevice(i, h, bus, _text(uuid), _text(name), bool(mig and mig[0])))
     return out
 
 
@@ -185,8 +182,7 @@ class FreeMemory:
         environ: Mapping[str, str] | None = None,
         report: Callable[[str, str], None] | None = None,
     ) -> None:
-        self._load_nvml = nvml or load_pynvml
-        self._load_cuda = cuda or default_cuda
+        self._load_nvml, self._load_cuda = nvml or load_pynvml, cuda or default_cuda
         self._environ = environ
         self._report = report or (lambda key, msg: say_once("memory:" + key, msg))
         self._lock = threading.Lock()
@@ -197,10 +193,8 @@ class FreeMemory:
         self._cuda: CudaQuery | None = None
 
     def _say(self, key: str, msg: str) -> None:
-        try:
+        with suppress(Exception):
             self._report(key, "free memory: " + msg)
-        except Exception:
-            pass
 
     def warm(self) -> None:
         """Initialise NVML and enumerate its devices now (once; the costly part)."""
@@ -213,8 +207,7 @@ class FreeMemory:
         self._loaded = True
         try:
             nv = self._load_nvml()
-            self._devices = _nvml_devices(nv)
-            self._nv = nv
+            self._devices, self._nv = _nvml_devices(nv), nv
         except ModuleNotFoundError:
             self._why, self._quiet = "pynvml (nvidia-ml-py) is not installed", True
         except Exception as exc:
@@ -272,16 +265,15 @@ class FreeMemory:
 
     def _by_environment(self) -> list[Slot]:
         env = os.environ if self._environ is None else self._environ
-        devices = self._devices
         pci_order = (env.get("CUDA_DEVICE_ORDER") or "").upper() == "PCI_BUS_ID"
-        if not pci_order and len({d.name for d in devices}) > 1:
+        if not pci_order and len({d.name for d in self._devices}) > 1:
             self._say(
                 "order",
                 "mixed GPUs and CUDA_DEVICE_ORDER is not PCI_BUS_ID; ordinals assumed in PCI bus "
                 "order (set CUDA_DEVICE_ORDER=PCI_BUS_ID, or install CuPy or torch, to be exact)",
             )
         slots = []
-        for i, d in enumerate(visible_devices(env.get("CUDA_VISIBLE_DEVICES"), devices)):
+        for i, d in enumerate(visible_devices(env.get("CUDA_VISIBLE_DEVICES"), self._devices)):
             if isinstance(d, str) or d.mig:
                 name = d if isinstance(d, str) else format_bus_id(d.bus)
                 self._say(
@@ -294,16 +286,14 @@ class FreeMemory:
         return slots
 
     def _read(self, s: Slot) -> int | None:
-        cuda = self._cuda
+        cuda, i = self._cuda, s.ordinal
         if s.nvml_index is not None:
             try:
                 handle = self._devices[s.nvml_index].handle
                 return int(self._nv.nvmlDeviceGetMemoryInfo(handle).free) // MIB
             except Exception as exc:
                 via = f"using cudaMemGetInfo via {cuda.name}" if cuda else "skipped"
-                self._say(
-                    f"nvml-read:{s.ordinal}", f"NVML refused ordinal {s.ordinal} ({exc}); {via}"
-                )
+                self._say(f"nvml-read:{i}", f"NVML refused ordinal {i} ({exc}); {via}")
                 if cuda is None:
                     return None
                 with self._lock:  # for good
@@ -314,12 +304,9 @@ class FreeMemory:
         if cuda is None:
             return None
         try:
-            return int(cuda.free_bytes(s.ordinal)) // MIB
+            return int(cuda.free_bytes(i)) // MIB
         except Exception as exc:
-            self._say(
-                f"cuda-read:{s.ordinal}",
-                f"cudaMemGetInfo failed on ordinal {s.ordinal} ({exc!r}); skipped",
-            )
+            self._say(f"cuda-read:{i}", f"cudaMemGetInfo failed on ordinal {i} ({exc!r}); skipped")
             return None
 
     def snapshot(self) -> list[tuple[int, int]]:

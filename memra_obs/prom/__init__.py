@@ -1,9 +1,7 @@
 """Prometheus publication: per-round histograms and counters, exemplars, ``/metrics``.
 
-    prom = PrometheusExporter(registry)          # a RecordExporter behind the QueueSink
-    prom.export([session_record, round_record, ...])
-    server = serve_metrics(("127.0.0.1", 0), registry=prom.registry)
-    server.url, server.close()
+    prom = PrometheusExporter(registry)  # a RecordExporter behind the QueueSink: export(records)
+    server = serve_metrics(("127.0.0.1", 0), registry=prom.registry)  # server.url, .close()
 
 Names, types, labels and buckets (:mod:`.families`) are public interface (DESIGN §5).
 """

@@ -1,10 +1,9 @@
 """Acceptance by position and the k advisor on ``/metrics`` (issue 15), per loop label set.
 
-A round adds two integer counts (rounds by k, rounds by j); the by-position counters are
-their tail sums, read at scrape, so Σ over positions equals the drafted/accepted totals
-exactly. The advice is :func:`memra_obs.analysis.advise` over a window of recent rounds,
-recomputed by the exporter's own thread at most once a second (or at ``flush``) — never by
-the loop and never by a scrape, which reads the last gauges.
+A round adds two integer counts (rounds by k, rounds by j); the by-position counters are their
+tail sums, read at scrape, so Σ over positions equals the drafted/accepted totals exactly. The
+advice (:func:`memra_obs.analysis.advise` over recent rounds) is recomputed by the exporter's
+thread at most once a second (or at ``flush``), never by the loop or a scrape.
 """
 
 from __future__ import annotations
@@ -25,14 +24,6 @@ ADVICE_EVERY_S = 1.0
 #: The curve's bound: ``memra_spec_estimated_tokens_per_second{k}`` for k = 1..MAX_K.
 MAX_K = 16
 
-DRAFTED_POS = "memra_spec_drafted_tokens_by_position"
-ACCEPTED_POS = "memra_spec_accepted_tokens_by_position"
-REC_K = "memra_spec_recommended_k"
-SPEEDUP = "memra_spec_estimated_speedup"
-EXPECTED = "memra_spec_expected_tokens_per_round"
-EST_TPS = "memra_spec_estimated_tokens_per_second"
-INFO = "memra_spec_advice_info"
-
 
 def _tail_sum(counts: list[int], start: int) -> float:
     return float(sum(counts[start:]))
@@ -49,8 +40,7 @@ class LoopAdvisor:
         self.top = 0  # positions with series so far
         self.win: deque[RoundRecord] | None = deque(maxlen=window) if window else None
         self.dirty = False
-        #: The clock that timed this label set's phases ("" until a session says).
-        self.clock = ""
+        self.clock = ""  # the clock that timed this label set's phases ("" until a session says)
         self.info: tuple[str, ...] | None = None  # the info series' label values
 
     def add(self, r: RoundRecord, n: int) -> None:
@@ -71,7 +61,8 @@ class LoopAdvisor:
                 f"a round drafted k={k}: the by-position counters stop at position "
                 f"{POSITIONS - 1} (their series are bounded; the totals count every token)",
             )
-        drafted, accepted = self.f[DRAFTED_POS], self.f[ACCEPTED_POS]
+        drafted = self.f["memra_spec_drafted_tokens_by_position"]
+        accepted = self.f["memra_spec_accepted_tokens_by_position"]
         for p in range(self.top, min(k, POSITIONS)):
             drafted.child((*self.lv, str(p)), partial(_tail_sum, self.by_k, p + 1))
             accepted.child((*self.lv, str(p)), partial(_tail_sum, self.by_j, p + 1))
@@ -87,14 +78,16 @@ class LoopAdvisor:
     def publish(self, a: Any) -> None:
         """Set the gauges from an :class:`memra_obs.analysis.Advice`; under the lock."""
         f, lv = self.f, self.lv
-        f[REC_K].child(lv).v = a.recommended_k
-        f[SPEEDUP].child(lv).v = a.estimated_speedup.value
-        f[EXPECTED].child(lv).v = a.expected_tokens.value
+        f["memra_spec_recommended_k"].child(lv).v = a.recommended_k
+        f["memra_spec_estimated_speedup"].child(lv).v = a.estimated_speedup.value
+        f["memra_spec_expected_tokens_per_round"].child(lv).v = a.expected_tokens.value
+        tps = f["memra_spec_estimated_tokens_per_second"]
         for p in a.curve:
-            f[EST_TPS].child((*lv, str(p.k))).v = p.tokens_per_s.value
+            tps.child((*lv, str(p.k))).v = p.tokens_per_s.value
         info = (*lv, self.clock or "unknown", a.plain_step_source)
         if info != self.info:
+            infos = f["memra_spec_advice_info"]
             if self.info is not None:
-                f[INFO].children.pop(self.info, None)
-            f[INFO].child(info).v = 1
+                infos.children.pop(self.info, None)
+            infos.child(info).v = 1
             self.info = info

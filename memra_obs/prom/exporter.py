@@ -1,7 +1,6 @@
 """``PrometheusExporter``: records in, children updated, nothing else — off the loop's thread
 (the export worker, the agent, the tail). A round is a bisect and a few integer adds per
 histogram; a record standing for a run of equal rounds (``RoundRecord.repeat``) costs the same.
-
 Slow rounds: the seed's summary rule on a sliding window — wall > ``slow_factor`` (1.5) x the
 median wall of the session's last ``slow_window`` (64) rounds, itself included. State is kept
 for at most ``max_sessions`` sessions, the oldest forgotten first, whether their SessionRecord
@@ -24,7 +23,7 @@ from ..analysis import advise
 from ..diagnostics import say_once
 from ..records import FIRST_TOKEN_MS_FIELDS, SPEC_PROF_ROUNDS
 from ..timeline import FirstTokenRecord, Record, RoundRecord, SessionEndRecord, SessionRecord
-from .advice import ADVICE_EVERY_S, MAX_K, LoopAdvisor
+from .advice import ADVICE_EVERY_S, MAX_K
 from .families import FIRST_TOKEN_PHASES, LoopChildren, spec_families
 from .model import SpecCollector
 
@@ -47,14 +46,12 @@ class _Session:
 
 
 class PrometheusExporter:
-    """Aggregates the record stream into the DESIGN §5 metrics, published in ``registry``.
-
-    ``registry``: a prometheus_client registry (default: the global ``REGISTRY``); an exporter
-    already publishing there is taken over (an observer being replaced), any other name clash
-    raises. ``worker_label``: label every loop series ``worker`` (``SessionRecord.worker``, else
+    """Aggregates the record stream into the DESIGN §5 metrics, published in ``registry`` (a
+    prometheus_client registry, default the global ``REGISTRY``): an exporter already publishing
+    there is taken over (an observer being replaced), any other name clash raises.
+    ``worker_label``: label every loop series ``worker`` (``SessionRecord.worker``, else
     ``worker``), for the agent and the tail. ``round_span_id``: ``(session, round) -> span id``
-    of the round's span (0: none), added to round exemplars beside the session's ``trace_id``.
-    """
+    of the round's span (0: none), added to round exemplars beside the session's ``trace_id``."""
 
     signal = "metrics"
 
@@ -86,11 +83,11 @@ class PrometheusExporter:
         self._readers: dict[tuple[str, str], list[Callable[[], float]]] = {}
         self._loops: dict[tuple[str, ...], LoopChildren] = {}
         self._sessions: dict[int, _Session] = {}
-        self._dispatch: dict[type, Callable[[Any], None]] = {
+        self._dispatch: dict[type, Callable[[Any], Any]] = {
             RoundRecord: self._round,
-            SessionRecord: self._session,
+            SessionRecord: lambda rec: self._open(rec.session, rec),
             FirstTokenRecord: self._first_token,
-            SessionEndRecord: self._session_end,
+            SessionEndRecord: lambda rec: self._sessions.pop(rec.session, None),
         }
         self.collector = SpecCollector(self.families.values(), self._lock)
         self.collector.register(self.registry)
@@ -117,22 +114,18 @@ class PrometheusExporter:
         thread: the loop never waits for it, a scrape only reads the result)."""
         self._advised = time.monotonic()
         with self._lock:
-            work = [(a, a.clock, w) for a in self._advisors() if (w := a.take()) is not None]
+            # A label set with no clock (legacy lines) is fitted as sync; its info series says so.
+            advisors = [L.adv for L in self._loops.values()]
+            work = [(a, a.clock or "sync", w) for a in advisors if (w := a.take()) is not None]
         for a, clock, rounds in work:
             try:
-                adv = advise(
-                    rounds, max_k=MAX_K, plain_step_ns=self._plain_step_ns,
-                    clock=clock or "sync",  # legacy lines: unknown (the info series says so)
-                )  # fmt: skip
+                adv = advise(rounds, max_k=MAX_K, plain_step_ns=self._plain_step_ns, clock=clock)
             except Exception as exc:
                 say_once("prom.advice", f"the k advisor failed ({exc!r}); gauges left as they were")
                 continue
             if adv is not None:
                 with self._lock:
                     a.publish(adv)
-
-    def _advisors(self) -> list[LoopAdvisor]:
-        return [L.adv for L in self._loops.values()]
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """The series stay for a last scrape (:meth:`unregister` frees the names now)."""
@@ -171,9 +164,8 @@ class PrometheusExporter:
     def _open(self, sid: int, rec: SessionRecord | None) -> _Session:
         w = ((rec.worker if rec else "") or self.worker,) if self.worker_label else ()
         key = (*w, rec.family if rec else UNKNOWN_FAMILY)
-        loop = self._loops.get(key) or self._loops.setdefault(
-            key, LoopChildren(self.families, key, self._advice_window)
-        )
+        if (loop := self._loops.get(key)) is None:
+            loop = self._loops[key] = LoopChildren(self.families, key, self._advice_window)
         if rec is not None and rec.clock:
             loop.adv.clock = rec.clock
         self.families["memra_spec_first_token_seconds"].child(w)  # from the worker's first session
@@ -182,18 +174,10 @@ class PrometheusExporter:
             del self._sessions[next(iter(self._sessions))]
         return s
 
-    def _session(self, rec: SessionRecord) -> None:
-        self._open(rec.session, rec)
-
-    def _session_end(self, rec: SessionEndRecord) -> None:
-        self._sessions.pop(rec.session, None)
-
     def _round(self, r: RoundRecord) -> None:
         s = self._sessions.get(r.session) or self._open(r.session, None)
-        L = s.loop
+        L, ex, n = s.loop, s.ex, r.repeat
         t0, t1, t2, t3, t4, t5 = r.t_ns_mono
-        n = r.repeat
-        ex = s.ex
         ts = None
         if ex is not None:
             ts = (t5 + (n - 1) * (t5 - t0) + s.off) / 1e9  # a run's exemplar is its last round
@@ -229,9 +213,8 @@ class PrometheusExporter:
         self._slow(s, wall, n)
 
     def _slow(self, s: _Session, wall: int, n: int) -> None:
-        """The window rule for ``n`` rounds of ``wall`` in order. Once the window holds only
-        such rounds none of the rest is slow (``w > 1.5 w`` never holds): at most a window of
-        steps."""
+        """The window rule for ``n`` rounds of ``wall`` in order, in at most a window of steps:
+        once the window holds only such rounds, the rest are not slow (``w > 1.5 w`` is false)."""
         win, srt, slow = s.win, s.srt, 0
         for _ in range(min(n, self._window)):
             if len(win) >= self._window:
@@ -247,8 +230,7 @@ class PrometheusExporter:
         phases, gpu = f["memra_spec_first_token_phase_seconds"], f["memra_gpu_free_bytes"]
         if ex is not None and rec.intervals:
             ts = (max(end for _, _, end in rec.intervals) + s.off) / 1e9
-        # Once a session: label lookups are fine. A phase the route never ran (0 ms) gets no
-        # series.
+        # Once a session, so label lookups are fine; a phase the route never ran gets no series.
         for name, phase in zip(FIRST_TOKEN_MS_FIELDS, FIRST_TOKEN_PHASES, strict=True):
             if (ms := getattr(prof, name)) > 0.0:
                 phases.child((*w, phase)).observe(round(ms * 1e6), ex, ts)

@@ -1,9 +1,7 @@
 """The metric set of DESIGN §5 — names, types, labels, buckets, help: public interface — and
 the children a family's label set binds once, so a round touches attributes, never a lookup.
-
-Buckets are seconds (tokens for ``TOKEN_BUCKETS``); ``+Inf`` is always added. A classic
-histogram costs one series per bucket per label set, so each layout is as short as its
-question allows.
+Buckets are seconds (tokens for ``TOKEN_BUCKETS``), ``+Inf`` added; a classic histogram costs a
+series per bucket per label set, so each layout is as short as its question allows.
 """
 
 from __future__ import annotations
@@ -130,9 +128,8 @@ class LoopChildren:
         self.lv, self.split_family = lv, f["memra_spec_verify_split_seconds"]
         self.adv = LoopAdvisor(f, lv, window)
         self.round: Hist = f["memra_spec_round_seconds"].child(lv)
-        self.phases: tuple[Hist, ...] = tuple(
-            f["memra_spec_phase_seconds"].child((*lv, p)) for p in PHASES
-        )
+        phase = f["memra_spec_phase_seconds"]
+        self.phases: tuple[Hist, ...] = tuple(phase.child((*lv, p)) for p in PHASES)
         self.split: tuple[Hist, ...] = ()  # bound on the first level-2 round
         self.drafted: Hist = f["memra_spec_drafted_tokens_per_round"].child(lv)
         self.accepted: Hist = f["memra_spec_accepted_tokens_per_round"].child(lv)

@@ -1,49 +1,42 @@
 """The compact aggregation behind every series, its text, and the bridge to prometheus_client.
 
-A :class:`Hist` keeps per-bucket counts (one ``bisect``), an exact integer sum in the family's
-unit (ns for time), the count and the latest exemplar per bucket; the exporter mutates children
-under its lock, a scrape copies them under it and renders outside. prometheus_client formats
-~10 µs a sample (the set has ~900); here each child's sample prefixes are built once, for the
-same bytes (``tests/test_prom_render.py``). :class:`SpecCollector` is an ordinary ``Collector``
-(any registry, any server); in :func:`encode`, prometheus_client renders the rest of the
-registry while our collectors hand back nothing and are appended from the fast text.
+prometheus_client formats ~10 µs a sample (the set has ~900): here a child keeps integer counts
+and sums and builds its sample prefixes once, for the same bytes (``tests/test_prom_render.py``).
+A scrape copies children under the exporter's lock and renders outside; :func:`encode` has
+prometheus_client render the rest of the registry and appends our collectors' fast text.
 """
 
 from __future__ import annotations
 
-import contextvars
 import gzip
 import threading
 import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
+from contextvars import ContextVar
+from itertools import accumulate
 from typing import Any
 
+from prometheus_client import core
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 #: (exemplar labels, observed value in the family's unit, epoch seconds or None)
 ExState = tuple[dict[str, str], float, "float | None"]
 Snapshot = list[tuple[tuple[str, ...], Any, Any]]
+Query = dict[str, list[str]]
 
 
 class Hist:
-    """One histogram child; ``observe`` is the hot path: one bisect, three adds."""
+    """One histogram child: counts per bucket, an exact sum in the family's unit (ns for time),
+    the latest exemplar per bucket; ``observe`` is the hot path: one bisect, three adds."""
 
     __slots__ = ("bounds", "counts", "ex", "memo", "n", "prefixes", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
+        self.bounds, self.counts, self.n = bounds, [0] * (len(bounds) + 1), 0
         self.ex: list[ExState | None] = [None] * (len(bounds) + 1)
-        self.n = 0
         self.total: float = 0
         self.prefixes: tuple[str, ...] = ()  # sample names and labels: bucket, count, sum
         self.memo: dict[bool, tuple[int, str]] = {}  # openmetrics -> (n, its text at n)
@@ -72,15 +65,12 @@ class Value:
 
     def __init__(self, read: Callable[[], float] | None = None) -> None:
         self.v: float = 0
-        self.read = read
-        self.prefix = ""
+        self.read, self.prefix = read, ""
 
     def state(self) -> float:
         if self.read is not None:
-            try:
+            with suppress(Exception):  # else the last good reading: a counter never goes back
                 self.v = self.read()
-            except Exception:
-                pass  # keep the last good reading: a counter never goes back on our account
         return self.v
 
 
@@ -94,23 +84,16 @@ def labelstr(items: Sequence[tuple[str, str]]) -> str:
 
 
 class Family:
-    """One metric name with its children keyed by label values.
-
-    ``kind``: ``histogram``, ``counter`` or ``gauge``; a counter's ``name`` has no ``_total``
-    (prometheus_client's convention). The unit is read off the name (``_seconds``: stored as
-    integer ns; ``_bytes``)."""
+    """One metric name with its children keyed by label values. ``kind``: ``histogram``,
+    ``counter`` or ``gauge``; a counter's ``name`` has no ``_total`` (prometheus_client's
+    convention). The unit is read off the name (``_seconds``: stored as integer ns; ``_bytes``)."""
 
     __slots__ = ("bounds", "children", "div", "help", "kind", "labelnames", "les", "name", "unit")
 
     def __init__(
-        self,
-        name: str,
-        help: str,
-        kind: str,
-        labelnames: Sequence[str],
-        buckets: Sequence[float] = (),
+        self, name: str, help: str, kind: str, labels: Sequence[str], buckets: Sequence[float] = ()
     ) -> None:
-        self.name, self.help, self.kind, self.labelnames = name, help, kind, tuple(labelnames)
+        self.name, self.help, self.kind, self.labelnames = name, help, kind, tuple(labels)
         self.unit = next((u for u in ("seconds", "bytes") if name.endswith("_" + u)), "")
         self.div = 1e9 if self.unit == "seconds" else 1.0
         # Bounds in the stored unit; integral ns compare as ints (exact, and faster).
@@ -132,9 +115,8 @@ class Family:
                 )
             else:
                 c = Value(read)
-                c.prefix = (
-                    f"{self.name}{'_total' if self.kind == 'counter' else ''}{labelstr(base)} "
-                )
+                total = "_total" if self.kind == "counter" else ""
+                c.prefix = f"{self.name}{total}{labelstr(base)} "
             self.children[lv] = c
         return c
 
@@ -161,17 +143,14 @@ class Family:
         if memo is not None and memo[0] == n:
             return memo[1]  # unchanged since the last scrape
         pre, lines, cum = c.prefixes, [], 0
-        for i, k in enumerate(counts):
-            cum += k
+        for i, cum in enumerate(accumulate(counts)):
             e = ex[i] if om else None
             if e is None:
                 lines.append(f"{pre[i]}{floatToGoString(cum)}\n")
             else:
                 ts = "" if e[2] is None else f" {e[2]}"
-                lines.append(
-                    f"{pre[i]}{floatToGoString(cum)} # {labelstr(list(e[0].items()))} "
-                    f"{floatToGoString(e[1] / self.div)}{ts}\n"
-                )
+                x = f" # {labelstr(list(e[0].items()))} {floatToGoString(e[1] / self.div)}{ts}"
+                lines.append(f"{pre[i]}{floatToGoString(cum)}{x}\n")
         lines.append(
             f"{pre[-2]}{floatToGoString(cum)}\n{pre[-1]}{floatToGoString(total / self.div)}\n"
         )
@@ -181,9 +160,7 @@ class Family:
 
 #: Set by :func:`encode` while prometheus_client renders the registry: our collectors add
 #: themselves here instead of yielding families.
-_FAST: contextvars.ContextVar[list[SpecCollector] | None] = contextvars.ContextVar(
-    "memra_prom_fast", default=None
-)
+_FAST: ContextVar[list[SpecCollector] | None] = ContextVar("memra_prom_fast", default=None)
 #: The collector of the exporter currently publishing into each registry (for take-over).
 _owner: weakref.WeakKeyDictionary[Any, SpecCollector] = weakref.WeakKeyDictionary()
 _owner_lock = threading.Lock()
@@ -194,18 +171,17 @@ class SpecCollector:
     """Exposes ``families``, whose writers hold ``lock``; a scrape holds it only to copy."""
 
     def __init__(self, families: Iterable[Family], lock: threading.Lock) -> None:
-        self._families = tuple(families)
-        self._lock = lock
+        self._families, self._lock = tuple(families), lock
 
     def _snapshot(self) -> list[tuple[Family, Snapshot]]:
         with self._lock:
             return [(f, f.snapshot()) for f in self._families]
 
-    def describe(self) -> list[Metric]:
+    def describe(self) -> list[core.Metric]:
         """Names only: registering never walks the data, and name clashes are caught."""
         return [_metric(f, []) for f in self._families]
 
-    def collect(self) -> list[Metric]:
+    def collect(self) -> list[core.Metric]:
         fast = _FAST.get()
         if fast is not None:
             fast.append(self)
@@ -222,32 +198,22 @@ class SpecCollector:
         with _owner_lock:
             old = _owner.pop(registry, None)
             if old is not None:
-                _leave(registry, old)
+                with suppress(KeyError):  # its exporter unregistered it meanwhile
+                    registry.unregister(old)
             registry.register(self)
             _owner[registry] = self
 
     def unregister(self, registry: Any) -> None:
-        with _owner_lock:
+        with _owner_lock, suppress(KeyError):  # taken over, or never registered
             if _owner.get(registry) is self:
                 del _owner[registry]
-            _leave(registry, self)
-
-
-def _leave(registry: Any, c: SpecCollector) -> None:
-    try:
-        registry.unregister(c)
-    except KeyError:
-        pass  # taken over, or never registered
+            registry.unregister(self)
 
 
 def encode(
-    registry: Any,
-    accept: str | None,
-    *,
-    gzip_ok: bool = False,
-    params: dict[str, list[str]] | None = None,
+    registry: Any, accept: str | None, *, gzip_ok: bool = False, params: Query | None = None
 ) -> tuple[bytes, list[tuple[str, str]]]:
-    """The body and headers answering one ``GET /metrics``."""
+    """The body and headers answering one ``GET /metrics`` (``params``: its parsed query)."""
     encoder, content_type = choose_encoder(accept or "")
     if params and "name[]" in params:
         body = encoder(registry.restricted_registry(params["name[]"]))  # rare: the slow path
@@ -270,22 +236,18 @@ def encode(
     return body, headers
 
 
-def _metric(f: Family, snap: Snapshot) -> Metric:
-    m: Any
-    if f.kind == "histogram":
-        m = HistogramMetricFamily(f.name, f.help, labels=f.labelnames, unit=f.unit)
-        for lv, _c, (_n, counts, total, ex) in snap:
-            buckets: list[Any] = []
-            cum = 0
-            for le, k, e in zip(f.les, counts, ex, strict=True):
-                cum += k
-                buckets.append(
-                    (le, cum) if e is None else (le, cum, Exemplar(e[0], e[1] / f.div, e[2]))
-                )
-            m.add_metric(list(lv), buckets, total / f.div)
+def _metric(f: Family, snap: Snapshot) -> core.Metric:
+    if f.kind != "histogram":
+        cls = core.CounterMetricFamily if f.kind == "counter" else core.GaugeMetricFamily
+        m = cls(f.name, f.help, labels=f.labelnames, unit=f.unit)
+        for lv, _c, v in snap:
+            m.add_metric(list(lv), v)
         return m
-    cls = CounterMetricFamily if f.kind == "counter" else GaugeMetricFamily
-    m = cls(f.name, f.help, labels=f.labelnames, unit=f.unit)
-    for lv, _c, v in snap:
-        m.add_metric(list(lv), v)
-    return m
+    h = core.HistogramMetricFamily(f.name, f.help, labels=f.labelnames, unit=f.unit)
+    for lv, _c, (_n, counts, total, ex) in snap:
+        buckets = [
+            (le, k) if e is None else (le, k, core.Exemplar(e[0], e[1] / f.div, e[2]))
+            for le, k, e in zip(f.les, accumulate(counts), ex, strict=True)
+        ]
+        h.add_metric(list(lv), buckets, total / f.div)
+    return h

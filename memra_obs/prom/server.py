@@ -16,6 +16,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from typing import Any, cast
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -60,41 +61,34 @@ def metrics_app(registry: Any = None, basic_auth: tuple[str, str] | None = None)
         if want and not (
             scheme.lower() == "basic" and hmac.compare_digest(cred.strip().encode(), want)
         ):
-            status, headers, out = "401 Unauthorized", _CHALLENGE, b"401 Unauthorized\n"
+            status, out = "401 Unauthorized", b"401 Unauthorized\n"
+            headers = [
+                ("WWW-Authenticate", 'Basic realm="memra-obs", charset="UTF-8"'),
+                ("Content-Type", "text/plain; charset=utf-8"),
+            ]
         elif method == "OPTIONS":
             headers = [("Allow", "OPTIONS,GET")]
         elif method != "GET":
             status, headers = "405 Method Not Allowed", [("Allow", "OPTIONS,GET")]
             out = f"# HTTP {status}: {method}; use OPTIONS or GET\n".encode()
         elif environ.get("PATH_INFO") != "/favicon.ico":  # an empty answer for browsers
-            out, headers = encode(
-                reg,
-                environ.get("HTTP_ACCEPT"),
-                gzip_ok=gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")),
-                params=parse_qs(environ.get("QUERY_STRING", "")),
-            )
+            accept, gz = environ.get("HTTP_ACCEPT"), environ.get("HTTP_ACCEPT_ENCODING", "")
+            query = parse_qs(environ.get("QUERY_STRING", ""))
+            out, headers = encode(reg, accept, gzip_ok=gzip_accepted(gz), params=query)
         start_response(status, headers)
         return [out]
 
     return app
 
 
-_CHALLENGE = [
-    ("WWW-Authenticate", 'Basic realm="memra-obs", charset="UTF-8"'),
-    ("Content-Type", "text/plain; charset=utf-8"),
-]
-
-
 class _Handler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # a scrape every few seconds is not news
+    def log_message(self, format: str, *args: Any) -> None: ...  # a scrape is not news
 
 
 class MetricsServer(ThreadingWSGIServer):
-    """A running ``/metrics`` endpoint: ``.port``, ``.url``, ``close()`` (or ``with``).
-
-    It keeps each open connection's deadline; the accept loop hangs up the late ones every
-    ``poll_interval`` (0.5 s) and the oldest when one more would pass the cap."""
+    """A running ``/metrics`` endpoint: ``.port``, ``.url``, ``close()`` (or ``with``). The accept
+    loop hangs up the connections past their deadline every ``poll_interval`` (0.5 s), and the
+    oldest when one more would pass the cap."""
 
     timeout_s, max_connections, scheme, host = TIMEOUT_S, MAX_CONNECTIONS, "http", ""
     thread: threading.Thread | None = None
@@ -154,10 +148,8 @@ class MetricsServer(ThreadingWSGIServer):
 
 def _hang_up(conn: Any) -> None:
     """Unblock whatever the connection's thread waits on; it then closes the socket."""
-    try:
+    with suppress(OSError):
         socket.socket.shutdown(conn, socket.SHUT_RDWR)  # the plain socket's, TLS or not
-    except OSError:
-        pass
 
 
 def _tls(certfile: str, keyfile: str, client_cafile: str | None) -> ssl.SSLContext:
@@ -181,19 +173,16 @@ def serve_metrics(
     timeout_s: float = TIMEOUT_S,
     max_connections: int = MAX_CONNECTIONS,
 ) -> MetricsServer:
-    """Serve ``registry`` on ``addr`` (``(host, port)`` or ``"host:port"``; port 0: any free
-    port, read back from ``.port``) on a daemon thread.
-
-    ``certfile`` + ``keyfile`` turn on TLS 1.2+ (``client_cafile`` requires client
-    certificates it signed); ``basic_auth=(user, password)`` requires those credentials. An
-    address it cannot listen on raises :class:`MetricsAddressError`, leaving no thread behind.
-    """
-    if isinstance(addr, str):
-        parsed = parse_addr("addr", addr, check=False)  # binding below says why it cannot
-        if parsed is None:
-            raise ValueError("serve_metrics: empty address")
-        addr = parsed
-    host, port = addr
+    """Serve ``registry`` on ``addr`` (``(host, port)`` or ``"host:port"``; port 0: any free port,
+    read back from ``.port``) on a daemon thread. ``certfile`` + ``keyfile`` turn on TLS 1.2+
+    (``client_cafile`` requires client certificates it signed); ``basic_auth=(user, password)``
+    requires those credentials. An address it cannot listen on raises
+    :class:`MetricsAddressError`, leaving no thread behind."""
+    # A string is parsed, not checked: binding below says why it cannot.
+    parsed = parse_addr("addr", addr, check=False) if isinstance(addr, str) else addr
+    if parsed is None:
+        raise ValueError("serve_metrics: empty address")
+    host, port = parsed
     if bool(certfile) != bool(keyfile):
         raise ValueError("serve_metrics: certfile and keyfile go together (TLS needs both)")
     if basic_auth is not None and not basic_auth[0]:
@@ -209,10 +198,8 @@ def serve_metrics(
     srv.host, srv.timeout_s, srv.max_connections = host, timeout_s, max_connections
     try:
         if ctx is not None:
-            srv.scheme = "https"
-            srv.socket = ctx.wrap_socket(
-                srv.socket, server_side=True, do_handshake_on_connect=False
-            )
+            tls = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
+            srv.scheme, srv.socket = "https", tls
         srv.thread = threading.Thread(target=srv.serve_forever, name="memra-obs-metrics")
         srv.thread.daemon = True
         srv.thread.start()
