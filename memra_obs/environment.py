@@ -1,13 +1,8 @@
 """Every ``MEMRA_OBS_*`` knob, in one place, with the parser that reads it.
 
-Each knob has a constructor argument too: argument > environment > default. A bad value is
-a :class:`ConfigError` at start-up that names the variable; nothing falls back silently.
-(The seed's trace flags are the exception and live in :mod:`memra_obs.flags`: junk there
-means off, by the seed's law.)
-
-Exporter settings that the ecosystem already names (``OTEL_SERVICE_NAME``,
-``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_TRACES_EXPORTER``, ``OTEL_RESOURCE_ATTRIBUTES``, ...)
-are read where they are used, under those names.
+Argument > environment > default; a bad value is a :class:`ConfigError` at start-up that names
+the variable, never a silent fallback. (The seed's trace flags in :mod:`memra_obs.flags` mean
+off on junk, by the seed's law; ``OTEL_*`` settings are read where they are used.)
 """
 
 from __future__ import annotations
@@ -48,85 +43,48 @@ class ConfigError(ValueError):
     """A knob holds a value the project cannot use; the message names the variable."""
 
 
+#: Publication sinks: a comma list of ``otel``, ``prometheus``, ``nvtx``, or ``all``; empty
+#: (default): only the legacy lines the trace flags ask for.
 MEMRA_OBS_SINKS = "MEMRA_OBS_SINKS"
-"""Which publication sinks are on: a comma list of ``otel``, ``prometheus``, ``nvtx``, or
-``all``; empty (the default) publishes nothing beyond the legacy lines the trace flags ask
-for. ``memra-obs demo`` turns all of them on."""
-
+#: ``host:port`` of ``/metrics`` (default ``127.0.0.1:9464``; port 0: any free one). Empty: none.
 MEMRA_OBS_METRICS_ADDR = "MEMRA_OBS_METRICS_ADDR"
-"""Where ``/metrics`` is served, ``host:port`` (default ``127.0.0.1:9464``; ``0.0.0.0:9464``
-to expose it, port ``0`` for any free port). Empty: not served."""
-
+#: The default span destination (OTLP-JSON lines) when no ``OTEL_*`` exporter is configured.
 MEMRA_OBS_SPANS_FILE = "MEMRA_OBS_SPANS_FILE"
-"""The embedded default span destination (OTLP-JSON, one ``ExportTraceServiceRequest`` per
-line) used when no ``OTEL_*`` exporter is configured. Default ``memra-obs-spans.jsonl``."""
-
+#: Size limit of the span file: past it the file becomes ``<file>.1`` and a new one starts.
+#: Default 64 MiB; 0 = no limit.
 MEMRA_OBS_SPANS_FILE_MAX_BYTES = "MEMRA_OBS_SPANS_FILE_MAX_BYTES"
-"""Size limit of ``MEMRA_OBS_SPANS_FILE``, in bytes: a write that would pass it first renames
-the file to ``<file>.1`` (replacing an older one) and starts a new file, so the span files
-never take more than twice this on disk. Default 67108864 (64 MiB); 0 = no limit."""
-
+#: Agent mode: the directory of this host's workers' shared-memory rings. Unset: in-process.
 MEMRA_OBS_AGENT = "MEMRA_OBS_AGENT"
-"""Agent mode: the directory where this host's workers keep their shared-memory rings.
-Unset: publish in-process."""
-
+#: Agent mode: 128-byte slots per ring, a power of two >= 64 (default 65536); past it the
+#: oldest records are overwritten and counted as lost.
 MEMRA_OBS_RING_SLOTS = "MEMRA_OBS_RING_SLOTS"
-"""Agent mode: slots (128 bytes each) in each worker's shared-memory ring, a power of two
->= 64. Default 65536 (8 MiB): tens of seconds of rounds if the agent stalls; past that the
-oldest records are overwritten and the agent counts them as lost."""
-
+#: ``sync`` (default: drain the streams at every boundary, the seed's contract) or ``event``
+#: (CUDA events at the boundaries; one drain per burst).
 MEMRA_OBS_CLOCK = "MEMRA_OBS_CLOCK"
-"""``sync`` (default: drain the streams at every phase boundary, the seed's contract) or
-``event`` (record CUDA events at the boundaries; one drain per burst)."""
-
+#: Per-session bound on ``spec.round`` spans (default 256; 0: none); the rest are counted.
 MEMRA_OBS_ROUND_SPANS = "MEMRA_OBS_ROUND_SPANS"
-"""Per-session bound on ``spec.round`` spans (each with its phase children) so a long
-request stays viewable in Jaeger. Rounds past it are counted on their burst span
-(``memra.spec.rounds_unsampled``). Default 256; 0 = no round spans at all."""
-
+#: Records the in-process queue holds (default 8192); a full queue drops the newest, counted.
 MEMRA_OBS_QUEUE_SIZE = "MEMRA_OBS_QUEUE_SIZE"
-"""Capacity, in records, of the in-process hand-off queue between the loop and the
-background exporter. A full queue drops the newest record and counts it. Default 8192."""
-
+#: How often the in-process exporter drains the queue, ms (default 200).
 MEMRA_OBS_EXPORT_INTERVAL_MS = "MEMRA_OBS_EXPORT_INTERVAL_MS"
-"""How often the in-process exporter wakes to drain the queue, in ms. Default 200."""
-
+#: This worker's ``worker`` label (default: ``RANK`` if set, else the process id).
 MEMRA_OBS_WORKER = "MEMRA_OBS_WORKER"
-"""This worker's label on published metrics (``worker``), e.g. its rank. Default: ``RANK``
-if a launcher set it, else the process id."""
-
+#: PEM certificate (chain) for ``/metrics`` over HTTPS, with the key below. Unset: plain HTTP.
 MEMRA_OBS_METRICS_TLS_CERT = "MEMRA_OBS_METRICS_TLS_CERT"
-"""PEM certificate (chain) for ``/metrics`` over HTTPS; needs ``MEMRA_OBS_METRICS_TLS_KEY``.
-Unset: plain HTTP. Set it (and basic auth) before exposing ``/metrics`` beyond loopback."""
-
 MEMRA_OBS_METRICS_TLS_KEY = "MEMRA_OBS_METRICS_TLS_KEY"
-"""PEM private key of ``MEMRA_OBS_METRICS_TLS_CERT``."""
-
+#: CUDA ordinals published at most (default 64): bounds the series a garbled profile makes.
 MEMRA_OBS_MAX_DEVICES = "MEMRA_OBS_MAX_DEVICES"
-"""CUDA ordinals published at most (``memra_gpu_free_bytes`` series, a ``[spec-prof]`` line's
-free-memory lists): bounds the series a garbled or hostile profile could create. Default 64
-(a node has 8 or 16 GPUs)."""
-
+#: A file that gets one JSON line per ended session (the spec-decode record). Unset: none.
 MEMRA_OBS_REQUESTS_FILE = "MEMRA_OBS_REQUESTS_FILE"
-"""A file that gets one JSON line per ended session (request): vLLM's / AIPerf's spec-decode
-fields, the phase totals and the first-token profile. Unset: none written."""
-
+#: ``1``: the requests file's lines also carry the per-step lists. Default ``0``.
 MEMRA_OBS_REQUESTS_DETAIL = "MEMRA_OBS_REQUESTS_DETAIL"
-"""``1``: the requests file's lines also carry ``per_step_drafted`` / ``per_step_accepted``
-(one number per round). Default ``0``."""
-
+#: Rounds (per family) the k advisor's gauges are computed over (default 2048; 0: none).
 MEMRA_OBS_ADVICE_WINDOW = "MEMRA_OBS_ADVICE_WINDOW"
-"""Rounds (per family, with known counts) the k advisor's gauges are computed over: the
-sliding window of the most recent ones. Default 2048; ``0``: no advice gauges."""
-
+#: A measured plain decode step, ms: the speedup divides by it. Unset: from the verify fit.
 MEMRA_OBS_PLAIN_STEP_MS = "MEMRA_OBS_PLAIN_STEP_MS"
-"""A measured plain (one token per step, no drafter) decode step of this model, in ms: the
-estimated speedup divides by it. Unset: estimated from the verify cost fit at one row."""
-
+#: A file holding ``user:password``: ``/metrics`` then requires HTTP basic auth. A file, so the
+#: secret never shows in the environment (``/proc/*/environ``). Unset: no auth.
 MEMRA_OBS_METRICS_BASIC_AUTH_FILE = "MEMRA_OBS_METRICS_BASIC_AUTH_FILE"
-"""A file holding ``user:password`` (one line): ``/metrics`` then requires those HTTP basic
-auth credentials. A file, not the secret itself, so it never shows in the environment
-(``/proc/*/environ``, ``ps e``); mount it from a secret. Unset: no auth."""
 
 
 def parse_addr(var: str, value: str, check: bool = True) -> tuple[str, int] | None:

@@ -1,29 +1,16 @@
 """Records to exporters, off the loop: the one worker loop, and the in-process queue it drains.
 
-Three places publish records — a worker in-process, ``memra-obs agent`` (from shared-memory
-rings) and ``memra-obs tail`` (from legacy lines) — and all three do it through one
-:class:`ExportWorker`: a daemon thread that takes batches from a :class:`RecordSource`,
-hands each to every :class:`RecordExporter` (span building, metric aggregation, ...) through
-one guarded :class:`ExporterSet`, tells the source the batch is out (the agent commits its
-ring cursors there), and ticks the exporters after each drain.
+The in-process worker, ``memra-obs agent`` and ``memra-obs tail`` all publish through one
+:class:`ExportWorker`: a daemon thread that takes batches from a :class:`RecordSource` and hands
+each to every :class:`RecordExporter` through one guarded :class:`ExporterSet`, in the order
+the source produced them.
 
-In-process, the source is a :class:`QueueSink`: the loop's side is an append to a deque that
-never blocks; a full queue drops the newest record and counts it. The worker works in short
-stretches there, because the loop and this thread share one GIL: when the loop comes back
-from device work while this thread runs Python, it waits until this thread lets go — so the
-loop's tail latency is this thread's longest stretch. The worker sizes its batches to keep
-each stretch near ``stretch_ms`` (0.3 ms; it measures and adapts) and then sleeps
-``pause_s``: a real sleep, since ``time.sleep(0)`` does not reliably hand the GIL over. The
-tail, which has no loop to protect, fills the same queue with ``put_many(block=True)``: it
-waits for room instead of dropping (backpressure on its reading).
-
-At interpreter exit every started queue is shut down (bounded, ``EXIT_TIMEOUT_S`` for all of
-them); after ``fork()`` a queue re-arms in the child (a fresh, empty queue and thread), as the
-OpenTelemetry SDK's batch processor does.
-
-Exporters receive records in the order the source produced them, so they can keep
-per-session state; they must keep each ``export`` call short and never raise (the set
-guards them anyway, counting the failure).
+In-process the source is a :class:`QueueSink`: the loop appends to a deque and never blocks (a
+full queue drops the newest record and counts it). The loop and this thread share one GIL, so
+the loop's tail latency is this thread's longest stretch: the worker sizes its batches to
+about ``stretch_ms`` of work and then really sleeps ``pause_s`` (``time.sleep(0)`` does not
+reliably hand the GIL over). The tail, with no loop to protect, waits for room instead.
+Queues shut down at exit (``EXIT_TIMEOUT_S`` for all) and re-arm in a forked child.
 """
 
 from __future__ import annotations
@@ -35,7 +22,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from .diagnostics import say_once
 from .sinks.base import Sink
@@ -55,19 +42,14 @@ class RecordExporter(Protocol):
 
 
 class RecordSource(Protocol):
-    """Where an :class:`ExportWorker` takes its records from."""
+    """Where an :class:`ExportWorker` takes its records from: ``take`` up to ``limit``, oldest
+    first (``[]``: none now); ``taken``: the latest take is exported; ``pending``: more wait."""
 
-    def take(self, limit: int) -> list[Record]:
-        """Up to ``limit`` records, oldest first; ``[]`` when there are none now."""
-        ...
+    def take(self, limit: int) -> list[Record]: ...
 
-    def taken(self) -> None:
-        """The records of the latest ``take`` are exported."""
-        ...
+    def taken(self) -> None: ...
 
-    def pending(self) -> bool:
-        """More records are waiting right now."""
-        ...
+    def pending(self) -> bool: ...
 
 
 class ExporterSet:
@@ -88,15 +70,18 @@ class ExporterSet:
             except Exception as exc:
                 self._fail(ex, exc)
 
-    def tick(self) -> None:
-        """Time-driven work (an exporter's ``tick``, when it has one)."""
+    def _each(self, hook: str) -> None:
         for ex in self.exporters:
-            tick = getattr(ex, "tick", None)
-            if tick is not None:
+            fn = getattr(ex, hook, None)
+            if fn is not None:
                 try:
-                    tick()
+                    fn()
                 except Exception as exc:
                     self._fail(ex, exc)
+
+    def tick(self) -> None:
+        """Time-driven work (an exporter's ``tick``, when it has one)."""
+        self._each("tick")
 
     def flush(self, deadline: float) -> bool:
         """Flush every exporter; True when all of them got everything out in time."""
@@ -110,15 +95,8 @@ class ExporterSet:
         return ok
 
     def after_fork(self) -> None:
-        """In a forked child: each exporter's ``after_fork`` (fresh locks and threads; what
-        the parent had queued stays the parent's)."""
-        for ex in self.exporters:
-            hook = getattr(ex, "after_fork", None)
-            if hook is not None:
-                try:
-                    hook()
-                except Exception as exc:
-                    self._fail(ex, exc)
+        """In a forked child: each exporter's ``after_fork`` (fresh locks and threads)."""
+        self._each("after_fork")
 
     def shutdown(self, deadline: float, floor_s: float = 0.05) -> None:
         """Shut every exporter down; each gets what is left of ``deadline`` (at least
@@ -140,11 +118,10 @@ class ExporterSet:
 class ExportWorker:
     """The daemon thread that drains a :class:`RecordSource` into exporters.
 
-    Wakes every ``interval_ms`` (or on :meth:`wake`), exports batches until the source is
-    empty, then ticks the exporters (at most every ``tick_s``). ``batch`` is the first batch
-    size; with ``stretch_ms`` > 0 it is then scaled toward that much work per batch (1 to
-    ``max_batch`` records), with a ``pause_s`` sleep between batches; ``stretch_ms=0``
-    asks for ``max_batch`` at a time, no pause.
+    Wakes every ``interval_ms`` (or on :meth:`wake`), exports until the source is empty, then
+    ticks the exporters (at most every ``tick_s``). With ``stretch_ms`` > 0 the batch (first
+    ``batch``, 1 to ``max_batch``) is scaled toward that much work, with a ``pause_s`` sleep
+    between batches; ``stretch_ms=0``: ``max_batch`` at a time, no pause.
     """
 
     def __init__(
@@ -170,19 +147,18 @@ class ExportWorker:
         self._stretch = stretch_ms / 1000.0
         self._pause = pause_s
         self._name = name
+        self.exported = 0
+        self._arm()
+
+    def _arm(self) -> None:
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
         self._stop = False
-        self.exported = 0
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
-
-    @property
-    def started(self) -> bool:
-        return self._thread.ident is not None
 
     @property
     def alive(self) -> bool:
@@ -286,16 +262,13 @@ class ExportWorker:
 
     def rearm(self) -> None:
         """After ``fork()``, in the child: a new thread (the parent's did not come along)."""
-        self._wake = threading.Event()
-        self._idle = threading.Event()
-        self._idle.set()
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._arm()
         self.set.after_fork()
 
 
 class QueueSink(Sink):
-    """Hands every record to a bounded queue drained by an :class:`ExportWorker`."""
+    """Hands every record to a bounded queue drained by an :class:`ExportWorker` (``tuning``:
+    its ``interval_ms``, ``batch``, ``pause_s``, ``stretch_ms``, ``max_batch``)."""
 
     wants_trace_ids = True
 
@@ -304,27 +277,15 @@ class QueueSink(Sink):
         exporters: Sequence[RecordExporter],
         *,
         capacity: int = 8192,
-        interval_ms: float = 200,
-        batch: int = 16,
-        pause_s: float = 0.0002,
-        stretch_ms: float = 0.3,
-        max_batch: int = 256,
         start: bool = True,
+        **tuning: Any,
     ) -> None:
         self._q: deque[Record] = deque()
         self._cap = capacity
         self._room = threading.Condition()
         self.dropped = 0
         self._closed = False
-        self.worker = ExportWorker(
-            self,
-            exporters,
-            interval_ms=interval_ms,
-            batch=batch,
-            pause_s=pause_s,
-            stretch_ms=stretch_ms,
-            max_batch=max_batch,
-        )
+        self.worker = ExportWorker(self, exporters, **tuning)
         if start:
             self.worker.start()
             _LIVE.add(self)
@@ -339,11 +300,7 @@ class QueueSink(Sink):
             with self._room:
                 self.dropped += 1
 
-    on_session = _put
-    on_round = _put
-    on_burst = _put
-    on_first_token = _put
-    on_session_end = _put
+    on_session = on_round = on_burst = on_first_token = on_session_end = _put
 
     def put_many(self, recs: Sequence[Record], block: bool = True) -> None:
         """Queue records in order; with ``block``, wait for room instead of dropping

@@ -17,16 +17,11 @@
 
 Hot path first. With every flag and sink off, :func:`get_observer` returns
 :data:`NOOP_OBSERVER`, whose sessions and bursts are plain no-op methods: the loop pays a
-method call per boundary and nothing else, and never writes ``if enabled:``. With the
-observer on, a boundary is one clock read (plus the drain the clock's contract asks for)
-appended to a list; a round end builds one :class:`RoundRecord` and hands it to each sink
-that wants rounds. Sinks run on this thread and must not block (see :mod:`memra_obs.sinks.base`);
-anything heavier happens behind them. Nothing here raises into the loop: misuse and sink
-failures are said once (:mod:`memra_obs.diagnostics`) and skipped.
-
-Modules: this one (the observer and the disabled path), :mod:`memra_obs.session` and
-:mod:`memra_obs.burst` (sessions,
-bursts, rounds), :mod:`memra_obs.fanout` (which sink gets which record).
+method call per boundary and never writes ``if enabled:``. On, a boundary is one clock read
+(plus the drain the clock's contract asks for) appended to a list, and a round end hands one
+record to the sinks that want rounds (:mod:`memra_obs.session`, :mod:`memra_obs.burst`). Sinks
+run on this thread and must not block; nothing here raises into the loop (misuse and sink
+failures are said once, :mod:`memra_obs.diagnostics`).
 """
 
 from __future__ import annotations
@@ -49,17 +44,89 @@ from .sinks.base import Sink
 __all__ = ["NOOP_OBSERVER", "Burst", "NoOpObserver", "Observer", "Session"]
 
 
+# ---------------------------------------------------------------------- everything off
+# An object, like the OTel API's NoOpTracer: one call per boundary to a function doing nothing.
+
+
+def _nop(*args: object, **kw: object) -> None:
+    return None
+
+
+class _NoOpBurst:
+    __slots__ = ()
+    rounds = k = 0
+    begin_round = end_draft = end_verify = end_accept = end_rollback = end_round = staticmethod(
+        _nop
+    )
+    add_hook_ns = end = __exit__ = staticmethod(_nop)
+
+    @contextmanager
+    def hook(self) -> Iterator[None]:
+        yield
+
+    def __enter__(self) -> _NoOpBurst:
+        return self
+
+
+_NOOP_BURST = _NoOpBurst()
+
+
+class _NoOpSession:
+    __slots__ = ()
+    prof = log = None
+    id = 0
+    add = set = end = __exit__ = staticmethod(_nop)
+
+    def lap(self, bucket: str) -> float:
+        return 0.0
+
+    def free_memory(self, point: str) -> list[tuple[int, int]]:
+        return []
+
+    def burst(self, k: int) -> _NoOpBurst:
+        return _NOOP_BURST
+
+    def __enter__(self) -> _NoOpSession:
+        return self
+
+
+_NOOP_SESSION = _NoOpSession()
+
+
+class NoOpObserver:
+    """Everything off: every call is a method that does nothing."""
+
+    enabled = False
+    sinks: tuple[Sink, ...] = ()
+    level = dropped_rounds = 0
+    prof = False
+    where: tuple[str, ...] = ()
+    shutdown = staticmethod(_nop)
+
+    def session(self, family: str = "spec", **kw: object) -> _NoOpSession:
+        return _NOOP_SESSION
+
+    def add_sink(self, sink: Sink) -> None:
+        raise RuntimeError("the no-op observer takes no sinks; build one (memra_obs.configure)")
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        return True
+
+
+NOOP_OBSERVER = NoOpObserver()
+
+
+# ------------------------------------------------------------------------------ on
+
+
 class Observer:
     """Per process: owns the sinks and hands out sessions.
 
-    ``level`` / ``prof`` default to the seed's flags (``MEMRA_SPEC_TRACE``,
-    ``MEMRA_SPEC_PROF``); ``clock`` is ``"sync"`` or ``"event"`` (or a factory taking
-    ``(e, eh)`` and returning a :class:`PhaseClock`); ``memory`` returns
-    ``[(cuda_ordinal, free_mb)]`` for :meth:`Session.free_memory` (default: NVML).
-    ``settings`` (the resolved knobs), ``queue`` (the in-process hand-off, if any),
-    ``closers`` (called at :meth:`shutdown`, e.g. the ``/metrics`` server's close) and
-    ``where`` (its destinations, for banners) come from whoever wired it
-    (:func:`memra_obs.wiring.build_observer`).
+    ``level`` / ``prof`` default to the seed's flags; ``clock`` is ``"sync"``, ``"event"`` or a
+    factory ``(e, eh) -> PhaseClock``; ``memory`` returns ``[(cuda_ordinal, free_mb)]`` (default:
+    NVML). ``settings`` (the resolved knobs), ``queue`` (the in-process hand-off), ``closers``
+    (run at :meth:`shutdown`) and ``where`` (destinations, for banners) come from
+    :func:`memra_obs.wiring.build_observer`.
     """
 
     enabled = True
@@ -95,15 +162,11 @@ class Observer:
         self._fan = Fanout(sinks)
         self._ids = itertools.count(1)
         self._closed = False
-        #: Rounds dropped for misuse (boundaries out of order or missing, bad counts); the
-        #: loop's thread adds, a scrape reads (memra_obs_dropped_total{signal="rounds"}).
+        #: Rounds dropped for misuse (memra_obs_dropped_total{signal="rounds"}).
         self.dropped_rounds = 0
-        #: The resolved knobs (:class:`memra_obs.environment.Settings`), when wired from them.
         self.settings = settings
-        #: The in-process hand-off (:class:`memra_obs.export.QueueSink`), if any.
         self.queue = queue
         self._closers = tuple(closers)
-        #: Where this observer publishes, one line a destination (for start-up banners).
         self.where = tuple(where)
 
     # -- sinks ---------------------------------------------------------------------------
@@ -185,77 +248,3 @@ def _clock_factory(
 
         return EventClock
     raise ValueError(f"clock={clock!r}: expected 'sync', 'event' or a clock factory")
-
-
-# ---------------------------------------------------------------------- everything off
-#
-# The disabled path is an object (the OTel API's NoOpTracer, structlog's ``_nop``): a loop on
-# the no-op observer pays one call per boundary to a function that does nothing.
-
-
-def _nop(*args: object, **kw: object) -> None:
-    return None
-
-
-class _NoOpBurst:
-    __slots__ = ()
-    rounds = k = 0
-    begin_round = end_draft = end_verify = end_accept = end_rollback = end_round = staticmethod(
-        _nop
-    )
-    add_hook_ns = end = __exit__ = staticmethod(_nop)
-
-    @contextmanager
-    def hook(self) -> Iterator[None]:
-        yield
-
-    def __enter__(self) -> _NoOpBurst:
-        return self
-
-
-_NOOP_BURST = _NoOpBurst()
-
-
-class _NoOpSession:
-    __slots__ = ()
-    prof = log = None
-    id = 0
-    add = set = end = __exit__ = staticmethod(_nop)
-
-    def lap(self, bucket: str) -> float:
-        return 0.0
-
-    def free_memory(self, point: str) -> list[tuple[int, int]]:
-        return []
-
-    def burst(self, k: int) -> _NoOpBurst:
-        return _NOOP_BURST
-
-    def __enter__(self) -> _NoOpSession:
-        return self
-
-
-_NOOP_SESSION = _NoOpSession()
-
-
-class NoOpObserver:
-    """Everything off: every call is a method that does nothing."""
-
-    enabled = False
-    sinks: tuple[Sink, ...] = ()
-    level = dropped_rounds = 0
-    prof = False
-    where: tuple[str, ...] = ()
-    shutdown = staticmethod(_nop)
-
-    def session(self, family: str = "spec", **kw: object) -> _NoOpSession:
-        return _NOOP_SESSION
-
-    def add_sink(self, sink: Sink) -> None:
-        raise RuntimeError("the no-op observer takes no sinks; build one (memra_obs.configure)")
-
-    def flush(self, timeout_s: float = 5.0) -> bool:
-        return True
-
-
-NOOP_OBSERVER = NoOpObserver()

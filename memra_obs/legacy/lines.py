@@ -24,7 +24,6 @@ from ..records import (
     summary_text,
 )
 
-_F32X5 = struct.Struct("<5f")
 _F32_PACK = struct.Struct("<f").pack
 _F32_UNPACK = struct.Struct("<f").unpack
 
@@ -101,12 +100,8 @@ def phase_lines(
     split: VerifySplit | None = None,
 ) -> list[str]:
     """The per-burst line under ``tag`` and, at ``level >= 2``, the verify sub-split line
-    under ``tag_v``; ``[]`` when the burst ran no rounds.
-
-    Like the seed, the level-2 line drains ``split`` (reads and zeroes it); ``None`` stands
-    for a split that recorded nothing. Every value is the seed's ``ns as f64 / 1e6`` (per
-    round: ``/ rounds`` after that), so the same f64 reaches the same ``{:.N}``.
-    """
+    under ``tag_v`` (draining ``split``; ``None``: nothing recorded); ``[]`` for no rounds.
+    Values are the seed's ``ns as f64 / 1e6`` (then ``/ rounds``), so the digits agree."""
     n = p.rounds
     if n == 0:
         return []
@@ -190,30 +185,20 @@ def emit(
     split: VerifySplit | None = None,
     out: TextIO | LineWriter | None = None,
 ) -> None:
-    """The seed's ``SpecPhaseNs::emit``: the burst's lines to stderr, never raising.
-
-    ``level`` defaults to the process trace level; ``split`` to the process-wide level-2
-    accumulators (:data:`memra_obs.VERIFY_SPLIT`), drained here as the seed drains its atomics.
-    """
+    """The seed's ``SpecPhaseNs::emit``: the burst's lines to stderr, never raising. ``level``
+    defaults to the process trace level, ``split`` to :data:`memra_obs.VERIFY_SPLIT`."""
     try:
         lvl = spec_trace_level() if level is None else level
-        if split is None and lvl >= 2:
-            split = VERIFY_SPLIT  # the process-wide accumulators
-        lines = phase_lines(p, tag, tag_v, k, lvl, split)
-        writer = (
-            out
-            if isinstance(out, LineWriter)
-            else (stderr_writer() if out is None else LineWriter(out))
-        )
-        writer.write_lines(lines)
+        lines = phase_lines(p, tag, tag_v, k, lvl, VERIFY_SPLIT if split is None else split)
+        if not isinstance(out, LineWriter):
+            out = stderr_writer() if out is None else LineWriter(out)
+        out.write_lines(lines)
     except Exception as exc:  # instrumentation never takes the loop down
         say_once("legacy.emit", f"emit failed and is skipped from now on: {exc!r}")
 
 
 # ------------------------------------------------------------------------------ records
-#
-# Parsed lines are immutable tuples (cheap to build: the tail builds one per line); each
-# says its ``kind`` and gives its line back with ``line()``.
+# Parsed lines: tuples (cheap, one per line in the tail) with a ``kind`` and their ``line()``.
 
 
 class PhaseLine(NamedTuple):
@@ -291,8 +276,7 @@ class RoundsLine(NamedTuple):
 
 
 class SummaryLine(NamedTuple):
-    """A parsed ``[spec-prof-summary]`` line (values as printed; ``rounds=0`` leaves the
-    rest ``None``)."""
+    """A parsed ``[spec-prof-summary]`` line (as printed; ``rounds=0``: the rest ``None``)."""
 
     @property
     def kind(self) -> str:
@@ -335,8 +319,7 @@ class OverrideLine(NamedTuple):
 
 
 class AdviceLine(NamedTuple):
-    """A parsed ``[spec-advice]`` line: the k advisor's estimates over a session's logged
-    rounds (each figure with its interval, as printed)."""
+    """A parsed ``[spec-advice]`` line: the k advisor's estimates with their intervals."""
 
     @property
     def kind(self) -> str:

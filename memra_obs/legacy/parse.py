@@ -4,17 +4,10 @@ through :func:`parse_line`. A regex per shape, then the record."""
 from __future__ import annotations
 
 import re
-import struct
 from collections.abc import Sequence
 from typing import Any
 
-from ..records import (
-    FIRST_TOKEN_FIELDS,
-    U16_MAX,
-    U32_MAX,
-    SpecFirstTokenProf,
-    SpecRoundProf,
-)
+from ..records import FIRST_TOKEN_FIELDS, SpecFirstTokenProf, round_prof
 from .lines import (
     _FT_FLOAT,
     _FT_FREE,
@@ -41,8 +34,6 @@ from .lines import (
 )
 
 __all__ = ["LegacyParseError", "parse_line"]
-
-_F32X5 = struct.Struct("<5f")
 
 
 class LegacyParseError(ValueError):
@@ -196,19 +187,10 @@ def _row(line: str, body: str) -> RoundsLine:
     if m is None:
         raise LegacyParseError(line, "[spec-prof-rounds] row truncated or malformed", PROF_ROUNDS)
     i, w, d, v, a, r, k, j, c, q = m.groups()
-    k, j, c, q = int(k), int(j), int(c), int(q)
-    # The regex took digits: with no sign and the counts in range, only an f32 overflow is
-    # left to check, so the row is built as the record would store it. Anything else goes
-    # through the record, which refuses it naming the field.
-    if "-" not in body and k <= U16_MAX and j <= U16_MAX and c <= U32_MAX and q <= U32_MAX:
-        try:
-            ms = _F32X5.unpack(_F32X5.pack(float(w), float(d), float(v), float(a), float(r)))
-        except OverflowError:
-            ms = (_INF,)
-        if _INF not in ms:
-            return _tuple_new(RoundsLine, (int(i), _tuple_new(SpecRoundProf, (*ms, k, j, c, q))))
-    try:
-        prof = SpecRoundProf(float(w), float(d), float(v), float(a), float(r), k, j, c, q)
+    try:  # the record refuses a bad value, naming the field
+        prof = round_prof(
+            float(w), float(d), float(v), float(a), float(r), int(k), int(j), int(c), int(q)
+        )
     except (TypeError, ValueError) as exc:
         raise LegacyParseError(line, str(exc), PROF_ROUNDS) from None
     return _tuple_new(RoundsLine, (int(i), prof))
