@@ -176,10 +176,6 @@ def _nonblank(var: str, value: str) -> str:
     return value
 
 
-def _optional_text(var: str, value: str) -> str | None:
-    return value or None
-
-
 def _default_worker() -> str:
     return os.environ.get("RANK") or str(os.getpid())
 
@@ -267,7 +263,7 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any], Any], ...] = (
     ("metrics_addr", MEMRA_OBS_METRICS_ADDR, parse_addr, ("127.0.0.1", 9464)),
     ("spans_file", MEMRA_OBS_SPANS_FILE, _nonblank, "memra-obs-spans.jsonl"),
     ("spans_file_max_bytes", MEMRA_OBS_SPANS_FILE_MAX_BYTES, _int_in(0, 1 << 50), 64 << 20),
-    ("agent", MEMRA_OBS_AGENT, _optional_text, None),
+    ("agent", MEMRA_OBS_AGENT, lambda _, v: v or None, None),
     ("clock", MEMRA_OBS_CLOCK, _parse_clock, "sync"),
     ("round_spans", MEMRA_OBS_ROUND_SPANS, _int_in(0, 1 << 20), 256),
     ("queue_size", MEMRA_OBS_QUEUE_SIZE, _int_in(16, 1 << 24), 8192),
@@ -278,7 +274,7 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any], Any], ...] = (
     ("metrics_tls_key", MEMRA_OBS_METRICS_TLS_KEY, _readable_file, None),
     ("metrics_basic_auth", MEMRA_OBS_METRICS_BASIC_AUTH_FILE, _basic_auth_file, None),
     ("max_devices", MEMRA_OBS_MAX_DEVICES, _int_in(1, 4096), 64),
-    ("requests_file", MEMRA_OBS_REQUESTS_FILE, _optional_text, None),
+    ("requests_file", MEMRA_OBS_REQUESTS_FILE, lambda _, v: v or None, None),
     ("requests_detail", MEMRA_OBS_REQUESTS_DETAIL, lambda n, v: _int_in(0, 1)(n, v) == 1, False),
     ("advice_window", MEMRA_OBS_ADVICE_WINDOW, _int_in(0, 1 << 20), 2048),
     ("plain_step_ms", MEMRA_OBS_PLAIN_STEP_MS, _positive_ms, None),

@@ -53,9 +53,8 @@ class RecordSource(Protocol):
 
 
 class ExporterSet:
-    """RecordExporters called as one: every call is guarded, a failing exporter is counted
-    in ``errors`` and said once, and the others carry on. Deadlines are
-    ``time.monotonic()`` values shared by all of them."""
+    """RecordExporters called as one: a failing call is counted in ``errors`` and said once,
+    and the others carry on. Deadlines are ``time.monotonic()`` values shared by all."""
 
     __slots__ = ("errors", "exporters")
 
@@ -109,10 +108,8 @@ class ExporterSet:
 
     def _fail(self, ex: object, exc: BaseException) -> None:
         self.errors += 1
-        say_once(
-            f"exporter:{id(ex)}",
-            f"exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)",
-        )
+        msg = f"exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)"
+        say_once(f"exporter:{id(ex)}", msg)
 
 
 class ExportWorker:

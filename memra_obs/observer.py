@@ -1,19 +1,5 @@
-"""The one object a spec loop talks to: clock laps in, plain records out to the sinks.
-
-    obs = memra_obs.get_observer()              # a no-op when everything is off
-    s = obs.session(family="glm5", e=stream)    # per request
-    s.free_memory("before"); ...; s.lap("cache_alloc"); ...; s.lap("prime"); ...
-    b = s.burst(k=4)
-    while ...:
-        b.begin_round()
-        draft();    b.end_draft()
-        verify();   b.end_verify()
-        accept();   b.end_accept()
-        rollback(); b.end_rollback()
-        maint();    b.end_round(k=k, j=j, ctx=ctx)
-    b.end(tokens=n)
-    ...
-    s.end()
+"""The one object a spec loop talks to: clock laps in, plain records out to the sinks
+(README, "Instrumenting a loop").
 
 Hot path first. With every flag and sink off, :func:`get_observer` returns
 :data:`NOOP_OBSERVER`, whose sessions and bursts are plain no-op methods: the loop pays a
@@ -43,6 +29,8 @@ from .sinks.base import Sink
 
 __all__ = ["NOOP_OBSERVER", "Burst", "NoOpObserver", "Observer", "Session"]
 
+_ClockFactory = Callable[[Stream | None, Stream | None], PhaseClock]
+
 
 # ---------------------------------------------------------------------- everything off
 # An object, like the OTel API's NoOpTracer: one call per boundary to a function doing nothing.
@@ -55,10 +43,8 @@ def _nop(*args: object, **kw: object) -> None:
 class _NoOpBurst:
     __slots__ = ()
     rounds = k = 0
-    begin_round = end_draft = end_verify = end_accept = end_rollback = end_round = staticmethod(
-        _nop
-    )
-    add_hook_ns = end = __exit__ = staticmethod(_nop)
+    begin_round = end_draft = end_verify = end_accept = staticmethod(_nop)
+    end_rollback = end_round = add_hook_ns = end = __exit__ = staticmethod(_nop)
 
     @contextmanager
     def hook(self) -> Iterator[None]:
@@ -137,7 +123,7 @@ class Observer:
         *,
         level: int | None = None,
         prof: bool | None = None,
-        clock: str | Callable[[Stream | None, Stream | None], PhaseClock] = "sync",
+        clock: str | _ClockFactory = "sync",
         memory: Callable[[], list[tuple[int, int]]] | None = None,
         worker: str = "",
         verify_split: VerifySplit | None = None,
@@ -236,9 +222,7 @@ class Observer:
             return []
 
 
-def _clock_factory(
-    clock: str | Callable[[Stream | None, Stream | None], PhaseClock],
-) -> Callable[[Stream | None, Stream | None], PhaseClock]:
+def _clock_factory(clock: str | _ClockFactory) -> _ClockFactory:
     if callable(clock):
         return clock
     if clock == "sync":

@@ -67,10 +67,7 @@ _PHASE_NS_FIELDS = ("draft", "verify", "accept", "roll", "maint", "rounds")
 
 @dataclass(slots=True)
 class SpecPhaseNs:
-    """Per-burst phase counters (ns): the draft/verify/accept/rollback/maintenance split.
-
-    Counters are u64 and fold with wrapping adds, as the seed's release build does.
-    """
+    """Per-burst phase counters (ns), u64 with wrapping adds as in the seed's release build."""
 
     draft: int = 0
     verify: int = 0
@@ -216,20 +213,17 @@ class SpecFirstTokenProf:
     draft_prime_chunks: int = 0  #: drafter prime geometry: chunks
     draft_prime_arm: str = ""  #: which arm ran (``eager`` / ``chunked``; "" when none)
     draft_kv_mb: float = 0.0  #: the drafter ctx KV allocation at the session ctx, MB
-    #: Free device memory per CUDA ordinal before the trunk cache allocation / after the
-    #: drafter KV allocation: ``[(ordinal, free_mb)]``.
+    #: Free MB per CUDA ordinal before the trunk cache / after the drafter KV allocation.
     free_mb_before: list[tuple[int, int]] = field(default_factory=list)
     free_mb_after: list[tuple[int, int]] = field(default_factory=list)
-    #: Not in the seed: what no bucket covers between the session's drained start and the
-    #: first burst's return (free-memory snapshots, burst set-up), so the buckets add up.
+    #: Not in the seed: what no bucket covers up to the first burst's return, so they add up.
     unattributed_ms: float = 0.0
 
     def __setattr__(self, name: str, value: object) -> None:
         object.__setattr__(self, name, _check_first_token(name, value))
 
     def total_ms(self) -> float:
-        """Session creation plus the first burst (shares and round-1 buckets sit inside
-        others)."""
+        """Creation plus the first burst (shares and round-1 buckets sit inside others)."""
         return (
             self.cache_alloc_ms + self.sink_alloc_ms + self.prime_ms + self.capture_ms
             + self.anchor_ms + self.draft_alloc_ms + self.first_burst_ms + self.unattributed_ms

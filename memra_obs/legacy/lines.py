@@ -3,7 +3,6 @@ and the records a parsed line becomes; the parser is :mod:`memra_obs.legacy.pars
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any, NamedTuple, TextIO
@@ -21,11 +20,9 @@ from ..records import (
     SpecRoundProf,
     SpecRoundsLog,
     VerifySplit,
+    f32,
     summary_text,
 )
-
-_F32_PACK = struct.Struct("<f").pack
-_F32_UNPACK = struct.Struct("<f").unpack
 
 PROF_TAG = "spec-prof"
 PROF_ROUNDS_TAG = "spec-prof-rounds"
@@ -85,19 +82,14 @@ def exact_f32(x: float) -> str:
 
 
 def _f32_of(s: str) -> float:
-    return _F32_UNPACK(_F32_PACK(float(s)))[0]
+    return f32(float(s))
 
 
 # ------------------------------------------------------------------------------ writers
 
 
 def phase_lines(
-    p: SpecPhaseNs,
-    tag: str,
-    tag_v: str,
-    k: int,
-    level: int = 1,
-    split: VerifySplit | None = None,
+    p: SpecPhaseNs, tag: str, tag_v: str, k: int, level: int = 1, split: VerifySplit | None = None
 ) -> list[str]:
     """The per-burst line under ``tag`` and, at ``level >= 2``, the verify sub-split line
     under ``tag_v`` (draining ``split``; ``None``: nothing recorded); ``[]`` for no rounds.
@@ -113,11 +105,8 @@ def phase_lines(
     if level >= 2:
         vkda, scan, vmla, vffn = split.drain() if split is not None else (0, 0, 0, 0)
         vrest = max(p.verify - ((vkda + vmla) & U64_MAX), 0)  # u64 saturating_sub
-        out.append(
-            _verify_text(
-                tag_v, n, k, *(float(x) / 1e6 / r for x in (vkda, scan, vmla, vrest, vffn))
-            )
-        )
+        v = [float(x) / 1e6 / r for x in (vkda, scan, vmla, vrest, vffn)]
+        out.append(_verify_text(tag_v, n, k, *v))
     return out
 
 

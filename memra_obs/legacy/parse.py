@@ -37,11 +37,8 @@ __all__ = ["LegacyParseError", "parse_line"]
 
 
 class LegacyParseError(ValueError):
-    """A line carries a legacy tag but not the shape that goes with it.
-
-    ``kind`` is the kind the line claims to be (``phase``, ``verify``, ``prof``,
-    ``prof_rounds``, ``prof_summary``, ``override``), for counting refusals by kind.
-    """
+    """A line carries a legacy tag but not the shape that goes with it; ``kind`` is the kind
+    the line claims to be, for counting refusals by kind."""
 
     def __init__(self, line: str, reason: str, kind: str = PHASE) -> None:
         super().__init__(f"{reason}: {line[:200]!r}")
@@ -98,11 +95,8 @@ _ADVICE = re.compile(
 
 
 def parse_line(line: str) -> LegacyLine | None:
-    """Parse one line: a record for a legacy line, ``None`` for anyone else's line.
-
-    Raises :class:`LegacyParseError` (with the reason and the kind the line claims) for a
-    line that carries one of the legacy tags or shapes but is malformed or truncated.
-    """
+    """A record for a legacy line, ``None`` for anyone else's line; :class:`LegacyParseError`
+    for a line with a legacy tag or shape that is malformed or truncated."""
     if line[:1] != "[":  # the common case for other programs' lines: one slice, no regex
         return None
     text = line.rstrip("\r\n")
