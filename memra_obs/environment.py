@@ -43,47 +43,25 @@ class ConfigError(ValueError):
     """A knob holds a value the project cannot use; the message names the variable."""
 
 
-#: Publication sinks: a comma list of ``otel``, ``prometheus``, ``nvtx``, or ``all``; empty
-#: (default): only the legacy lines the trace flags ask for.
+# The variables, one per :class:`Settings` field (documented there).
 MEMRA_OBS_SINKS = "MEMRA_OBS_SINKS"
-#: ``host:port`` of ``/metrics`` (default ``127.0.0.1:9464``; port 0: any free one). Empty: none.
 MEMRA_OBS_METRICS_ADDR = "MEMRA_OBS_METRICS_ADDR"
-#: The default span destination (OTLP-JSON lines) when no ``OTEL_*`` exporter is configured.
 MEMRA_OBS_SPANS_FILE = "MEMRA_OBS_SPANS_FILE"
-#: Size limit of the span file: past it the file becomes ``<file>.1`` and a new one starts.
-#: Default 64 MiB; 0 = no limit.
 MEMRA_OBS_SPANS_FILE_MAX_BYTES = "MEMRA_OBS_SPANS_FILE_MAX_BYTES"
-#: Agent mode: the directory of this host's workers' shared-memory rings. Unset: in-process.
 MEMRA_OBS_AGENT = "MEMRA_OBS_AGENT"
-#: Agent mode: 128-byte slots per ring, a power of two >= 64 (default 65536); past it the
-#: oldest records are overwritten and counted as lost.
 MEMRA_OBS_RING_SLOTS = "MEMRA_OBS_RING_SLOTS"
-#: ``sync`` (default: drain the streams at every boundary, the seed's contract) or ``event``
-#: (CUDA events at the boundaries; one drain per burst).
 MEMRA_OBS_CLOCK = "MEMRA_OBS_CLOCK"
-#: Per-session bound on ``spec.round`` spans (default 256; 0: none); the rest are counted.
 MEMRA_OBS_ROUND_SPANS = "MEMRA_OBS_ROUND_SPANS"
-#: Records the in-process queue holds (default 8192); a full queue drops the newest, counted.
 MEMRA_OBS_QUEUE_SIZE = "MEMRA_OBS_QUEUE_SIZE"
-#: How often the in-process exporter drains the queue, ms (default 200).
 MEMRA_OBS_EXPORT_INTERVAL_MS = "MEMRA_OBS_EXPORT_INTERVAL_MS"
-#: This worker's ``worker`` label (default: ``RANK`` if set, else the process id).
 MEMRA_OBS_WORKER = "MEMRA_OBS_WORKER"
-#: PEM certificate (chain) for ``/metrics`` over HTTPS, with the key below. Unset: plain HTTP.
 MEMRA_OBS_METRICS_TLS_CERT = "MEMRA_OBS_METRICS_TLS_CERT"
 MEMRA_OBS_METRICS_TLS_KEY = "MEMRA_OBS_METRICS_TLS_KEY"
-#: CUDA ordinals published at most (default 64): bounds the series a garbled profile makes.
 MEMRA_OBS_MAX_DEVICES = "MEMRA_OBS_MAX_DEVICES"
-#: A file that gets one JSON line per ended session (the spec-decode record). Unset: none.
 MEMRA_OBS_REQUESTS_FILE = "MEMRA_OBS_REQUESTS_FILE"
-#: ``1``: the requests file's lines also carry the per-step lists. Default ``0``.
 MEMRA_OBS_REQUESTS_DETAIL = "MEMRA_OBS_REQUESTS_DETAIL"
-#: Rounds (per family) the k advisor's gauges are computed over (default 2048; 0: none).
 MEMRA_OBS_ADVICE_WINDOW = "MEMRA_OBS_ADVICE_WINDOW"
-#: A measured plain decode step, ms: the speedup divides by it. Unset: from the verify fit.
 MEMRA_OBS_PLAIN_STEP_MS = "MEMRA_OBS_PLAIN_STEP_MS"
-#: A file holding ``user:password``: ``/metrics`` then requires HTTP basic auth. A file, so the
-#: secret never shows in the environment (``/proc/*/environ``). Unset: no auth.
 MEMRA_OBS_METRICS_BASIC_AUTH_FILE = "MEMRA_OBS_METRICS_BASIC_AUTH_FILE"
 
 
@@ -211,29 +189,29 @@ def _basic_auth_file(var: str, value: str) -> tuple[str, str] | None:
 
 @dataclass(frozen=True)
 class Settings:
-    """The resolved knobs of one observer. Build with :meth:`resolve`."""
+    """The resolved knobs of one observer, each from ``MEMRA_OBS_<FIELD>``; :meth:`resolve`."""
 
-    sinks: frozenset[str] = frozenset()
-    metrics_addr: tuple[str, int] | None = ("127.0.0.1", 9464)
-    spans_file: str = "memra-obs-spans.jsonl"
-    spans_file_max_bytes: int = 64 << 20
-    agent: str | None = None
-    clock: str = "sync"
-    round_spans: int = 256
-    queue_size: int = 8192
-    export_interval_ms: int = 200
-    worker: str = ""
-    ring_slots: int = 65536
-    metrics_tls_cert: str | None = None
+    sinks: frozenset[str] = frozenset()  #: otel, prometheus, nvtx ("all"); none: legacy lines
+    metrics_addr: tuple[str, int] | None = ("127.0.0.1", 9464)  #: /metrics (port 0: any free)
+    spans_file: str = "memra-obs-spans.jsonl"  #: spans (OTLP-JSON lines) when no OTEL_* exporter
+    spans_file_max_bytes: int = 64 << 20  #: then the file becomes <file>.1 (0: no limit)
+    agent: str | None = None  #: agent mode: the directory of this host's workers' rings
+    clock: str = "sync"  #: "sync": drain at every boundary (the seed's); "event": CUDA events
+    round_spans: int = 256  #: spec.round spans per session (0: none); the rest are counted
+    queue_size: int = 8192  #: records the in-process queue holds; past it the newest drop
+    export_interval_ms: int = 200  #: how often the in-process exporter drains the queue
+    worker: str = ""  #: the ``worker`` label (from the environment: RANK, else the pid)
+    ring_slots: int = 65536  #: 128-byte slots per ring, a power of two >= 64; then overwritten
+    metrics_tls_cert: str | None = None  #: PEM chain and key: /metrics over HTTPS
     metrics_tls_key: str | None = None
-    #: (user, password); an argument may also name a file, as the variable does.
+    #: (user, password) from a file (``..._BASIC_AUTH_FILE``), so the secret never shows in the
+    #: environment; an argument may name a file too.
     metrics_basic_auth: tuple[str, str] | None = field(default=None, repr=False)
-    max_devices: int = 64
-    requests_file: str | None = None
-    requests_detail: bool = False
-    advice_window: int = 2048
-    #: A measured plain decode step, ms (None: estimated from the verify fit).
-    plain_step_ms: float | None = None
+    max_devices: int = 64  #: CUDA ordinals published at most (bounds a garbled profile)
+    requests_file: str | None = None  #: one JSON line per ended session (the spec-decode record)
+    requests_detail: bool = False  #: the requests file's lines carry the per-step lists
+    advice_window: int = 2048  #: rounds per family behind the k advisor's gauges (0: none)
+    plain_step_ms: float | None = None  #: a measured plain decode step (None: from the verify fit)
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

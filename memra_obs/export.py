@@ -5,11 +5,10 @@ The in-process worker, ``memra-obs agent`` and ``memra-obs tail`` all publish th
 each to every :class:`RecordExporter` through one guarded :class:`ExporterSet`, in the order
 the source produced them.
 
-In-process the source is a :class:`QueueSink`: the loop appends to a deque and never blocks (a
-full queue drops the newest record and counts it). The loop and this thread share one GIL, so
-the loop's tail latency is this thread's longest stretch: the worker sizes its batches to
-about ``stretch_ms`` of work and then really sleeps ``pause_s`` (``time.sleep(0)`` does not
-reliably hand the GIL over). The tail, with no loop to protect, waits for room instead.
+In-process the source is a :class:`QueueSink`: the loop appends to a deque, never blocking (a
+full queue drops the newest record, counted). The loop shares the GIL with this thread, so its
+tail latency is this thread's longest stretch: batches are sized to about ``stretch_ms`` of
+work, then a real ``pause_s`` sleep (``time.sleep(0)`` does not reliably hand the GIL over).
 Queues shut down at exit (``EXIT_TIMEOUT_S`` for all) and re-arm in a forked child.
 """
 
@@ -35,9 +34,7 @@ class RecordExporter(Protocol):
     """Consumes records off the loop's thread (in the export worker)."""
 
     def export(self, batch: Sequence[Record]) -> None: ...
-
     def flush(self, timeout_s: float = 5.0) -> bool: ...
-
     def shutdown(self, timeout_s: float = 5.0) -> None: ...
 
 
@@ -46,9 +43,7 @@ class RecordSource(Protocol):
     first (``[]``: none now); ``taken``: the latest take is exported; ``pending``: more wait."""
 
     def take(self, limit: int) -> list[Record]: ...
-
     def taken(self) -> None: ...
-
     def pending(self) -> bool: ...
 
 

@@ -7,7 +7,9 @@ the Rust worker byte for byte. Bad input is refused at the door, naming the fiel
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import re
 import struct
 import threading
@@ -406,8 +408,5 @@ def summary_text(n: int, k_mean: float, j_mean: float, accept: float, tok_per_ro
 
 
 def _fsum(xs: Iterable[float]) -> float:
-    # Rust's `Iterator::sum::<f64>()`; builtins.sum compensates on Python >= 3.12.
-    acc = -0.0
-    for x in xs:
-        acc += x
-    return acc
+    """Rust's ``Iterator::sum::<f64>()``: a left fold from -0.0 (builtins.sum compensates)."""
+    return functools.reduce(operator.add, xs, -0.0)
