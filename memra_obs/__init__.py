@@ -69,8 +69,7 @@ _lock = threading.Lock()
 
 
 def get_observer() -> Observer | NoOpObserver:
-    """The process observer, built once from the flags and ``MEMRA_OBS_*`` knobs (the no-op
-    observer when nothing is on, so a loop can always call it)."""
+    """The process observer, built once from flags and knobs (no-op when nothing is on)."""
     global _observer
     obs = _observer
     if obs is None:

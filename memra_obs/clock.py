@@ -24,8 +24,7 @@ class Stream(Protocol):
 
 
 def drain(e: Stream | None, eh: Stream | None = None) -> None:
-    """Block until the work queued on ``e`` (and ``eh``, when another object) is done. A
-    failing drain is ignored, as the seed's ``let _ =``: the loop's next call reports it."""
+    """Block until ``e`` and ``eh`` are done; a failure is ignored (the loop's next call says)."""
     if e is not None:
         try:
             e.synchronize()
@@ -45,8 +44,7 @@ def clock(e: Stream | None, eh: Stream | None = None) -> int:
 
 
 class ProfClock:
-    """Phase clock for the first-token profile: ``lap`` drains and returns the ms since the
-    previous lap (or ``start``). Only ever built with the profile on."""
+    """The first-token profile's clock: ``lap`` drains and returns the ms since the last lap."""
 
     __slots__ = ("e", "eh", "t_ns_mono")
 

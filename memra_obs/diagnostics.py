@@ -40,10 +40,6 @@ class _Once(logging.Filter):
             self._seen.add(key)
             return True
 
-    def reset(self) -> None:
-        with self._lock:
-            self._seen.clear()
-
 
 class _Fallback(logging.Handler):
     """Writes ``[memra-obs] message`` to stderr when no other handler would receive it."""
@@ -93,4 +89,5 @@ def say(msg: str) -> None:
 
 def reset() -> None:
     """Forget every key said so far (tests)."""
-    _ONCE.reset()
+    with _ONCE._lock:
+        _ONCE._seen.clear()

@@ -93,8 +93,7 @@ class ExporterSet:
         self._each("after_fork")
 
     def shutdown(self, deadline: float, floor_s: float = 0.05) -> None:
-        """Shut every exporter down; each gets what is left of ``deadline`` (at least
-        ``floor_s``, so the last one is not cut to nothing)."""
+        """Shut each exporter down with what is left of ``deadline`` (at least ``floor_s``)."""
         for ex in self.exporters:
             try:
                 ex.shutdown(max(floor_s, deadline - time.monotonic()))
@@ -139,7 +138,6 @@ class ExportWorker:
         self._stretch = stretch_ms / 1000.0
         self._pause = pause_s
         self._name = name
-        self.exported = 0
         self._arm()
 
     def _arm(self) -> None:
@@ -183,7 +181,6 @@ class ExportWorker:
             return 0
         self.set.export(batch)
         self.source.taken()
-        self.exported += len(batch)
         return len(batch)
 
     def _tick(self) -> None:
@@ -227,8 +224,7 @@ class ExportWorker:
         return out
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Export what the source holds and flush every exporter; True when all of it got
-        out within ``timeout_s``."""
+        """Export what the source holds and flush every exporter; True when all got out in time."""
         deadline = time.monotonic() + timeout_s
         if self._thread.is_alive():
             while self.source.pending() and time.monotonic() < deadline:
@@ -242,8 +238,7 @@ class ExportWorker:
         return self.set.flush(deadline) and ok
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Drain, stop the thread and shut the exporters down, all within ``timeout_s``
-        (the exporters share what the drain left of it)."""
+        """Drain, stop the thread and shut the exporters down, all within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         self.flush(timeout_s)
         self._stop = True
@@ -295,8 +290,7 @@ class QueueSink(Sink):
     on_session = on_round = on_burst = on_first_token = on_session_end = _put
 
     def put_many(self, recs: Sequence[Record], block: bool = True) -> None:
-        """Queue records in order; with ``block``, wait for room instead of dropping
-        (the tail: nothing waits on it, so its reading is held back)."""
+        """Queue records in order; ``block``: wait for room instead of dropping (the tail)."""
         q = self._q
         for rec in recs:
             if len(q) >= self._cap and block and not self._closed and self.worker.alive:
@@ -310,14 +304,8 @@ class QueueSink(Sink):
     # -- the worker's side (RecordSource) ------------------------------------------------
 
     def take(self, limit: int) -> list[Record]:
-        q = self._q
-        pop = q.popleft
-        out = []
-        try:
-            for _ in range(limit):
-                out.append(pop())
-        except IndexError:
-            pass
+        q = self._q  # the worker is its only consumer: what len() counted is there
+        out = [q.popleft() for _ in range(min(limit, len(q)))]
         if out:
             with self._room:
                 self._room.notify_all()

@@ -206,8 +206,7 @@ class Observer:
         e: Stream | None = None,
         eh: Stream | None = None,
     ) -> Session:
-        """Start one request's session. ``tag``/``tag_v`` default to ``{family}-phase`` and
-        ``{family}-phase-v`` (``[glm5-phase]`` for the glm5 loop)."""
+        """One request's session; ``tag``/``tag_v`` default to ``{family}-phase``/``-phase-v``."""
         return Session(self, family, tag or f"{family}-phase", tag_v or f"{family}-phase-v", e, eh)
 
     def memory_snapshot(self) -> list[tuple[int, int]]:

@@ -135,8 +135,7 @@ class VerifySplit:
 
 
 class SeqRows:
-    """Verify rows that took the per-row mixer arm (the seed's ``V_SEQ_ROWS``); each round
-    ``take``s (reads and zeroes) its own."""
+    """Verify rows that took the per-row arm (the seed's ``V_SEQ_ROWS``), taken per round."""
 
     __slots__ = ("_lock", "_n")
 
@@ -158,8 +157,7 @@ class SeqRows:
 
 
 class _PerThread:
-    """A process-wide accumulator whose state is the calling thread's own, so sessions on
-    different threads never mix their splits."""
+    """An accumulator per calling thread, so sessions on different threads never mix."""
 
     __slots__ = ("_local", "_make")
 
@@ -314,8 +312,7 @@ ROUND_PROF_FIELDS = _RoundProfFields._fields
 
 def round_prof(wall_ms: float, draft_ms: float, verify_ms: float, accept_ms: float,
                rest_ms: float, k: int, j: int, ctx: int, seq_rows: int) -> SpecRoundProf:  # fmt: skip
-    """A row, the fast way; values the checks would refuse go through the checking
-    constructor, which raises naming the field."""
+    """A row, the fast way (refused values go through the constructor, naming the field)."""
     if (
         type(k) is int and type(j) is int and type(ctx) is int and type(seq_rows) is int
         and 0 <= k <= U16_MAX and 0 <= j <= U16_MAX and 0 <= ctx <= U32_MAX

@@ -49,8 +49,7 @@ class _Round(NamedTuple):
 def request_record(
     ks: Sequence[int], js: Sequence[int], phases_ns: Sequence[int], detailed: bool
 ) -> dict[str, Any]:
-    """The spec-decode fields of a session's drafting rounds (``ks``/``js``: their counts) and
-    its phase totals, in ms."""
+    """A session's spec-decode fields (from its rounds' ``ks``/``js``) and phase totals (ms)."""
     rounds = map(_Round, ks, js)
     out = spec_decode_record(rounds, detailed=detailed)
     out["phase_ms"] = {p: ns / 1e6 for p, ns in zip(PHASES, phases_ns, strict=True)}

@@ -148,14 +148,12 @@ class Session:
             return 0.0
 
     def add(self, **shares_ms: float) -> None:
-        """Add ms to share buckets that sit inside others (``prime_tap_dtoh_ms``,
-        ``draft_prime_h2d_ms``, ``draft_prime_feat_ms``, ``draft_prime_kv_ms``)."""
+        """Add ms to share buckets that sit inside others (``prime_tap_dtoh_ms``, ...)."""
         for name, ms in shares_ms.items():
             self._put("add", name, _SHARES, lambda p, n=name, x=ms: getattr(p, n) + x)
 
     def set(self, **fields: object) -> None:
-        """Set the drafter-prime geometry (``draft_prime_rows``, ``draft_prime_chunks``,
-        ``draft_prime_arm``, ``draft_kv_mb``)."""
+        """Set the drafter-prime geometry (``draft_prime_rows``, ..., ``draft_kv_mb``)."""
         for name, v in fields.items():
             self._put("set", name, _GEOMETRY, lambda p, x=v: x)
 
@@ -190,8 +188,7 @@ class Session:
     # -- bursts --------------------------------------------------------------------------
 
     def burst(self, k: int) -> Burst:
-        """Enter a burst drafting ``k`` tokens per round (the ``k=`` of the phase line).
-        A burst still open is ended first (and said once): its rounds are not lost."""
+        """Enter a burst drafting ``k`` per round; one still open is ended first (said once)."""
         b = self._open_burst
         if b is not None:
             say_once("burst-open", "Session.burst() while the previous burst was not ended: "

@@ -114,8 +114,7 @@ class ProfRowsRecord(NamedTuple):
 
 
 class ProfSummaryRecord(NamedTuple):
-    """The round log's one-line summary (``SpecRoundsLog.summary``), once per session, and the
-    k advisor's ``[spec-advice]`` line over the same rows ("" when too few drafted)."""
+    """The round log's summary, once per session, and its ``[spec-advice]`` line (or "")."""
 
     session: int
     summary: str

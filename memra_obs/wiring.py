@@ -24,8 +24,7 @@ __all__ = ["Exporters", "build_exporters", "build_observer"]
 
 @dataclass
 class Exporters:
-    """What :func:`build_exporters` made; ``close()`` stops the server (exporters are shut
-    down by whoever drains them)."""
+    """What :func:`build_exporters` made; ``close()`` stops the server (not the exporters)."""
 
     spans: Any = None
     prom: Any = None

@@ -37,8 +37,7 @@ __all__ = ["LegacyParseError", "parse_line"]
 
 
 class LegacyParseError(ValueError):
-    """A line carries a legacy tag but not the shape that goes with it; ``kind`` is the kind
-    the line claims to be, for counting refusals by kind."""
+    """A line with a legacy tag but not its shape; ``kind``: the kind it claims (for counts)."""
 
     def __init__(self, line: str, reason: str, kind: str = PHASE) -> None:
         super().__init__(f"{reason}: {line[:200]!r}")
