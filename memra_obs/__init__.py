@@ -42,26 +42,11 @@ if TYPE_CHECKING:
     from .sinks.base import Sink
 
 __all__ = [
-    "SEQ_ROWS",
-    "SPEC_PROF_ROUNDS",
-    "VERIFY_SPLIT",
-    "ConfigError",
-    "SeqRows",
-    "SpecFirstTokenProf",
-    "SpecPhaseNs",
-    "SpecRoundProf",
-    "SpecRoundsLog",
-    "VerifySplit",
-    "__version__",
-    "configure",
-    "first_token_eager",
-    "get_observer",
-    "parse_level",
-    "spec_prof_on",
-    "spec_trace_level",
-    "spec_trace_level_from",
-    "spec_trace_on",
-]
+    "SEQ_ROWS", "SPEC_PROF_ROUNDS", "VERIFY_SPLIT", "ConfigError", "SeqRows", "SpecFirstTokenProf",
+    "SpecPhaseNs", "SpecRoundProf", "SpecRoundsLog", "VerifySplit", "__version__", "configure",
+    "first_token_eager", "get_observer", "parse_level", "spec_prof_on", "spec_trace_level",
+    "spec_trace_level_from", "spec_trace_on",
+]  # fmt: skip
 
 
 _observer: Any = None

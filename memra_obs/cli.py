@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from collections.abc import Sequence
 
 from .device.workload import GpuUnavailable
@@ -111,8 +112,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    import threading
-
     from . import flags
     from .demo import DemoConfig, SimDevice, install_stop_handlers, run_demo
     from .wiring import build_observer
@@ -137,12 +136,11 @@ def _demo(args: argparse.Namespace) -> int:
     dev = SimDevice()
     obs = build_observer(memory=None if cfg.gpu else dev.snapshot, strict=True)
     where = list(obs.where) or ["legacy lines only (MEMRA_OBS_SINKS is empty)"]
+    bound = "until Ctrl-C"
     if cfg.duration_s:
         bound = f"{cfg.duration_s:g}s"
     elif cfg.requests:
         bound = f"{cfg.requests} request{'s' if cfg.requests != 1 else ''}"
-    else:
-        bound = "until Ctrl-C"
     kind = "GPU" if cfg.gpu else "simulated"
     _say(f"[memra-obs] demo: {kind} worker, {bound}; " + "; ".join(where))
     stop = threading.Event()

@@ -107,13 +107,10 @@ class ExporterSet:
 
 
 class ExportWorker:
-    """The daemon thread that drains a :class:`RecordSource` into exporters.
-
-    Wakes every ``interval_ms`` (or on :meth:`wake`), exports until the source is empty, then
-    ticks the exporters (at most every ``tick_s``). With ``stretch_ms`` > 0 the batch (first
-    ``batch``, 1 to ``max_batch``) is scaled toward that much work, with a ``pause_s`` sleep
-    between batches; ``stretch_ms=0``: ``max_batch`` at a time, no pause.
-    """
+    """The daemon thread that drains a :class:`RecordSource` into exporters: every
+    ``interval_ms`` (or :meth:`wake`) until the source is empty, then a tick (at most every
+    ``tick_s``). With ``stretch_ms`` > 0 batches (from ``batch``, 1 to ``max_batch``) are sized
+    toward that much work, ``pause_s`` apart; ``stretch_ms=0``: ``max_batch``, no pause."""
 
     def __init__(
         self,

@@ -14,20 +14,10 @@ import sys
 from typing import TextIO
 
 __all__ = [
-    "MEMRA_GLM5_SPEC_TRACE",
-    "MEMRA_SPEC_FIRST_TOKEN_EAGER",
-    "MEMRA_SPEC_PROF",
-    "MEMRA_SPEC_TRACE",
-    "first_token_eager",
-    "first_token_eager_from",
-    "override_line",
-    "parse_level",
-    "spec_prof_on",
-    "spec_prof_on_from",
-    "spec_trace_level",
-    "spec_trace_level_from",
-    "spec_trace_on",
-]
+    "MEMRA_GLM5_SPEC_TRACE", "MEMRA_SPEC_FIRST_TOKEN_EAGER", "MEMRA_SPEC_PROF", "MEMRA_SPEC_TRACE",
+    "first_token_eager", "first_token_eager_from", "override_line", "parse_level", "spec_prof_on",
+    "spec_prof_on_from", "spec_trace_level", "spec_trace_level_from", "spec_trace_on",
+]  # fmt: skip
 
 #: Per-burst phase lines; ``2`` adds the level-2 verify sub-split. Anything else is off.
 MEMRA_SPEC_TRACE = "MEMRA_SPEC_TRACE"

@@ -293,10 +293,8 @@ class SpecRoundProf(_RoundProfFields):
     def __new__(cls, wall_ms: float = 0.0, draft_ms: float = 0.0, verify_ms: float = 0.0,
                 accept_ms: float = 0.0, rest_ms: float = 0.0, k: int = 0, j: int = 0,
                 ctx: int = 0, seq_rows: int = 0) -> SpecRoundProf:  # fmt: skip
-        ms = []
-        for name, v in zip(
-            ROUND_PROF_FIELDS[:5], (wall_ms, draft_ms, verify_ms, accept_ms, rest_ms), strict=True
-        ):
+        ms, vals = [], (wall_ms, draft_ms, verify_ms, accept_ms, rest_ms)
+        for name, v in zip(ROUND_PROF_FIELDS[:5], vals, strict=True):
             x = _ms(f"SpecRoundProf.{name}", v)
             if math.isinf(y := f32(x)):
                 raise ValueError(f"SpecRoundProf.{name}={x!r} does not fit in an f32")

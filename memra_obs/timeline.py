@@ -12,18 +12,9 @@ from typing import NamedTuple
 from .records import SpecFirstTokenProf, SpecPhaseNs, SpecRoundProf
 
 __all__ = [
-    "PHASES",
-    "BurstRecord",
-    "FirstTokenRecord",
-    "ProfRowsRecord",
-    "ProfSummaryRecord",
-    "Record",
-    "RoundRecord",
-    "SessionEndRecord",
-    "SessionRecord",
-    "each_round",
-    "to_epoch_ns",
-]
+    "PHASES", "BurstRecord", "FirstTokenRecord", "ProfRowsRecord", "ProfSummaryRecord", "Record",
+    "RoundRecord", "SessionEndRecord", "SessionRecord", "each_round", "to_epoch_ns",
+]  # fmt: skip
 
 #: The five phases of a round, in order; ``RoundRecord.t_ns_mono`` holds their six bounds.
 PHASES = ("draft", "verify", "accept", "rollback", "maint")

@@ -5,8 +5,7 @@ The seed's formats (phase, level-2 verify, summary) are computed with the seed's
 its order. ``[spec-prof]`` and ``[spec-prof-rounds]``, which the seed leaves open, are defined
 once (README, "Legacy lines"), as is the k advisor's verdict over a session's logged rounds:
 
-``[spec-advice] (estimate) rounds=.. clock=.. k_now=.. k_rec=.. tokens_per_round=v (lo..hi) tokens_per_s=v (lo..hi) speedup=v (lo..hi) plain_step_ms=v (source)``
-
+``[spec-advice] (estimate) rounds=.. clock=.. k_now=.. k_rec=.. tokens_per_round=v (lo..hi) tokens_per_s=v (lo..hi) speedup=v (lo..hi) plain_step_ms=v (source)``.
 :mod:`.lines` holds the writers and the line records, :mod:`.parse` the one parser.
 """
 

@@ -3,6 +3,7 @@ and the records a parsed line becomes; the parser is :mod:`memra_obs.legacy.pars
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any, NamedTuple, TextIO
@@ -61,24 +62,20 @@ def exact_f32(x: float) -> str:
     f32, without an exponent. Per-round ms values mostly need 7 digits: try 7 and 6, then
     bisect (round-tripping is monotonic in the digit count)."""
     s = f"{x:.7g}"
-    if _f32_of(s) == x:
-        t = f"{x:.6g}"
-        if _f32_of(t) == x:
-            lo, hi, s = 1, 6, t  # the answer is in lo..hi; s holds hi's digits
-            while lo < hi:
-                mid = (lo + hi) // 2
-                t = f"{x:.{mid}g}"
-                if _f32_of(t) == x:
-                    hi, s = mid, t
-                else:
-                    lo = mid + 1
-    else:
+    if _f32_of(s) != x:
         s = f"{x:.8g}"
         if _f32_of(s) != x:
             s = f"{x:.9g}"  # 9 significant digits always identify an f32
-    if "e" in s or "." not in s:
-        return _positional(s)
-    return s
+    elif _f32_of(t := f"{x:.6g}") == x:
+        lo, hi, s = 1, 6, t  # the answer is in lo..hi; s holds hi's digits
+        while lo < hi:
+            mid = (lo + hi) // 2
+            t = f"{x:.{mid}g}"
+            if _f32_of(t) == x:
+                hi, s = mid, t
+            else:
+                lo = mid + 1
+    return _positional(s)
 
 
 def _f32_of(s: str) -> float:
@@ -149,15 +146,13 @@ def prof_line(prof: SpecFirstTokenProf) -> str:
 
 def prof_rounds_lines(rows: Sequence[SpecRoundProf], start: int = 0) -> list[str]:
     """One ``[spec-prof-rounds]`` line per row; ``start`` is the first row's log index."""
-    out = []
-    for i, r in enumerate(rows, start):
-        out.append(
-            f"[{PROF_ROUNDS_TAG}] row={i} wall_ms={exact_f32(r.wall_ms)} "
-            f"draft_ms={exact_f32(r.draft_ms)} verify_ms={exact_f32(r.verify_ms)} "
-            f"accept_ms={exact_f32(r.accept_ms)} rest_ms={exact_f32(r.rest_ms)} "
-            f"k={r.k} j={r.j} ctx={r.ctx} seq_rows={r.seq_rows}"
-        )
-    return out
+    return [
+        f"[{PROF_ROUNDS_TAG}] row={i} wall_ms={exact_f32(r.wall_ms)} "
+        f"draft_ms={exact_f32(r.draft_ms)} verify_ms={exact_f32(r.verify_ms)} "
+        f"accept_ms={exact_f32(r.accept_ms)} rest_ms={exact_f32(r.rest_ms)} "
+        f"k={r.k} j={r.j} ctx={r.ctx} seq_rows={r.seq_rows}"
+        for i, r in enumerate(rows, start)
+    ]
 
 
 def prof_summary_line(log: SpecRoundsLog) -> str:
@@ -338,10 +333,7 @@ class AdviceLine(NamedTuple):
 
 def advice_line(a: Any) -> str:
     """The ``[spec-advice]`` line of an :class:`memra_obs.analysis.Advice`."""
-
-    def iv(x: Any) -> tuple[float, float, float]:
-        return (x.value, x.lo, x.hi)
-
+    iv = operator.attrgetter("value", "lo", "hi")
     return AdviceLine(
         a.rounds, a.clock, a.current_k, a.recommended_k, iv(a.expected_tokens),
         iv(a.tokens_per_s), iv(a.estimated_speedup), a.plain_step_ns / 1e6, a.plain_step_source,
