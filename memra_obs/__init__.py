@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from .environment import ConfigError
+from .environment import ConfigError, Settings
 from .flags import (
     first_token_eager,
     parse_level,
@@ -41,26 +42,11 @@ if TYPE_CHECKING:
     from .sinks.base import Sink
 
 __all__ = [
-    "SEQ_ROWS",
-    "SPEC_PROF_ROUNDS",
-    "VERIFY_SPLIT",
-    "ConfigError",
-    "SeqRows",
-    "SpecFirstTokenProf",
-    "SpecPhaseNs",
-    "SpecRoundProf",
-    "SpecRoundsLog",
-    "VerifySplit",
-    "__version__",
-    "configure",
-    "first_token_eager",
-    "get_observer",
-    "parse_level",
-    "spec_prof_on",
-    "spec_trace_level",
-    "spec_trace_level_from",
-    "spec_trace_on",
-]
+    "SEQ_ROWS", "SPEC_PROF_ROUNDS", "VERIFY_SPLIT", "ConfigError", "SeqRows", "SpecFirstTokenProf",
+    "SpecPhaseNs", "SpecRoundProf", "SpecRoundsLog", "VerifySplit", "__version__", "configure",
+    "first_token_eager", "get_observer", "parse_level", "spec_prof_on", "spec_trace_level",
+    "spec_trace_level_from", "spec_trace_on",
+]  # fmt: skip
 
 
 _observer: Any = None
@@ -68,10 +54,7 @@ _lock = threading.Lock()
 
 
 def get_observer() -> Observer | NoOpObserver:
-    """The process observer, built once from the flags and ``MEMRA_OBS_*`` knobs.
-
-    Returns the no-op observer when nothing is on, so a loop can always call it.
-    """
+    """The process observer, built once from flags and knobs (no-op when nothing is on)."""
     global _observer
     obs = _observer
     if obs is None:
@@ -114,12 +97,9 @@ def configure(
     env: Mapping[str, str] | None = None,
 ) -> Observer | NoOpObserver:
     """Build the process observer from arguments and make it the one :func:`get_observer`
-    returns. Each argument is the knob of the same name (README "Knobs"; ``None``: the
-    environment's value, else the default): argument > environment > default.
-
-    ``level`` (0, 1, 2) and ``prof`` override the seed's flags (``MEMRA_SPEC_TRACE``,
-    ``MEMRA_SPEC_PROF``); ``env`` replaces ``os.environ`` as where knobs are read. A value no
-    loop can use raises :class:`ConfigError` naming the argument; nothing is built then.
+    returns. Each argument is the knob of the same name (``None``: the environment's, else the
+    default); ``level`` (0, 1, 2) and ``prof`` override the seed's flags; ``env`` replaces
+    ``os.environ``. A value no loop can use raises :class:`ConfigError` naming the argument.
     """
     global _observer
     from .wiring import build_observer
@@ -143,9 +123,4 @@ def configure(
         return _observer
 
 
-_KNOBS = frozenset(
-    ("sinks", "metrics_addr", "spans_file", "agent", "clock", "round_spans", "queue_size",
-     "export_interval_ms", "worker", "ring_slots", "metrics_tls_cert", "metrics_tls_key",
-     "metrics_basic_auth", "max_devices", "requests_file", "requests_detail",
-     "advice_window", "plain_step_ms", "spans_file_max_bytes")
-)  # fmt: skip
+_KNOBS = frozenset(f.name for f in fields(Settings))

@@ -1,13 +1,10 @@
 """A burst (a run of rounds between two returns to the caller): where the loop's boundary
 marks become round records.
 
-A boundary is one clock mark (plus the drain the sync clock's contract asks for); a round end
-builds one :class:`~memra_obs.timeline.RoundRecord` and hands it to each sink that wants
-rounds. Each boundary knows its place (``begin_round``, ``end_draft``, ``end_verify``,
-``end_accept``, ``end_rollback``, ``end_round``): one out of order, a missing one or counts no
-loop produces drop the round they belong to, said once and counted in
-``Observer.dropped_rounds`` (``memra_obs_dropped_total{signal="rounds"}``). Marks are kept
-per round (the sync clock) or per settle (the event clock settles every
+A boundary is one clock mark; a round end builds one :class:`~memra_obs.timeline.RoundRecord`
+for the sinks that want rounds. A boundary out of order, a missing one or counts no loop
+produces drop their round, said once and counted in ``Observer.dropped_rounds``. Marks are
+kept per round (sync clock) or per settle (the event clock settles every
 :data:`SETTLE_ROUNDS` rounds), so a long burst holds bounded memory.
 """
 
@@ -37,12 +34,9 @@ _index = operator.index
 
 
 class Burst:
-    """A run of rounds between two returns to the caller.
-
-    Boundaries: ``begin_round``, then ``end_draft``, ``end_verify``, ``end_accept``,
-    ``end_rollback``, and ``end_round(k, j, ctx)`` closing maintenance: one clock mark each;
-    ``end_round`` turns the round's six marks into a record.
-    """
+    """A run of rounds between two returns to the caller: ``begin_round``, ``end_draft``,
+    ``end_verify``, ``end_accept``, ``end_rollback``, ``end_round(k, j, ctx)`` (closing
+    maintenance), one clock mark each."""
 
     __slots__ = (
         "_at", "_clock", "_ended", "_hook_ns", "_mark", "_pending", "_phases", "_r0", "_s",
@@ -60,8 +54,7 @@ class Burst:
         self._mark = s._clock.mark
         #: This round's marks (sync clock), or every mark since the last settle (event).
         self._t: list[int] = []
-        #: The boundary reached in the open round (an index of _ORDER); -1: none open; -2: the
-        #: open round was dropped (its remaining boundaries are ignored until begin_round).
+        #: The open round's last boundary (an index of _ORDER); -1: none open; -2: dropped.
         self._at = -1
         self._r0 = 0  # where the open round's marks start in _t
         self._phases = SpecPhaseNs()
@@ -103,15 +96,12 @@ class Burst:
         self._step(4)
 
     def end_round(self, k: int, j: int, ctx: int = 0, seq_rows: int | None = None) -> None:
-        """Close maintenance and the round: ``k`` drafted, ``j`` accepted (0 <= j <= k),
-        ``ctx`` trunk rows at round entry; ``seq_rows`` defaults to what the walk added to
-        ``SEQ_ROWS``. Bad counts drop the round (said once), as missing boundaries do."""
+        """Close the round: ``k`` drafted, ``j`` accepted (0 <= j <= k), ``ctx`` trunk rows at
+        entry; ``seq_rows`` defaults to what the walk added to ``SEQ_ROWS``."""
         if self._at != 4:
-            if self._at == -2:
-                self._at = -1
-            else:
+            if self._at != -2:
                 self._drop("end_round")
-                self._at = -1
+            self._at = -1
             return
         t = self._t
         t.append(self._mark())
@@ -147,9 +137,8 @@ class Burst:
         self._hook_ns += ns
 
     def end(self, tokens: int | None = None) -> None:
-        """Return to the caller: settle the clock, emit the burst (and, after the session's
-        first burst, the first-token profile). ``tokens`` defaults to the rounds' tokens
-        (plus the anchor token on the first burst)."""
+        """Return to the caller: settle the clock, emit the burst (and after the first, the
+        first-token profile). ``tokens`` defaults to the rounds' (+1 anchor on the first)."""
         end = now_ns()
         if self._ended:
             say_once("burst-end", "Burst.end called twice; the second call is ignored")
@@ -255,9 +244,8 @@ class Burst:
                     say_once("roundprof", f"round log row refused: {exc}")
 
     def _drop(self, call: str, bad: str = "") -> None:
-        """The open round is spoiled: drop it, count it, say so once (per kind of misuse).
-        Its remaining boundaries are ignored (``_at`` -2) until the next ``begin_round``; its
-        marks, if any, stay where they are (the event clock settles them with the rest)."""
+        """Drop the open round, count it, say so once per kind of misuse; its remaining
+        boundaries are ignored until ``begin_round`` (its marks settle with the rest)."""
         at = self._at
         self._at = -2
         self._s._obs.dropped_rounds += 1
@@ -273,10 +261,9 @@ class Burst:
 
 
 class _RangedBurst(Burst):
-    """A :class:`Burst` that also opens and closes named ranges (NVTX) at each boundary, right
-    after the clock's mark: ``spec.burst`` > ``spec.round`` > one range per phase. Chosen per
-    burst only when a sink offers a ``range_hook``; the plain Burst's hot path is untouched.
-    Tracks its own depth so a misused round never leaves ranges unbalanced."""
+    """A :class:`Burst` that also opens and closes named ranges (NVTX) after each mark:
+    ``spec.burst`` > ``spec.round`` > one per phase. Only when a sink offers a ``range_hook``,
+    so the plain hot path is untouched; its own depth keeps misused rounds balanced."""
 
     __slots__ = ("_depth", "_ranges")
     _NEXT = ("spec.verify", "spec.accept", "spec.rollback", "spec.maint")
@@ -287,22 +274,21 @@ class _RangedBurst(Burst):
         self._depth = 0
         self._push("spec.burst")
 
-    def _push(self, name: str) -> None:
-        self._depth += 1
+    def _each(self, op: str, *args: str) -> None:
         for h in self._ranges:
             try:
-                h.push(name)
+                getattr(h, op)(*args)
             except Exception as exc:
                 say_once(f"range:{id(h)}", f"range hook {type(h).__name__} raised {exc!r}")
+
+    def _push(self, name: str) -> None:
+        self._depth += 1
+        self._each("push", name)
 
     def _pop_to(self, depth: int) -> None:
         while self._depth > depth:
             self._depth -= 1
-            for h in self._ranges:
-                try:
-                    h.pop()
-                except Exception as exc:
-                    say_once(f"range:{id(h)}", f"range hook {type(h).__name__} raised {exc!r}")
+            self._each("pop")
 
     def begin_round(self) -> None:
         super().begin_round()

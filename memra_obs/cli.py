@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from collections.abc import Sequence
 
 from .device.workload import GpuUnavailable
@@ -85,18 +86,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, rest = _parser().parse_known_args(argv)
+    if rest and args.command in ("demo", "report"):
+        _parser().error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         if args.command == "demo":
-            if rest:
-                _parser().error(f"unrecognized arguments: {' '.join(rest)}")
             return _demo(args)
         if args.command == "tail":
             from .tail import main as tail_main
 
             return tail_main(args, rest)
         if args.command == "report":
-            if rest:
-                _parser().error(f"unrecognized arguments: {' '.join(rest)}")
             from .report.main import main as report_main
 
             return report_main(args)
@@ -113,10 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    import threading
-
     from . import flags
-    from .demo import DemoConfig, install_stop_handlers, run_demo
+    from .demo import DemoConfig, SimDevice, install_stop_handlers, run_demo
     from .wiring import build_observer
 
     # The demo shows everything unless the environment says otherwise.
@@ -136,24 +133,16 @@ def _demo(args: argparse.Namespace) -> int:
         speed=args.speed,
         gpu=args.gpu,
     )
-    from .demo import SimDevice
-
     dev = SimDevice()
     obs = build_observer(memory=None if cfg.gpu else dev.snapshot, strict=True)
-    where = list(getattr(obs, "where", ()))
+    where = list(obs.where) or ["legacy lines only (MEMRA_OBS_SINKS is empty)"]
+    bound = "until Ctrl-C"
     if cfg.duration_s:
         bound = f"{cfg.duration_s:g}s"
     elif cfg.requests:
         bound = f"{cfg.requests} request{'s' if cfg.requests != 1 else ''}"
-    else:
-        bound = "until Ctrl-C"
-    where = where or ["legacy lines only (MEMRA_OBS_SINKS is empty)"]
-    print(
-        f"[memra-obs] demo: {'GPU' if cfg.gpu else 'simulated'} worker, {bound}; "
-        + "; ".join(where),
-        file=sys.stderr,
-        flush=True,
-    )
+    kind = "GPU" if cfg.gpu else "simulated"
+    _say(f"[memra-obs] demo: {kind} worker, {bound}; " + "; ".join(where))
     stop = threading.Event()
     install_stop_handlers(stop)
     try:
@@ -161,13 +150,15 @@ def _demo(args: argparse.Namespace) -> int:
     finally:
         obs.shutdown(10.0)
     acc = stats.accepted / stats.drafted if stats.drafted else 0.0
-    print(
-        f"[memra-obs] demo done: sessions={stats.sessions} rounds={stats.rounds} tokens={stats.tokens} "
-        f"accept={acc:.3f}",
-        file=sys.stderr,
-        flush=True,
+    _say(
+        f"[memra-obs] demo done: sessions={stats.sessions} rounds={stats.rounds} "
+        f"tokens={stats.tokens} accept={acc:.3f}"
     )
     return 0
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

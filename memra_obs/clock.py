@@ -1,15 +1,10 @@
 """Phase-boundary clocks: where the milliseconds of a round are read.
 
-The seed's contract (``SpecPhaseNs::clock``): at each boundary drain the engine's primary
-stream ``e`` and, when it is a different object, the head stream ``eh``, then read a
-monotonic clock — so device work lands in the phase that queued it. Streams are duck-typed:
-anything with ``.synchronize()`` (a CuPy or torch stream, a test double), or ``None`` for a
-loop with no device. Nothing here imports CuPy or torch.
-
-Two clocks implement :class:`PhaseClock` for the observer: :class:`SyncClock` (drain at every
-boundary, the default) and the CUDA-event clock in :mod:`memra_obs.device.event_clock`
-(``MEMRA_OBS_CLOCK=event``), which records events instead and settles the stamps once per
-burst.
+The seed's contract (``SpecPhaseNs::clock``): at each boundary drain the primary stream ``e``
+and, when it is another object, the head stream ``eh``, then read a monotonic clock, so device
+work lands in the phase that queued it. Streams are anything with ``.synchronize()``, or
+``None``. :class:`SyncClock` drains at every boundary; the CUDA-event clock
+(:mod:`memra_obs.device.event_clock`) records events and settles once per burst.
 """
 
 from __future__ import annotations
@@ -29,11 +24,7 @@ class Stream(Protocol):
 
 
 def drain(e: Stream | None, eh: Stream | None = None) -> None:
-    """Block until the work queued on ``e`` (and ``eh``, when it is another object) is done.
-
-    Like the seed's ``let _ = e.stream().synchronize()``, a failing drain is ignored here:
-    the loop's own next call on that stream reports the CUDA error where it belongs.
-    """
+    """Block until ``e`` and ``eh`` are done; a failure is ignored (the loop's next call says)."""
     if e is not None:
         try:
             e.synchronize()
@@ -53,8 +44,7 @@ def clock(e: Stream | None, eh: Stream | None = None) -> int:
 
 
 class ProfClock:
-    """Phase clock for the first-token profile: ``lap`` drains and returns the ms since the
-    previous lap (or ``start``). Only ever built with the profile on."""
+    """The first-token profile's clock: ``lap`` drains and returns the ms since the last lap."""
 
     __slots__ = ("e", "eh", "t_ns_mono")
 
@@ -71,18 +61,12 @@ class ProfClock:
         now = clock(self.e if e is None else e, self.eh if eh is None else eh)
         d = now - self.t_ns_mono
         self.t_ns_mono = now
-        # ns -> ms in one rounding (the seed's as_secs_f64() * 1e3 rounds twice and prints
-        # 0.022442999999999998 where this prints 0.022443).
-        return d / 1e6
+        return d / 1e6  # one rounding (the seed's as_secs_f64() * 1e3 rounds twice)
 
 
 class PhaseClock(Protocol):
-    """What the observer needs of a clock: stamps at boundaries, settled per burst.
-
-    ``mark`` returns a provisional ``ns_mono`` stamp for a boundary (final, for the sync
-    clock). ``settle`` takes every stamp marked since ``begin`` (in order) and returns them
-    final; the event clock resolves its CUDA events there, once per burst.
-    """
+    """What the observer needs of a clock: ``mark`` returns a provisional ``ns_mono`` stamp
+    for a boundary; ``settle`` takes the stamps marked since ``begin`` and returns them final."""
 
     #: True when stamps are final as soon as they are marked.
     immediate: bool
@@ -93,11 +77,8 @@ class PhaseClock(Protocol):
 
 
 class SyncClock:
-    """The seed's clock: every boundary drains the streams; stamps are final at once.
-
-    With no streams at all, ``mark`` *is* ``perf_counter_ns`` — a loop with no device pays
-    one clock read per boundary and nothing else.
-    """
+    """The seed's clock: every boundary drains the streams; stamps are final at once. With no
+    streams, ``mark`` *is* ``perf_counter_ns``: one clock read per boundary."""
 
     immediate = True
 

@@ -1,16 +1,9 @@
 """The instrument's own voice: misuse, failures and fallbacks, each said once, in one place.
 
-Every message goes to ``logging.getLogger("memra_obs")`` (level WARNING) under a key; a filter
-on that logger lets each key through once per process, so a loop that misuses a call a
-million times reads about it once. Routing is the application's, as with any library: with
-handlers configured (on ``memra_obs`` or above it), they receive the record; with no logging
-configured anywhere — a bare worker, the CLI — the message still reaches stderr as one
-``[memra-obs] ...`` line, written through the package's line writer so it never lands inside
-a legacy line (the standard library's ``lastResort`` rule, with the package's prefix).
-
-:func:`reset` forgets what was said (tests).
-
-This module imports only :mod:`memra_obs.linewriter`.
+Messages go to ``logging.getLogger("memra_obs")`` (WARNING) under a key that passes once per
+process, so a call misused a million times is read about once. Routing is the application's;
+with no handler anywhere the message still reaches stderr as one ``[memra-obs] ...`` line,
+through the package's line writer so it never lands inside a legacy line.
 """
 
 from __future__ import annotations
@@ -46,10 +39,6 @@ class _Once(logging.Filter):
                 return False
             self._seen.add(key)
             return True
-
-    def reset(self) -> None:
-        with self._lock:
-            self._seen.clear()
 
 
 class _Fallback(logging.Handler):
@@ -100,4 +89,5 @@ def say(msg: str) -> None:
 
 def reset() -> None:
     """Forget every key said so far (tests)."""
-    _ONCE.reset()
+    with _ONCE._lock:
+        _ONCE._seen.clear()

@@ -1,13 +1,8 @@
 """Every ``MEMRA_OBS_*`` knob, in one place, with the parser that reads it.
 
-Each knob has a constructor argument too: argument > environment > default. A bad value is
-a :class:`ConfigError` at start-up that names the variable; nothing falls back silently.
-(The seed's trace flags are the exception and live in :mod:`memra_obs.flags`: junk there
-means off, by the seed's law.)
-
-Exporter settings that the ecosystem already names (``OTEL_SERVICE_NAME``,
-``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_TRACES_EXPORTER``, ``OTEL_RESOURCE_ATTRIBUTES``, ...)
-are read where they are used, under those names.
+Argument > environment > default; a bad value is a :class:`ConfigError` at start-up that names
+the variable, never a silent fallback. (The seed's trace flags in :mod:`memra_obs.flags` mean
+off on junk, by the seed's law; ``OTEL_*`` settings are read where they are used.)
 """
 
 from __future__ import annotations
@@ -19,114 +14,39 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = [
-    "MEMRA_OBS_ADVICE_WINDOW",
-    "MEMRA_OBS_AGENT",
-    "MEMRA_OBS_CLOCK",
-    "MEMRA_OBS_EXPORT_INTERVAL_MS",
-    "MEMRA_OBS_MAX_DEVICES",
-    "MEMRA_OBS_METRICS_ADDR",
-    "MEMRA_OBS_METRICS_BASIC_AUTH_FILE",
-    "MEMRA_OBS_METRICS_TLS_CERT",
-    "MEMRA_OBS_METRICS_TLS_KEY",
-    "MEMRA_OBS_PLAIN_STEP_MS",
-    "MEMRA_OBS_QUEUE_SIZE",
-    "MEMRA_OBS_REQUESTS_DETAIL",
-    "MEMRA_OBS_REQUESTS_FILE",
-    "MEMRA_OBS_RING_SLOTS",
-    "MEMRA_OBS_ROUND_SPANS",
-    "MEMRA_OBS_SINKS",
-    "MEMRA_OBS_SPANS_FILE",
-    "MEMRA_OBS_SPANS_FILE_MAX_BYTES",
-    "MEMRA_OBS_WORKER",
-    "ConfigError",
-    "Settings",
-    "parse_addr",
-]
+    "MEMRA_OBS_ADVICE_WINDOW", "MEMRA_OBS_AGENT", "MEMRA_OBS_CLOCK", "MEMRA_OBS_EXPORT_INTERVAL_MS",
+    "MEMRA_OBS_MAX_DEVICES", "MEMRA_OBS_METRICS_ADDR", "MEMRA_OBS_METRICS_BASIC_AUTH_FILE",
+    "MEMRA_OBS_METRICS_TLS_CERT", "MEMRA_OBS_METRICS_TLS_KEY", "MEMRA_OBS_PLAIN_STEP_MS",
+    "MEMRA_OBS_QUEUE_SIZE", "MEMRA_OBS_REQUESTS_DETAIL", "MEMRA_OBS_REQUESTS_FILE",
+    "MEMRA_OBS_RING_SLOTS", "MEMRA_OBS_ROUND_SPANS", "MEMRA_OBS_SINKS", "MEMRA_OBS_SPANS_FILE",
+    "MEMRA_OBS_SPANS_FILE_MAX_BYTES", "MEMRA_OBS_WORKER", "ConfigError", "Settings", "parse_addr",
+]  # fmt: skip
 
 
 class ConfigError(ValueError):
     """A knob holds a value the project cannot use; the message names the variable."""
 
 
+# The variables, one per :class:`Settings` field (documented there).
 MEMRA_OBS_SINKS = "MEMRA_OBS_SINKS"
-"""Which publication sinks are on: a comma list of ``otel``, ``prometheus``, ``nvtx``, or
-``all``; empty (the default) publishes nothing beyond the legacy lines the trace flags ask
-for. ``memra-obs demo`` turns all of them on."""
-
 MEMRA_OBS_METRICS_ADDR = "MEMRA_OBS_METRICS_ADDR"
-"""Where ``/metrics`` is served, ``host:port`` (default ``127.0.0.1:9464``; ``0.0.0.0:9464``
-to expose it, port ``0`` for any free port). Empty: not served."""
-
 MEMRA_OBS_SPANS_FILE = "MEMRA_OBS_SPANS_FILE"
-"""The embedded default span destination (OTLP-JSON, one ``ExportTraceServiceRequest`` per
-line) used when no ``OTEL_*`` exporter is configured. Default ``memra-obs-spans.jsonl``."""
-
 MEMRA_OBS_SPANS_FILE_MAX_BYTES = "MEMRA_OBS_SPANS_FILE_MAX_BYTES"
-"""Size limit of ``MEMRA_OBS_SPANS_FILE``, in bytes: a write that would pass it first renames
-the file to ``<file>.1`` (replacing an older one) and starts a new file, so the span files
-never take more than twice this on disk. Default 67108864 (64 MiB); 0 = no limit."""
-
 MEMRA_OBS_AGENT = "MEMRA_OBS_AGENT"
-"""Agent mode: the directory where this host's workers keep their shared-memory rings.
-Unset: publish in-process."""
-
 MEMRA_OBS_RING_SLOTS = "MEMRA_OBS_RING_SLOTS"
-"""Agent mode: slots (128 bytes each) in each worker's shared-memory ring, a power of two
->= 64. Default 65536 (8 MiB): tens of seconds of rounds if the agent stalls; past that the
-oldest records are overwritten and the agent counts them as lost."""
-
 MEMRA_OBS_CLOCK = "MEMRA_OBS_CLOCK"
-"""``sync`` (default: drain the streams at every phase boundary, the seed's contract) or
-``event`` (record CUDA events at the boundaries; one drain per burst)."""
-
 MEMRA_OBS_ROUND_SPANS = "MEMRA_OBS_ROUND_SPANS"
-"""Per-session bound on ``spec.round`` spans (each with its phase children) so a long
-request stays viewable in Jaeger. Rounds past it are counted on their burst span
-(``memra.spec.rounds_unsampled``). Default 256; 0 = no round spans at all."""
-
 MEMRA_OBS_QUEUE_SIZE = "MEMRA_OBS_QUEUE_SIZE"
-"""Capacity, in records, of the in-process hand-off queue between the loop and the
-background exporter. A full queue drops the newest record and counts it. Default 8192."""
-
 MEMRA_OBS_EXPORT_INTERVAL_MS = "MEMRA_OBS_EXPORT_INTERVAL_MS"
-"""How often the in-process exporter wakes to drain the queue, in ms. Default 200."""
-
 MEMRA_OBS_WORKER = "MEMRA_OBS_WORKER"
-"""This worker's label on published metrics (``worker``), e.g. its rank. Default: ``RANK``
-if a launcher set it, else the process id."""
-
 MEMRA_OBS_METRICS_TLS_CERT = "MEMRA_OBS_METRICS_TLS_CERT"
-"""PEM certificate (chain) for ``/metrics`` over HTTPS; needs ``MEMRA_OBS_METRICS_TLS_KEY``.
-Unset: plain HTTP. Set it (and basic auth) before exposing ``/metrics`` beyond loopback."""
-
 MEMRA_OBS_METRICS_TLS_KEY = "MEMRA_OBS_METRICS_TLS_KEY"
-"""PEM private key of ``MEMRA_OBS_METRICS_TLS_CERT``."""
-
 MEMRA_OBS_MAX_DEVICES = "MEMRA_OBS_MAX_DEVICES"
-"""CUDA ordinals published at most (``memra_gpu_free_bytes`` series, a ``[spec-prof]`` line's
-free-memory lists): bounds the series a garbled or hostile profile could create. Default 64
-(a node has 8 or 16 GPUs)."""
-
 MEMRA_OBS_REQUESTS_FILE = "MEMRA_OBS_REQUESTS_FILE"
-"""A file that gets one JSON line per ended session (request): vLLM's / AIPerf's spec-decode
-fields, the phase totals and the first-token profile. Unset: none written."""
-
 MEMRA_OBS_REQUESTS_DETAIL = "MEMRA_OBS_REQUESTS_DETAIL"
-"""``1``: the requests file's lines also carry ``per_step_drafted`` / ``per_step_accepted``
-(one number per round). Default ``0``."""
-
 MEMRA_OBS_ADVICE_WINDOW = "MEMRA_OBS_ADVICE_WINDOW"
-"""Rounds (per family, with known counts) the k advisor's gauges are computed over: the
-sliding window of the most recent ones. Default 2048; ``0``: no advice gauges."""
-
 MEMRA_OBS_PLAIN_STEP_MS = "MEMRA_OBS_PLAIN_STEP_MS"
-"""A measured plain (one token per step, no drafter) decode step of this model, in ms: the
-estimated speedup divides by it. Unset: estimated from the verify cost fit at one row."""
-
 MEMRA_OBS_METRICS_BASIC_AUTH_FILE = "MEMRA_OBS_METRICS_BASIC_AUTH_FILE"
-"""A file holding ``user:password`` (one line): ``/metrics`` then requires those HTTP basic
-auth credentials. A file, not the secret itself, so it never shows in the environment
-(``/proc/*/environ``, ``ps e``); mount it from a secret. Unset: no auth."""
 
 
 def parse_addr(var: str, value: str, check: bool = True) -> tuple[str, int] | None:
@@ -218,10 +138,6 @@ def _nonblank(var: str, value: str) -> str:
     return value
 
 
-def _optional_text(var: str, value: str) -> str | None:
-    return value or None
-
-
 def _default_worker() -> str:
     return os.environ.get("RANK") or str(os.getpid())
 
@@ -257,29 +173,29 @@ def _basic_auth_file(var: str, value: str) -> tuple[str, str] | None:
 
 @dataclass(frozen=True)
 class Settings:
-    """The resolved knobs of one observer. Build with :meth:`resolve`."""
+    """The resolved knobs of one observer, each from ``MEMRA_OBS_<FIELD>``; :meth:`resolve`."""
 
-    sinks: frozenset[str] = frozenset()
-    metrics_addr: tuple[str, int] | None = ("127.0.0.1", 9464)
-    spans_file: str = "memra-obs-spans.jsonl"
-    spans_file_max_bytes: int = 64 << 20
-    agent: str | None = None
-    clock: str = "sync"
-    round_spans: int = 256
-    queue_size: int = 8192
-    export_interval_ms: int = 200
-    worker: str = ""
-    ring_slots: int = 65536
-    metrics_tls_cert: str | None = None
+    sinks: frozenset[str] = frozenset()  #: otel, prometheus, nvtx ("all"); none: legacy lines
+    metrics_addr: tuple[str, int] | None = ("127.0.0.1", 9464)  #: /metrics (port 0: any free)
+    spans_file: str = "memra-obs-spans.jsonl"  #: spans (OTLP-JSON lines) when no OTEL_* exporter
+    spans_file_max_bytes: int = 64 << 20  #: then the file becomes <file>.1 (0: no limit)
+    agent: str | None = None  #: agent mode: the directory of this host's workers' rings
+    clock: str = "sync"  #: "sync": drain at every boundary (the seed's); "event": CUDA events
+    round_spans: int = 256  #: spec.round spans per session (0: none); the rest are counted
+    queue_size: int = 8192  #: records the in-process queue holds; past it the newest drop
+    export_interval_ms: int = 200  #: how often the in-process exporter drains the queue
+    worker: str = ""  #: the ``worker`` label (from the environment: RANK, else the pid)
+    ring_slots: int = 65536  #: 128-byte slots per ring, a power of two >= 64; then overwritten
+    metrics_tls_cert: str | None = None  #: PEM chain and key: /metrics over HTTPS
     metrics_tls_key: str | None = None
-    #: (user, password); an argument may also name a file, as the variable does.
+    #: (user, password) from a file (``..._BASIC_AUTH_FILE``), so the secret never shows in the
+    #: environment; an argument may name a file too.
     metrics_basic_auth: tuple[str, str] | None = field(default=None, repr=False)
-    max_devices: int = 64
-    requests_file: str | None = None
-    requests_detail: bool = False
-    advice_window: int = 2048
-    #: A measured plain decode step, ms (None: estimated from the verify fit).
-    plain_step_ms: float | None = None
+    max_devices: int = 64  #: CUDA ordinals published at most (bounds a garbled profile)
+    requests_file: str | None = None  #: one JSON line per ended session (the spec-decode record)
+    requests_detail: bool = False  #: the requests file's lines carry the per-step lists
+    advice_window: int = 2048  #: rounds per family behind the k advisor's gauges (0: none)
+    plain_step_ms: float | None = None  #: a measured plain decode step (None: from the verify fit)
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -309,7 +225,7 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any], Any], ...] = (
     ("metrics_addr", MEMRA_OBS_METRICS_ADDR, parse_addr, ("127.0.0.1", 9464)),
     ("spans_file", MEMRA_OBS_SPANS_FILE, _nonblank, "memra-obs-spans.jsonl"),
     ("spans_file_max_bytes", MEMRA_OBS_SPANS_FILE_MAX_BYTES, _int_in(0, 1 << 50), 64 << 20),
-    ("agent", MEMRA_OBS_AGENT, _optional_text, None),
+    ("agent", MEMRA_OBS_AGENT, lambda _, v: v or None, None),
     ("clock", MEMRA_OBS_CLOCK, _parse_clock, "sync"),
     ("round_spans", MEMRA_OBS_ROUND_SPANS, _int_in(0, 1 << 20), 256),
     ("queue_size", MEMRA_OBS_QUEUE_SIZE, _int_in(16, 1 << 24), 8192),
@@ -320,7 +236,7 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any], Any], ...] = (
     ("metrics_tls_key", MEMRA_OBS_METRICS_TLS_KEY, _readable_file, None),
     ("metrics_basic_auth", MEMRA_OBS_METRICS_BASIC_AUTH_FILE, _basic_auth_file, None),
     ("max_devices", MEMRA_OBS_MAX_DEVICES, _int_in(1, 4096), 64),
-    ("requests_file", MEMRA_OBS_REQUESTS_FILE, _optional_text, None),
+    ("requests_file", MEMRA_OBS_REQUESTS_FILE, lambda _, v: v or None, None),
     ("requests_detail", MEMRA_OBS_REQUESTS_DETAIL, lambda n, v: _int_in(0, 1)(n, v) == 1, False),
     ("advice_window", MEMRA_OBS_ADVICE_WINDOW, _int_in(0, 1 << 20), 2048),
     ("plain_step_ms", MEMRA_OBS_PLAIN_STEP_MS, _positive_ms, None),

@@ -1,29 +1,15 @@
 """Records to exporters, off the loop: the one worker loop, and the in-process queue it drains.
 
-Three places publish records — a worker in-process, ``memra-obs agent`` (from shared-memory
-rings) and ``memra-obs tail`` (from legacy lines) — and all three do it through one
-:class:`ExportWorker`: a daemon thread that takes batches from a :class:`RecordSource`,
-hands each to every :class:`RecordExporter` (span building, metric aggregation, ...) through
-one guarded :class:`ExporterSet`, tells the source the batch is out (the agent commits its
-ring cursors there), and ticks the exporters after each drain.
+The in-process worker, ``memra-obs agent`` and ``memra-obs tail`` all publish through one
+:class:`ExportWorker`: a daemon thread that takes batches from a :class:`RecordSource` and hands
+each to every :class:`RecordExporter` through one guarded :class:`ExporterSet`, in the order
+the source produced them.
 
-In-process, the source is a :class:`QueueSink`: the loop's side is an append to a deque that
-never blocks; a full queue drops the newest record and counts it. The worker works in short
-stretches there, because the loop and this thread share one GIL: when the loop comes back
-from device work while this thread runs Python, it waits until this thread lets go — so the
-loop's tail latency is this thread's longest stretch. The worker sizes its batches to keep
-each stretch near ``stretch_ms`` (0.3 ms; it measures and adapts) and then sleeps
-``pause_s``: a real sleep, since ``time.sleep(0)`` does not reliably hand the GIL over. The
-tail, which has no loop to protect, fills the same queue with ``put_many(block=True)``: it
-waits for room instead of dropping (backpressure on its reading).
-
-At interpreter exit every started queue is shut down (bounded, ``EXIT_TIMEOUT_S`` for all of
-them); after ``fork()`` a queue re-arms in the child (a fresh, empty queue and thread), as the
-OpenTelemetry SDK's batch processor does.
-
-Exporters receive records in the order the source produced them, so they can keep
-per-session state; they must keep each ``export`` call short and never raise (the set
-guards them anyway, counting the failure).
+In-process the source is a :class:`QueueSink`: the loop appends to a deque, never blocking (a
+full queue drops the newest record, counted). The loop shares the GIL with this thread, so its
+tail latency is this thread's longest stretch: batches are sized to about ``stretch_ms`` of
+work, then a real ``pause_s`` sleep (``time.sleep(0)`` does not reliably hand the GIL over).
+Queues shut down at exit (``EXIT_TIMEOUT_S`` for all) and re-arm in a forked child.
 """
 
 from __future__ import annotations
@@ -35,7 +21,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from .diagnostics import say_once
 from .sinks.base import Sink
@@ -48,32 +34,22 @@ class RecordExporter(Protocol):
     """Consumes records off the loop's thread (in the export worker)."""
 
     def export(self, batch: Sequence[Record]) -> None: ...
-
     def flush(self, timeout_s: float = 5.0) -> bool: ...
-
     def shutdown(self, timeout_s: float = 5.0) -> None: ...
 
 
 class RecordSource(Protocol):
-    """Where an :class:`ExportWorker` takes its records from."""
+    """Where an :class:`ExportWorker` takes its records from: ``take`` up to ``limit``, oldest
+    first (``[]``: none now); ``taken``: the latest take is exported; ``pending``: more wait."""
 
-    def take(self, limit: int) -> list[Record]:
-        """Up to ``limit`` records, oldest first; ``[]`` when there are none now."""
-        ...
-
-    def taken(self) -> None:
-        """The records of the latest ``take`` are exported."""
-        ...
-
-    def pending(self) -> bool:
-        """More records are waiting right now."""
-        ...
+    def take(self, limit: int) -> list[Record]: ...
+    def taken(self) -> None: ...
+    def pending(self) -> bool: ...
 
 
 class ExporterSet:
-    """RecordExporters called as one: every call is guarded, a failing exporter is counted
-    in ``errors`` and said once, and the others carry on. Deadlines are
-    ``time.monotonic()`` values shared by all of them."""
+    """RecordExporters called as one: a failing call is counted in ``errors`` and said once,
+    and the others carry on. Deadlines are ``time.monotonic()`` values shared by all."""
 
     __slots__ = ("errors", "exporters")
 
@@ -88,15 +64,18 @@ class ExporterSet:
             except Exception as exc:
                 self._fail(ex, exc)
 
-    def tick(self) -> None:
-        """Time-driven work (an exporter's ``tick``, when it has one)."""
+    def _each(self, hook: str) -> None:
         for ex in self.exporters:
-            tick = getattr(ex, "tick", None)
-            if tick is not None:
+            fn = getattr(ex, hook, None)
+            if fn is not None:
                 try:
-                    tick()
+                    fn()
                 except Exception as exc:
                     self._fail(ex, exc)
+
+    def tick(self) -> None:
+        """Time-driven work (an exporter's ``tick``, when it has one)."""
+        self._each("tick")
 
     def flush(self, deadline: float) -> bool:
         """Flush every exporter; True when all of them got everything out in time."""
@@ -110,19 +89,11 @@ class ExporterSet:
         return ok
 
     def after_fork(self) -> None:
-        """In a forked child: each exporter's ``after_fork`` (fresh locks and threads; what
-        the parent had queued stays the parent's)."""
-        for ex in self.exporters:
-            hook = getattr(ex, "after_fork", None)
-            if hook is not None:
-                try:
-                    hook()
-                except Exception as exc:
-                    self._fail(ex, exc)
+        """In a forked child: each exporter's ``after_fork`` (fresh locks and threads)."""
+        self._each("after_fork")
 
     def shutdown(self, deadline: float, floor_s: float = 0.05) -> None:
-        """Shut every exporter down; each gets what is left of ``deadline`` (at least
-        ``floor_s``, so the last one is not cut to nothing)."""
+        """Shut each exporter down with what is left of ``deadline`` (at least ``floor_s``)."""
         for ex in self.exporters:
             try:
                 ex.shutdown(max(floor_s, deadline - time.monotonic()))
@@ -131,21 +102,15 @@ class ExporterSet:
 
     def _fail(self, ex: object, exc: BaseException) -> None:
         self.errors += 1
-        say_once(
-            f"exporter:{id(ex)}",
-            f"exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)",
-        )
+        msg = f"exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)"
+        say_once(f"exporter:{id(ex)}", msg)
 
 
 class ExportWorker:
-    """The daemon thread that drains a :class:`RecordSource` into exporters.
-
-    Wakes every ``interval_ms`` (or on :meth:`wake`), exports batches until the source is
-    empty, then ticks the exporters (at most every ``tick_s``). ``batch`` is the first batch
-    size; with ``stretch_ms`` > 0 it is then scaled toward that much work per batch (1 to
-    ``max_batch`` records), with a ``pause_s`` sleep between batches; ``stretch_ms=0``
-    asks for ``max_batch`` at a time, no pause.
-    """
+    """The daemon thread that drains a :class:`RecordSource` into exporters: every
+    ``interval_ms`` (or :meth:`wake`) until the source is empty, then a tick (at most every
+    ``tick_s``). With ``stretch_ms`` > 0 batches (from ``batch``, 1 to ``max_batch``) are sized
+    toward that much work, ``pause_s`` apart; ``stretch_ms=0``: ``max_batch``, no pause."""
 
     def __init__(
         self,
@@ -170,19 +135,17 @@ class ExportWorker:
         self._stretch = stretch_ms / 1000.0
         self._pause = pause_s
         self._name = name
+        self._arm()
+
+    def _arm(self) -> None:
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
         self._stop = False
-        self.exported = 0
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
-
-    @property
-    def started(self) -> bool:
-        return self._thread.ident is not None
 
     @property
     def alive(self) -> bool:
@@ -215,7 +178,6 @@ class ExportWorker:
             return 0
         self.set.export(batch)
         self.source.taken()
-        self.exported += len(batch)
         return len(batch)
 
     def _tick(self) -> None:
@@ -259,8 +221,7 @@ class ExportWorker:
         return out
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Export what the source holds and flush every exporter; True when all of it got
-        out within ``timeout_s``."""
+        """Export what the source holds and flush every exporter; True when all got out in time."""
         deadline = time.monotonic() + timeout_s
         if self._thread.is_alive():
             while self.source.pending() and time.monotonic() < deadline:
@@ -274,8 +235,7 @@ class ExportWorker:
         return self.set.flush(deadline) and ok
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Drain, stop the thread and shut the exporters down, all within ``timeout_s``
-        (the exporters share what the drain left of it)."""
+        """Drain, stop the thread and shut the exporters down, all within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         self.flush(timeout_s)
         self._stop = True
@@ -286,16 +246,13 @@ class ExportWorker:
 
     def rearm(self) -> None:
         """After ``fork()``, in the child: a new thread (the parent's did not come along)."""
-        self._wake = threading.Event()
-        self._idle = threading.Event()
-        self._idle.set()
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._arm()
         self.set.after_fork()
 
 
 class QueueSink(Sink):
-    """Hands every record to a bounded queue drained by an :class:`ExportWorker`."""
+    """Hands every record to a bounded queue drained by an :class:`ExportWorker` (``tuning``:
+    its ``interval_ms``, ``batch``, ``pause_s``, ``stretch_ms``, ``max_batch``)."""
 
     wants_trace_ids = True
 
@@ -304,27 +261,15 @@ class QueueSink(Sink):
         exporters: Sequence[RecordExporter],
         *,
         capacity: int = 8192,
-        interval_ms: float = 200,
-        batch: int = 16,
-        pause_s: float = 0.0002,
-        stretch_ms: float = 0.3,
-        max_batch: int = 256,
         start: bool = True,
+        **tuning: Any,
     ) -> None:
         self._q: deque[Record] = deque()
         self._cap = capacity
         self._room = threading.Condition()
         self.dropped = 0
         self._closed = False
-        self.worker = ExportWorker(
-            self,
-            exporters,
-            interval_ms=interval_ms,
-            batch=batch,
-            pause_s=pause_s,
-            stretch_ms=stretch_ms,
-            max_batch=max_batch,
-        )
+        self.worker = ExportWorker(self, exporters, **tuning)
         if start:
             self.worker.start()
             _LIVE.add(self)
@@ -339,15 +284,10 @@ class QueueSink(Sink):
             with self._room:
                 self.dropped += 1
 
-    on_session = _put
-    on_round = _put
-    on_burst = _put
-    on_first_token = _put
-    on_session_end = _put
+    on_session = on_round = on_burst = on_first_token = on_session_end = _put
 
     def put_many(self, recs: Sequence[Record], block: bool = True) -> None:
-        """Queue records in order; with ``block``, wait for room instead of dropping
-        (the tail: nothing waits on it, so its reading is held back)."""
+        """Queue records in order; ``block``: wait for room instead of dropping (the tail)."""
         q = self._q
         for rec in recs:
             if len(q) >= self._cap and block and not self._closed and self.worker.alive:
@@ -361,14 +301,8 @@ class QueueSink(Sink):
     # -- the worker's side (RecordSource) ------------------------------------------------
 
     def take(self, limit: int) -> list[Record]:
-        q = self._q
-        pop = q.popleft
-        out = []
-        try:
-            for _ in range(limit):
-                out.append(pop())
-        except IndexError:
-            pass
+        q = self._q  # the worker is its only consumer: what len() counted is there
+        out = [q.popleft() for _ in range(min(limit, len(q)))]
         if out:
             with self._room:
                 self._room.notify_all()

@@ -15,15 +15,8 @@ from .sinks.base import Sink
 
 __all__ = ["HOOKS", "Fanout", "fan"]
 
-HOOKS = (
-    "on_session",
-    "on_round",
-    "on_burst",
-    "on_first_token",
-    "on_prof_rows",
-    "on_prof_summary",
-    "on_session_end",
-)
+HOOKS: tuple[str, ...] = ("on_session", "on_round", "on_burst", "on_first_token", "on_prof_rows")
+HOOKS += ("on_prof_summary", "on_session_end")
 
 
 class Fanout:
@@ -41,8 +34,7 @@ class Fanout:
 
     def __init__(self, sinks: Sequence[Sink]) -> None:
         self.all = tuple(sinks)
-        #: Boundary-time range hooks (``push(name)``/``pop()``, e.g. NVTX): bursts get them only
-        #: when there are any, so without them a boundary stays one clock mark.
+        #: Boundary-time range hooks (``push(name)``/``pop()``, e.g. NVTX), if any.
         self.ranges = tuple(h for s in sinks if (h := getattr(s, "range_hook", None)) is not None)
         for hook in HOOKS:
             base = getattr(Sink, hook)
@@ -59,8 +51,5 @@ def fan(sinks: tuple[Sink, ...], hook: str, rec: Any) -> None:
         try:
             getattr(s, hook)(rec)
         except Exception as exc:
-            say_once(
-                f"sink:{id(s)}:{hook}",
-                f"sink {type(s).__name__}.{hook} raised {exc!r}; the loop carries on "
-                "(reported once)",
-            )
+            msg = f"sink {type(s).__name__}.{hook} raised {exc!r}; the loop carries on"
+            say_once(f"sink:{id(s)}:{hook}", msg + " (reported once)")

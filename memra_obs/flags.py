@@ -8,25 +8,16 @@ Everything else the project reads from the environment lives in :mod:`memra_obs.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import TextIO
 
 __all__ = [
-    "MEMRA_GLM5_SPEC_TRACE",
-    "MEMRA_SPEC_FIRST_TOKEN_EAGER",
-    "MEMRA_SPEC_PROF",
-    "MEMRA_SPEC_TRACE",
-    "first_token_eager",
-    "first_token_eager_from",
-    "override_line",
-    "parse_level",
-    "spec_prof_on",
-    "spec_prof_on_from",
-    "spec_trace_level",
-    "spec_trace_level_from",
-    "spec_trace_on",
-]
+    "MEMRA_GLM5_SPEC_TRACE", "MEMRA_SPEC_FIRST_TOKEN_EAGER", "MEMRA_SPEC_PROF", "MEMRA_SPEC_TRACE",
+    "first_token_eager", "first_token_eager_from", "override_line", "parse_level", "spec_prof_on",
+    "spec_prof_on_from", "spec_trace_level", "spec_trace_level_from", "spec_trace_on",
+]  # fmt: skip
 
 #: Per-burst phase lines; ``2`` adds the level-2 verify sub-split. Anything else is off.
 MEMRA_SPEC_TRACE = "MEMRA_SPEC_TRACE"
@@ -40,11 +31,7 @@ MEMRA_SPEC_FIRST_TOKEN_EAGER = "MEMRA_SPEC_FIRST_TOKEN_EAGER"
 
 def parse_level(v: str | None) -> int | None:
     """``"1"`` -> 1, ``"2"`` -> 2, anything else (unset, ``"0"``, junk) -> None."""
-    if v == "1":
-        return 1
-    if v == "2":
-        return 2
-    return None
+    return 1 if v == "1" else 2 if v == "2" else None
 
 
 def override_line(gv: int, av: int) -> str:
@@ -58,12 +45,9 @@ def override_line(gv: int, av: int) -> str:
 def spec_trace_level_from(
     general: str | None, glm5_alias: str | None, err: TextIO | None = None
 ) -> int:
-    """Pure resolution over the general name and the glm5 alias.
-
-    Either name alone is honored; both set and disagreeing, the general name wins and one
-    line naming both values goes to ``err`` (stderr by default). A junk general value never
-    masks a valid alias.
-    """
+    """Pure resolution over the general name and the glm5 alias: either alone is honored; both
+    set and disagreeing, the general name wins and one line naming both goes to ``err``
+    (stderr by default). A junk general value never masks a valid alias."""
     g = parse_level(general)
     a = parse_level(glm5_alias)
     if g is not None and a is not None and g != a:
@@ -73,11 +57,7 @@ def spec_trace_level_from(
             out.flush()
         except (OSError, ValueError):
             pass  # a closed stderr must not take the flag down with it
-    if g is not None:
-        return g
-    if a is not None:
-        return a
-    return 0
+    return g or a or 0
 
 
 def spec_prof_on_from(v: str | None) -> bool:
@@ -90,20 +70,15 @@ def first_token_eager_from(v: str | None) -> bool:
     return v != "0"
 
 
-# Read-once cells, like the seed's OnceLock statics. `_reset` (tests only) clears them.
-_level: int | None = None
-_prof: bool | None = None
-_eager: bool | None = None
+# Read once, like the seed's OnceLock statics; `_reset` (tests, the demo) forgets them.
 
 
+@functools.cache
 def spec_trace_level() -> int:
     """Trace level (0, 1, 2), read once per process."""
-    global _level
-    if _level is None:
-        _level = spec_trace_level_from(
-            os.environ.get(MEMRA_SPEC_TRACE), os.environ.get(MEMRA_GLM5_SPEC_TRACE)
-        )
-    return _level
+    return spec_trace_level_from(
+        os.environ.get(MEMRA_SPEC_TRACE), os.environ.get(MEMRA_GLM5_SPEC_TRACE)
+    )
 
 
 def spec_trace_on() -> bool:
@@ -111,23 +86,19 @@ def spec_trace_on() -> bool:
     return spec_trace_level() >= 1
 
 
+@functools.cache
 def spec_prof_on() -> bool:
     """``MEMRA_SPEC_PROF=1``: the first-token profile and per-round log, read once."""
-    global _prof
-    if _prof is None:
-        _prof = spec_prof_on_from(os.environ.get(MEMRA_SPEC_PROF))
-    return _prof
+    return spec_prof_on_from(os.environ.get(MEMRA_SPEC_PROF))
 
 
+@functools.cache
 def first_token_eager() -> bool:
     """``MEMRA_SPEC_FIRST_TOKEN_EAGER`` (default on), read once."""
-    global _eager
-    if _eager is None:
-        _eager = first_token_eager_from(os.environ.get(MEMRA_SPEC_FIRST_TOKEN_EAGER))
-    return _eager
+    return first_token_eager_from(os.environ.get(MEMRA_SPEC_FIRST_TOKEN_EAGER))
 
 
 def _reset() -> None:
-    """Forget the read-once values (tests and the demo's own defaults use this)."""
-    global _level, _prof, _eager
-    _level = _prof = _eager = None
+    """Forget the read-once values."""
+    for f in (spec_trace_level, spec_prof_on, first_token_eager):
+        f.cache_clear()

@@ -1,8 +1,7 @@
 """Whole lines to a text stream, one lock per stream, so threads never interleave a line.
 
-Every legacy line goes out through here. Writing never raises into the caller: a broken
-pipe or a closed stderr is counted and said once (to the stream itself if it still takes
-text, which it may not), and the loop carries on.
+Every legacy line goes out through here. Writing never raises into the caller: a broken pipe
+or a closed stderr is counted in ``errors`` and the loop carries on.
 """
 
 from __future__ import annotations

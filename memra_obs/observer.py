@@ -1,32 +1,13 @@
-"""The one object a spec loop talks to: clock laps in, plain records out to the sinks.
-
-    obs = memra_obs.get_observer()              # a no-op when everything is off
-    s = obs.session(family="glm5", e=stream)    # per request
-    s.free_memory("before"); ...; s.lap("cache_alloc"); ...; s.lap("prime"); ...
-    b = s.burst(k=4)
-    while ...:
-        b.begin_round()
-        draft();    b.end_draft()
-        verify();   b.end_verify()
-        accept();   b.end_accept()
-        rollback(); b.end_rollback()
-        maint();    b.end_round(k=k, j=j, ctx=ctx)
-    b.end(tokens=n)
-    ...
-    s.end()
+"""The one object a spec loop talks to: clock laps in, plain records out to the sinks
+(README, "Instrumenting a loop").
 
 Hot path first. With every flag and sink off, :func:`get_observer` returns
 :data:`NOOP_OBSERVER`, whose sessions and bursts are plain no-op methods: the loop pays a
-method call per boundary and nothing else, and never writes ``if enabled:``. With the
-observer on, a boundary is one clock read (plus the drain the clock's contract asks for)
-appended to a list; a round end builds one :class:`RoundRecord` and hands it to each sink
-that wants rounds. Sinks run on this thread and must not block (see :mod:`memra_obs.sinks.base`);
-anything heavier happens behind them. Nothing here raises into the loop: misuse and sink
-failures are said once (:mod:`memra_obs.diagnostics`) and skipped.
-
-Modules: this one (the observer and the disabled path), :mod:`memra_obs.session` and
-:mod:`memra_obs.burst` (sessions,
-bursts, rounds), :mod:`memra_obs.fanout` (which sink gets which record).
+method call per boundary and never writes ``if enabled:``. On, a boundary is one clock read
+(plus the drain the clock's contract asks for) appended to a list, and a round end hands one
+record to the sinks that want rounds (:mod:`memra_obs.session`, :mod:`memra_obs.burst`). Sinks
+run on this thread and must not block; nothing here raises into the loop (misuse and sink
+failures are said once, :mod:`memra_obs.diagnostics`).
 """
 
 from __future__ import annotations
@@ -48,149 +29,11 @@ from .sinks.base import Sink
 
 __all__ = ["NOOP_OBSERVER", "Burst", "NoOpObserver", "Observer", "Session"]
 
-
-class Observer:
-    """Per process: owns the sinks and hands out sessions.
-
-    ``level`` / ``prof`` default to the seed's flags (``MEMRA_SPEC_TRACE``,
-    ``MEMRA_SPEC_PROF``); ``clock`` is ``"sync"`` or ``"event"`` (or a factory taking
-    ``(e, eh)`` and returning a :class:`PhaseClock`); ``memory`` returns
-    ``[(cuda_ordinal, free_mb)]`` for :meth:`Session.free_memory` (default: NVML).
-    ``settings`` (the resolved knobs), ``queue`` (the in-process hand-off, if any),
-    ``closers`` (called at :meth:`shutdown`, e.g. the ``/metrics`` server's close) and
-    ``where`` (its destinations, for banners) come from whoever wired it
-    (:func:`memra_obs.wiring.build_observer`).
-    """
-
-    enabled = True
-
-    def __init__(
-        self,
-        sinks: Sequence[Sink] = (),
-        *,
-        level: int | None = None,
-        prof: bool | None = None,
-        clock: str | Callable[[Stream | None, Stream | None], PhaseClock] = "sync",
-        memory: Callable[[], list[tuple[int, int]]] | None = None,
-        worker: str = "",
-        verify_split: VerifySplit | None = None,
-        seq_rows: SeqRows | None = None,
-        settings: Any = None,
-        queue: Any = None,
-        closers: Sequence[Callable[[], None]] = (),
-        where: Sequence[str] = (),
-    ) -> None:
-        self.level = flags.spec_trace_level() if level is None else int(level)
-        self.prof = flags.spec_prof_on() if prof is None else bool(prof)
-        self.worker = worker
-        self.verify_split = VERIFY_SPLIT if verify_split is None else verify_split
-        self.seq_rows = SEQ_ROWS if seq_rows is None else seq_rows
-        self._clock_factory = _clock_factory(clock)
-        self._memory = memory
-        if self.prof and memory is None:  # NVML's start-up ahead of the first profile
-            from .device.memory import warm
-
-            warm()
-        self._lock = threading.Lock()
-        self._fan = Fanout(sinks)
-        self._ids = itertools.count(1)
-        self._closed = False
-        #: Rounds dropped for misuse (boundaries out of order or missing, bad counts); the
-        #: loop's thread adds, a scrape reads (memra_obs_dropped_total{signal="rounds"}).
-        self.dropped_rounds = 0
-        #: The resolved knobs (:class:`memra_obs.environment.Settings`), when wired from them.
-        self.settings = settings
-        #: The in-process hand-off (:class:`memra_obs.export.QueueSink`), if any.
-        self.queue = queue
-        self._closers = tuple(closers)
-        #: Where this observer publishes, one line a destination (for start-up banners).
-        self.where = tuple(where)
-
-    # -- sinks ---------------------------------------------------------------------------
-
-    @property
-    def sinks(self) -> tuple[Sink, ...]:
-        return self._fan.all
-
-    def add_sink(self, sink: Sink) -> None:
-        """Add a sink; sessions already running see it from their next record."""
-        with self._lock:
-            self._fan = Fanout((*self._fan.all, sink))
-
-    def remove_sink(self, sink: Sink) -> None:
-        with self._lock:
-            self._fan = Fanout(tuple(s for s in self._fan.all if s is not sink))
-
-    def flush(self, timeout_s: float = 5.0) -> bool:
-        ok = True
-        for s in self._fan.all:
-            try:
-                ok = s.flush(timeout_s) and ok
-            except Exception as exc:
-                say_once(f"sink:{id(s)}:flush", f"sink {type(s).__name__}.flush raised {exc!r}")
-                ok = False
-        return ok
-
-    def shutdown(self, timeout_s: float = 5.0) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for s in self._fan.all:
-            try:
-                s.shutdown(timeout_s)
-            except Exception as exc:
-                say_once(f"sink:{id(s)}:stop", f"sink {type(s).__name__}.shutdown raised {exc!r}")
-        for close in self._closers:
-            try:
-                close()
-            except Exception as exc:
-                say_once(f"close:{id(close)}", f"closing {close!r} raised {exc!r}")
-
-    # -- sessions ------------------------------------------------------------------------
-
-    def session(
-        self,
-        family: str = "spec",
-        *,
-        tag: str | None = None,
-        tag_v: str | None = None,
-        e: Stream | None = None,
-        eh: Stream | None = None,
-    ) -> Session:
-        """Start one request's session. ``tag``/``tag_v`` default to ``{family}-phase`` and
-        ``{family}-phase-v`` (``[glm5-phase]`` for the glm5 loop)."""
-        return Session(self, family, tag or f"{family}-phase", tag_v or f"{family}-phase-v", e, eh)
-
-    def memory_snapshot(self) -> list[tuple[int, int]]:
-        if self._memory is None:
-            from .device.memory import free_mb_snapshot
-
-            self._memory = free_mb_snapshot
-        try:
-            return list(self._memory())
-        except Exception as exc:
-            say_once("memory", f"free-memory snapshot raised {exc!r}; recording none")
-            return []
-
-
-def _clock_factory(
-    clock: str | Callable[[Stream | None, Stream | None], PhaseClock],
-) -> Callable[[Stream | None, Stream | None], PhaseClock]:
-    if callable(clock):
-        return clock
-    if clock == "sync":
-        return SyncClock
-    if clock == "event":
-        from .device.event_clock import EventClock
-
-        return EventClock
-    raise ValueError(f"clock={clock!r}: expected 'sync', 'event' or a clock factory")
+_ClockFactory = Callable[[Stream | None, Stream | None], PhaseClock]
 
 
 # ---------------------------------------------------------------------- everything off
-#
-# The disabled path is an object (the OTel API's NoOpTracer, structlog's ``_nop``): a loop on
-# the no-op observer pays one call per boundary to a function that does nothing.
+# An object, like the OTel API's NoOpTracer: one call per boundary to a function doing nothing.
 
 
 def _nop(*args: object, **kw: object) -> None:
@@ -200,10 +43,8 @@ def _nop(*args: object, **kw: object) -> None:
 class _NoOpBurst:
     __slots__ = ()
     rounds = k = 0
-    begin_round = end_draft = end_verify = end_accept = end_rollback = end_round = staticmethod(
-        _nop
-    )
-    add_hook_ns = end = __exit__ = staticmethod(_nop)
+    begin_round = end_draft = end_verify = end_accept = staticmethod(_nop)
+    end_rollback = end_round = add_hook_ns = end = __exit__ = staticmethod(_nop)
 
     @contextmanager
     def hook(self) -> Iterator[None]:
@@ -259,3 +100,134 @@ class NoOpObserver:
 
 
 NOOP_OBSERVER = NoOpObserver()
+
+
+# ------------------------------------------------------------------------------ on
+
+
+class Observer:
+    """Per process: owns the sinks and hands out sessions.
+
+    ``level`` / ``prof`` default to the seed's flags; ``clock`` is ``"sync"``, ``"event"`` or a
+    factory ``(e, eh) -> PhaseClock``; ``memory`` returns ``[(cuda_ordinal, free_mb)]`` (default:
+    NVML). ``settings`` (the resolved knobs), ``queue`` (the in-process hand-off), ``closers``
+    (run at :meth:`shutdown`) and ``where`` (destinations, for banners) come from
+    :func:`memra_obs.wiring.build_observer`.
+    """
+
+    enabled = True
+
+    def __init__(
+        self,
+        sinks: Sequence[Sink] = (),
+        *,
+        level: int | None = None,
+        prof: bool | None = None,
+        clock: str | _ClockFactory = "sync",
+        memory: Callable[[], list[tuple[int, int]]] | None = None,
+        worker: str = "",
+        verify_split: VerifySplit | None = None,
+        seq_rows: SeqRows | None = None,
+        settings: Any = None,
+        queue: Any = None,
+        closers: Sequence[Callable[[], None]] = (),
+        where: Sequence[str] = (),
+    ) -> None:
+        self.level = flags.spec_trace_level() if level is None else int(level)
+        self.prof = flags.spec_prof_on() if prof is None else bool(prof)
+        self.worker = worker
+        self.verify_split = VERIFY_SPLIT if verify_split is None else verify_split
+        self.seq_rows = SEQ_ROWS if seq_rows is None else seq_rows
+        self._clock_factory = _clock_factory(clock)
+        self._memory = memory
+        if self.prof and memory is None:  # NVML's start-up ahead of the first profile
+            from .device.memory import warm
+
+            warm()
+        self._lock = threading.Lock()
+        self._fan = Fanout(sinks)
+        self._ids = itertools.count(1)
+        self._closed = False
+        #: Rounds dropped for misuse (memra_obs_dropped_total{signal="rounds"}).
+        self.dropped_rounds = 0
+        self.settings = settings
+        self.queue = queue
+        self._closers = tuple(closers)
+        self.where = tuple(where)
+
+    # -- sinks ---------------------------------------------------------------------------
+
+    @property
+    def sinks(self) -> tuple[Sink, ...]:
+        return self._fan.all
+
+    def add_sink(self, sink: Sink) -> None:
+        """Add a sink; sessions already running see it from their next record."""
+        with self._lock:
+            self._fan = Fanout((*self._fan.all, sink))
+
+    def remove_sink(self, sink: Sink) -> None:
+        with self._lock:
+            self._fan = Fanout(tuple(s for s in self._fan.all if s is not sink))
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        ok = True
+        for s in self._fan.all:
+            try:
+                ok = s.flush(timeout_s) and ok
+            except Exception as exc:
+                say_once(f"sink:{id(s)}:flush", f"sink {type(s).__name__}.flush raised {exc!r}")
+                ok = False
+        return ok
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for s in self._fan.all:
+            try:
+                s.shutdown(timeout_s)
+            except Exception as exc:
+                say_once(f"sink:{id(s)}:stop", f"sink {type(s).__name__}.shutdown raised {exc!r}")
+        for close in self._closers:
+            try:
+                close()
+            except Exception as exc:
+                say_once(f"close:{id(close)}", f"closing {close!r} raised {exc!r}")
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def session(
+        self,
+        family: str = "spec",
+        *,
+        tag: str | None = None,
+        tag_v: str | None = None,
+        e: Stream | None = None,
+        eh: Stream | None = None,
+    ) -> Session:
+        """One request's session; ``tag``/``tag_v`` default to ``{family}-phase``/``-phase-v``."""
+        return Session(self, family, tag or f"{family}-phase", tag_v or f"{family}-phase-v", e, eh)
+
+    def memory_snapshot(self) -> list[tuple[int, int]]:
+        if self._memory is None:
+            from .device.memory import free_mb_snapshot
+
+            self._memory = free_mb_snapshot
+        try:
+            return list(self._memory())
+        except Exception as exc:
+            say_once("memory", f"free-memory snapshot raised {exc!r}; recording none")
+            return []
+
+
+def _clock_factory(clock: str | _ClockFactory) -> _ClockFactory:
+    if callable(clock):
+        return clock
+    if clock == "sync":
+        return SyncClock
+    if clock == "event":
+        from .device.event_clock import EventClock
+
+        return EventClock
+    raise ValueError(f"clock={clock!r}: expected 'sync', 'event' or a clock factory")

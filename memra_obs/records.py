@@ -1,17 +1,15 @@
-"""The seed's records as plain data: what a spec loop measured, with no idea who reads it.
+"""The seed's records (``spec_phase.rs``) as plain data: what a spec loop measured.
 
-Ported from ``spec_phase.rs``. Field names, defaults and storage widths are the seed's
-(u64 nanosecond counters that wrap like a release build, f32 per-round milliseconds,
-u16/u32 counts), because the legacy lines are formatted from exactly these values and must
-come out byte for byte as the Rust worker prints them. Bad input is refused at the door with
-an error that names the field; nothing here ever formats, prints or exports.
-
-This module imports nothing from the rest of the package.
+Names, defaults and storage widths are the seed's (wrapping u64 ns counters, f32 per-round
+ms, u16/u32 counts): the legacy lines are formatted from exactly these values and must match
+the Rust worker byte for byte. Bad input is refused at the door, naming the field.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import re
 import struct
 import threading
@@ -66,13 +64,12 @@ def _ms(name: str, v: object) -> float:
 
 # --------------------------------------------------------------------------- phase totals
 
+_PHASE_NS_FIELDS = ("draft", "verify", "accept", "roll", "maint", "rounds")
+
 
 @dataclass(slots=True)
 class SpecPhaseNs:
-    """Per-burst phase counters (ns): the draft/verify/accept/rollback/maintenance split.
-
-    Counters are u64 and fold with wrapping adds, as the seed's release build does.
-    """
+    """Per-burst phase counters (ns), u64 with wrapping adds as in the seed's release build."""
 
     draft: int = 0
     verify: int = 0
@@ -82,12 +79,12 @@ class SpecPhaseNs:
     rounds: int = 0
 
     def __post_init__(self) -> None:
-        for f in ("draft", "verify", "accept", "roll", "maint", "rounds"):
+        for f in _PHASE_NS_FIELDS:
             _uint(f"SpecPhaseNs.{f}", getattr(self, f), U64_MAX)
 
     def add(self, o: SpecPhaseNs) -> None:
-        """Fold another accumulator in (the per-round log feeding the per-burst trace)."""
-        for f in ("draft", "verify", "accept", "roll", "maint", "rounds"):
+        """Fold another accumulator in (wrapping)."""
+        for f in _PHASE_NS_FIELDS:
             setattr(self, f, (getattr(self, f) + getattr(o, f)) & U64_MAX)
 
     def total(self) -> int:
@@ -99,30 +96,22 @@ class SpecPhaseNs:
 
 
 class VerifySplit:
-    """Level-2 verify sub-split accumulators (ns): kda (with its in-kernel scan share), mla,
-    and the ffn share inside vrest.
-
-    The seed keeps these as module-level atomics so the layer walk can add to them without
-    plumbing; here one lock guards the four counters, so adds from several threads never
-    tear and ``drain`` reads-and-zeroes all four in one step, as the seed's swaps do.
-    """
+    """Level-2 verify sub-split accumulators (ns): kda (with its scan share), mla, and the ffn
+    share inside vrest. The seed's atomics; one lock here, so ``drain`` reads-and-zeroes all
+    four in one step."""
 
     __slots__ = ("_lock", "_v")
 
     def __init__(self, kda: int = 0, kda_scan: int = 0, mla: int = 0, ffn: int = 0) -> None:
-        names = ("kda", "kda_scan", "mla", "ffn")
-        vals = (kda, kda_scan, mla, ffn)
-        self._v = [_uint(f"VerifySplit.{n}", v, U64_MAX) for n, v in zip(names, vals, strict=True)]
+        vals = {"kda": kda, "kda_scan": kda_scan, "mla": mla, "ffn": ffn}
+        self._v = [_uint(f"VerifySplit.{n}", v, U64_MAX) for n, v in vals.items()]
         self._lock = threading.Lock()
 
     def add(self, kda: int = 0, kda_scan: int = 0, mla: int = 0, ffn: int = 0) -> None:
         """Add nanoseconds to any of the buckets (wrapping u64, like ``fetch_add``)."""
+        d = (kda, kda_scan, mla, ffn)
         with self._lock:
-            v = self._v
-            v[0] = (v[0] + kda) & U64_MAX
-            v[1] = (v[1] + kda_scan) & U64_MAX
-            v[2] = (v[2] + mla) & U64_MAX
-            v[3] = (v[3] + ffn) & U64_MAX
+            self._v = [(a + b) & U64_MAX for a, b in zip(self._v, d, strict=True)]
 
     def drain(self) -> tuple[int, int, int, int]:
         """Read and zero all four buckets at once: ``(kda, kda_scan, mla, ffn)``."""
@@ -146,8 +135,7 @@ class VerifySplit:
 
 
 class SeqRows:
-    """Verify rows that took the PER-ROW mixer arm (the seed's ``V_SEQ_ROWS``): the
-    sequential verify loop adds, each round ``take``s (reads and zeroes) its own rows."""
+    """Verify rows that took the per-row arm (the seed's ``V_SEQ_ROWS``), taken per round."""
 
     __slots__ = ("_lock", "_n")
 
@@ -169,9 +157,7 @@ class SeqRows:
 
 
 class _PerThread:
-    """A process-wide accumulator whose state is the calling thread's own: the loop's
-    verify walk adds on the loop's thread, and that thread's burst drains it, so concurrent
-    sessions on different threads never mix their splits."""
+    """An accumulator per calling thread, so sessions on different threads never mix."""
 
     __slots__ = ("_local", "_make")
 
@@ -186,28 +172,21 @@ class _PerThread:
         return getattr(acc, name)
 
 
-#: The level-2 verify accumulators (the seed's V_KDA_NS / V_KDA_SCAN_NS / V_MLA_NS /
-#: V_FFN_NS), one per thread: the verify walk adds, the burst's level-2 line drains.
+#: The level-2 verify accumulators (the seed's V_KDA_NS ... V_FFN_NS), one per thread.
 VERIFY_SPLIT: VerifySplit = _PerThread(VerifySplit)  # type: ignore[assignment]
 #: The per-row-arm verify row counter (the seed's V_SEQ_ROWS), one per thread.
 SEQ_ROWS: SeqRows = _PerThread(SeqRows)  # type: ignore[assignment]
 
 
 # -------------------------------------------------------------------- first-token profile
-
 _ARM = re.compile(r"[A-Za-z0-9_.:+-]*")
 
 
 @dataclass
 class SpecFirstTokenProf:
-    """The first-token phase buckets (ms) one served spec session carries until the worker
-    prints its ``[spec-prof]`` line after the first burst.
-
-    Every field is a wall interval bounded by stream drains on both sides, so the buckets are
-    device-inclusive and additive; a bucket the route never runs stays 0.0. Field docs are the
-    seed's (``SpecFirstTokenProf`` in spec_phase.rs); assignments are checked, so a bad value
-    fails where it is set, naming the field.
-    """
+    """The first-token phase buckets (ms) of one session, printed as ``[spec-prof]`` after
+    the first burst. Each is a wall interval between stream drains (device-inclusive,
+    additive); assignments are checked, so a bad value fails where it is set."""
 
     cache_alloc_ms: float = 0.0  #: creation: the trunk cache allocation
     prime_ms: float = 0.0  #: creation: the target prime over the prompt (tap DtoHs included)
@@ -234,21 +213,17 @@ class SpecFirstTokenProf:
     draft_prime_chunks: int = 0  #: drafter prime geometry: chunks
     draft_prime_arm: str = ""  #: which arm ran (``eager`` / ``chunked``; "" when none)
     draft_kv_mb: float = 0.0  #: the drafter ctx KV allocation at the session ctx, MB
-    #: Free device memory per CUDA ordinal before the trunk cache allocation / after the
-    #: drafter KV allocation: ``[(ordinal, free_mb)]``.
+    #: Free MB per CUDA ordinal before the trunk cache / after the drafter KV allocation.
     free_mb_before: list[tuple[int, int]] = field(default_factory=list)
     free_mb_after: list[tuple[int, int]] = field(default_factory=list)
-    #: Not in the seed: what no bucket covers between the session's drained start and the
-    #: first burst's return (free-memory snapshots, burst set-up), so the buckets add up.
+    #: Not in the seed: what no bucket covers up to the first burst's return, so they add up.
     unattributed_ms: float = 0.0
 
     def __setattr__(self, name: str, value: object) -> None:
         object.__setattr__(self, name, _check_first_token(name, value))
 
     def total_ms(self) -> float:
-        """Session creation plus the first burst: the first-token latency this profile saw.
-        Shares (tap DtoH, drafter-prime split, hook) sit inside other buckets; round-1
-        buckets sit inside ``first_burst_ms``."""
+        """Creation plus the first burst (shares and round-1 buckets sit inside others)."""
         return (
             self.cache_alloc_ms + self.sink_alloc_ms + self.prime_ms + self.capture_ms
             + self.anchor_ms + self.draft_alloc_ms + self.first_burst_ms + self.unattributed_ms
@@ -304,30 +279,22 @@ class _RoundProfFields(NamedTuple):
 
 
 class SpecRoundProf(_RoundProfFields):
-    """One verify round's attribution row (``MEMRA_SPEC_PROF=1``, first SPEC_PROF_ROUNDS
-    rounds of a session).
-
-    Stored as the seed stores it: the ms fields are f32 (rounded on the way in), ``k``/``j``
-    u16, ``ctx``/``seq_rows`` u32. Out-of-range input raises naming the field; it never wraps.
-    An immutable tuple: one is built per logged round on the loop's thread and per
-    ``[spec-prof-rounds]`` line in the tail, so building it is cheap (:func:`round_prof`).
-    """
+    """One verify round's attribution row (the first SPEC_PROF_ROUNDS of a session), stored
+    as the seed does: ms as f32, ``k``/``j`` u16, ``ctx``/``seq_rows`` u32; out of range
+    raises naming the field. A tuple, cheap to build (:func:`round_prof`)."""
 
     __slots__ = ()
 
     def phase_ns(self) -> tuple[int, int, int, int, int]:
-        """(draft, verify, accept, rollback + maint, 0) ns: a row as a round for
-        :mod:`memra_obs.analysis` (the row keeps rollback and maint as one ``rest``)."""
+        """(draft, verify, accept, rollback + maint, 0) ns: a row as a round for analysis."""
         return (round(self.draft_ms * 1e6), round(self.verify_ms * 1e6),
                 round(self.accept_ms * 1e6), round(self.rest_ms * 1e6), 0)  # fmt: skip
 
     def __new__(cls, wall_ms: float = 0.0, draft_ms: float = 0.0, verify_ms: float = 0.0,
                 accept_ms: float = 0.0, rest_ms: float = 0.0, k: int = 0, j: int = 0,
                 ctx: int = 0, seq_rows: int = 0) -> SpecRoundProf:  # fmt: skip
-        ms = []
-        for name, v in zip(
-            ROUND_PROF_FIELDS[:5], (wall_ms, draft_ms, verify_ms, accept_ms, rest_ms), strict=True
-        ):
+        ms, vals = [], (wall_ms, draft_ms, verify_ms, accept_ms, rest_ms)
+        for name, v in zip(ROUND_PROF_FIELDS[:5], vals, strict=True):
             x = _ms(f"SpecRoundProf.{name}", v)
             if math.isinf(y := f32(x)):
                 raise ValueError(f"SpecRoundProf.{name}={x!r} does not fit in an f32")
@@ -343,9 +310,7 @@ ROUND_PROF_FIELDS = _RoundProfFields._fields
 
 def round_prof(wall_ms: float, draft_ms: float, verify_ms: float, accept_ms: float,
                rest_ms: float, k: int, j: int, ctx: int, seq_rows: int) -> SpecRoundProf:  # fmt: skip
-    """A row stored as the seed stores it, the fast way (the observer builds one per logged
-    round). Values the checks would refuse go through the checking constructor, which
-    raises naming the field."""
+    """A row, the fast way (refused values go through the constructor, naming the field)."""
     if (
         type(k) is int and type(j) is int and type(ctx) is int and type(seq_rows) is int
         and 0 <= k <= U16_MAX and 0 <= j <= U16_MAX and 0 <= ctx <= U32_MAX
@@ -363,9 +328,10 @@ def round_prof(wall_ms: float, draft_ms: float, verify_ms: float, accept_ms: flo
 def round_prof_from_ns(
     wall: int, draft: int, verify: int, accept: int, rest: int, k: int, j: int, ctx: int, seq: int
 ) -> SpecRoundProf:
-    """:func:`round_prof` from nanosecond phase lengths (``ns / 1e6``, as the loop measures)."""
-    return round_prof(wall / 1e6, draft / 1e6, verify / 1e6, accept / 1e6, rest / 1e6, k, j,
-                      ctx, seq)  # fmt: skip
+    """:func:`round_prof` from nanosecond phase lengths."""
+    return round_prof(
+        wall / 1e6, draft / 1e6, verify / 1e6, accept / 1e6, rest / 1e6, k, j, ctx, seq
+    )
 
 
 # ---------------------------------------------------------------------------- round log
@@ -376,8 +342,7 @@ class SpecRoundsLog:
     """The per-session round log behind ``[spec-prof-rounds]`` / ``[spec-prof-summary]``."""
 
     rounds: list[SpecRoundProf] = field(default_factory=list)
-    #: Rows already handed to the printer (``fresh`` returns the tail past it).
-    printed: int = 0
+    printed: int = 0  #: rows already handed to the printer
     summarized: bool = False
 
     def wants_more(self) -> bool:
@@ -395,14 +360,8 @@ class SpecRoundsLog:
         return self.rounds[start:]
 
     def summary(self) -> str:
-        """One-line summary over the logged rounds: acceptance, tokens per round, the wall
-        distribution (mean/min/median/max) and how many rounds sit past 1.5x the median, the
-        verify mean, and the per-row-arm row total.
-
-        Arithmetic follows the seed step by step: sums are plain left folds of f64 starting
-        from -0.0 (Rust's ``Sum for f64``), the mean runs over the *sorted* walls, and the
-        slow-round threshold ``1.5 * med`` is an f32 product.
-        """
+        """The seed's one-line summary, computed its way: left folds of f64 from -0.0, the mean
+        over the *sorted* walls, the slow threshold ``1.5 * med`` an f32 product."""
         rs = self.rounds
         n = len(rs)
         if n == 0:
@@ -444,9 +403,5 @@ def summary_text(n: int, k_mean: float, j_mean: float, accept: float, tok_per_ro
 
 
 def _fsum(xs: Iterable[float]) -> float:
-    # A left fold from -0.0: Rust's `Iterator::sum::<f64>()`. Never builtins.sum, which
-    # compensates on Python >= 3.12 and would print different digits.
-    acc = -0.0
-    for x in xs:
-        acc += x
-    return acc
+    """Rust's ``Iterator::sum::<f64>()``: a left fold from -0.0 (builtins.sum compensates)."""
+    return functools.reduce(operator.add, xs, -0.0)

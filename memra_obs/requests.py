@@ -1,11 +1,8 @@
-"""Per-request records as JSON lines (``MEMRA_OBS_REQUESTS_FILE``): for every session, the
-fields vLLM returns in ``metrics.speculative_decoding`` and AIPerf records as
-``spec_decode_acceptance`` (:func:`memra_obs.analysis.spec_decode_record`), plus this project's
-phase totals and first-token profile.
-
-A :class:`~memra_obs.export.RecordExporter`: it runs off the loop (the export worker, the
-agent, the tail), keeps a session's counts until its end record, then writes one line. A
-server that wants the record in its response calls ``Session.spec_decode()`` instead.
+"""Per-request records as JSON lines (``MEMRA_OBS_REQUESTS_FILE``): per session, the fields
+vLLM returns in ``metrics.speculative_decoding`` (AIPerf's ``spec_decode_acceptance``), plus
+the phase totals and the first-token profile. A record exporter, off the loop: it keeps a
+session's counts until its end record, then writes one line (``Session.spec_decode()`` gives a
+server the same record for its response).
 """
 
 from __future__ import annotations
@@ -52,8 +49,7 @@ class _Round(NamedTuple):
 def request_record(
     ks: Sequence[int], js: Sequence[int], phases_ns: Sequence[int], detailed: bool
 ) -> dict[str, Any]:
-    """The spec-decode fields of a session's drafting rounds (``ks``/``js``: their counts) and
-    its phase totals, in ms."""
+    """A session's spec-decode fields (from its rounds' ``ks``/``js``) and phase totals (ms)."""
     rounds = map(_Round, ks, js)
     out = spec_decode_record(rounds, detailed=detailed)
     out["phase_ms"] = {p: ns / 1e6 for p, ns in zip(PHASES, phases_ns, strict=True)}

@@ -1,11 +1,9 @@
 """A session (one request): its first-token profile, its bursts (:mod:`memra_obs.burst`),
 its round log's summary and the k advice over it.
 
-Nothing here raises into the loop: every public method is guarded and misuse is said once
-(:mod:`memra_obs.diagnostics`). A burst left open is closed by the session (at the next
-``burst()`` and at ``end()``) and published. The profile's buckets cover the wall from the
-session's drained start to the first burst's return: what no bucket names (free-memory
-snapshots, burst set-up) is ``unattributed_ms``.
+Nothing here raises into the loop: misuse is said once. A burst left open is ended by the
+next ``burst()`` or ``end()``. The profile's buckets cover the wall from the session's drained
+start to the first burst's return; what no bucket names is ``unattributed_ms``.
 """
 
 from __future__ import annotations
@@ -22,17 +20,9 @@ from .clock import ProfClock, Stream, SyncClock, now_ns
 from .diagnostics import say_once
 from .fanout import Fanout, fan
 from .legacy import advice_line
-from .records import (
-    SpecFirstTokenProf,
-    SpecRoundsLog,
-)
+from .records import SpecFirstTokenProf, SpecRoundsLog
 from .requests import request_record
-from .timeline import (
-    FirstTokenRecord,
-    ProfSummaryRecord,
-    SessionEndRecord,
-    SessionRecord,
-)
+from .timeline import FirstTokenRecord, ProfSummaryRecord, SessionEndRecord, SessionRecord
 
 if TYPE_CHECKING:
     from .observer import Observer
@@ -78,12 +68,9 @@ def _stream(name: str, v: Stream | None) -> Stream | None:
 
 
 class Session:
-    """One request: the first-token profile, its bursts, and their rounds.
-
-    Used from one thread (the loop's). ``prof`` is the live :class:`SpecFirstTokenProf`
-    (None with the profile off); prefer :meth:`lap`, :meth:`add` and :meth:`set`, which are
-    no-ops on a disabled observer.
-    """
+    """One request, used from the loop's thread. ``prof`` is the live
+    :class:`SpecFirstTokenProf` (None with the profile off); prefer :meth:`lap`, :meth:`add`
+    and :meth:`set`, no-ops on a disabled observer."""
 
     def __init__(
         self, obs: Observer, family: str, tag: str, tag_v: str, e: Stream | None, eh: Stream | None
@@ -131,10 +118,8 @@ class Session:
     # -- first-token profile -------------------------------------------------------------
 
     def lap(self, bucket: str) -> float:
-        """Close a first-token bucket (``cache_alloc``, ``prime``, ``draft_prime``, ...):
-        drain, and add the ms since the previous boundary to ``prof.<bucket>_ms``.
-
-        Returns the ms (0.0 with the profile off)."""
+        """Close a first-token bucket (``cache_alloc``, ``prime``, ...): drain, and add the ms
+        since the previous boundary to ``prof.<bucket>_ms``; returns them (0.0: profile off)."""
         pc = self._prof_clock
         if pc is None:
             return 0.0
@@ -163,14 +148,12 @@ class Session:
             return 0.0
 
     def add(self, **shares_ms: float) -> None:
-        """Add ms to share buckets that sit inside others (``prime_tap_dtoh_ms``,
-        ``draft_prime_h2d_ms``, ``draft_prime_feat_ms``, ``draft_prime_kv_ms``)."""
+        """Add ms to share buckets that sit inside others (``prime_tap_dtoh_ms``, ...)."""
         for name, ms in shares_ms.items():
             self._put("add", name, _SHARES, lambda p, n=name, x=ms: getattr(p, n) + x)
 
     def set(self, **fields: object) -> None:
-        """Set the drafter-prime geometry (``draft_prime_rows``, ``draft_prime_chunks``,
-        ``draft_prime_arm``, ``draft_kv_mb``)."""
+        """Set the drafter-prime geometry (``draft_prime_rows``, ..., ``draft_kv_mb``)."""
         for name, v in fields.items():
             self._put("set", name, _GEOMETRY, lambda p, x=v: x)
 
@@ -186,10 +169,9 @@ class Session:
             say_once(f"{call}:{name}:bad", f"Session.{call}: {exc}; ignored")
 
     def free_memory(self, point: str) -> list[tuple[int, int]]:
-        """Snapshot free device memory per CUDA ordinal into ``free_mb_before`` (``point=
-        "before"``: before the trunk cache allocation) or ``free_mb_after`` (after the
-        drafter KV allocation). The snapshot's own time lands in no bucket (the profile's
-        ``unattributed_ms`` carries it)."""
+        """Snapshot free device memory per CUDA ordinal into ``free_mb_before`` (before the
+        trunk cache allocation) or ``free_mb_after`` (after the drafter KV allocation); its
+        own time lands in no bucket."""
         if self.prof is None:
             return []
         if point not in ("before", "after"):
@@ -206,8 +188,7 @@ class Session:
     # -- bursts --------------------------------------------------------------------------
 
     def burst(self, k: int) -> Burst:
-        """Enter a burst drafting ``k`` tokens per round (the ``k=`` of the phase line).
-        A burst still open is ended first (and said once): its rounds are not lost."""
+        """Enter a burst drafting ``k`` per round; one still open is ended first (said once)."""
         b = self._open_burst
         if b is not None:
             say_once("burst-open", "Session.burst() while the previous burst was not ended: "
@@ -217,8 +198,7 @@ class Session:
         return _RangedBurst(self, k, ranges) if ranges else Burst(self, k)
 
     def end(self, error: BaseException | str | None = None) -> None:
-        """End the session (an open burst first): the round-log summary with the profile on,
-        then the end record."""
+        """End the session (an open burst first): the round-log summary, then the end record."""
         if self._ended:
             return
         b = self._open_burst
@@ -237,10 +217,8 @@ class Session:
         fan(fo.on_session_end, "on_session_end", rec)
 
     def spec_decode(self, detailed: bool = False) -> dict[str, Any]:
-        """This request's record so far, for a server's response: vLLM's
-        ``metrics.speculative_decoding`` fields (AIPerf's ``spec_decode_acceptance``), the
-        per-step lists with ``detailed``, the phase totals in ms, and the first-token profile
-        (``None`` with the profile off)."""
+        """This request's record so far, for a server's response: vLLM's spec-decode fields,
+        the per-step lists with ``detailed``, the phase totals (ms), the first-token profile."""
         try:
             out = request_record(self._ks, self._js, self._phase_ns, detailed)
             out["first_token"] = asdict(self.prof) if self.prof is not None else None
@@ -286,8 +264,7 @@ class Session:
                 setattr(prof, name + "_ms", _ms(max(b - a, 0)))
                 iv.append((name, a, b))
         iv.append(("first_burst", start, end))
-        # What no bucket covers (snapshots, burst set-up): the wall from the session's
-        # drained start to the first burst's return, less the buckets.
+        # What no bucket covers (snapshots, burst set-up).
         prof.unattributed_ms = max(_ms(end - self.record.start_ns_mono) - prof.total_ms(), 0.0)
         fan(self._obs._fan.on_first_token, "on_first_token", FirstTokenRecord(
             self.id, replace(prof), tuple(iv)))  # fmt: skip

@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .linewriter import LineWriter
 from .observer import Observer
@@ -32,6 +32,8 @@ from .timeline import (
 
 __all__ = ["Capture", "RecordingSink", "capture"]
 
+_R = TypeVar("_R")
+
 
 class RecordingSink(Sink):
     """Keeps every record it is given, in order (thread-safe: list.append)."""
@@ -43,20 +45,33 @@ class RecordingSink(Sink):
     def _keep(self, rec: Any) -> None:
         self.records.append(rec)
 
-    on_session = _keep
-    on_round = _keep
-    on_burst = _keep
-    on_first_token = _keep
-    on_prof_rows = _keep
-    on_prof_summary = _keep
-    on_session_end = _keep
+    on_session = on_round = on_burst = on_first_token = on_prof_rows = _keep
+    on_prof_summary = on_session_end = _keep
 
     def of(self, kind: type) -> list[Any]:
         return [r for r in self.records if isinstance(r, kind)]
 
 
+class _Of(Generic[_R]):
+    """A :class:`Capture` attribute: the records of one type, in order."""
+
+    def __init__(self, kind: type[_R]) -> None:
+        self.kind = kind
+
+    def __get__(self, cap: Capture, owner: object = None) -> list[_R]:
+        return cap.sink.of(self.kind)
+
+
 class Capture:
     """What :func:`capture` yields: the observer, its records and its legacy lines."""
+
+    sessions = _Of(SessionRecord)
+    rounds = _Of(RoundRecord)
+    bursts = _Of(BurstRecord)
+    first_tokens = _Of(FirstTokenRecord)
+    prof_rows = _Of(ProfRowsRecord)
+    summaries = _Of(ProfSummaryRecord)
+    ends = _Of(SessionEndRecord)
 
     def __init__(self, observer: Observer, sink: RecordingSink, stream: io.StringIO) -> None:
         self.observer = observer
@@ -66,34 +81,6 @@ class Capture:
     @property
     def records(self) -> list[Record]:
         return self.sink.records
-
-    @property
-    def sessions(self) -> list[SessionRecord]:
-        return self.sink.of(SessionRecord)
-
-    @property
-    def rounds(self) -> list[RoundRecord]:
-        return self.sink.of(RoundRecord)
-
-    @property
-    def bursts(self) -> list[BurstRecord]:
-        return self.sink.of(BurstRecord)
-
-    @property
-    def first_tokens(self) -> list[FirstTokenRecord]:
-        return self.sink.of(FirstTokenRecord)
-
-    @property
-    def prof_rows(self) -> list[ProfRowsRecord]:
-        return self.sink.of(ProfRowsRecord)
-
-    @property
-    def summaries(self) -> list[ProfSummaryRecord]:
-        return self.sink.of(ProfSummaryRecord)
-
-    @property
-    def ends(self) -> list[SessionEndRecord]:
-        return self.sink.of(SessionEndRecord)
 
     @property
     def lines(self) -> list[str]:

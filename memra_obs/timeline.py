@@ -1,12 +1,8 @@
 """What the observer hands to sinks: plain, immutable records of a session's timeline.
 
-One record per thing that happened (a session started, a round finished, a burst returned,
-the first-token profile closed, ...). Every timestamp says its clock in its name:
-``*_ns_mono`` is ``time.perf_counter_ns()`` (CLOCK_MONOTONIC), ``*_ns_epoch`` is Unix time.
-A session carries one anchor pair (mono, epoch) read back to back; sinks map mono to epoch
-through it, in one place (:func:`to_epoch_ns`).
-
-Records import only :mod:`memra_obs.records` and know nothing of sinks.
+One record per thing that happened. Timestamps say their clock: ``*_ns_mono`` is
+``time.perf_counter_ns()``, ``*_ns_epoch`` Unix time; a session's anchor pair (read back to
+back) maps one to the other, in one place (:func:`to_epoch_ns`).
 """
 
 from __future__ import annotations
@@ -16,18 +12,9 @@ from typing import NamedTuple
 from .records import SpecFirstTokenProf, SpecPhaseNs, SpecRoundProf
 
 __all__ = [
-    "PHASES",
-    "BurstRecord",
-    "FirstTokenRecord",
-    "ProfRowsRecord",
-    "ProfSummaryRecord",
-    "Record",
-    "RoundRecord",
-    "SessionEndRecord",
-    "SessionRecord",
-    "each_round",
-    "to_epoch_ns",
-]
+    "PHASES", "BurstRecord", "FirstTokenRecord", "ProfRowsRecord", "ProfSummaryRecord", "Record",
+    "RoundRecord", "SessionEndRecord", "SessionRecord", "each_round", "to_epoch_ns",
+]  # fmt: skip
 
 #: The five phases of a round, in order; ``RoundRecord.t_ns_mono`` holds their six bounds.
 PHASES = ("draft", "verify", "accept", "rollback", "maint")
@@ -44,17 +31,12 @@ class SessionRecord(NamedTuple):
     start_ns_mono: int
     anchor_ns_mono: int
     anchor_ns_epoch: int
-    #: 128-bit trace id: the caller's when a span was current, else a fresh one.
-    trace_id: int
-    #: 64-bit id of this session's ``spec.session`` span.
-    span_id: int
-    #: The caller's current span (e.g. the HTTP request), 0 when there was none.
-    parent_span_id: int
-    #: Trace level in force (0-2) and whether the first-token profile is on.
-    level: int
-    prof: bool
-    #: The clock timing the phases: "event", "sync" or "host" (no device stream); "" where
-    #: the source does not say (legacy lines).
+    trace_id: int  #: 128-bit: the caller's when a span was current, else a fresh one
+    span_id: int  #: 64-bit id of this session's ``spec.session`` span
+    parent_span_id: int  #: the caller's current span (e.g. the HTTP request), else 0
+    level: int  #: trace level in force (0-2)
+    prof: bool  #: the first-token profile is on
+    #: The phases' clock: "event", "sync" or "host" (no device stream); "" unknown (legacy lines).
     clock: str = ""
 
 
@@ -63,23 +45,17 @@ class RoundRecord(NamedTuple):
 
     session: int
     burst: int
-    #: Round index within the session, from 0.
-    index: int  # type: ignore[assignment]  # the field shadows tuple.index on purpose
+    index: int  # type: ignore[assignment]  # round index in the session (shadows tuple.index)
     #: Bounds: entry, end of draft, verify, accept, rollback, maint (= round end).
     t_ns_mono: tuple[int, int, int, int, int, int]
-    #: Drafted count that entered the verify (after the confidence gate).
-    k: int
-    #: Accepted drafts.
-    j: int
-    #: Trunk rows at round entry.
-    ctx: int
-    #: Verify rows that took the per-row mixer arm.
-    seq_rows: int
+    k: int  #: drafted count that entered the verify (after the confidence gate)
+    j: int  #: accepted drafts
+    ctx: int  #: trunk rows at round entry
+    seq_rows: int  #: verify rows that took the per-row mixer arm
     #: Level-2 verify sub-split of this round, ns: (kda, kda_scan, mla, ffn); None below 2.
     split_ns: tuple[int, int, int, int] | None
-    #: Consecutive rounds this record stands for: 1 from a loop; more from ``memra-obs tail``
-    #: for a burst's rounds known only by its means. Each lasts as these bounds say and
-    #: starts where the previous one ended; their indices run from ``index``.
+    #: Consecutive equal rounds this stands for, back to back from ``index``: 1 from a loop,
+    #: more from ``memra-obs tail`` (a burst's rounds known only by its means).
     repeat: int = 1
 
     def phase_ns(self) -> tuple[int, int, int, int, int]:
@@ -105,14 +81,10 @@ class BurstRecord(NamedTuple):
     start_ns_mono: int
     end_ns_mono: int
     phases: SpecPhaseNs
-    #: Burst total of the level-2 split, ns (kda, kda_scan, mla, ffn); None below level 2.
-    split_ns: tuple[int, int, int, int] | None
-    #: Tokens the burst returned to the caller.
-    tokens: int
-    #: Time inside the caller's commit hook during this burst, ns.
-    hook_ns: int
-    #: Index of the burst's first round within the session.
-    first_round: int
+    split_ns: tuple[int, int, int, int] | None  #: burst total of the level-2 split, ns
+    tokens: int  #: returned to the caller
+    hook_ns: int  #: inside the caller's commit hook
+    first_round: int  #: index of the burst's first round in the session
 
 
 class FirstTokenRecord(NamedTuple):
@@ -120,7 +92,7 @@ class FirstTokenRecord(NamedTuple):
 
     session: int
     prof: SpecFirstTokenProf
-    #: The sequential buckets as measured: (field name, start, end), ns mono, in order.
+    #: The sequential buckets as measured: (name, start, end), ns mono, in order.
     intervals: tuple[tuple[str, int, int], ...]
 
 
@@ -133,8 +105,7 @@ class ProfRowsRecord(NamedTuple):
 
 
 class ProfSummaryRecord(NamedTuple):
-    """The round log's one-line summary (``SpecRoundsLog.summary``), once per session, and the
-    k advisor's ``[spec-advice]`` line over the same rows ("" when too few drafted)."""
+    """The round log's summary, once per session, and its ``[spec-advice]`` line (or "")."""
 
     session: int
     summary: str
@@ -150,10 +121,8 @@ class SessionEndRecord(NamedTuple):
     rounds: int
     bursts: int
     tokens: int
-    #: An exception type name when the session ended by an error, else "".
-    error: str
-    #: The session's ``[spec-advice]`` line (the k advisor over its logged rounds), "" when
-    #: there is none (the profile off, too few drafting rounds, or a source without it).
+    error: str  #: an exception type name when the session ended by an error, else ""
+    #: The session's ``[spec-advice]`` line, "" when there is none.
     advice: str = ""
 
 

@@ -1,11 +1,8 @@
 """Wiring: from flags, knobs and arguments to exporters, and to an observer with its sinks.
 
-The one place that knows every sink and every exporter. :func:`build_exporters` builds the
-span exporter, the Prometheus exporter and the ``/metrics`` server from :class:`Settings` for
-all three publishers — a worker in-process (:func:`build_observer`), ``memra-obs agent`` and
-``memra-obs tail`` — so a knob is checked once and fails the same way everywhere.
-Argument > environment > default; a bad knob raises
-:class:`memra_obs.environment.ConfigError` at start-up, naming the variable.
+The one place that knows every sink and exporter: :func:`build_exporters` serves all three
+publishers (in-process via :func:`build_observer`, ``memra-obs agent``, ``memra-obs tail``), so
+a knob is checked once and fails the same way everywhere.
 """
 
 from __future__ import annotations
@@ -28,15 +25,12 @@ __all__ = ["Exporters", "build_exporters", "build_observer"]
 
 @dataclass
 class Exporters:
-    """What :func:`build_exporters` made; ``close()`` stops the server (exporters are shut
-    down by whoever drains them)."""
+    """What :func:`build_exporters` made; ``close()`` stops the server (not the exporters)."""
 
     spans: Any = None
     prom: Any = None
     server: Any = None
-    #: One line per destination, for a start-up banner.
-    where: list[str] = field(default_factory=list)
-
+    where: list[str] = field(default_factory=list)  #: one line per destination, for banners
     requests: Any = None
 
     @property
@@ -59,14 +53,10 @@ def build_exporters(
     serve: bool = True,
     strict: bool = True,
 ) -> Exporters:
-    """The exporters ``st.sinks`` asks for: spans (``otel``: the ``OTEL_*`` exporter or the
-    embedded file), metrics (``prometheus``: into ``registry``, default prometheus_client's
-    global one) and, with ``serve``, ``/metrics`` on ``st.metrics_addr``. ``worker_label``
-    labels every series ``worker`` (the agent, the tail).
-
-    ``/metrics`` on an address that cannot be bound (a second worker on the default port):
-    with ``strict`` (the CLI) a :class:`ConfigError` naming the address and the variable;
-    without (a library observer) the same line said once, and no ``/metrics``."""
+    """The exporters ``st.sinks`` asks for: spans (``otel``), metrics (``prometheus``, into
+    ``registry``, default the global one) and, with ``serve``, ``/metrics``; ``worker_label``
+    labels every series ``worker``. An address that cannot be bound is a :class:`ConfigError`
+    with ``strict`` (the CLI), else said once and no ``/metrics``."""
     out = Exporters()
     try:
         if st.requests_file:
@@ -141,15 +131,9 @@ def build_observer(
     strict: bool = False,
     **knobs: Any,
 ) -> Observer | NoOpObserver:
-    """Build an observer.
-
-    ``level``/``prof`` override the seed's flags; ``knobs`` are the :class:`Settings` fields
-    (``sinks``, ``metrics_addr``, ``spans_file``, ``agent``, ``clock``, ``round_spans``,
-    ``queue_size``, ``export_interval_ms``, ``worker``, ...). ``exporters`` are extra off-loop
-    consumers behind the queue; ``registry`` is the prometheus_client registry to use
-    (default: the global one); ``strict``: a ``/metrics`` address that cannot be bound is an
-    error (the CLI) rather than said once. Nothing on -> :data:`NOOP_OBSERVER`.
-    """
+    """An observer: ``level``/``prof`` override the seed's flags, ``knobs`` are
+    :class:`Settings` fields, ``exporters`` extra consumers behind the queue, ``strict`` as in
+    :func:`build_exporters`. Nothing on -> :data:`NOOP_OBSERVER`."""
     st = Settings.resolve(env, **knobs)
     lvl = flags.spec_trace_level() if level is None else level
     prf = flags.spec_prof_on() if prof is None else prof

@@ -3,7 +3,7 @@ and the records a parsed line becomes; the parser is :mod:`memra_obs.legacy.pars
 
 from __future__ import annotations
 
-import struct
+import operator
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any, NamedTuple, TextIO
@@ -21,12 +21,9 @@ from ..records import (
     SpecRoundProf,
     SpecRoundsLog,
     VerifySplit,
+    f32,
     summary_text,
 )
-
-_F32X5 = struct.Struct("<5f")
-_F32_PACK = struct.Struct("<f").pack
-_F32_UNPACK = struct.Struct("<f").unpack
 
 PROF_TAG = "spec-prof"
 PROF_ROUNDS_TAG = "spec-prof-rounds"
@@ -65,48 +62,35 @@ def exact_f32(x: float) -> str:
     f32, without an exponent. Per-round ms values mostly need 7 digits: try 7 and 6, then
     bisect (round-tripping is monotonic in the digit count)."""
     s = f"{x:.7g}"
-    if _f32_of(s) == x:
-        t = f"{x:.6g}"
-        if _f32_of(t) == x:
-            lo, hi, s = 1, 6, t  # the answer is in lo..hi; s holds hi's digits
-            while lo < hi:
-                mid = (lo + hi) // 2
-                t = f"{x:.{mid}g}"
-                if _f32_of(t) == x:
-                    hi, s = mid, t
-                else:
-                    lo = mid + 1
-    else:
+    if _f32_of(s) != x:
         s = f"{x:.8g}"
         if _f32_of(s) != x:
             s = f"{x:.9g}"  # 9 significant digits always identify an f32
-    if "e" in s or "." not in s:
-        return _positional(s)
-    return s
+    elif _f32_of(t := f"{x:.6g}") == x:
+        lo, hi, s = 1, 6, t  # the answer is in lo..hi; s holds hi's digits
+        while lo < hi:
+            mid = (lo + hi) // 2
+            t = f"{x:.{mid}g}"
+            if _f32_of(t) == x:
+                hi, s = mid, t
+            else:
+                lo = mid + 1
+    return _positional(s)
 
 
 def _f32_of(s: str) -> float:
-    return _F32_UNPACK(_F32_PACK(float(s)))[0]
+    return f32(float(s))
 
 
 # ------------------------------------------------------------------------------ writers
 
 
 def phase_lines(
-    p: SpecPhaseNs,
-    tag: str,
-    tag_v: str,
-    k: int,
-    level: int = 1,
-    split: VerifySplit | None = None,
+    p: SpecPhaseNs, tag: str, tag_v: str, k: int, level: int = 1, split: VerifySplit | None = None
 ) -> list[str]:
     """The per-burst line under ``tag`` and, at ``level >= 2``, the verify sub-split line
-    under ``tag_v``; ``[]`` when the burst ran no rounds.
-
-    Like the seed, the level-2 line drains ``split`` (reads and zeroes it); ``None`` stands
-    for a split that recorded nothing. Every value is the seed's ``ns as f64 / 1e6`` (per
-    round: ``/ rounds`` after that), so the same f64 reaches the same ``{:.N}``.
-    """
+    under ``tag_v`` (draining ``split``; ``None``: nothing recorded); ``[]`` for no rounds.
+    Values are the seed's ``ns as f64 / 1e6`` (then ``/ rounds``), so the digits agree."""
     n = p.rounds
     if n == 0:
         return []
@@ -118,11 +102,8 @@ def phase_lines(
     if level >= 2:
         vkda, scan, vmla, vffn = split.drain() if split is not None else (0, 0, 0, 0)
         vrest = max(p.verify - ((vkda + vmla) & U64_MAX), 0)  # u64 saturating_sub
-        out.append(
-            _verify_text(
-                tag_v, n, k, *(float(x) / 1e6 / r for x in (vkda, scan, vmla, vrest, vffn))
-            )
-        )
+        v = [float(x) / 1e6 / r for x in (vkda, scan, vmla, vrest, vffn)]
+        out.append(_verify_text(tag_v, n, k, *v))
     return out
 
 
@@ -165,15 +146,13 @@ def prof_line(prof: SpecFirstTokenProf) -> str:
 
 def prof_rounds_lines(rows: Sequence[SpecRoundProf], start: int = 0) -> list[str]:
     """One ``[spec-prof-rounds]`` line per row; ``start`` is the first row's log index."""
-    out = []
-    for i, r in enumerate(rows, start):
-        out.append(
-            f"[{PROF_ROUNDS_TAG}] row={i} wall_ms={exact_f32(r.wall_ms)} "
-            f"draft_ms={exact_f32(r.draft_ms)} verify_ms={exact_f32(r.verify_ms)} "
-            f"accept_ms={exact_f32(r.accept_ms)} rest_ms={exact_f32(r.rest_ms)} "
-            f"k={r.k} j={r.j} ctx={r.ctx} seq_rows={r.seq_rows}"
-        )
-    return out
+    return [
+        f"[{PROF_ROUNDS_TAG}] row={i} wall_ms={exact_f32(r.wall_ms)} "
+        f"draft_ms={exact_f32(r.draft_ms)} verify_ms={exact_f32(r.verify_ms)} "
+        f"accept_ms={exact_f32(r.accept_ms)} rest_ms={exact_f32(r.rest_ms)} "
+        f"k={r.k} j={r.j} ctx={r.ctx} seq_rows={r.seq_rows}"
+        for i, r in enumerate(rows, start)
+    ]
 
 
 def prof_summary_line(log: SpecRoundsLog) -> str:
@@ -190,30 +169,20 @@ def emit(
     split: VerifySplit | None = None,
     out: TextIO | LineWriter | None = None,
 ) -> None:
-    """The seed's ``SpecPhaseNs::emit``: the burst's lines to stderr, never raising.
-
-    ``level`` defaults to the process trace level; ``split`` to the process-wide level-2
-    accumulators (:data:`memra_obs.VERIFY_SPLIT`), drained here as the seed drains its atomics.
-    """
+    """The seed's ``SpecPhaseNs::emit``: the burst's lines to stderr, never raising. ``level``
+    defaults to the process trace level, ``split`` to :data:`memra_obs.VERIFY_SPLIT`."""
     try:
         lvl = spec_trace_level() if level is None else level
-        if split is None and lvl >= 2:
-            split = VERIFY_SPLIT  # the process-wide accumulators
-        lines = phase_lines(p, tag, tag_v, k, lvl, split)
-        writer = (
-            out
-            if isinstance(out, LineWriter)
-            else (stderr_writer() if out is None else LineWriter(out))
-        )
-        writer.write_lines(lines)
+        lines = phase_lines(p, tag, tag_v, k, lvl, VERIFY_SPLIT if split is None else split)
+        if not isinstance(out, LineWriter):
+            out = stderr_writer() if out is None else LineWriter(out)
+        out.write_lines(lines)
     except Exception as exc:  # instrumentation never takes the loop down
         say_once("legacy.emit", f"emit failed and is skipped from now on: {exc!r}")
 
 
 # ------------------------------------------------------------------------------ records
-#
-# Parsed lines are immutable tuples (cheap to build: the tail builds one per line); each
-# says its ``kind`` and gives its line back with ``line()``.
+# Parsed lines: tuples (cheap, one per line in the tail) with a ``kind`` and their ``line()``.
 
 
 class PhaseLine(NamedTuple):
@@ -291,8 +260,7 @@ class RoundsLine(NamedTuple):
 
 
 class SummaryLine(NamedTuple):
-    """A parsed ``[spec-prof-summary]`` line (values as printed; ``rounds=0`` leaves the
-    rest ``None``)."""
+    """A parsed ``[spec-prof-summary]`` line (as printed; ``rounds=0``: the rest ``None``)."""
 
     @property
     def kind(self) -> str:
@@ -335,8 +303,7 @@ class OverrideLine(NamedTuple):
 
 
 class AdviceLine(NamedTuple):
-    """A parsed ``[spec-advice]`` line: the k advisor's estimates over a session's logged
-    rounds (each figure with its interval, as printed)."""
+    """A parsed ``[spec-advice]`` line: the k advisor's estimates with their intervals."""
 
     @property
     def kind(self) -> str:
@@ -366,10 +333,7 @@ class AdviceLine(NamedTuple):
 
 def advice_line(a: Any) -> str:
     """The ``[spec-advice]`` line of an :class:`memra_obs.analysis.Advice`."""
-
-    def iv(x: Any) -> tuple[float, float, float]:
-        return (x.value, x.lo, x.hi)
-
+    iv = operator.attrgetter("value", "lo", "hi")
     return AdviceLine(
         a.rounds, a.clock, a.current_k, a.recommended_k, iv(a.expected_tokens),
         iv(a.tokens_per_s), iv(a.estimated_speedup), a.plain_step_ns / 1e6, a.plain_step_source,

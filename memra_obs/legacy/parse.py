@@ -4,17 +4,10 @@ through :func:`parse_line`. A regex per shape, then the record."""
 from __future__ import annotations
 
 import re
-import struct
 from collections.abc import Sequence
 from typing import Any
 
-from ..records import (
-    FIRST_TOKEN_FIELDS,
-    U16_MAX,
-    U32_MAX,
-    SpecFirstTokenProf,
-    SpecRoundProf,
-)
+from ..records import FIRST_TOKEN_FIELDS, SpecFirstTokenProf, round_prof
 from .lines import (
     _FT_FLOAT,
     _FT_FREE,
@@ -42,15 +35,9 @@ from .lines import (
 
 __all__ = ["LegacyParseError", "parse_line"]
 
-_F32X5 = struct.Struct("<5f")
-
 
 class LegacyParseError(ValueError):
-    """A line carries a legacy tag but not the shape that goes with it.
-
-    ``kind`` is the kind the line claims to be (``phase``, ``verify``, ``prof``,
-    ``prof_rounds``, ``prof_summary``, ``override``), for counting refusals by kind.
-    """
+    """A line with a legacy tag but not its shape; ``kind``: the kind it claims (for counts)."""
 
     def __init__(self, line: str, reason: str, kind: str = PHASE) -> None:
         super().__init__(f"{reason}: {line[:200]!r}")
@@ -107,11 +94,8 @@ _ADVICE = re.compile(
 
 
 def parse_line(line: str) -> LegacyLine | None:
-    """Parse one line: a record for a legacy line, ``None`` for anyone else's line.
-
-    Raises :class:`LegacyParseError` (with the reason and the kind the line claims) for a
-    line that carries one of the legacy tags or shapes but is malformed or truncated.
-    """
+    """A record for a legacy line, ``None`` for anyone else's line; :class:`LegacyParseError`
+    for a line with a legacy tag or shape that is malformed or truncated."""
     if line[:1] != "[":  # the common case for other programs' lines: one slice, no regex
         return None
     text = line.rstrip("\r\n")
@@ -196,19 +180,10 @@ def _row(line: str, body: str) -> RoundsLine:
     if m is None:
         raise LegacyParseError(line, "[spec-prof-rounds] row truncated or malformed", PROF_ROUNDS)
     i, w, d, v, a, r, k, j, c, q = m.groups()
-    k, j, c, q = int(k), int(j), int(c), int(q)
-    # The regex took digits: with no sign and the counts in range, only an f32 overflow is
-    # left to check, so the row is built as the record would store it. Anything else goes
-    # through the record, which refuses it naming the field.
-    if "-" not in body and k <= U16_MAX and j <= U16_MAX and c <= U32_MAX and q <= U32_MAX:
-        try:
-            ms = _F32X5.unpack(_F32X5.pack(float(w), float(d), float(v), float(a), float(r)))
-        except OverflowError:
-            ms = (_INF,)
-        if _INF not in ms:
-            return _tuple_new(RoundsLine, (int(i), _tuple_new(SpecRoundProf, (*ms, k, j, c, q))))
-    try:
-        prof = SpecRoundProf(float(w), float(d), float(v), float(a), float(r), k, j, c, q)
+    try:  # the record refuses a bad value, naming the field
+        prof = round_prof(
+            float(w), float(d), float(v), float(a), float(r), int(k), int(j), int(c), int(q)
+        )
     except (TypeError, ValueError) as exc:
         raise LegacyParseError(line, str(exc), PROF_ROUNDS) from None
     return _tuple_new(RoundsLine, (int(i), prof))
