@@ -176,6 +176,9 @@ class GptLoop:
         self.dev = torch.device("cuda", 0)
         torch.manual_seed(seed)
         torch.set_grad_enabled(False)
+        # cuDNN's attention builds a plan for each new shape, and a decode loop's length changes
+        # every step: that planning, not the model, would be what the advisor priced.
+        torch.backends.cuda.enable_cudnn_sdp(False)
         maxlen = self.cap + 64
         self.target = _Gpt(torch, self.dev, 24, maxlen)
         self.drafter = _Gpt(torch, self.dev, 2, maxlen)
