@@ -291,7 +291,7 @@ def acceptance(ids: Ids) -> Section:
 
 # The k advisor's gauges (sliding window of recent rounds, memra_obs.analysis.AdviceWindow).
 # Every one of them is an estimate from the loop's own acceptance and phase costs; the titles
-# say so. docs/ADVISOR.md has the formulas.
+# say so. README, "Acceptance analytics and the k advisor", has the formulas.
 EST_TPS = "memra_spec_estimated_tokens_per_second"  # {family, k}: throughput(k) for k = 1..bound
 REC_K = "memra_spec_recommended_k"
 SPEEDUP = "memra_spec_estimated_speedup"
@@ -357,7 +357,7 @@ def advisor(ids: Ids) -> Section:
             "Accepted / drafted tokens at each draft position (0-based, as vLLM's "
             "num_accepted_tokens_per_pos): the share of drafts made at that position that were "
             "accepted, every draft before them accepted too. Its ratio to the previous position "
-            "is the conditional acceptance the k advisor works from (docs/ADVISOR.md).",
+            "is the conditional acceptance the k advisor works from (README: Acceptance analytics).",
             [target(f"{sum_rate(acc, by)} / {sum_rate(dr, by)}", "{{family}} pos {{position}}")],
             unit="percentunit",
             min_val=0,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the real peers of the test suite from the Go module proxy, at the versions pinned in
-# tests/peers/pins/ (see docs/PEERS.md), and print where the binaries are:
+# tests/peers/pins/ (see README, "Real peers"), and print where the binaries are:
 #
 #   bash scripts/peers.sh            build what is missing (idempotent), print NAME=PATH lines
 #   bash scripts/peers.sh --check    build nothing: print NAME=PATH of what is built; exit 1

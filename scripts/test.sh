@@ -14,7 +14,7 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   fi
 fi
 # The real peers (Jaeger v2, the OpenTelemetry Collector, Prometheus 3) built from the Go
-# module proxy at the versions pinned in tests/peers/pins/ (docs/PEERS.md): cached outside
+# module proxy at the versions pinned in tests/peers/pins/ (README, "Real peers"): cached outside
 # the clone, so only a first run builds (minutes). Without Go, or when the build fails (no
 # network), tests/peers/ skips with one reason -- unless MEMRA_OBS_REQUIRE_PEERS=1 (CI).
 require_peers="${MEMRA_OBS_REQUIRE_PEERS:-}"

@@ -417,7 +417,7 @@ def test_prometheus_scrapes_the_agent_and_exemplars_name_exported_traces(tmp_pat
 
     wait_for("Prometheus to hold every worker's rounds", scraped, timeout_s=60, every=0.5)
 
-    def balanced() -> bool:  # read + lost == written, per worker, in PromQL (docs/AGENT.md)
+    def balanced() -> bool:  # read + lost == written, per worker, in PromQL (README, "Agent mode")
         res = _api(base, "query", query=IDENTITY)["result"]
         return {r["metric"]["worker"] for r in res} == set(totals) and all(
             float(r["value"][1]) == 0 for r in res

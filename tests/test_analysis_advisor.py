@@ -94,7 +94,7 @@ def test_recommendation_steps_at_most_explore_past_the_data():
 def test_following_the_window_with_some_exploration_converges(curve: str):
     """A loop that sets k from the window's advice every 400 rounds, drafting fewer on 10% of
     rounds and 1-3 more on another 10% (so positions past k stay observed), ends within 5% of
-    the optimum from k = 2 and from k = 12 (docs/ADVISOR.md: following the advice)."""
+    the optimum from k = 2 and from k = 12 (README, "Acceptance analytics": following the advice)."""
     alpha = CURVES[curve]
 
     def explore(k: int):
