@@ -98,9 +98,6 @@ class Output:
         why = ("stopped", "spans after shutdown") if late else ("queue", "request queue full")
         self._count(0, n, 0, *why)
 
-    def start(self) -> None:
-        self._thread.start()
-
     def _run(self) -> None:
         while True:
             with self._cv:
@@ -211,7 +208,7 @@ class SpanExporter:
         self._closed = False
         for o in self.outputs:
             o.parent = self
-            o.start()
+            o._thread.start()
 
     def after_fork(self) -> None:
         """In a forked child: fresh locks (one may have been held at the fork); the parent's
