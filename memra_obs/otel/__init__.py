@@ -54,7 +54,7 @@ def build_span_exporter(
 def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> Output:
     from .otlp_json import JsonEncoder
     from .otlp_proto import ProtoEncoder
-    from .transport import FileSender, GrpcSender, HttpSender
+    from .transport import FileSender, GrpcSender, HttpSender, SdkSender
 
     def enc(cls: Any) -> Any:
         return cls(dict(res.attributes), SCOPE_NAME, __version__, schema_url=res.schema_url)
@@ -63,7 +63,22 @@ def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> 
         sender = FileSender(settings.spans_file, settings.spans_file_max_bytes)
         return Output(name, enc(JsonEncoder), sender, max_bytes=256 << 10)
     if name not in _FORCED:
-        return _sdk_output(name, res)
+        from importlib.metadata import entry_points
+
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        eps = {ep.name: ep for ep in entry_points(group="opentelemetry_traces_exporter")}
+        var = f"{OTEL_TRACES_EXPORTER}={name!r}"
+        if name not in eps:
+            known = ", ".join(sorted({*_FORCED, "none", *eps}))
+            raise ConfigError(f"{var}: no such span exporter; known: {known}")
+        try:
+            exporter = eps[name].load()()
+        except Exception as exc:
+            raise ConfigError(f"{var}: the exporter failed to start: {exc!r}") from exc
+        # The SDK path hands over whole span lists; keep its requests modest.
+        sdk = SdkSender(exporter, res, InstrumentationScope(SCOPE_NAME, __version__))
+        return Output(name, None, sdk, max_spans=256)
     cfg = OtlpConfig.from_env(env, protocol=_FORCED[name])
     if cfg.protocol != "grpc":
         json = cfg.protocol == "http/json"
@@ -73,24 +88,3 @@ def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> 
     except ImportError:
         need = "needs grpcio (pip install 'memra_obs[otlp]')"
         raise ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL=grpc {need}") from None
-
-
-def _sdk_output(name: str, resource: Any) -> Output:
-    from importlib.metadata import entry_points
-
-    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-
-    from .transport import SdkSender
-
-    eps = {ep.name: ep for ep in entry_points(group="opentelemetry_traces_exporter")}
-    var = f"{OTEL_TRACES_EXPORTER}={name!r}"
-    if name not in eps:
-        known = ", ".join(sorted({*_FORCED, "none", *eps}))
-        raise ConfigError(f"{var}: no such span exporter; known: {known}")
-    try:
-        exporter = eps[name].load()()
-    except Exception as exc:
-        raise ConfigError(f"{var}: the exporter failed to start: {exc!r}") from exc
-    # The SDK path hands over whole span lists; keep its requests modest.
-    sender = SdkSender(exporter, resource, InstrumentationScope(SCOPE_NAME, __version__))
-    return Output(name, None, sender, max_spans=256)

@@ -107,11 +107,8 @@ class OtlpConfig:
     client_certificate: str | None = None
 
     @classmethod
-    def from_env(
-        cls, env: Mapping[str, str] | None = None, *, protocol: str | None = None
-    ) -> OtlpConfig:
+    def from_env(cls, env: Mapping[str, str], *, protocol: str | None = None) -> OtlpConfig:
         """Read the OTLP variables; ``protocol`` forces one (``otlp_proto_grpc`` etc.)."""
-        env = os.environ if env is None else env
         protocol = protocol or _choice(env, "PROTOCOL", ("http/protobuf", "http/json", "grpc"))
         var, ms = _get(env, "TIMEOUT") or ("", "10000")  # 10 s
         try:

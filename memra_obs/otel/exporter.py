@@ -49,11 +49,10 @@ class Output:
         max_spans: int = 2048,
         max_bytes: int = 2 << 20,
         queue_requests: int = 64,
-        queue_bytes: int = 32 << 20,
     ) -> None:
         self.name, self.encoder, self.sender = name, encoder, sender
         self.max_spans, self.max_bytes = max_spans, max_bytes
-        self._qmax, self._qbytes_max = queue_requests, queue_bytes
+        self._qmax, self._qbytes_max = queue_requests, 32 << 20
         self._frags: list[Any] = []
         self._size = self._qbytes = 0
         self._q: deque[tuple[int, Any, int]] = deque()
@@ -67,8 +66,7 @@ class Output:
 
     def add(self, spans: list[Span]) -> None:
         """On the export worker, under the exporter's lock (as :meth:`seal`)."""
-        enc, step = self.encoder, self.max_spans
-        by = min(step, _CHUNK)
+        enc, step, by = self.encoder, self.max_spans, min(self.max_spans, _CHUNK)
         for chunk in (spans[i : i + by] for i in range(0, len(spans), by)):
             if enc is None:
                 self._frags += chunk
@@ -97,9 +95,6 @@ class Output:
                 return
         why = ("stopped", "spans after shutdown") if late else ("queue", "request queue full")
         self._count(0, n, 0, *why)
-
-    def start(self) -> None:
-        self._thread.start()
 
     def _run(self) -> None:
         while True:
@@ -211,7 +206,7 @@ class SpanExporter:
         self._closed = False
         for o in self.outputs:
             o.parent = self
-            o.start()
+            o._thread.start()
 
     def after_fork(self) -> None:
         """In a forked child: fresh locks (one may have been held at the fork); the parent's

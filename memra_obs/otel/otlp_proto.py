@@ -48,7 +48,6 @@ def varint(n: int) -> bytes:
 
 
 def _field(tag: int, body: bytes) -> bytes:
-    """A length-delimited field: tag byte(s), length, body."""
     return varint(tag) + varint(len(body)) + body
 
 
@@ -183,11 +182,11 @@ class ProtoEncoder(Encoder):
         ln = len(body)
         return (b"\x12" + _B1[ln] if ln < 128 else b"\x12" + varint(ln)) + body
 
-    def request(self, fragments: Sequence[bytes], size: int | None = None) -> bytes:
-        """One ``ExportTraceServiceRequest`` (one resource, one scope) holding the fragments;
-        ``size`` is ``sum(map(len, fragments))`` when the caller kept it."""
+    def request(self, fragments: Sequence[bytes], size: int) -> bytes:
+        """One ``ExportTraceServiceRequest`` (one resource, one scope) holding the fragments,
+        whose lengths add up to ``size`` (the caller kept it)."""
         res, scope, schema = self._head
-        ss_len = len(scope) + (sum(map(len, fragments)) if size is None else size)
+        ss_len = len(scope) + size
         ss_head = b"\x12" + varint(ss_len)
         rs_len = len(res) + len(ss_head) + ss_len + len(schema)
         return b"".join((b"\x0a", varint(rs_len), res, ss_head, scope, *fragments, schema))

@@ -148,54 +148,51 @@ class SpanBuilder:
         return n
 
     def _round(self, s: _Session, rec: RoundRecord, out: list[Span]) -> None:
-        rep, b, j, t = rec.repeat, rec.burst, rec.j, rec.t_ns_mono
+        rep, b, j, k, t = rec.repeat, rec.burst, rec.j, rec.k, rec.t_ns_mono
+        t0, t1, t2, t3, t4, t5 = t
         if b != s.burst:
             s.burst = b
-            s.b_start, s.b_rounds, s.b_tokens = t[0], 0, 0
+            s.b_start, s.b_rounds, s.b_tokens = t0, 0, 0
         s.b_rounds += rep
         s.b_tokens += (j + 1 if j >= 0 else 1) * rep  # j = -1: unknown; the bonus token
-        wall = t[5] - t[0]
-        s.last = t[5] + (rep - 1) * wall
-        if rec.k > 0:
-            s.ks.extend((rec.k,) * rep)
+        wall = t5 - t0
+        s.last = t5 + (rep - 1) * wall
+        if k > 0:
+            s.ks.extend((k,) * rep)
             s.js.extend((j,) * rep)
         ph = s.ph
         for i in range(5):
             ph[i] += (t[i + 1] - t[i]) * rep
+        sid, tid = s.sid, s.tid
         # A run of equal rounds (the tail's burst means) gets a span per round, up to the cap.
         for i in range(min(rep, self.round_spans - rec.index)):
-            tt = t if i == 0 else tuple(x + i * wall for x in t)
-            self._round_spans(s, rec, rec.index + i, tt, out)
-
-    def _round_spans(self, s: _Session, rec: RoundRecord, idx: int, t: tuple, out: list) -> None:
-        t0, t1, t2, t3, t4, t5 = t
-        j, k, sid, tid, off = rec.j, rec.k, s.sid, s.tid, s.off
-        g = 8 * idx * _GAMMA  # ids n = 8*idx + kind: g + kind*GAMMA (one multiply a round)
-        rid = (sid ^ ((g + _G[2]) & _M64)) or 1
-        e0, e1, e2, e3, e4, e5 = t0 + off, t1 + off, t2 + off, t3 + off, t4 + off, t5 + off
-        if k >= 0:
-            attrs: tuple[tuple[str, Any], ...] = (
-                ("memra.spec.round", idx),
-                ("memra.spec.k", k),
-                ("memra.spec.j", j),
-                ("memra.spec.ctx", rec.ctx),
-                ("memra.spec.seq_rows", rec.seq_rows),
-                ("memra.spec.acceptance_rate", j / k if k else 0.0),
-                (_TOKENS, j + 1),
-                ("memra.spec.wall_ns", t5 - t0),
+            idx, d = rec.index + i, s.off + i * wall
+            g = 8 * idx * _GAMMA  # ids n = 8*idx + kind: g + kind*GAMMA (one multiply a round)
+            rid = (sid ^ ((g + _G[2]) & _M64)) or 1
+            e0, e1, e2, e3, e4, e5 = t0 + d, t1 + d, t2 + d, t3 + d, t4 + d, t5 + d
+            if k >= 0:
+                attrs: tuple[tuple[str, Any], ...] = (
+                    ("memra.spec.round", idx),
+                    ("memra.spec.k", k),
+                    ("memra.spec.j", j),
+                    ("memra.spec.ctx", rec.ctx),
+                    ("memra.spec.seq_rows", rec.seq_rows),
+                    ("memra.spec.acceptance_rate", j / k if k else 0.0),
+                    (_TOKENS, j + 1),
+                    ("memra.spec.wall_ns", wall),
+                )
+            else:  # k = j = -1: counts unknown (a round rebuilt from a phase line): no zeros
+                attrs = (("memra.spec.round", idx), ("memra.spec.wall_ns", wall))
+            split = () if rec.split_ns is None else _split_attrs(t2 - t1, rec.split_ns)
+            bid = (sid ^ (((8 * b + 1) * _GAMMA) & _M64)) or 1
+            out += (
+                ("spec.round", tid, rid, bid, e0, e5, attrs, None),
+                ("spec.draft", tid, (sid ^ ((g + _G[3]) & _M64)) or 1, rid, e0, e1, (), None),
+                ("spec.verify", tid, (sid ^ ((g + _G[4]) & _M64)) or 1, rid, e1, e2, split, None),
+                ("spec.accept", tid, (sid ^ ((g + _G[5]) & _M64)) or 1, rid, e2, e3, (), None),
+                ("spec.rollback", tid, (sid ^ ((g + _G[6]) & _M64)) or 1, rid, e3, e4, (), None),
+                ("spec.maint", tid, (sid ^ ((g + _G[7]) & _M64)) or 1, rid, e4, e5, (), None),
             )
-        else:  # k = j = -1: counts unknown (a round rebuilt from a phase line): no zeros
-            attrs = (("memra.spec.round", idx), ("memra.spec.wall_ns", t5 - t0))
-        split = () if rec.split_ns is None else _split_attrs(t2 - t1, rec.split_ns)
-        bid = (sid ^ (((8 * rec.burst + 1) * _GAMMA) & _M64)) or 1
-        out += (
-            ("spec.round", tid, rid, bid, e0, e5, attrs, None),
-            ("spec.draft", tid, (sid ^ ((g + _G[3]) & _M64)) or 1, rid, e0, e1, (), None),
-            ("spec.verify", tid, (sid ^ ((g + _G[4]) & _M64)) or 1, rid, e1, e2, split, None),
-            ("spec.accept", tid, (sid ^ ((g + _G[5]) & _M64)) or 1, rid, e2, e3, (), None),
-            ("spec.rollback", tid, (sid ^ ((g + _G[6]) & _M64)) or 1, rid, e3, e4, (), None),
-            ("spec.maint", tid, (sid ^ ((g + _G[7]) & _M64)) or 1, rid, e4, e5, (), None),
-        )
 
     def _burst(self, s: _Session, rec: BurstRecord, out: list[Span]) -> None:
         s.last = max(s.last, rec.end_ns_mono)

@@ -132,7 +132,6 @@ class HttpSender:
         self._conn: http.client.HTTPConnection | None = None
 
     def send(self, payload: bytes | str, timeout_s: float) -> int:
-        """POST one request; returns the spans the receiver said it rejected."""
         body = gzip.compress(_body(payload), compresslevel=5) if self._gzip else _body(payload)
         c = self._conn
         try:
@@ -239,9 +238,8 @@ class FileSender(_Local):
     def __init__(self, path: str, max_bytes: int = 0) -> None:
         self.path, self.max_bytes = os.path.abspath(path), max_bytes
         mib = f"{max_bytes >> 20} MiB" if max_bytes % (1 << 20) == 0 else f"{max_bytes} bytes"
-        self.url = self.path + (
-            f" (rotates at {mib}, keeps one previous file)" if max_bytes else ""
-        )
+        rotates = f" (rotates at {mib}, keeps one previous file)" if max_bytes else ""
+        self.url = self.path + rotates
         self._f: Any = None
         self._size = 0
 

@@ -13,6 +13,7 @@ when one exists. Decided once, at construction: the ``nvtx`` package's ``memra``
 from __future__ import annotations
 
 import importlib.util
+from types import SimpleNamespace
 from typing import Any
 
 from ..diagnostics import say_once
@@ -21,7 +22,7 @@ from .base import Sink
 __all__ = ["DOMAIN", "RANGE_NAMES", "NvtxSink"]
 
 DOMAIN = "memra"
-_RANGES = (  # every range the observer opens: name, timeline colour, its ARGB
+_RANGES = (  # every range the observer opens (RANGE_NAMES): name, timeline colour, its ARGB
     ("spec.burst", "grey", 0xFF808080),
     ("spec.round", "white", 0xFFE0E0E0),
     ("spec.draft", "green", 0xFF2CA02C),
@@ -30,34 +31,21 @@ _RANGES = (  # every range the observer opens: name, timeline colour, its ARGB
     ("spec.rollback", "red", 0xFFD62728),
     ("spec.maint", "purple", 0xFF9467BD),
 )
-#: Every range the observer opens, with its timeline colour.
 RANGE_NAMES: dict[str, str] = {name: colour for name, colour, _ in _RANGES}
 
 
 class _DomainRanges:
     """push/pop on an ``nvtx`` domain with attributes built once per name."""
 
-    __slots__ = ("_attrs", "_pop", "_push")
+    __slots__ = ("_attrs", "_push", "pop")
 
     def __init__(self, domain: Any) -> None:
         mk = domain.get_event_attributes
         self._attrs = {name: mk(message=name, color=argb) for name, _, argb in _RANGES}
-        self._push, self._pop = domain.push_range, domain.pop_range
+        self._push, self.pop = domain.push_range, domain.pop_range
 
     def push(self, name: str) -> None:
         self._push(self._attrs[name])
-
-    def pop(self) -> None:
-        self._pop()
-
-
-class _TorchRanges:
-    """push/pop through ``torch.cuda.nvtx`` (no domain, no colour)."""
-
-    __slots__ = ("pop", "push")
-
-    def __init__(self, nvtx: Any) -> None:
-        self.push, self.pop = nvtx.range_push, nvtx.range_pop
 
 
 class NvtxSink(Sink):
@@ -68,18 +56,16 @@ class NvtxSink(Sink):
     """
 
     def __init__(self, domain: Any = None) -> None:
-        #: ``push(name)`` / ``pop()`` called by the observer at each boundary; None = off.
-        self.range_hook: Any = None
-        #: Which backend is in use: ``"nvtx"``, ``"torch"`` or ``"off"``.
-        self.backend = "off"
         try:
-            self.range_hook, self.backend = _find(domain)
+            found = _find(domain)
         except Exception as exc:
-            _off("nvtx-error", f"setting up ranges failed ({exc!r}); no NVTX ranges")
+            found = _off("nvtx-error", f"setting up ranges failed ({exc!r}); no NVTX ranges")
+        #: ``range_hook``: ``push(name)`` / ``pop()``, called by the observer at each boundary
+        #: (None: off); ``backend``: the one in use, ``"nvtx"``, ``"torch"`` or ``"off"``.
+        self.range_hook, self.backend = found
 
 
 def _find(domain: Any) -> tuple[Any, str]:
-    """(range hook, backend), or (None, "off") said once."""
     if domain is None and _importable("nvtx"):
         import nvtx
 
@@ -97,7 +83,8 @@ def _find(domain: Any) -> tuple[Any, str]:
         if torch.cuda.is_available():
             why = "the nvtx package is not installed; using torch.cuda.nvtx (no 'memra' domain)"
             say_once("nvtx:nvtx-torch", f"NVTX sink: {why}")
-            return _TorchRanges(torch.cuda.nvtx), "torch"
+            nv = torch.cuda.nvtx  # no domain, no colour
+            return SimpleNamespace(push=nv.range_push, pop=nv.range_pop), "torch"
     why = "neither the nvtx package nor a CUDA torch is installed; no NVTX ranges"
     return _off("nvtx-absent", why + " (pip install nvtx)")
 
