@@ -55,9 +55,8 @@ class Agent:
         self.totals: dict[str, list[int]] = {}
         self.rings_removed = 0
         os.makedirs(directory, exist_ok=True)
-        fd = os.open(
-            os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600
-        )
+        lock = os.path.join(directory, LOCK_NAME)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:  # held for life: one agent per directory
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

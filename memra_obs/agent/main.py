@@ -146,10 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace, stop: threading.Event) -> int:
     agent, closers, server = build_agent(args.dir, poll_s=args.poll_ms / 1e3, cleanup=not args.keep)
-    where = f"rings in {agent.directory}" + (
-        "" if server is None else f"; /metrics on {server.url}"
-    )
-    print(f"[memra-obs agent] publishing {where}", file=sys.stderr, flush=True)
+    metrics = "" if server is None else f"; /metrics on {server.url}"
+    print(f"[memra-obs agent] publishing rings in {agent.directory}{metrics}", file=sys.stderr)
     try:
         if args.once:
             agent.drain()

@@ -217,9 +217,8 @@ class RingReader:
             seq, sid, n = F.TABLE_ENTRY_HEAD.unpack_from(a, off)
             if not seq or a[off : off + e] != b[off : off + e]:
                 continue
-            rec, in_table = F.decode(
-                F.KIND_SESSION, a[off + F.TABLE_HDR : off + min(e, F.TABLE_HDR + n)]
-            )
+            body = a[off + F.TABLE_HDR : off + min(e, F.TABLE_HDR + n)]
+            rec, in_table = F.decode(F.KIND_SESSION, body)
             if rec.session == sid:
                 out[sid] = (rec, in_table, seq - 1)
         return out

@@ -32,8 +32,6 @@ from . import format as F
 
 __all__ = ["RingSink", "check_cpu", "ring_directory"]
 
-_MEMORY_FS = ("tmpfs", "ramfs", "hugetlbfs")
-
 
 def check_cpu(machine: str | None = None) -> None:
     """Agent mode's lock-free ring relies on x86-64's store order; refuse it anywhere else."""
@@ -94,7 +92,7 @@ class RingSink(Sink):
         except OSError as exc:
             raise ConfigError(f"{MEMRA_OBS_AGENT}={directory!r}: no ring there ({exc})") from exc
         kind = fs_type(directory)
-        if kind and kind not in _MEMORY_FS:
+        if kind and kind not in ("tmpfs", "ramfs", "hugetlbfs"):
             say_once(f"ring-fs:{directory}", f"{MEMRA_OBS_AGENT}={directory} is on {kind}, not in "
                      "memory: the kernel's writeback of the ring can stall the loop; use /dev/shm "
                      "or a k8s emptyDir with medium: Memory")  # fmt: skip
