@@ -64,7 +64,9 @@ class ExporterSet:
             except Exception as exc:
                 self._fail(ex, exc)
 
-    def _each(self, hook: str) -> None:
+    def each(self, hook: str) -> None:
+        """Each exporter's ``hook`` where it has one: ``tick`` (time-driven work),
+        ``after_fork`` (in a forked child: fresh locks and threads)."""
         for ex in self.exporters:
             fn = getattr(ex, hook, None)
             if fn is not None:
@@ -72,10 +74,6 @@ class ExporterSet:
                     fn()
                 except Exception as exc:
                     self._fail(ex, exc)
-
-    def tick(self) -> None:
-        """Time-driven work (an exporter's ``tick``, when it has one)."""
-        self._each("tick")
 
     def flush(self, deadline: float) -> bool:
         """Flush every exporter; True when all of them got everything out in time."""
@@ -87,10 +85,6 @@ class ExporterSet:
                 self._fail(ex, exc)
                 ok = False
         return ok
-
-    def after_fork(self) -> None:
-        """In a forked child: each exporter's ``after_fork`` (fresh locks and threads)."""
-        self._each("after_fork")
 
     def shutdown(self, deadline: float, floor_s: float = 0.05) -> None:
         """Shut each exporter down with what is left of ``deadline`` (at least ``floor_s``)."""
@@ -184,7 +178,7 @@ class ExportWorker:
         now = time.monotonic()
         if now >= self._next_tick:
             self._next_tick = now + self._tick_s
-            self.set.tick()
+            self.set.each("tick")
 
     def drain_once(self) -> int:
         """One batch, then maybe a tick: the records out (the agent's pass)."""
@@ -247,7 +241,7 @@ class ExportWorker:
     def rearm(self) -> None:
         """After ``fork()``, in the child: a new thread (the parent's did not come along)."""
         self._arm()
-        self.set.after_fork()
+        self.set.each("after_fork")
 
 
 class QueueSink(Sink):

@@ -294,7 +294,7 @@ class SpecRoundProf(_RoundProfFields):
                 accept_ms: float = 0.0, rest_ms: float = 0.0, k: int = 0, j: int = 0,
                 ctx: int = 0, seq_rows: int = 0) -> SpecRoundProf:  # fmt: skip
         ms, vals = [], (wall_ms, draft_ms, verify_ms, accept_ms, rest_ms)
-        for name, v in zip(ROUND_PROF_FIELDS[:5], vals, strict=True):
+        for name, v in zip(cls._fields[:5], vals, strict=True):
             x = _ms(f"SpecRoundProf.{name}", v)
             if math.isinf(y := f32(x)):
                 raise ValueError(f"SpecRoundProf.{name}={x!r} does not fit in an f32")
@@ -303,9 +303,6 @@ class SpecRoundProf(_RoundProfFields):
                   (("k", k, U16_MAX), ("j", j, U16_MAX), ("ctx", ctx, U32_MAX),
                    ("seq_rows", seq_rows, U32_MAX))]  # fmt: skip
         return _tuple_new(cls, (*ms, *counts))
-
-
-ROUND_PROF_FIELDS = _RoundProfFields._fields
 
 
 def round_prof(wall_ms: float, draft_ms: float, verify_ms: float, accept_ms: float,

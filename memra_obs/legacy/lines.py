@@ -122,10 +122,6 @@ def _verify_text(tag: str, n: int, k: int, *v: float) -> str:
     )
 
 
-def _fmt_free(v: Sequence[tuple[int, int]]) -> str:
-    return "[" + ",".join(f"{o}:{mb}" for o, mb in v) + "]"
-
-
 _FT_FLOAT = frozenset((*FIRST_TOKEN_MS_FIELDS, "draft_kv_mb"))
 _FT_FREE = frozenset(("free_mb_before", "free_mb_after"))
 
@@ -138,7 +134,7 @@ def prof_line(prof: SpecFirstTokenProf) -> str:
         if name in _FT_FLOAT:
             parts.append(f"{name}={exact_f64(v)}")
         elif name in _FT_FREE:
-            parts.append(f"{name}={_fmt_free(v)}")
+            parts.append(f"{name}=[{','.join(f'{o}:{mb}' for o, mb in v)}]")
         else:
             parts.append(f"{name}={v}")
     return " ".join(parts)
