@@ -13,7 +13,7 @@ import threading
 
 from .linewriter import stderr_writer
 
-__all__ = ["LOGGER_NAME", "PREFIX", "logger", "reset", "say", "say_once"]
+__all__ = ["LOGGER_NAME", "PREFIX", "logger", "reset", "say_once"]
 
 LOGGER_NAME = "memra_obs"
 #: What a message carries in front when it goes to stderr by the fallback.
@@ -75,14 +75,6 @@ def say_once(key: str, msg: str) -> None:
     """Say ``msg`` the first time ``key`` comes up in this process; never raises."""
     try:
         logger.warning(msg, extra={"memra_key": key})
-    except Exception:
-        pass
-
-
-def say(msg: str) -> None:
-    """Say ``msg`` every time (events that are rare by nature: a ring skipped, a fallback)."""
-    try:
-        logger.warning(msg)
     except Exception:
         pass
 

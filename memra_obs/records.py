@@ -131,8 +131,6 @@ class VerifySplit:
     def __eq__(self, other: object) -> bool:
         return self.peek() == other.peek() if isinstance(other, VerifySplit) else NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]
-
 
 class SeqRows:
     """Verify rows that took the per-row arm (the seed's ``V_SEQ_ROWS``), taken per round."""
@@ -234,7 +232,8 @@ class SpecFirstTokenProf:
 FIRST_TOKEN_FIELDS = tuple(f.name for f in fields(SpecFirstTokenProf))
 #: Its ms buckets, in that order.
 FIRST_TOKEN_MS_FIELDS = tuple(f for f in FIRST_TOKEN_FIELDS if f.endswith("_ms"))
-_FT_MS = frozenset((*FIRST_TOKEN_MS_FIELDS, "draft_kv_mb"))
+_FT_FLOAT = frozenset((*FIRST_TOKEN_MS_FIELDS, "draft_kv_mb"))
+_FT_FREE = frozenset(("free_mb_before", "free_mb_after"))
 _FT_COUNT = frozenset(
     f for f in FIRST_TOKEN_FIELDS if f.endswith(("_tokens", "_rounds", "_rows", "_chunks"))
 )
@@ -242,7 +241,7 @@ _FT_COUNT = frozenset(
 
 def _check_first_token(name: str, value: object) -> object:
     label = f"SpecFirstTokenProf.{name}"
-    if name in _FT_MS:
+    if name in _FT_FLOAT:
         return _ms(label, value)
     if name in _FT_COUNT:
         return _uint(label, value, U64_MAX)
@@ -250,7 +249,7 @@ def _check_first_token(name: str, value: object) -> object:
         if not isinstance(value, str) or not _ARM.fullmatch(value):
             raise ValueError(f"{label} must be a word like 'eager' or 'chunked', got {value!r}")
         return value
-    if name in ("free_mb_before", "free_mb_after"):
+    if name in _FT_FREE:
         if not isinstance(value, (list, tuple)):
             raise TypeError(f"{label} must be a list of (cuda_ordinal, free_mb) pairs: {value!r}")
         out = []

@@ -12,8 +12,9 @@ from ..diagnostics import say_once
 from ..flags import override_line, spec_trace_level
 from ..linewriter import LineWriter, stderr_writer
 from ..records import (
+    _FT_FLOAT,
+    _FT_FREE,
     FIRST_TOKEN_FIELDS,
-    FIRST_TOKEN_MS_FIELDS,
     U64_MAX,
     VERIFY_SPLIT,
     SpecFirstTokenProf,
@@ -120,10 +121,6 @@ def _verify_text(tag: str, n: int, k: int, *v: float) -> str:
         f"[{tag}] rounds={n} k={k} | per-round ms: vkda={v[0]:.3f} (scan={v[1]:.3f}) "
         f"vmla={v[2]:.3f} vrest={v[3]:.3f} (vffn={v[4]:.3f})"
     )
-
-
-_FT_FLOAT = frozenset((*FIRST_TOKEN_MS_FIELDS, "draft_kv_mb"))
-_FT_FREE = frozenset(("free_mb_before", "free_mb_after"))
 
 
 def prof_line(prof: SpecFirstTokenProf) -> str:
