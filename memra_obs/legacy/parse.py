@@ -153,8 +153,7 @@ def _claimed(text: str) -> str:
 
 
 def _own(line: str, kind: str, body: str) -> LegacyLine:
-    if kind is PROF_ROUNDS:
-        return _row(line, body)
+    """A line under one of the project's tags but a row's (parse_line takes those first)."""
     if kind is PROF:
         return FirstTokenLine(_prof(line, body))
     if kind is PROF_SUMMARY:
