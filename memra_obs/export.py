@@ -117,7 +117,6 @@ class ExportWorker:
         stretch_ms: float = 0.3,
         max_batch: int = 256,
         tick_s: float = 0.0,
-        name: str = "memra-obs-export",
     ) -> None:
         self.source = source
         self._tick_s = tick_s
@@ -128,7 +127,6 @@ class ExportWorker:
         self._max_batch = max(self.batch, max_batch)
         self._stretch = stretch_ms / 1000.0
         self._pause = pause_s
-        self._name = name
         self._arm()
 
     def _arm(self) -> None:
@@ -136,7 +134,7 @@ class ExportWorker:
         self._idle = threading.Event()
         self._idle.set()
         self._stop = False
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name="memra-obs-export", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
