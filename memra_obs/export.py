@@ -103,7 +103,7 @@ class ExporterSet:
 class ExportWorker:
     """The daemon thread that drains a :class:`RecordSource` into exporters: every
     ``interval_ms`` (or :meth:`wake`) until the source is empty, then a tick (at most every
-    ``tick_s``). With ``stretch_ms`` > 0 batches (from ``batch``, 1 to ``max_batch``) are sized
+    ``tick_s``). With ``stretch_ms`` > 0 batches (from 16, 1 to ``max_batch``) are sized
     toward that much work, ``pause_s`` apart; ``stretch_ms=0``: ``max_batch``, no pause."""
 
     def __init__(
@@ -112,7 +112,6 @@ class ExportWorker:
         exporters: Sequence[RecordExporter],
         *,
         interval_ms: float = 200,
-        batch: int = 16,
         pause_s: float = 0.0002,
         stretch_ms: float = 0.3,
         max_batch: int = 256,
@@ -123,7 +122,7 @@ class ExportWorker:
         self._next_tick = 0.0
         self.set = ExporterSet(exporters)
         self._interval = interval_ms / 1000.0
-        self.batch = max(1, batch) if stretch_ms > 0 else max(1, max_batch)
+        self.batch = 16 if stretch_ms > 0 else max(1, max_batch)
         self._max_batch = max(self.batch, max_batch)
         self._stretch = stretch_ms / 1000.0
         self._pause = pause_s
@@ -244,7 +243,7 @@ class ExportWorker:
 
 class QueueSink(Sink):
     """Hands every record to a bounded queue drained by an :class:`ExportWorker` (``tuning``:
-    its ``interval_ms``, ``batch``, ``pause_s``, ``stretch_ms``, ``max_batch``)."""
+    its ``interval_ms``, ``pause_s``, ``stretch_ms``, ``max_batch``)."""
 
     wants_trace_ids = True
 

@@ -62,8 +62,6 @@ def _ms(name: str, v: object) -> float:
     return x
 
 
-# --------------------------------------------------------------------------- phase totals
-
 _PHASE_NS_FIELDS = ("draft", "verify", "accept", "roll", "maint", "rounds")
 
 
@@ -90,9 +88,6 @@ class SpecPhaseNs:
     def total(self) -> int:
         """draft + verify + accept + roll + maint, wrapping like the seed's u64 sum."""
         return (self.draft + self.verify + self.accept + self.roll + self.maint) & U64_MAX
-
-
-# --------------------------------------------------------------------- level-2 verify split
 
 
 class VerifySplit:
@@ -176,7 +171,6 @@ VERIFY_SPLIT: VerifySplit = _PerThread(VerifySplit)  # type: ignore[assignment]
 SEQ_ROWS: SeqRows = _PerThread(SeqRows)  # type: ignore[assignment]
 
 
-# -------------------------------------------------------------------- first-token profile
 _ARM = re.compile(r"[A-Za-z0-9_.:+-]*")
 
 
@@ -262,9 +256,6 @@ def _check_first_token(name: str, value: object) -> object:
     raise AttributeError(f"SpecFirstTokenProf has no field {name!r}")
 
 
-# ------------------------------------------------------------------------- per-round row
-
-
 class _RoundProfFields(NamedTuple):
     wall_ms: float = 0.0
     draft_ms: float = 0.0
@@ -328,9 +319,6 @@ def round_prof_from_ns(
     return round_prof(
         wall / 1e6, draft / 1e6, verify / 1e6, accept / 1e6, rest / 1e6, k, j, ctx, seq
     )
-
-
-# ---------------------------------------------------------------------------- round log
 
 
 @dataclass

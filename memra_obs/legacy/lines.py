@@ -42,9 +42,6 @@ ADVICE = "advice"
 ADVICE_TAG = "spec-advice"
 
 
-# ------------------------------------------------------------------------------ numbers
-
-
 def _positional(s: str) -> str:
     if "e" in s or "E" in s:
         s = format(Decimal(s), "f")
@@ -81,9 +78,6 @@ def exact_f32(x: float) -> str:
 
 def _f32_of(s: str) -> float:
     return f32(float(s))
-
-
-# ------------------------------------------------------------------------------ writers
 
 
 def phase_lines(
@@ -174,7 +168,6 @@ def emit(
         say_once("legacy.emit", f"emit failed and is skipped from now on: {exc!r}")
 
 
-# ------------------------------------------------------------------------------ records
 # Parsed lines: tuples (cheap, one per line in the tail) with a ``kind`` and their ``line()``.
 
 
