@@ -53,12 +53,8 @@ class ProfClock:
         self.eh = eh
         self.t_ns_mono = clock(e, eh)
 
-    @classmethod
-    def start(cls, e: Stream | None = None, eh: Stream | None = None) -> ProfClock:
-        return cls(e, eh)
-
-    def lap(self, e: Stream | None = None, eh: Stream | None = None) -> float:
-        now = clock(self.e if e is None else e, self.eh if eh is None else eh)
+    def lap(self) -> float:
+        now = clock(self.e, self.eh)
         d = now - self.t_ns_mono
         self.t_ns_mono = now
         return d / 1e6  # one rounding (the seed's as_secs_f64() * 1e3 rounds twice)
@@ -66,12 +62,12 @@ class ProfClock:
 
 class PhaseClock(Protocol):
     """What the observer needs of a clock: ``mark`` returns a provisional ``ns_mono`` stamp
-    for a boundary; ``settle`` takes the stamps marked since ``begin`` and returns them final."""
+    for a boundary; ``settle`` takes the stamps marked since the last settle and returns them
+    final."""
 
     #: True when stamps are final as soon as they are marked.
     immediate: bool
 
-    def begin(self) -> int: ...
     def mark(self) -> int: ...
     def settle(self, stamps: list[int]) -> list[int]: ...
 
@@ -100,9 +96,6 @@ class SyncClock:
             self.mark = mark
         else:
             self.mark = lambda: clock(e, eh)
-
-    def begin(self) -> int:
-        return self.mark()
 
     def settle(self, stamps: list[int]) -> list[int]:
         return stamps

@@ -13,32 +13,13 @@ import threading
 
 from .linewriter import stderr_writer
 
-__all__ = ["LOGGER_NAME", "PREFIX", "logger", "reset", "say", "say_once"]
+__all__ = ["LOGGER_NAME", "PREFIX", "logger", "reset", "say_once"]
 
 LOGGER_NAME = "memra_obs"
 #: What a message carries in front when it goes to stderr by the fallback.
 PREFIX = "[memra-obs] "
 
 logger = logging.getLogger(LOGGER_NAME)
-
-
-class _Once(logging.Filter):
-    """Passes a keyed record the first time its key is seen (unkeyed records always)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._seen: set[str] = set()
-        self._lock = threading.Lock()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        key = getattr(record, "memra_key", None)
-        if key is None:
-            return True
-        with self._lock:
-            if key in self._seen:
-                return False
-            self._seen.add(key)
-            return True
 
 
 class _Fallback(logging.Handler):
@@ -65,29 +46,27 @@ def _routed(level: int) -> bool:
     return False
 
 
-_ONCE = _Once()
 _FALLBACK = _Fallback()
-logger.addFilter(_ONCE)
 logger.addHandler(_FALLBACK)
+_said: set[str] = set()
+_said_lock = threading.Lock()
 
 
 def say_once(key: str, msg: str) -> None:
-    """Say ``msg`` the first time ``key`` comes up in this process; never raises."""
+    """Say ``msg`` the first time ``key`` comes up in this process; never raises. A key is
+    spent only when the logger takes warnings (a disabled logger says it once re-enabled)."""
     try:
-        logger.warning(msg, extra={"memra_key": key})
-    except Exception:
-        pass
-
-
-def say(msg: str) -> None:
-    """Say ``msg`` every time (events that are rare by nature: a ring skipped, a fallback)."""
-    try:
-        logger.warning(msg)
+        if logger.isEnabledFor(logging.WARNING):
+            with _said_lock:
+                if key in _said:
+                    return
+                _said.add(key)
+            logger.warning(msg, extra={"memra_key": key})
     except Exception:
         pass
 
 
 def reset() -> None:
     """Forget every key said so far (tests)."""
-    with _ONCE._lock:
-        _ONCE._seen.clear()
+    with _said_lock:
+        _said.clear()

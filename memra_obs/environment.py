@@ -205,7 +205,7 @@ class Settings:
         if unknown:
             raise TypeError(f"unknown setting {sorted(unknown)[0]!r}")
         values: dict[str, Any] = {}
-        for name, var, parse, default in _TABLE:
+        for name, var, parse in _TABLE:
             if overrides.get(name) is not None:
                 v = overrides[name]
                 # an argument is checked as the variable would be (ints as their digits)
@@ -214,32 +214,31 @@ class Settings:
                 values[name] = parse(f"argument {name}", v) if isinstance(v, str) else v
             elif var in env:
                 values[name] = parse(var, env[var])
-            else:
-                values[name] = default() if callable(default) else default
-        _check_tls(values["metrics_tls_cert"], values["metrics_tls_key"])
+        values.setdefault("worker", _default_worker())  # the rest: the fields' defaults
+        _check_tls(values.get("metrics_tls_cert"), values.get("metrics_tls_key"))
         return cls(**values)
 
 
-_TABLE: tuple[tuple[str, str, Callable[[str, str], Any], Any], ...] = (
-    ("sinks", MEMRA_OBS_SINKS, _parse_sinks, frozenset()),
-    ("metrics_addr", MEMRA_OBS_METRICS_ADDR, parse_addr, ("127.0.0.1", 9464)),
-    ("spans_file", MEMRA_OBS_SPANS_FILE, _nonblank, "memra-obs-spans.jsonl"),
-    ("spans_file_max_bytes", MEMRA_OBS_SPANS_FILE_MAX_BYTES, _int_in(0, 1 << 50), 64 << 20),
-    ("agent", MEMRA_OBS_AGENT, lambda _, v: v or None, None),
-    ("clock", MEMRA_OBS_CLOCK, _parse_clock, "sync"),
-    ("round_spans", MEMRA_OBS_ROUND_SPANS, _int_in(0, 1 << 20), 256),
-    ("queue_size", MEMRA_OBS_QUEUE_SIZE, _int_in(16, 1 << 24), 8192),
-    ("export_interval_ms", MEMRA_OBS_EXPORT_INTERVAL_MS, _int_in(1, 60_000), 200),
-    ("worker", MEMRA_OBS_WORKER, _nonblank, _default_worker),
-    ("ring_slots", MEMRA_OBS_RING_SLOTS, _ring_slots, 65536),
-    ("metrics_tls_cert", MEMRA_OBS_METRICS_TLS_CERT, _readable_file, None),
-    ("metrics_tls_key", MEMRA_OBS_METRICS_TLS_KEY, _readable_file, None),
-    ("metrics_basic_auth", MEMRA_OBS_METRICS_BASIC_AUTH_FILE, _basic_auth_file, None),
-    ("max_devices", MEMRA_OBS_MAX_DEVICES, _int_in(1, 4096), 64),
-    ("requests_file", MEMRA_OBS_REQUESTS_FILE, lambda _, v: v or None, None),
-    ("requests_detail", MEMRA_OBS_REQUESTS_DETAIL, lambda n, v: _int_in(0, 1)(n, v) == 1, False),
-    ("advice_window", MEMRA_OBS_ADVICE_WINDOW, _int_in(0, 1 << 20), 2048),
-    ("plain_step_ms", MEMRA_OBS_PLAIN_STEP_MS, _positive_ms, None),
+_TABLE: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
+    ("sinks", MEMRA_OBS_SINKS, _parse_sinks),
+    ("metrics_addr", MEMRA_OBS_METRICS_ADDR, parse_addr),
+    ("spans_file", MEMRA_OBS_SPANS_FILE, _nonblank),
+    ("spans_file_max_bytes", MEMRA_OBS_SPANS_FILE_MAX_BYTES, _int_in(0, 1 << 50)),
+    ("agent", MEMRA_OBS_AGENT, lambda _, v: v or None),
+    ("clock", MEMRA_OBS_CLOCK, _parse_clock),
+    ("round_spans", MEMRA_OBS_ROUND_SPANS, _int_in(0, 1 << 20)),
+    ("queue_size", MEMRA_OBS_QUEUE_SIZE, _int_in(16, 1 << 24)),
+    ("export_interval_ms", MEMRA_OBS_EXPORT_INTERVAL_MS, _int_in(1, 60_000)),
+    ("worker", MEMRA_OBS_WORKER, _nonblank),
+    ("ring_slots", MEMRA_OBS_RING_SLOTS, _ring_slots),
+    ("metrics_tls_cert", MEMRA_OBS_METRICS_TLS_CERT, _readable_file),
+    ("metrics_tls_key", MEMRA_OBS_METRICS_TLS_KEY, _readable_file),
+    ("metrics_basic_auth", MEMRA_OBS_METRICS_BASIC_AUTH_FILE, _basic_auth_file),
+    ("max_devices", MEMRA_OBS_MAX_DEVICES, _int_in(1, 4096)),
+    ("requests_file", MEMRA_OBS_REQUESTS_FILE, lambda _, v: v or None),
+    ("requests_detail", MEMRA_OBS_REQUESTS_DETAIL, lambda n, v: _int_in(0, 1)(n, v) == 1),
+    ("advice_window", MEMRA_OBS_ADVICE_WINDOW, _int_in(0, 1 << 20)),
+    ("plain_step_ms", MEMRA_OBS_PLAIN_STEP_MS, _positive_ms),
 )
 
 

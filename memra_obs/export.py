@@ -64,7 +64,9 @@ class ExporterSet:
             except Exception as exc:
                 self._fail(ex, exc)
 
-    def _each(self, hook: str) -> None:
+    def each(self, hook: str) -> None:
+        """Each exporter's ``hook`` where it has one: ``tick`` (time-driven work),
+        ``after_fork`` (in a forked child: fresh locks and threads)."""
         for ex in self.exporters:
             fn = getattr(ex, hook, None)
             if fn is not None:
@@ -72,10 +74,6 @@ class ExporterSet:
                     fn()
                 except Exception as exc:
                     self._fail(ex, exc)
-
-    def tick(self) -> None:
-        """Time-driven work (an exporter's ``tick``, when it has one)."""
-        self._each("tick")
 
     def flush(self, deadline: float) -> bool:
         """Flush every exporter; True when all of them got everything out in time."""
@@ -87,10 +85,6 @@ class ExporterSet:
                 self._fail(ex, exc)
                 ok = False
         return ok
-
-    def after_fork(self) -> None:
-        """In a forked child: each exporter's ``after_fork`` (fresh locks and threads)."""
-        self._each("after_fork")
 
     def shutdown(self, deadline: float, floor_s: float = 0.05) -> None:
         """Shut each exporter down with what is left of ``deadline`` (at least ``floor_s``)."""
@@ -109,7 +103,7 @@ class ExporterSet:
 class ExportWorker:
     """The daemon thread that drains a :class:`RecordSource` into exporters: every
     ``interval_ms`` (or :meth:`wake`) until the source is empty, then a tick (at most every
-    ``tick_s``). With ``stretch_ms`` > 0 batches (from ``batch``, 1 to ``max_batch``) are sized
+    ``tick_s``). With ``stretch_ms`` > 0 batches (from 16, 1 to ``max_batch``) are sized
     toward that much work, ``pause_s`` apart; ``stretch_ms=0``: ``max_batch``, no pause."""
 
     def __init__(
@@ -118,23 +112,20 @@ class ExportWorker:
         exporters: Sequence[RecordExporter],
         *,
         interval_ms: float = 200,
-        batch: int = 16,
         pause_s: float = 0.0002,
         stretch_ms: float = 0.3,
         max_batch: int = 256,
         tick_s: float = 0.0,
-        name: str = "memra-obs-export",
     ) -> None:
         self.source = source
         self._tick_s = tick_s
         self._next_tick = 0.0
         self.set = ExporterSet(exporters)
         self._interval = interval_ms / 1000.0
-        self.batch = max(1, batch) if stretch_ms > 0 else max(1, max_batch)
+        self.batch = 16 if stretch_ms > 0 else max(1, max_batch)
         self._max_batch = max(self.batch, max_batch)
         self._stretch = stretch_ms / 1000.0
         self._pause = pause_s
-        self._name = name
         self._arm()
 
     def _arm(self) -> None:
@@ -142,7 +133,7 @@ class ExportWorker:
         self._idle = threading.Event()
         self._idle.set()
         self._stop = False
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name="memra-obs-export", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -184,7 +175,7 @@ class ExportWorker:
         now = time.monotonic()
         if now >= self._next_tick:
             self._next_tick = now + self._tick_s
-            self.set.tick()
+            self.set.each("tick")
 
     def drain_once(self) -> int:
         """One batch, then maybe a tick: the records out (the agent's pass)."""
@@ -247,12 +238,12 @@ class ExportWorker:
     def rearm(self) -> None:
         """After ``fork()``, in the child: a new thread (the parent's did not come along)."""
         self._arm()
-        self.set.after_fork()
+        self.set.each("after_fork")
 
 
 class QueueSink(Sink):
     """Hands every record to a bounded queue drained by an :class:`ExportWorker` (``tuning``:
-    its ``interval_ms``, ``batch``, ``pause_s``, ``stretch_ms``, ``max_batch``)."""
+    its ``interval_ms``, ``pause_s``, ``stretch_ms``, ``max_batch``)."""
 
     wants_trace_ids = True
 

@@ -62,8 +62,6 @@ def _ms(name: str, v: object) -> float:
     return x
 
 
-# --------------------------------------------------------------------------- phase totals
-
 _PHASE_NS_FIELDS = ("draft", "verify", "accept", "roll", "maint", "rounds")
 
 
@@ -90,9 +88,6 @@ class SpecPhaseNs:
     def total(self) -> int:
         """draft + verify + accept + roll + maint, wrapping like the seed's u64 sum."""
         return (self.draft + self.verify + self.accept + self.roll + self.maint) & U64_MAX
-
-
-# --------------------------------------------------------------------- level-2 verify split
 
 
 class VerifySplit:
@@ -130,8 +125,6 @@ class VerifySplit:
 
     def __eq__(self, other: object) -> bool:
         return self.peek() == other.peek() if isinstance(other, VerifySplit) else NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
 
 
 class SeqRows:
@@ -178,7 +171,6 @@ VERIFY_SPLIT: VerifySplit = _PerThread(VerifySplit)  # type: ignore[assignment]
 SEQ_ROWS: SeqRows = _PerThread(SeqRows)  # type: ignore[assignment]
 
 
-# -------------------------------------------------------------------- first-token profile
 _ARM = re.compile(r"[A-Za-z0-9_.:+-]*")
 
 
@@ -234,7 +226,8 @@ class SpecFirstTokenProf:
 FIRST_TOKEN_FIELDS = tuple(f.name for f in fields(SpecFirstTokenProf))
 #: Its ms buckets, in that order.
 FIRST_TOKEN_MS_FIELDS = tuple(f for f in FIRST_TOKEN_FIELDS if f.endswith("_ms"))
-_FT_MS = frozenset((*FIRST_TOKEN_MS_FIELDS, "draft_kv_mb"))
+_FT_FLOAT = frozenset((*FIRST_TOKEN_MS_FIELDS, "draft_kv_mb"))
+_FT_FREE = frozenset(("free_mb_before", "free_mb_after"))
 _FT_COUNT = frozenset(
     f for f in FIRST_TOKEN_FIELDS if f.endswith(("_tokens", "_rounds", "_rows", "_chunks"))
 )
@@ -242,7 +235,7 @@ _FT_COUNT = frozenset(
 
 def _check_first_token(name: str, value: object) -> object:
     label = f"SpecFirstTokenProf.{name}"
-    if name in _FT_MS:
+    if name in _FT_FLOAT:
         return _ms(label, value)
     if name in _FT_COUNT:
         return _uint(label, value, U64_MAX)
@@ -250,7 +243,7 @@ def _check_first_token(name: str, value: object) -> object:
         if not isinstance(value, str) or not _ARM.fullmatch(value):
             raise ValueError(f"{label} must be a word like 'eager' or 'chunked', got {value!r}")
         return value
-    if name in ("free_mb_before", "free_mb_after"):
+    if name in _FT_FREE:
         if not isinstance(value, (list, tuple)):
             raise TypeError(f"{label} must be a list of (cuda_ordinal, free_mb) pairs: {value!r}")
         out = []
@@ -261,9 +254,6 @@ def _check_first_token(name: str, value: object) -> object:
                         _uint(f"{label}[{i}].free_mb", pair[1], U64_MAX)))  # fmt: skip
         return out
     raise AttributeError(f"SpecFirstTokenProf has no field {name!r}")
-
-
-# ------------------------------------------------------------------------- per-round row
 
 
 class _RoundProfFields(NamedTuple):
@@ -294,7 +284,7 @@ class SpecRoundProf(_RoundProfFields):
                 accept_ms: float = 0.0, rest_ms: float = 0.0, k: int = 0, j: int = 0,
                 ctx: int = 0, seq_rows: int = 0) -> SpecRoundProf:  # fmt: skip
         ms, vals = [], (wall_ms, draft_ms, verify_ms, accept_ms, rest_ms)
-        for name, v in zip(ROUND_PROF_FIELDS[:5], vals, strict=True):
+        for name, v in zip(cls._fields[:5], vals, strict=True):
             x = _ms(f"SpecRoundProf.{name}", v)
             if math.isinf(y := f32(x)):
                 raise ValueError(f"SpecRoundProf.{name}={x!r} does not fit in an f32")
@@ -303,9 +293,6 @@ class SpecRoundProf(_RoundProfFields):
                   (("k", k, U16_MAX), ("j", j, U16_MAX), ("ctx", ctx, U32_MAX),
                    ("seq_rows", seq_rows, U32_MAX))]  # fmt: skip
         return _tuple_new(cls, (*ms, *counts))
-
-
-ROUND_PROF_FIELDS = _RoundProfFields._fields
 
 
 def round_prof(wall_ms: float, draft_ms: float, verify_ms: float, accept_ms: float,
@@ -332,9 +319,6 @@ def round_prof_from_ns(
     return round_prof(
         wall / 1e6, draft / 1e6, verify / 1e6, accept / 1e6, rest / 1e6, k, j, ctx, seq
     )
-
-
-# ---------------------------------------------------------------------------- round log
 
 
 @dataclass

@@ -62,11 +62,11 @@ class RequestsExporter:
     must not leak); the oldest is then forgotten, said once."""
 
     signal = "requests"
+    max_open = 4096
 
-    def __init__(self, path: str, *, detailed: bool = False, max_open: int = 4096) -> None:
+    def __init__(self, path: str, *, detailed: bool = False) -> None:
         self.path = path
         self.detailed = detailed
-        self.max_open = max_open
         self._open: dict[int, _Counts] = {}
         self._f: Any = None
         self.export_errors = 0

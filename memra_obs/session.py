@@ -38,10 +38,6 @@ _GEOMETRY = frozenset(("draft_prime_rows", "draft_prime_chunks", "draft_prime_ar
 _ROUND1 = ("first_draft", "first_verify", "first_accept", "first_roll", "first_maint")
 
 
-def _ms(ns: int) -> float:
-    return ns / 1e6
-
-
 def _trace_ids() -> tuple[int, int]:
     """(trace_id, parent span id) of the caller's current span, or a fresh trace."""
     try:
@@ -252,8 +248,8 @@ class Session:
         if prof is None:
             return
         start = burst.start_ns_mono
-        prof.first_burst_ms = _ms(end - start)
-        prof.first_burst_hook_ms += _ms(burst._hook_ns)
+        prof.first_burst_ms = (end - start) / 1e6
+        prof.first_burst_hook_ms += burst._hook_ns / 1e6
         prof.first_burst_rounds = burst.rounds
         prof.first_burst_tokens = tokens
         iv = self._intervals
@@ -261,10 +257,11 @@ class Session:
         if r1 is not None:
             bounds = (max(r1[0], self._prime_end), *r1[1:])
             for name, a, b in zip(_ROUND1, bounds, bounds[1:], strict=False):
-                setattr(prof, name + "_ms", _ms(max(b - a, 0)))
+                setattr(prof, name + "_ms", max(b - a, 0) / 1e6)
                 iv.append((name, a, b))
         iv.append(("first_burst", start, end))
         # What no bucket covers (snapshots, burst set-up).
-        prof.unattributed_ms = max(_ms(end - self.record.start_ns_mono) - prof.total_ms(), 0.0)
+        wall_ms = (end - self.record.start_ns_mono) / 1e6
+        prof.unattributed_ms = max(wall_ms - prof.total_ms(), 0.0)
         fan(self._obs._fan.on_first_token, "on_first_token", FirstTokenRecord(
             self.id, replace(prof), tuple(iv)))  # fmt: skip

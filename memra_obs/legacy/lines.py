@@ -12,8 +12,9 @@ from ..diagnostics import say_once
 from ..flags import override_line, spec_trace_level
 from ..linewriter import LineWriter, stderr_writer
 from ..records import (
+    _FT_FLOAT,
+    _FT_FREE,
     FIRST_TOKEN_FIELDS,
-    FIRST_TOKEN_MS_FIELDS,
     U64_MAX,
     VERIFY_SPLIT,
     SpecFirstTokenProf,
@@ -39,9 +40,6 @@ PROF_SUMMARY = "prof_summary"
 OVERRIDE = "override"
 ADVICE = "advice"
 ADVICE_TAG = "spec-advice"
-
-
-# ------------------------------------------------------------------------------ numbers
 
 
 def _positional(s: str) -> str:
@@ -82,9 +80,6 @@ def _f32_of(s: str) -> float:
     return f32(float(s))
 
 
-# ------------------------------------------------------------------------------ writers
-
-
 def phase_lines(
     p: SpecPhaseNs, tag: str, tag_v: str, k: int, level: int = 1, split: VerifySplit | None = None
 ) -> list[str]:
@@ -122,14 +117,6 @@ def _verify_text(tag: str, n: int, k: int, *v: float) -> str:
     )
 
 
-def _fmt_free(v: Sequence[tuple[int, int]]) -> str:
-    return "[" + ",".join(f"{o}:{mb}" for o, mb in v) + "]"
-
-
-_FT_FLOAT = frozenset((*FIRST_TOKEN_MS_FIELDS, "draft_kv_mb"))
-_FT_FREE = frozenset(("free_mb_before", "free_mb_after"))
-
-
 def prof_line(prof: SpecFirstTokenProf) -> str:
     """The ``[spec-prof]`` line: every field of the first-token profile, exact."""
     parts = [f"[{PROF_TAG}]"]
@@ -138,7 +125,7 @@ def prof_line(prof: SpecFirstTokenProf) -> str:
         if name in _FT_FLOAT:
             parts.append(f"{name}={exact_f64(v)}")
         elif name in _FT_FREE:
-            parts.append(f"{name}={_fmt_free(v)}")
+            parts.append(f"{name}=[{','.join(f'{o}:{mb}' for o, mb in v)}]")
         else:
             parts.append(f"{name}={v}")
     return " ".join(parts)
@@ -181,7 +168,6 @@ def emit(
         say_once("legacy.emit", f"emit failed and is skipped from now on: {exc!r}")
 
 
-# ------------------------------------------------------------------------------ records
 # Parsed lines: tuples (cheap, one per line in the tail) with a ``kind`` and their ``line()``.
 
 

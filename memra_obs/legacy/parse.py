@@ -7,10 +7,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ..records import FIRST_TOKEN_FIELDS, SpecFirstTokenProf, round_prof
+from ..records import _FT_FLOAT, _FT_FREE, FIRST_TOKEN_FIELDS, SpecFirstTokenProf, round_prof
 from .lines import (
-    _FT_FLOAT,
-    _FT_FREE,
     ADVICE,
     ADVICE_TAG,
     OVERRIDE,
@@ -155,8 +153,7 @@ def _claimed(text: str) -> str:
 
 
 def _own(line: str, kind: str, body: str) -> LegacyLine:
-    if kind is PROF_ROUNDS:
-        return _row(line, body)
+    """A line under one of the project's tags but a row's (parse_line takes those first)."""
     if kind is PROF:
         return FirstTokenLine(_prof(line, body))
     if kind is PROF_SUMMARY:
@@ -180,12 +177,10 @@ def _row(line: str, body: str) -> RoundsLine:
     if m is None:
         raise LegacyParseError(line, "[spec-prof-rounds] row truncated or malformed", PROF_ROUNDS)
     i, w, d, v, a, r, k, j, c, q = m.groups()
-    try:  # the record refuses a bad value, naming the field
-        prof = round_prof(
-            float(w), float(d), float(v), float(a), float(r), int(k), int(j), int(c), int(q)
-        )
-    except (TypeError, ValueError) as exc:
-        raise LegacyParseError(line, str(exc), PROF_ROUNDS) from None
+    # A bad value is refused by the record, naming the field (parse_line says it).
+    prof = round_prof(
+        float(w), float(d), float(v), float(a), float(r), int(k), int(j), int(c), int(q)
+    )
     return _tuple_new(RoundsLine, (int(i), prof))
 
 
@@ -234,7 +229,4 @@ def _prof(line: str, body: str) -> SpecFirstTokenProf:
             if not _COUNT(v):
                 raise LegacyParseError(line, f"{name}={v!r} is not a count", PROF)
             kw[name] = int(v)
-    try:
-        return SpecFirstTokenProf(**kw)  # refuses a bad value, naming the field
-    except (TypeError, ValueError) as exc:
-        raise LegacyParseError(line, str(exc), PROF) from None
+    return SpecFirstTokenProf(**kw)  # refuses a bad value, naming the field (parse_line says it)
