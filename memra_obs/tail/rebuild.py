@@ -112,9 +112,7 @@ class Rebuilder:
         if type(rec) is PhaseLine:
             return self._phase(rec, t)
         if type(rec) is VerifyLine:
-            if b is None or b is not self._pending or b.rows or b.rounds != rec.rounds:
-                return "level-2 line without its phase line just before it"
-            if b.k != rec.k:
+            if b is not self._pending or not b or b.rows or (b.rounds, b.k) != (rec.rounds, rec.k):
                 return "level-2 line without its phase line just before it"
             b.verify, b.last = rec, t
             return None
