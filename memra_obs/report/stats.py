@@ -62,10 +62,10 @@ def slow_rounds(run: Run) -> list[int]:
     return [SpecRoundsLog(rounds=log.rows).slow_rounds() for log in run.logs]
 
 
-def bootstrap(a: np.ndarray, b: np.ndarray, seed: int = SEED) -> tuple[float, float, float]:
+def bootstrap(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
     """``median(b) - median(a)`` and its 95% percentile-bootstrap interval (A and B resampled
     independently, N_BOOT times, from at most CAP values each)."""
-    rng, diff = np.random.default_rng(seed), median(b) - median(a)
+    rng, diff = np.random.default_rng(SEED), median(b) - median(a)
     a, b = (x if len(x) <= CAP else rng.choice(x, CAP, replace=False) for x in (a, b))
     out, step = np.empty(N_BOOT), max(1, 2_000_000 // max(len(a), len(b)))  # ~16 MB of indices
     for i in range(0, N_BOOT, step):

@@ -45,16 +45,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no start/end lines of the tail's own")  # fmt: skip
 
 
-def _options(rest: Sequence[str], given: argparse.Namespace | None = None) -> argparse.Namespace:
-    """The options: from the CLI's parse when it registered them, else parsed from ``rest``."""
+def _options(rest: Sequence[str], ns: argparse.Namespace) -> argparse.Namespace:
+    """The options, checked: the CLI parsed them (``add_options``); ``rest`` it did not know."""
     p = argparse.ArgumentParser(prog="memra-obs tail", add_help=False)
     add_options(p)
-    if given is not None and hasattr(given, "linger") and not rest:
-        ns = given
-    else:
-        ns, unknown = p.parse_known_args(list(rest))
-        if unknown:
-            p.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if rest:
+        p.error(f"unrecognized arguments: {' '.join(rest)}")
     for name in ("poll", "linger", "session_gap"):
         if not getattr(ns, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be positive")

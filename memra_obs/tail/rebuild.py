@@ -12,6 +12,7 @@ import itertools
 import random
 import time
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from ..legacy import FirstTokenLine, LegacyLine, PhaseLine, RoundsLine, SummaryLine, VerifyLine
@@ -29,6 +30,7 @@ _MAX_NS = 1 << 50
 #: The profile's creation buckets in the loop's order (before the first burst), and round 0's.
 _CREATION = ("cache_alloc", "sink_alloc", "prime", "capture", "anchor", "draft_alloc")
 _ROUND0 = ("draft_prime", *(f"first_{p}" for p in ("draft", "verify", "accept", "roll", "maint")))
+_creation_ms, _round0_ms = (attrgetter(*[f"{b}_ms" for b in bs]) for bs in (_CREATION, _ROUND0))
 #: Session ids are unique per process, whichever rebuilder made them (exporters key on them).
 _session_ids = itertools.count(1)
 _new = tuple.__new__  # a NamedTuple without its Python-level __new__ (the same object)
@@ -112,9 +114,7 @@ class Rebuilder:
         if type(rec) is PhaseLine:
             return self._phase(rec, t)
         if type(rec) is VerifyLine:
-            if b is None or b is not self._pending or b.rows or b.rounds != rec.rounds:
-                return "level-2 line without its phase line just before it"
-            if b.k != rec.k:
+            if b is not self._pending or not b or b.rows or (b.rounds, b.k) != (rec.rounds, rec.k):
                 return "level-2 line without its phase line just before it"
             b.verify, b.last = rec, t
             return None
@@ -354,13 +354,10 @@ def _mean_runs(out: list[Any], left: list[int], m: int, t: int, key: Key) -> int
 
 def _prof_ns(p: SpecFirstTokenProf) -> tuple[tuple[tuple[str, int], ...], tuple[int, ...], int, int]:  # fmt: skip
     """The profile in ns: its creation buckets that ran, round 0's six, the hook, the wall."""
-    creation = (p.cache_alloc_ms, p.sink_alloc_ms, p.prime_ms, p.capture_ms, p.anchor_ms,
-                p.draft_alloc_ms)  # fmt: skip
-    r0 = (p.draft_prime_ms, p.first_draft_ms, p.first_verify_ms, p.first_accept_ms,
-          p.first_roll_ms, p.first_maint_ms)  # fmt: skip
-    ns = [(c, _round(ms * 1e6)) for c, ms in zip(_CREATION, creation, strict=True)]
-    return (tuple([(c, x) for c, x in ns if x > 0]), tuple([_round(x * 1e6) for x in r0]),
-            _round(p.first_burst_hook_ms * 1e6), _round(p.first_burst_ms * 1e6))  # fmt: skip
+    ns = [(c, _round(ms * 1e6)) for c, ms in zip(_CREATION, _creation_ms(p), strict=True)]
+    r0 = tuple([_round(x * 1e6) for x in _round0_ms(p)])
+    return (tuple([(c, x) for c, x in ns if x > 0]), r0, _round(p.first_burst_hook_ms * 1e6),
+            _round(p.first_burst_ms * 1e6))  # fmt: skip
 
 
 def _totals(ph: PhaseLine, phases: tuple[int, ...]) -> list[int]:

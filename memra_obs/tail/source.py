@@ -52,10 +52,10 @@ class FollowSource:
     ``on_rotate(style)`` is called on each rotation before the new content's first byte."""
 
     def __init__(self, path: str, *, from_start: bool = False, poll_s: float = 0.1,
-                 on_rotate: Callable[[str], None] | None = None,
                  on_wait: Callable[[str], None] | None = None) -> None:  # fmt: skip
         self.path = self.name = path
-        self.poll_s, self.on_rotate = poll_s, on_rotate
+        self.poll_s = poll_s
+        self.on_rotate: Callable[[str], None] = lambda style: None  # set by the caller
         self._fd, self._ident, self._pos = -1, (0, 0), 0
         if not self._open(first=True, at_end=not from_start) and on_wait is not None:
             on_wait(f"{path} does not exist yet; waiting for it")
@@ -95,7 +95,7 @@ class FollowSource:
         if os.fstat(fd).st_size < self._pos:  # copytruncate: our own file got shorter
             os.lseek(fd, 0, os.SEEK_SET)
             self._pos = 0
-            self._rotation("truncate")
+            self.on_rotate("truncate")
             return True
         try:
             st = os.stat(self.path)
@@ -105,13 +105,9 @@ class FollowSource:
             return False
         os.close(fd)  # rename+create: the old file is drained (we are at its end)
         self._fd = -1
-        self._rotation("rename")
+        self.on_rotate("rename")
         self._open()
         return True
-
-    def _rotation(self, style: str) -> None:
-        if self.on_rotate is not None:
-            self.on_rotate(style)
 
     def close(self) -> None:
         if self._fd >= 0:

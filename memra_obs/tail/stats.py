@@ -36,7 +36,7 @@ class TailStats:
 
     __slots__ = ("bytes", "lines", "malformed", "orphans", "rebuilder", "rotations")
 
-    def __init__(self, rebuilder: Rebuilder | None = None) -> None:
+    def __init__(self, rebuilder: Rebuilder) -> None:
         self.bytes = 0
         self.lines = dict.fromkeys(KINDS, 0)
         self.malformed = dict.fromkeys(KINDS, 0)
@@ -52,9 +52,9 @@ class TailStats:
         """Each family's values by its second label (None: only ``worker``); other lines are
         never malformed nor orphans."""
         rb, legacy = self.rebuilder, KINDS[:-1]
-        rows, means, sessions = (rb.rounds_from_rows, rb.rounds_from_means, rb.sessions) if rb else (0, 0, 0)  # fmt: skip
+        rounds = {"row": rb.rounds_from_rows, "burst_mean": rb.rounds_from_means}
         return (self.lines, {k: self.malformed[k] for k in legacy}, {k: self.orphans[k] for k in legacy},
-                {"row": rows, "burst_mean": means}, {None: sessions}, self.rotations, {None: self.bytes})  # fmt: skip
+                rounds, {None: rb.sessions}, self.rotations, {None: self.bytes})  # fmt: skip
 
 
 class TailCollector:
