@@ -28,7 +28,7 @@ from ..diagnostics import say_once
 
 def framework(stream: object) -> str | None:
     """``"cupy"``, ``"torch"`` or None, from the module of the stream's type (no import)."""
-    root = (type(stream).__module__ or "").split(".", 1)[0] if stream is not None else ""
+    root = (type(stream).__module__ or "").split(".", 1)[0]  # None's is "builtins"
     return {"cupy": "cupy", "cupy_backends": "cupy", "torch": "torch"}.get(root)
 
 
