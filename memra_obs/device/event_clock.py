@@ -22,13 +22,13 @@ from contextlib import suppress
 from functools import partial
 from typing import Any, Protocol
 
-from ..clock import Stream, drain, now_ns
+from ..clock import Stream, clock, drain, now_ns
 from ..diagnostics import say_once
 
 
 def framework(stream: object) -> str | None:
     """``"cupy"``, ``"torch"`` or None, from the module of the stream's type (no import)."""
-    root = (type(stream).__module__ or "").split(".", 1)[0] if stream is not None else ""
+    root = (type(stream).__module__ or "").split(".", 1)[0]  # None's is "builtins"
     return {"cupy": "cupy", "cupy_backends": "cupy", "torch": "torch"}.get(root)
 
 
@@ -214,7 +214,7 @@ class EventClock:
                 why = "has no CUDA events; draining at every boundary (the sync clock's numbers)"
                 _say(f"noevents:{t.__qualname__}", f"{t.__module__}.{t.__qualname__} {why}")
                 self.immediate = True
-                self.mark = lambda: _drain_then_read(e, eh)  # type: ignore[method-assign]
+                self.mark = partial(clock, e, eh)  # type: ignore[method-assign]
                 return
         self._lanes = tuple(_take_lane(s, o) for s, o in ops if o is not None)
         self._calls = tuple(lane.calls for lane in self._lanes)
@@ -263,9 +263,7 @@ class EventClock:
             return list(stamps)
         base, broken = self._n - n, self._broken
         self._n, self._broken = 0, False
-        for lane in lanes:
-            with suppress(Exception):
-                lane.stream.synchronize()
+        drain(self.e, self.eh)
         if base < 0:
             _say("settle-count", f"settle got {n} stamps for {base + n} marks; host stamps kept")
         if broken or base < 0:
@@ -291,8 +289,3 @@ class EventClock:
 
 def _say(key: str, msg: str) -> None:
     say_once("event-clock:" + key, "event clock: " + msg)
-
-
-def _drain_then_read(e: Stream | None, eh: Stream | None) -> int:
-    drain(e, eh)
-    return now_ns()

@@ -257,10 +257,8 @@ class FreeMemory:
                 why = f"MIG is on at {format_bus_id(b)}: NVML reports the whole card"
             if why and self._nv is not None:
                 self._say("fallback:" + why, f"{why}; {via}")
-            if d is None or why or self._nv is None:
-                slots.append(Slot(i, format_bus_id(b), None, "cuda"))
-            else:
-                slots.append(Slot(i, format_bus_id(b), d.nv_index, "nvml"))
+            nv = None if d is None or why or self._nv is None else d.nv_index
+            slots.append(Slot(i, format_bus_id(b), nv, "cuda" if nv is None else "nvml"))
         return slots
 
     def _by_environment(self) -> list[Slot]:

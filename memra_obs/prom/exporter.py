@@ -141,11 +141,10 @@ class PrometheusExporter:
         """Publish a monotonic count as ``memra_obs_{kind}_total{signal}`` (``kind``:
         ``dropped`` or ``errors``); readers of one signal add up. E.g. the agent's overruns."""
         name = {"dropped": "memra_obs_dropped", "errors": "memra_obs_export_errors"}[kind]
-        fam = self.families[name]
         with self._lock:
             readers = self._readers.setdefault((kind, signal), [])
             readers.append(read)
-            fam.child((signal,), lambda: sum(r() for r in readers))
+            self.families[name].child((signal,), lambda: sum(r() for r in readers))
 
     def attach_queue(self, qsink: Any) -> None:
         """Publish the queue's drops, its worker's failures, and each exporter's own counts

@@ -113,7 +113,6 @@ class MetricsServer(ThreadingWSGIServer):
         super().shutdown_request(request)
 
     def service_actions(self, now: float | None = None) -> None:
-        """Hang up every connection past its deadline at ``now``."""
         now = time.monotonic() if now is None else now
         with self.open_lock:
             late = [c for c, deadline in self.open.items() if deadline <= now]
@@ -152,16 +151,6 @@ def _hang_up(conn: Any) -> None:
         socket.socket.shutdown(conn, socket.SHUT_RDWR)  # the plain socket's, TLS or not
 
 
-def _tls(certfile: str, keyfile: str, client_cafile: str | None) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(certfile=certfile, keyfile=keyfile)
-    if client_cafile:
-        ctx.load_verify_locations(cafile=client_cafile)
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
-
-
 def serve_metrics(
     addr: tuple[str, int] | str = ("127.0.0.1", 9464),
     registry: Any = None,
@@ -188,7 +177,14 @@ def serve_metrics(
     if basic_auth is not None and not basic_auth[0]:
         raise ValueError("serve_metrics: basic_auth needs a non-empty user")
     app = metrics_app(registry, basic_auth)
-    ctx = _tls(certfile, keyfile, client_cafile) if certfile and keyfile else None
+    ctx = None
+    if certfile and keyfile:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(certfile=certfile, keyfile=keyfile)
+        if client_cafile:
+            ctx.load_verify_locations(cafile=client_cafile)
+            ctx.verify_mode = ssl.CERT_REQUIRED
     try:  # the address family follows the host (an IPv6 literal binds AF_INET6)
         info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
         cls = type("MetricsServer", (MetricsServer,), {"address_family": info[0]})
