@@ -53,8 +53,12 @@ class ProfClock:
         self.eh = eh
         self.t_ns_mono = clock(e, eh)
 
-    def lap(self) -> float:
-        now = clock(self.e, self.eh)
+    @classmethod
+    def start(cls, e: Stream | None = None, eh: Stream | None = None) -> ProfClock:
+        return cls(e, eh)  # the seed's ProfClock::start(e, eh)
+
+    def lap(self, e: Stream | None = None, eh: Stream | None = None) -> float:
+        now = clock(self.e if e is None else e, self.eh if eh is None else eh)
         d = now - self.t_ns_mono
         self.t_ns_mono = now
         return d / 1e6  # one rounding (the seed's as_secs_f64() * 1e3 rounds twice)

@@ -2,7 +2,7 @@
 
 Names and meanings are the OpenTelemetry specification's, so memra_obs is configured as any
 other OTel component (``OTEL_EXPORTER_OTLP_TRACES_*`` wins over ``OTEL_EXPORTER_OTLP_*``;
-docs/SPANS.md has the table). A value it cannot use is a
+the README's "Where spans go" has the table). A value it cannot use is a
 :class:`~memra_obs.environment.ConfigError` naming the variable, never a silent fallback. The
 timeout is milliseconds, as the specification says (opentelemetry-python reads seconds).
 """

@@ -4,7 +4,7 @@ a sender thread per output, with the one retry loop all senders share.
 Building and encoding hold the GIL, so they run in ``export()`` in the export worker's short
 stretches (:mod:`memra_obs.export`); sending waits on the network, so it has its own thread.
 A full queue drops the newest request: nothing waits. Every span built is counted once,
-exported or dropped; retries and shutdown keep to their deadlines (docs/SPANS.md).
+exported or dropped; retries and shutdown keep to their deadlines (README, "Promises").
 """
 
 from __future__ import annotations
