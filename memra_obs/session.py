@@ -14,7 +14,7 @@ from array import array
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
-from .analysis import advise
+from .analysis import EXPLORE, advise
 from .burst import Burst, _RangedBurst
 from .clock import ProfClock, Stream, SyncClock, now_ns
 from .diagnostics import say_once
@@ -233,7 +233,11 @@ class Session:
         log.summarized = True
         try:
             plain = getattr(self._obs.settings, "plain_step_ms", None)
-            a = advise(log.rounds, clock=self._clock_name, plain_step_ns=plain and plain * 1e6)
+            # On the loop thread, once a request: the line names the advised k only, never
+            # past the longest draft + EXPLORE, so the curve stops there (~0.35 ms, not 0.55).
+            top = min(16, max((r.k for r in log.rounds), default=0) + EXPLORE)
+            a = advise(log.rounds, max_k=top, clock=self._clock_name,
+                       plain_step_ns=plain and plain * 1e6)  # fmt: skip
             advice = advice_line(a) if a is not None else ""
         except Exception as exc:
             say_once("advice", f"the k advisor failed ({exc!r}); no [spec-advice] line")
