@@ -378,3 +378,31 @@ def test_agent_mode_refuses_a_cpu_other_than_x86_64(tmp_path):
     with pytest.raises(ConfigError, match="x86-64"):
         build_agent(str(tmp_path), env={"MEMRA_OBS_METRICS_ADDR": ""}, machine="aarch64")
     assert not list(tmp_path.glob("*.ring"))
+
+
+def test_a_record_claiming_slots_past_the_head_is_a_format_error(tmp_path):
+    """A record's first slot claiming more continuation slots than the ring holds below its
+    head: the reader doubts the ring for one pass, then refuses it as malformed; it never
+    reads past what it fetched (no struct.error)."""
+    sink = RingSink(str(tmp_path), worker="w0", slots=64)
+    work(sink, 1, 3)
+    sink.shutdown()
+    r = RingReader(sink.path)
+    head, geo = r.state().head, r.geo
+    fd = os.open(sink.path, os.O_RDWR)
+    last = None
+    for x in range(head):  # the last record's first slot
+        seq, meta = F.SLOT_HEAD.unpack_from(
+            os.pread(fd, F.SLOT_HEAD.size, geo.data_off + x * F.SLOT)
+        )
+        if meta >> 8 & 0xFF != F.KIND_CONT:
+            last = (x, seq, meta)
+    assert last is not None
+    x, seq, meta = last
+    os.pwrite(fd, F.SLOT_HEAD.pack(seq, meta & ~0xFF | F.MAXSPAN), geo.data_off + x * F.SLOT)
+    os.close(fd)
+    r = RingReader(sink.path)
+    first = r.poll()  # what lies before the bad record is published; the ring is in doubt
+    assert r.trouble and len(first) > 0
+    with pytest.raises(FormatError, match="malformed"):
+        r.poll()

@@ -163,10 +163,11 @@ class RingReader:
             if kind == F.KIND_CONT:
                 x += 1
                 continue
-            tails = [F.SLOT_HEAD.unpack_from(buf, i + k * F.SLOT) for k in range(1, span)]
-            if kind not in F.DECODERS or not 1 <= span <= F.MAXSPAN or x + span > end or tails != [
-                (x + k + 1, rec << 16 | k) for k in range(1, span)
-            ]:  # fmt: skip
+            # The continuation slots are read only once the span is known to fit the buffer.
+            fits = kind in F.DECODERS and 1 <= span <= F.MAXSPAN and x + span <= end
+            if not fits or [(x + k + 1, rec << 16 | k) for k in range(1, span)] != [
+                F.SLOT_HEAD.unpack_from(buf, i + k * F.SLOT) for k in range(1, span)
+            ]:
                 raise FormatError(f"{self.path}: record {rec} at {x} is malformed")
             yield x, span, rec, kind, b"".join(
                 buf[i + k * F.SLOT + F.SLOT_HDR : i + (k + 1) * F.SLOT] for k in range(span)
