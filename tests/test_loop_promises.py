@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from forked import in_child
 
 import memra_obs
 from memra_obs.environment import ConfigError
@@ -284,22 +285,14 @@ def test_a_forked_child_exports_its_own_records():
     ex = Count()
     q = QueueSink([ex], interval_ms=10)
     obs = Observer([q], level=0, prof=False)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child
-        try:
-            os.close(r)
-            with obs.session("glm5") as s, s.burst(4) as b:
-                for _ in range(103):
-                    one_round(b)
-            q.flush(5.0)
-            os.write(w, str(ex.rounds).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    got = b""
-    while chunk := os.read(r, 64):
-        got += chunk
-    os.waitpid(pid, 0)
+
+    def child() -> bytes:
+        with obs.session("glm5") as s, s.burst(4) as b:
+            for _ in range(103):
+                one_round(b)
+        q.flush(5.0)
+        return str(ex.rounds).encode()
+
+    got = in_child(child)
     q.shutdown(1.0)
     assert got == b"103"

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from typing import Any
 
 import pytest
 from google.protobuf import json_format
@@ -259,17 +260,10 @@ def test_otlp_http_json_protocol(receiver):
     assert ex.exported_spans == len(receiver.spans) == 1 + 2 + 5 * 6
 
 
-def test_otlp_grpc_generic_call():
-    """OTEL_EXPORTER_OTLP_PROTOCOL=grpc: our bytes through grpcio's generic unary call, with
-    headers as metadata, decoded by a real gRPC server."""
-    grpc = pytest.importorskip("grpc")
-    got: list[ExportTraceServiceRequest] = []
-    meta: list[dict[str, str]] = []
-
-    def export(req: ExportTraceServiceRequest, ctx) -> ExportTraceServiceResponse:
-        got.append(req)
-        meta.append(dict(ctx.invocation_metadata()))
-        return ExportTraceServiceResponse()
+def grpc_trace_service(export) -> tuple[Any, int]:
+    """A real gRPC TraceService on a free 127.0.0.1 port, ``export(request, context)``
+    answering each call; returns (started server, port)."""
+    import grpc
 
     handler = grpc.method_handlers_generic_handler(
         "opentelemetry.proto.collector.trace.v1.TraceService",
@@ -285,6 +279,22 @@ def test_otlp_grpc_generic_call():
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
+    return server, port
+
+
+def test_otlp_grpc_generic_call():
+    """OTEL_EXPORTER_OTLP_PROTOCOL=grpc: our bytes through grpcio's generic unary call, with
+    headers as metadata, decoded by a real gRPC server."""
+    pytest.importorskip("grpc")
+    got: list[ExportTraceServiceRequest] = []
+    meta: list[dict[str, str]] = []
+
+    def export(req: ExportTraceServiceRequest, ctx) -> ExportTraceServiceResponse:
+        got.append(req)
+        meta.append(dict(ctx.invocation_metadata()))
+        return ExportTraceServiceResponse()
+
+    server, port = grpc_trace_service(export)
     try:
         env = {
             "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",

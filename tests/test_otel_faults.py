@@ -14,15 +14,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from concurrent import futures
 
 import pytest
+from forked import in_child
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from test_otel_export import Receiver, closed_port, make, run_session
+from test_otel_export import Receiver, closed_port, grpc_trace_service, make, run_session
 
 from memra_obs import diagnostics
 from memra_obs.environment import ConfigError, Settings
@@ -288,20 +288,7 @@ def _grpc_collector(script: list[tuple[str, float | None]]):
             ctx.abort(code, "not now")
         return ExportTraceServiceResponse()
 
-    handler = grpc.method_handlers_generic_handler(
-        "opentelemetry.proto.collector.trace.v1.TraceService",
-        {
-            "Export": grpc.unary_unary_rpc_method_handler(
-                export,
-                request_deserializer=ExportTraceServiceRequest.FromString,
-                response_serializer=ExportTraceServiceResponse.SerializeToString,
-            )
-        },
-    )
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    server, port = grpc_trace_service(export)
     return server, port, times
 
 
@@ -417,21 +404,13 @@ def test_a_forked_child_sends_its_own_spans():
         assert q.flush(5.0) and ex.flush(5.0)
         one = rx.spans  # the parent's session; its connection is open now
         assert one > 0
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child
-            try:
-                os.close(r)
-                run_session(obs, prof=False)
-                ok = q.flush(5.0) and ex.flush(5.0)
-                os.write(w, f"{int(ok)} {ex.exported_spans} {ex.dropped_spans}".encode())
-            finally:
-                os._exit(0)
-        os.close(w)
-        got = b""
-        while chunk := os.read(r, 64):
-            got += chunk
-        os.waitpid(pid, 0)
+
+        def child() -> bytes:
+            run_session(obs, prof=False)
+            ok = q.flush(5.0) and ex.flush(5.0)
+            return f"{int(ok)} {ex.exported_spans} {ex.dropped_spans}".encode()
+
+        got = in_child(child)
         assert got == f"1 {one} 0".encode()  # the child counted only its own session
         run_session(obs, prof=False)
         assert q.flush(5.0) and ex.flush(5.0)
