@@ -274,21 +274,22 @@ class _RangedBurst(Burst):
         self._depth = 0
         self._push("spec.burst")
 
-    def _each(self, op: str, *args: str) -> None:
-        for h in self._ranges:
-            try:
-                getattr(h, op)(*args)
-            except Exception as exc:
-                say_once(f"range:{id(h)}", f"range hook {type(h).__name__} raised {exc!r}")
-
     def _push(self, name: str) -> None:
         self._depth += 1
-        self._each("push", name)
+        for h in self._ranges:
+            try:
+                h.push(name)
+            except Exception as exc:
+                _range_failed(h, exc)
 
     def _pop_to(self, depth: int) -> None:
         while self._depth > depth:
             self._depth -= 1
-            self._each("pop")
+            for h in self._ranges:
+                try:
+                    h.pop()
+                except Exception as exc:
+                    _range_failed(h, exc)
 
     def begin_round(self) -> None:
         super().begin_round()
@@ -309,3 +310,7 @@ class _RangedBurst(Burst):
     def end(self, tokens: int | None = None) -> None:
         self._pop_to(0)
         super().end(tokens)
+
+
+def _range_failed(h: object, exc: BaseException) -> None:
+    say_once(f"range:{id(h)}", f"range hook {type(h).__name__} raised {exc!r}")
