@@ -1,11 +1,8 @@
-"""A burst (a run of rounds between two returns to the caller): where the loop's boundary
-marks become round records.
+"""A burst (a run of rounds between two returns to the caller): boundary marks -> round records.
 
-A boundary is one clock mark; a round end builds one :class:`~memra_obs.timeline.RoundRecord`
-for the sinks that want rounds. A boundary out of order, a missing one or counts no loop
-produces drop their round, said once and counted in ``Observer.dropped_rounds``. Marks are
-kept per round (sync clock) or per settle (the event clock settles every
-:data:`SETTLE_ROUNDS` rounds), so a long burst holds bounded memory.
+A boundary out of order, a missing one or counts no loop produces drop their round, said once
+and counted in ``Observer.dropped_rounds``. Marks are kept per round (sync clock) or per settle
+(the event clock settles every :data:`SETTLE_ROUNDS` rounds): a long burst holds bounded memory.
 """
 
 from __future__ import annotations
@@ -63,8 +60,6 @@ class Burst:
         self._ended = False
         self.start_ns_mono = now_ns()
         s._open_burst = self
-
-    # -- the hot path --------------------------------------------------------------------
 
     def begin_round(self) -> None:
         if self._at >= 0:
@@ -133,9 +128,6 @@ class Burst:
         finally:
             self._hook_ns += now_ns() - t0
 
-    def add_hook_ns(self, ns: int) -> None:
-        self._hook_ns += ns
-
     def end(self, tokens: int | None = None) -> None:
         """Return to the caller: settle the clock, emit the burst (and after the first, the
         first-token profile). ``tokens`` defaults to the rounds' (+1 anchor on the first)."""
@@ -160,8 +152,6 @@ class Burst:
 
     def __exit__(self, *exc: object) -> None:
         self.end()
-
-    # -- the rest ------------------------------------------------------------------------
 
     def _settle(self) -> None:
         if not self._pending:

@@ -1,15 +1,10 @@
 """Records to exporters, off the loop: the one worker loop, and the in-process queue it drains.
 
 The in-process worker, ``memra-obs agent`` and ``memra-obs tail`` all publish through one
-:class:`ExportWorker`: a daemon thread that takes batches from a :class:`RecordSource` and hands
-each to every :class:`RecordExporter` through one guarded :class:`ExporterSet`, in the order
-the source produced them.
-
-In-process the source is a :class:`QueueSink`: the loop appends to a deque, never blocking (a
-full queue drops the newest record, counted). The loop shares the GIL with this thread, so its
-tail latency is this thread's longest stretch: batches are sized to about ``stretch_ms`` of
-work, then a real ``pause_s`` sleep (``time.sleep(0)`` does not reliably hand the GIL over).
-Queues shut down at exit (``EXIT_TIMEOUT_S`` for all) and re-arm in a forked child.
+:class:`ExportWorker`. In-process its source is a :class:`QueueSink`: the loop appends to a
+deque, never blocking (full: the newest record drops, counted). The loop shares the GIL with
+this thread, so batches are sized to about ``stretch_ms`` of work, then a real ``pause_s``
+sleep (``time.sleep(0)`` does not reliably hand the GIL over).
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .diagnostics import say_once
@@ -39,8 +34,8 @@ class RecordExporter(Protocol):
 
 
 class RecordSource(Protocol):
-    """Where an :class:`ExportWorker` takes its records from: ``take`` up to ``limit``, oldest
-    first (``[]``: none now); ``taken``: the latest take is exported; ``pending``: more wait."""
+    """An :class:`ExportWorker`'s records: ``take`` up to ``limit``, oldest first (``[]``: none
+    now); ``taken``: the latest take is exported; ``pending``: more wait."""
 
     def take(self, limit: int) -> list[Record]: ...
     def taken(self) -> None: ...
@@ -59,10 +54,7 @@ class ExporterSet:
 
     def export(self, batch: Sequence[Record]) -> None:
         for ex in self.exporters:
-            try:
-                ex.export(batch)
-            except Exception as exc:
-                self._fail(ex, exc)
+            self._call(ex, ex.export, batch)
 
     def each(self, hook: str) -> None:
         """Each exporter's ``hook`` where it has one: ``tick`` (time-driven work),
@@ -70,34 +62,29 @@ class ExporterSet:
         for ex in self.exporters:
             fn = getattr(ex, hook, None)
             if fn is not None:
-                try:
-                    fn()
-                except Exception as exc:
-                    self._fail(ex, exc)
+                self._call(ex, fn)
 
     def flush(self, deadline: float) -> bool:
         """Flush every exporter; True when all of them got everything out in time."""
         ok = True
         for ex in self.exporters:
-            try:
-                ok = ex.flush(max(0.0, deadline - time.monotonic())) is not False and ok
-            except Exception as exc:
-                self._fail(ex, exc)
-                ok = False
+            ok = self._call(ex, ex.flush, max(0.0, deadline - time.monotonic())) is not False and ok
         return ok
 
     def shutdown(self, deadline: float, floor_s: float = 0.05) -> None:
         """Shut each exporter down with what is left of ``deadline`` (at least ``floor_s``)."""
         for ex in self.exporters:
-            try:
-                ex.shutdown(max(floor_s, deadline - time.monotonic()))
-            except Exception as exc:
-                self._fail(ex, exc)
+            self._call(ex, ex.shutdown, max(floor_s, deadline - time.monotonic()))
 
-    def _fail(self, ex: object, exc: BaseException) -> None:
-        self.errors += 1
-        msg = f"exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)"
-        say_once(f"exporter:{id(ex)}", msg)
+    def _call(self, ex: object, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``; False (counted, said once) when it raises."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self.errors += 1
+            msg = f"exporter {type(ex).__name__} raised {exc!r}; continuing (reported once)"
+            say_once(f"exporter:{id(ex)}", msg)
+            return False
 
 
 class ExportWorker:
@@ -265,8 +252,6 @@ class QueueSink(Sink):
             self.worker.start()
             _LIVE.add(self)
 
-    # -- the loop's side -----------------------------------------------------------------
-
     def _put(self, rec: Record) -> None:
         q = self._q
         if len(q) < self._cap and not self._closed:
@@ -289,8 +274,6 @@ class QueueSink(Sink):
             self._put(rec)
         self.worker.wake()
 
-    # -- the worker's side (RecordSource) ------------------------------------------------
-
     def take(self, limit: int) -> list[Record]:
         q = self._q  # the worker is its only consumer: what len() counted is there
         out = [q.popleft() for _ in range(min(limit, len(q)))]
@@ -307,8 +290,6 @@ class QueueSink(Sink):
 
     def __len__(self) -> int:
         return len(self._q)
-
-    # -- control -------------------------------------------------------------------------
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         return self.worker.flush(timeout_s)

@@ -1,8 +1,6 @@
-"""The sinks of an observer, grouped per hook: a tuple that is replaced, never edited.
-
-Adding a sink builds a new :class:`Fanout` under the observer's lock and swaps it in; the
-loop reads the current one without a lock and iterates plain tuples. A hook a sink leaves as
-the base no-op is not in that hook's tuple, so it costs nothing (decided at configure time).
+"""The sinks of an observer, grouped per hook: a tuple that is replaced, never edited, so the
+loop reads the current one without a lock. A hook a sink leaves as the base no-op is not in
+that hook's tuple, so it costs nothing.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""The one object a spec loop talks to: clock laps in, plain records out to the sinks
-(README, "Instrumenting a loop").
+"""The one object a spec loop talks to: clock laps in, plain records out to the sinks.
 
-Hot path first. With every flag and sink off, :func:`get_observer` returns
-:data:`NOOP_OBSERVER`, whose sessions and bursts are plain no-op methods: the loop pays a
-method call per boundary and never writes ``if enabled:``. On, a boundary is one clock read
-(plus the drain the clock's contract asks for) appended to a list, and a round end hands one
-record to the sinks that want rounds (:mod:`memra_obs.session`, :mod:`memra_obs.burst`). Sinks
-run on this thread and must not block; nothing here raises into the loop (misuse and sink
-failures are said once, :mod:`memra_obs.diagnostics`).
+With everything off, :func:`get_observer` returns :data:`NOOP_OBSERVER`, whose sessions and
+bursts are no-op methods: the loop pays a call per boundary and never writes ``if enabled:``.
+Sinks run on the loop's thread and must not block; nothing here raises into the loop (misuse
+and sink failures are said once, :mod:`memra_obs.diagnostics`).
 """
 
 from __future__ import annotations
@@ -32,10 +28,7 @@ __all__ = ["NOOP_OBSERVER", "Burst", "NoOpObserver", "Observer", "Session"]
 _ClockFactory = Callable[[Stream | None, Stream | None], PhaseClock]
 
 
-# ---------------------------------------------------------------------- everything off
-# An object, like the OTel API's NoOpTracer: one call per boundary to a function doing nothing.
-
-
+# Everything off (like the OTel API's NoOpTracer): one call per boundary to a no-op.
 def _nop(*args: object, **kw: object) -> None:
     return None
 
@@ -44,7 +37,7 @@ class _NoOpBurst:
     __slots__ = ()
     rounds = k = 0
     begin_round = end_draft = end_verify = end_accept = staticmethod(_nop)
-    end_rollback = end_round = add_hook_ns = end = __exit__ = staticmethod(_nop)
+    end_rollback = end_round = end = __exit__ = staticmethod(_nop)
 
     @contextmanager
     def hook(self) -> Iterator[None]:
@@ -102,18 +95,11 @@ class NoOpObserver:
 NOOP_OBSERVER = NoOpObserver()
 
 
-# ------------------------------------------------------------------------------ on
-
-
 class Observer:
-    """Per process: owns the sinks and hands out sessions.
-
-    ``level`` / ``prof`` default to the seed's flags; ``clock`` is ``"sync"``, ``"event"`` or a
-    factory ``(e, eh) -> PhaseClock``; ``memory`` returns ``[(cuda_ordinal, free_mb)]`` (default:
-    NVML). ``settings`` (the resolved knobs), ``queue`` (the in-process hand-off), ``closers``
-    (run at :meth:`shutdown`) and ``where`` (destinations, for banners) come from
-    :func:`memra_obs.wiring.build_observer`.
-    """
+    """Per process: owns the sinks and hands out sessions. ``clock``: ``"sync"``, ``"event"``
+    or a factory ``(e, eh) -> PhaseClock``; ``memory`` returns ``[(cuda_ordinal, free_mb)]``
+    (default: NVML); ``settings``, ``queue``, ``closers`` and ``where`` come from
+    :func:`memra_obs.wiring.build_observer`."""
 
     enabled = True
 
@@ -155,8 +141,6 @@ class Observer:
         self._closers = tuple(closers)
         self.where = tuple(where)
 
-    # -- sinks ---------------------------------------------------------------------------
-
     @property
     def sinks(self) -> tuple[Sink, ...]:
         return self._fan.all
@@ -194,8 +178,6 @@ class Observer:
                 close()
             except Exception as exc:
                 say_once(f"close:{id(close)}", f"closing {close!r} raised {exc!r}")
-
-    # -- sessions ------------------------------------------------------------------------
 
     def session(
         self,

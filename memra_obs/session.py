@@ -1,9 +1,7 @@
-"""A session (one request): its first-token profile, its bursts (:mod:`memra_obs.burst`),
-its round log's summary and the k advice over it.
-
-Nothing here raises into the loop: misuse is said once. A burst left open is ended by the
-next ``burst()`` or ``end()``. The profile's buckets cover the wall from the session's drained
-start to the first burst's return; what no bucket names is ``unattributed_ms``.
+"""A session (one request): its first-token profile, its bursts, its round log's summary and
+the k advice over it. Nothing here raises into the loop: misuse is said once. The profile's
+buckets cover the wall from the drained start to the first burst's return; the rest is
+``unattributed_ms``.
 """
 
 from __future__ import annotations
@@ -111,8 +109,6 @@ class Session:
         )  # fmt: skip
         fan(fo.on_session, "on_session", self.record)
 
-    # -- first-token profile -------------------------------------------------------------
-
     def lap(self, bucket: str) -> float:
         """Close a first-token bucket (``cache_alloc``, ``prime``, ...): drain, and add the ms
         since the previous boundary to ``prof.<bucket>_ms``; returns them (0.0: profile off)."""
@@ -165,9 +161,8 @@ class Session:
             say_once(f"{call}:{name}:bad", f"Session.{call}: {exc}; ignored")
 
     def free_memory(self, point: str) -> list[tuple[int, int]]:
-        """Snapshot free device memory per CUDA ordinal into ``free_mb_before`` (before the
-        trunk cache allocation) or ``free_mb_after`` (after the drafter KV allocation); its
-        own time lands in no bucket."""
+        """Free device memory per CUDA ordinal into ``free_mb_<point>`` (``before`` the trunk
+        cache, ``after`` the drafter KV); its own time lands in no bucket."""
         if self.prof is None:
             return []
         if point not in ("before", "after"):
@@ -180,8 +175,6 @@ class Session:
         except (TypeError, ValueError) as exc:
             say_once("mem:bad", f"free-memory snapshot refused ({exc}); recording none")
         return snap
-
-    # -- bursts --------------------------------------------------------------------------
 
     def burst(self, k: int) -> Burst:
         """Enter a burst drafting ``k`` per round; one still open is ended first (said once)."""

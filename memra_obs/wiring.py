@@ -1,8 +1,7 @@
-"""Wiring: from flags, knobs and arguments to exporters, and to an observer with its sinks.
+"""From flags, knobs and arguments to exporters, and to an observer with its sinks.
 
-The one place that knows every sink and exporter: :func:`build_exporters` serves all three
-publishers (in-process via :func:`build_observer`, ``memra-obs agent``, ``memra-obs tail``), so
-a knob is checked once and fails the same way everywhere.
+:func:`build_exporters` serves all three publishers (in-process via :func:`build_observer`,
+``memra-obs agent``, ``memra-obs tail``), so a knob fails the same way everywhere.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""The sink contract, stated once.
-
-A sink receives the observer's records (:mod:`memra_obs.timeline`) **on the loop's thread**:
-every method returns quickly, never blocks, never raises. Real work (spans, encoding,
-sending) is handed elsewhere: a bounded queue drained by a background thread
-(:class:`memra_obs.export.QueueSink`) or the agent's shared-memory ring. The observer still
-guards every call (an exception is reported once) and calls only the methods a sink
-overrides, so one left as the base no-op costs nothing.
+"""The sink contract: records (:mod:`memra_obs.timeline`) arrive **on the loop's thread**, so
+real work is handed elsewhere (:class:`memra_obs.export.QueueSink`, the agent's ring). The
+observer guards every call and calls only the hooks a sink overrides.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """NVTX ranges for Nsight Systems: ``spec.burst`` > ``spec.round`` > ``spec.draft`` /
 ``spec.verify`` / ``spec.accept`` / ``spec.rollback`` / ``spec.maint``, on the ``memra`` domain.
 
-Ranges are pushed and popped on the loop's thread *at the boundaries*, right after the
-clock's mark, so they sit over the kernels each phase launched (under the sync clock, its
-drain too). Records arrive too late for that, so this sink takes no records: it hands the
-observer a :attr:`NvtxSink.range_hook` (``push(name)`` / ``pop()``), given to bursts only
-when one exists. Decided once, at construction: the ``nvtx`` package's ``memra`` domain
-(attributes pre-built per name), else ``torch.cuda.nvtx`` (no domains), else — also with
-``NVTX_DISABLE`` set or no tool attached (a dummy domain) — a no-op, said once.
+Records arrive too late to sit over a phase's kernels, so this sink takes none: bursts call
+its :attr:`NvtxSink.range_hook` right after each boundary's mark. Decided once: the ``nvtx``
+package's domain, else ``torch.cuda.nvtx`` (no domains), else (also with ``NVTX_DISABLE`` or
+no tool attached) a no-op, said once.
 """
 
 from __future__ import annotations
@@ -50,10 +47,7 @@ class _DomainRanges:
 
 class NvtxSink(Sink):
     """Phase / round / burst ranges for Nsight Systems; a no-op where NVTX is absent.
-
-    ``domain``: an ``nvtx`` domain (or anything with ``get_event_attributes``, ``push_range``,
-    ``pop_range``) to use instead of looking one up — tests hand in a fake.
-    """
+    ``domain``: an ``nvtx`` domain (or a fake) to use instead of looking one up."""
 
     def __init__(self, domain: Any = None) -> None:
         try:

@@ -1,8 +1,6 @@
-"""The legacy tagged lines on stderr, immediately and verbatim.
-
-Which lines appear follows the seed's flags: the per-burst phase line at trace level >= 1,
-the verify sub-split line at level 2, and the ``[spec-prof*]`` lines with the profile on.
-Each record's lines go out in one locked write, so threads never interleave a line.
+"""The legacy tagged lines on stderr, immediately and verbatim: the phase line at trace level
+>= 1, the verify split at level 2, ``[spec-prof*]`` with the profile on. Each record's lines
+go out in one locked write, so threads never interleave a line.
 """
 
 from __future__ import annotations
