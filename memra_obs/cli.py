@@ -1,11 +1,7 @@
 """``memra-obs``: the command line.
 
-    memra-obs demo [--duration SECONDS | --requests N] [--gpu]   simulated worker, all sinks on
-    memra-obs tail [--follow] FILE|-                             legacy stderr -> metrics and spans
-    memra-obs agent                                              per-host publisher (agent mode)
-    memra-obs report INPUT... [-o report.html]                   one HTML page; two inputs = A/B
-
-Imports everything; nothing imports it.
+``demo``, ``tail``, ``agent`` and ``report`` (``memra-obs COMMAND --help``). Imports
+everything; nothing imports it.
 """
 
 from __future__ import annotations

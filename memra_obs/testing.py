@@ -15,20 +15,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
+from . import timeline as tl
 from .linewriter import LineWriter
 from .observer import Observer
 from .sinks.base import Sink
 from .sinks.stderr import StderrSink
-from .timeline import (
-    BurstRecord,
-    FirstTokenRecord,
-    ProfRowsRecord,
-    ProfSummaryRecord,
-    Record,
-    RoundRecord,
-    SessionEndRecord,
-    SessionRecord,
-)
 
 __all__ = ["Capture", "RecordingSink", "capture"]
 
@@ -39,7 +30,7 @@ class RecordingSink(Sink):
     """Keeps every record it is given, in order (thread-safe: list.append)."""
 
     def __init__(self, wants_trace_ids: bool = False) -> None:
-        self.records: list[Record] = []
+        self.records: list[tl.Record] = []
         self.wants_trace_ids = wants_trace_ids
 
     def _keep(self, rec: Any) -> None:
@@ -65,13 +56,13 @@ class _Of(Generic[_R]):
 class Capture:
     """What :func:`capture` yields: the observer, its records and its legacy lines."""
 
-    sessions = _Of(SessionRecord)
-    rounds = _Of(RoundRecord)
-    bursts = _Of(BurstRecord)
-    first_tokens = _Of(FirstTokenRecord)
-    prof_rows = _Of(ProfRowsRecord)
-    summaries = _Of(ProfSummaryRecord)
-    ends = _Of(SessionEndRecord)
+    sessions = _Of(tl.SessionRecord)
+    rounds = _Of(tl.RoundRecord)
+    bursts = _Of(tl.BurstRecord)
+    first_tokens = _Of(tl.FirstTokenRecord)
+    prof_rows = _Of(tl.ProfRowsRecord)
+    summaries = _Of(tl.ProfSummaryRecord)
+    ends = _Of(tl.SessionEndRecord)
 
     def __init__(self, observer: Observer, sink: RecordingSink, stream: io.StringIO) -> None:
         self.observer = observer
@@ -79,7 +70,7 @@ class Capture:
         self._stream = stream
 
     @property
-    def records(self) -> list[Record]:
+    def records(self) -> list[tl.Record]:
         return self.sink.records
 
     @property
