@@ -62,9 +62,9 @@ def pair(e: Stream | None, eh: Stream | None) -> tuple[Stream | None, Stream | N
 
 
 class DuckEvents:
-    """Timing events for one kind of stream, here of no known framework with torch's duck API
-    (``record_event()``: test doubles, simulations). ``new`` may allocate; ``recorder`` pre-binds
-    the hot-path record (never blocking); ``wait`` and ``elapsed_ns`` run at settle."""
+    """Timing events for one kind of stream; this base: torch's duck API (``record_event()``) on
+    streams of no known framework (test doubles, simulations). ``new`` may allocate; ``recorder``
+    pre-binds the hot-path record (never blocking); ``wait`` and ``elapsed_ns`` run at settle."""
 
     def new(self, stream: Any) -> Any:
         return stream.record_event()
@@ -235,11 +235,6 @@ class EventClock:
             _say("grow", f"making CUDA events failed ({exc!r}); host stamps kept")
         self._cap = min(len(lane.calls) for lane in self._lanes)
         return i if i < self._cap else 0
-
-    def begin(self) -> int:
-        """Forget unsettled marks and mark the first boundary."""
-        self._n, self._broken = 0, False
-        return self.mark()
 
     def settle(self, stamps: list[int]) -> list[int]:
         """The last ``len(stamps)`` marks' host stamps resolved to device truth with one drain
