@@ -123,7 +123,6 @@ class GpuWorkload:
         self, backend: str | None = None, *, two_streams: bool = False, seed: int | None = None
     ) -> None:
         self.x = x = _ops(backend, 0)
-        self.backend = x.name
         # Acceptance is drawn on the host per session (random weights make argmaxes
         # meaningless); the device still computes and reads back the argmax, as a real accept.
         self.rng, self.alpha = random.Random(seed), 0.7
