@@ -20,7 +20,6 @@ from typing import Any
 from . import flags
 from .device.workload import GpuUnavailable, GpuWorkload
 from .records import SEQ_ROWS, VERIFY_SPLIT
-from .wiring import build_observer
 
 __all__ = ["DemoConfig", "GpuUnavailable", "SimStream", "SimWorkload", "run_demo"]
 
@@ -230,16 +229,15 @@ def serve_one(
 
 
 def run_demo(
-    cfg: DemoConfig, obs: Any = None, *, stop: Event | None = None, device: SimDevice | None = None
+    cfg: DemoConfig, obs: Any, *, stop: Event | None = None, device: SimDevice | None = None
 ) -> DemoStats:
-    """Run the worker until ``duration_s``/``requests``/``stop``; returns counts. ``obs``:
-    default, built from the environment; ``device``: the simulated device that observer snapshots.
-    ``gpu`` builds the workloads first: no GPU raises :class:`GpuUnavailable` before any loop."""
+    """Run the worker under ``obs`` (whose snapshots read ``device``) until ``duration_s`` /
+    ``requests`` / ``stop``; returns counts. ``gpu`` builds the workloads first: no GPU raises
+    :class:`GpuUnavailable` before any loop."""
     stop = stop or Event()
     dev = device if device is not None else SimDevice()
     seeds = [None if cfg.seed is None else cfg.seed + i for i in range(cfg.concurrency)]
     gpus = [GpuWorkload(seed=sd) for sd in seeds] if cfg.gpu else []
-    obs = obs if obs is not None else build_observer(memory=None if cfg.gpu else dev.snapshot)
     st = DemoStats()
     deadline = time.monotonic() + cfg.duration_s if cfg.duration_s else math.inf
     tickets = iter(range(cfg.requests)) if cfg.requests is not None else itertools.count()

@@ -250,7 +250,7 @@ class FakeEv:
 
 
 class ScriptedOps:
-    """EventOps whose records take device times from a script: exact settle arithmetic."""
+    """Event ops whose records take device times from a script: exact settle arithmetic."""
 
     def __init__(self, times: list[int]) -> None:
         self.times = iter(times)

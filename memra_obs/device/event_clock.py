@@ -1,16 +1,12 @@
-"""The event-timed phase clock (``MEMRA_OBS_CLOCK=event``): device truth without a drain per
-phase, so per-round metrics can stay on while serving, and the stream adapters it needs.
-
-``mark`` records a CUDA event on ``e`` (and ``eh``) and reads the host clock, never waiting.
-``settle``, at burst end, drains once, records an anchor on each idle stream, waits for it,
-reads the host clock, and resolves every boundary (the sync clock's definition, no drains)::
+"""The event-timed phase clock (``MEMRA_OBS_CLOCK=event``) and the stream adapters it needs:
+device truth without a drain per phase. ``mark`` records a CUDA event on ``e`` (and ``eh``) and
+reads the host clock, never waiting; ``settle``, at burst end, drains once, records an anchor on
+each idle stream, waits for it and resolves every boundary (the sync clock's definition)::
 
     dev_s(i)   = anchor_host - elapsed(event_i on s, anchor on s)     # s = e, eh
     boundary_i = max(host_i, dev_e(i), dev_eh(i), boundary_{i-1})
 
-The anchor wait's latency (<= ``anchor_window_ns``) offsets every stamp alike. Events are pooled
-per stream across bursts and sessions. Streams are told apart by their type's module, nothing
-imported; others with torch's duck API (``record_event()``) are timed too, the rest drained.
+Events are pooled per stream across bursts and sessions (README, "Device truth").
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ import weakref
 from collections.abc import Callable
 from contextlib import suppress
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from ..clock import Stream, clock, drain, now_ns
 from ..diagnostics import say_once
@@ -65,18 +61,10 @@ def pair(e: Stream | None, eh: Stream | None) -> tuple[Stream | None, Stream | N
     return (eh, eh) if e is None else (e, eh)
 
 
-class EventOps(Protocol):
-    """Timing events for one kind of stream: ``new`` may allocate; ``recorder`` pre-binds the
-    hot-path record (never blocking); ``wait`` and ``elapsed_ns`` run at settle."""
-
-    def new(self, stream: Any) -> Any: ...
-    def recorder(self, ev: Any, stream: Any) -> Callable[[], Any]: ...
-    def wait(self, ev: Any) -> None: ...
-    def elapsed_ns(self, start: Any, end: Any) -> int: ...
-
-
 class DuckEvents:
-    """Streams of no known framework that speak torch's duck API (test doubles, simulations)."""
+    """Timing events for one kind of stream; this base: torch's duck API (``record_event()``) on
+    streams of no known framework (test doubles, simulations). ``new`` may allocate; ``recorder``
+    pre-binds the hot-path record (never blocking); ``wait`` and ``elapsed_ns`` run at settle."""
 
     def new(self, stream: Any) -> Any:
         return stream.record_event()
@@ -122,12 +110,11 @@ class CupyEvents(TorchEvents):
         return round(self._cuda.get_elapsed_time(start, end) * 1e6)
 
 
-_ops: dict[str, EventOps] = {}
-#: ``stream -> EventOps`` for its kind, or None when it has no timing events (:func:`event_ops`).
-EventsOf = Callable[[Any], EventOps | None]
+_ops: dict[str, DuckEvents] = {}
+EventsOf = Callable[[Any], DuckEvents | None]
 
 
-def event_ops(stream: object) -> EventOps | None:
+def event_ops(stream: object) -> DuckEvents | None:
     """The event operations for ``stream``'s kind; None when it has no timing events."""
     fw = framework(stream)
     if fw is None:
@@ -145,7 +132,7 @@ class _Lane:
 
     __slots__ = ("anchor", "calls", "key", "ops", "pool", "stream")
 
-    def __init__(self, key: object, stream: Any, ops: EventOps) -> None:
+    def __init__(self, key: object, stream: Any, ops: DuckEvents) -> None:
         self.key, self.stream, self.ops = key, stream, ops
         self.pool: list[Any] = []
         self.calls: list[Callable[[], None]] = []
@@ -165,7 +152,7 @@ _free_lock = threading.Lock()
 _MAX_KEYS, _MAX_PER_KEY = 256, 16
 
 
-def _take_lane(stream: Any, ops: EventOps) -> _Lane:
+def _take_lane(stream: Any, ops: DuckEvents) -> _Lane:
     h = stream_handle(stream)
     cuda = (framework(stream), stream_device(stream), h) if h is not None else id(stream)
     key = (cuda, type(ops))
@@ -188,7 +175,7 @@ def _give_back(lanes: tuple[_Lane, ...]) -> None:
 
 class EventClock:
     """:class:`memra_obs.clock.PhaseClock` on CUDA events: ``mark`` records, ``settle`` resolves.
-    ``events``: ``stream -> EventOps | None`` (default :func:`event_ops`; tests hand in fakes)."""
+    ``events``: ``stream -> DuckEvents | None`` (default :func:`event_ops`; tests hand in fakes)."""
 
     immediate = False
 
@@ -249,15 +236,9 @@ class EventClock:
         self._cap = min(len(lane.calls) for lane in self._lanes)
         return i if i < self._cap else 0
 
-    def begin(self) -> int:
-        """Forget unsettled marks and mark the first boundary."""
-        self._n, self._broken = 0, False
-        return self.mark()
-
     def settle(self, stamps: list[int]) -> list[int]:
-        """Resolve the last ``len(stamps)`` marks (the host stamps :meth:`mark` returned, in
-        order) to device truth, with one drain; earlier unsettled marks are dropped. A burst
-        in which a record failed keeps its host stamps."""
+        """The last ``len(stamps)`` marks' host stamps resolved to device truth with one drain
+        (earlier unsettled marks dropped); a burst in which a record failed keeps its stamps."""
         n, lanes = len(stamps), self._lanes
         if not lanes or n == 0:
             return list(stamps)

@@ -1,11 +1,9 @@
 """Free device memory per CUDA ordinal, in MiB — the seed's ``free_mb_before`` / ``free_mb_after``.
 
-NVML numbers devices its own way and ignores ``CUDA_VISIBLE_DEVICES``; the two meet at the PCI
-bus id, which CuPy or torch give per CUDA ordinal (else ``CUDA_VISIBLE_DEVICES`` is read as the
-runtime reads it). Where NVML is missing, refuses, or sees a MIG card whole, ``cudaMemGetInfo``
-reads the ordinal. Nothing raises into the loop; each fallback is said once; no GPU is ``[]``.
-NVML starts once a process (~50 ms: :func:`warm` ahead of time, else the first snapshot); then a
-snapshot is one ``nvmlDeviceGetMemoryInfo`` an ordinal. pynvml, CuPy and torch load when needed.
+NVML ignores ``CUDA_VISIBLE_DEVICES`` and numbers devices its own way: the two meet at the PCI bus
+id, which CuPy or torch give per ordinal (else ``CUDA_VISIBLE_DEVICES`` is read as the runtime
+does). Where NVML is missing, refuses, or sees a MIG card whole, ``cudaMemGetInfo`` reads the
+ordinal. Nothing raises into the loop; each fallback is said once (README, "Free memory").
 """
 
 from __future__ import annotations

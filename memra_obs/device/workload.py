@@ -1,10 +1,8 @@
-"""``memra-obs demo --gpu``: the demo's loop on real kernels with spec-like shapes (fp16, loosely
-a 30B-class target with a small drafter), on CuPy or else torch, imported when it is built.
-
-It has :class:`memra_obs.demo.SimWorkload`'s interface. Every phase only *queues* work on ``e``
-(and ``eh`` with ``two_streams``); the only host waits are a spec loop's own (the accept
-readback, the anchor draw), so the phase clock decides where device time lands. The KV cache
-(96 KiB a token) is a fresh allocation given back at session end: free memory moves.
+"""``memra-obs demo --gpu``: the demo's loop (:class:`memra_obs.demo.SimWorkload`'s interface) on
+real kernels with spec-like shapes (fp16, loosely a 30B-class target with a small drafter), on
+CuPy or else torch. Phases only *queue* work on ``e`` (and ``eh``); the only host waits are a spec
+loop's own (the accept readback, the anchor draw), so the phase clock decides where device time
+lands. The KV cache (96 KiB a token) is allocated per session and given back: free memory moves.
 """
 
 from __future__ import annotations
@@ -122,20 +120,13 @@ class GpuWorkload:
     CHUNK, MAX_CACHE_BYTES, KMAX = 512, 24 << 30, 16
 
     def __init__(
-        self,
-        backend: str | None = None,
-        device: int = 0,
-        *,
-        two_streams: bool = False,
-        layers: int | None = None,
-        seed: int | None = None,
+        self, backend: str | None = None, *, two_streams: bool = False, seed: int | None = None
     ) -> None:
-        self.x = x = _ops(backend, device)
-        self.backend = x.name
+        self.x = x = _ops(backend, 0)
         # Acceptance is drawn on the host per session (random weights make argmaxes
         # meaningless); the device still computes and reads back the argmax, as a real accept.
         self.rng, self.alpha = random.Random(seed), 0.7
-        self.layers = self.LAYERS if layers is None else layers
+        self.layers = self.LAYERS
         self.e: Any = x.stream()
         self.eh: Any = x.stream() if two_streams else self.e
         self.ctx = self._cap = self._step = 0
