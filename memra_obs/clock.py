@@ -65,9 +65,8 @@ class ProfClock:
 
 
 class PhaseClock(Protocol):
-    """What the observer needs of a clock: ``mark`` returns a provisional ``ns_mono`` stamp
-    for a boundary; ``settle`` takes the stamps marked since the last settle and returns them
-    final."""
+    """What the observer needs of a clock: ``mark`` a provisional ``ns_mono`` stamp per boundary,
+    ``settle`` the stamps marked since the last settle, returned final."""
 
     #: True when stamps are final as soon as they are marked.
     immediate: bool

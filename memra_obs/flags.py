@@ -15,8 +15,8 @@ from typing import TextIO
 
 __all__ = [
     "MEMRA_GLM5_SPEC_TRACE", "MEMRA_SPEC_FIRST_TOKEN_EAGER", "MEMRA_SPEC_PROF", "MEMRA_SPEC_TRACE",
-    "first_token_eager", "first_token_eager_from", "override_line", "parse_level", "spec_prof_on",
-    "spec_prof_on_from", "spec_trace_level", "spec_trace_level_from", "spec_trace_on",
+    "first_token_eager", "override_line", "parse_level", "spec_prof_on", "spec_trace_level",
+    "spec_trace_level_from", "spec_trace_on",
 ]  # fmt: skip
 
 #: Per-burst phase lines; ``2`` adds the level-2 verify sub-split. Anything else is off.
@@ -60,16 +60,6 @@ def spec_trace_level_from(
     return g or a or 0
 
 
-def spec_prof_on_from(v: str | None) -> bool:
-    """``MEMRA_SPEC_PROF`` is on only when it is exactly ``"1"``."""
-    return v == "1"
-
-
-def first_token_eager_from(v: str | None) -> bool:
-    """The eager first-token door: on unless the variable is exactly ``"0"``."""
-    return v != "0"
-
-
 # Read once, like the seed's OnceLock statics; `_reset` (tests, the demo) forgets them.
 
 
@@ -88,14 +78,14 @@ def spec_trace_on() -> bool:
 
 @functools.cache
 def spec_prof_on() -> bool:
-    """``MEMRA_SPEC_PROF=1``: the first-token profile and per-round log, read once."""
-    return spec_prof_on_from(os.environ.get(MEMRA_SPEC_PROF))
+    """``MEMRA_SPEC_PROF``, exactly ``1``: the first-token profile and per-round log, read once."""
+    return os.environ.get(MEMRA_SPEC_PROF) == "1"
 
 
 @functools.cache
 def first_token_eager() -> bool:
-    """``MEMRA_SPEC_FIRST_TOKEN_EAGER`` (default on), read once."""
-    return first_token_eager_from(os.environ.get(MEMRA_SPEC_FIRST_TOKEN_EAGER))
+    """``MEMRA_SPEC_FIRST_TOKEN_EAGER``: on unless exactly ``0``, read once."""
+    return os.environ.get(MEMRA_SPEC_FIRST_TOKEN_EAGER) != "0"
 
 
 def _reset() -> None:

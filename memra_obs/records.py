@@ -91,9 +91,8 @@ class SpecPhaseNs:
 
 
 class VerifySplit:
-    """Level-2 verify sub-split accumulators (ns): kda (with its scan share), mla, and the ffn
-    share inside vrest. The seed's atomics; one lock here, so ``drain`` reads-and-zeroes all
-    four in one step."""
+    """Level-2 verify sub-split accumulators (ns): kda (with its scan share), mla, the ffn share
+    of vrest. The seed's atomics; one lock here, so ``drain`` reads-and-zeroes all four at once."""
 
     __slots__ = ("_lock", "_v")
 
@@ -145,9 +144,6 @@ class SeqRows:
             n, self._n = self._n, 0
         return n
 
-    def peek(self) -> int:
-        return self._n
-
 
 class _PerThread:
     """An accumulator per calling thread, so sessions on different threads never mix."""
@@ -176,9 +172,8 @@ _ARM = re.compile(r"[A-Za-z0-9_.:+-]*")
 
 @dataclass
 class SpecFirstTokenProf:
-    """The first-token phase buckets (ms) of one session, printed as ``[spec-prof]`` after
-    the first burst. Each is a wall interval between stream drains (device-inclusive,
-    additive); assignments are checked, so a bad value fails where it is set."""
+    """One session's first-token buckets (ms), the ``[spec-prof]`` line: wall intervals between
+    stream drains (device-inclusive, additive), checked on assignment so bad values fail there."""
 
     cache_alloc_ms: float = 0.0  #: creation: the trunk cache allocation
     prime_ms: float = 0.0  #: creation: the target prime over the prompt (tap DtoHs included)
@@ -269,9 +264,8 @@ class _RoundProfFields(NamedTuple):
 
 
 class SpecRoundProf(_RoundProfFields):
-    """One verify round's attribution row (the first SPEC_PROF_ROUNDS of a session), stored
-    as the seed does: ms as f32, ``k``/``j`` u16, ``ctx``/``seq_rows`` u32; out of range
-    raises naming the field. A tuple, cheap to build (:func:`round_prof`)."""
+    """A round's row of the log, stored as the seed does (ms f32, ``k``/``j`` u16, ``ctx``/
+    ``seq_rows`` u32; out of range raises naming the field). A tuple: :func:`round_prof` is fast."""
 
     __slots__ = ()
 

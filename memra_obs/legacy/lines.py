@@ -56,28 +56,23 @@ def exact_f64(x: float) -> str:
 
 
 def exact_f32(x: float) -> str:
-    """A short decimal (the shortest, but for rare binade edges) that reads back to the same
-    f32, without an exponent. Per-round ms values mostly need 7 digits: try 7 and 6, then
-    bisect (round-tripping is monotonic in the digit count)."""
+    """A short decimal (the shortest, but for rare binade edges) that reads back to the same f32,
+    no exponent. Most ms values need 7 digits: try 7 and 6, then bisect (monotonic in digits)."""
     s = f"{x:.7g}"
-    if _f32_of(s) != x:
+    if f32(float(s)) != x:
         s = f"{x:.8g}"
-        if _f32_of(s) != x:
+        if f32(float(s)) != x:
             s = f"{x:.9g}"  # 9 significant digits always identify an f32
-    elif _f32_of(t := f"{x:.6g}") == x:
+    elif f32(float(t := f"{x:.6g}")) == x:
         lo, hi, s = 1, 6, t  # the answer is in lo..hi; s holds hi's digits
         while lo < hi:
             mid = (lo + hi) // 2
             t = f"{x:.{mid}g}"
-            if _f32_of(t) == x:
+            if f32(float(t)) == x:
                 hi, s = mid, t
             else:
                 lo = mid + 1
     return _positional(s)
-
-
-def _f32_of(s: str) -> float:
-    return f32(float(s))
 
 
 def phase_lines(
@@ -154,16 +149,14 @@ def emit(
     *,
     level: int | None = None,
     split: VerifySplit | None = None,
-    out: TextIO | LineWriter | None = None,
+    out: TextIO | None = None,
 ) -> None:
-    """The seed's ``SpecPhaseNs::emit``: the burst's lines to stderr, never raising. ``level``
-    defaults to the process trace level, ``split`` to :data:`memra_obs.VERIFY_SPLIT`."""
+    """The seed's ``SpecPhaseNs::emit``: the burst's lines to stderr (or ``out``), never raising.
+    ``level`` defaults to the process trace level, ``split`` to :data:`memra_obs.VERIFY_SPLIT`."""
     try:
         lvl = spec_trace_level() if level is None else level
         lines = phase_lines(p, tag, tag_v, k, lvl, VERIFY_SPLIT if split is None else split)
-        if not isinstance(out, LineWriter):
-            out = stderr_writer() if out is None else LineWriter(out)
-        out.write_lines(lines)
+        (stderr_writer() if out is None else LineWriter(out)).write_lines(lines)
     except Exception as exc:  # instrumentation never takes the loop down
         say_once("legacy.emit", f"emit failed and is skipped from now on: {exc!r}")
 
