@@ -3,14 +3,10 @@ counting exactly what was lost; :class:`RingStream` turns them into the exporter
 
 Through the descriptor, never a mapping: a mapped file that shrinks kills the reader with
 SIGBUS, a short ``pread`` only drops the ring. No lock (one writer, x86-64 store order): the
-writer stores ``head`` after a record's slots and writes only positions >= head, so after a
-copy of slots below the head read first, a second read ``h`` bounds what it may have touched
-meanwhile: the slots of positions below ``h + MAXSPAN - N``; all above that floor is intact.
-The directory may be world-writable, so a ring is believed only while it keeps the writer's
-laws: owned by the agent's uid alone, sized as its header says, counters read until two reads
-agree, only moving forward and below :data:`LIMIT`, 1 to MAXSPAN slots a record (``u``
-records over ``s`` slots: ``u <= s <= MAXSPAN*u``), every slot above the floor holding its
-own position. Breaking one twice in a row (once may be a store in flight) is a FormatError.
+writer stores ``head`` after a record's slots, so of slots copied below a head, a second read
+``h`` of it keeps those at or above the floor ``h + MAXSPAN - N``. The directory may be
+world-writable: a ring is believed only while it keeps the writer's rules (README, "What the
+agent believes"); breaking one twice in a row (once may be a store in flight) is a FormatError.
 """
 
 from __future__ import annotations
@@ -164,7 +160,7 @@ class RingReader:
                 x += 1
                 continue
             # The continuation slots are read only once the span is known to fit the buffer.
-            fits = kind in F.DECODERS and 1 <= span <= F.MAXSPAN and x + span <= end
+            fits = kind <= F.KIND_SESSION_END and 1 <= span <= F.MAXSPAN and x + span <= end
             if not fits or [(x + k + 1, rec << 16 | k) for k in range(1, span)] != [
                 F.SLOT_HEAD.unpack_from(buf, i + k * F.SLOT) for k in range(1, span)
             ]:
