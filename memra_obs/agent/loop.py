@@ -51,8 +51,8 @@ class Agent:
         self._next_scan = 0.0
         self._polled: list[RingStream] = []
         self._done: list[RingStream] = []
-        #: worker -> [records read, lost, written] over every ring so far (a scrape reads it).
-        self.totals: dict[str, list[int]] = {}
+        #: worker -> (records read, lost, written) over every ring so far (a scrape reads it).
+        self.totals: dict[str, tuple[int, int, int]] = {}
         self.rings_removed = 0
         os.makedirs(directory, exist_ok=True)
         lock = os.path.join(directory, LOCK_NAME)
@@ -74,12 +74,13 @@ class Agent:
 
     def counts(self) -> dict[str, tuple[int, int, int]]:
         """worker -> (read, lost, written); ``read + lost == written`` once a ring is read."""
-        return {w: (t[0], t[1], t[2]) for w, t in list(self.totals.items())}
+        return dict(self.totals)
 
     def _account(self, s: RingStream, now: tuple[int, int, int]) -> None:
-        t = self.totals.setdefault(s.worker, [0, 0, 0])
-        for i in (2, 1, 0):  # written first: a scrape never sees more read + lost than written
-            t[i] += now[i] - s.accounted[i]
+        r, lost, w = self.totals.get(s.worker, (0, 0, 0))
+        a = s.accounted
+        # One tuple swapped in: a scrape sees a worker's three counts from one moment.
+        self.totals[s.worker] = (r + now[0] - a[0], lost + now[1] - a[1], w + now[2] - a[2])
         s.accounted = now
 
     def _discover(self) -> None:
@@ -192,10 +193,7 @@ class Agent:
             return
         deadline = time.monotonic() + timeout_s
         self.worker.set.flush(max(deadline, time.monotonic() + 0.1))
-        for ex in self.worker.exporters:
-            forget = getattr(ex, "forget_open", None)
-            if callable(forget):
-                forget()
+        self.worker.set.each("forget_open")
         self.worker.set.shutdown(deadline, floor_s=0.1)
         for s in self._streams.values():
             s.close()
