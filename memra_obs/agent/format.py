@@ -1,10 +1,8 @@
-"""The ring file's layout and the codec of every record that travels through it (one file
-per worker process; the whole layout is drawn in docs/AGENT.md). A slot is ``seq | meta |
-payload``: ``seq`` is its absolute position + 1, ``meta`` is ``rec << 16 | kind << 8 | span``,
-``rec`` numbering records so that losses count in records whatever their size. The session
-table keeps each open session's SessionRecord, so an agent that lost or never saw one still
-has its context. Little-endian throughout; nothing here touches a file.
-"""
+"""The ring file's layout (README, "Ring format") and the codec of its records. A slot is
+``seq | meta | payload``: ``seq`` its absolute position + 1, ``meta`` ``rec << 16 | kind << 8 |
+span``, ``rec`` numbering records so that losses count in records whatever their size. The
+session table keeps each open session's SessionRecord for an agent that lost or never saw it.
+Little-endian throughout; nothing here touches a file."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ attached, read and counted on its own: one that breaks a rule is reported once a
 from __future__ import annotations
 
 import fcntl
+import glob
 import itertools
 import os
 import threading
@@ -42,8 +43,8 @@ class Agent:
                  batch_slots: int = 4096, poll_s: float = 0.02, cleanup: bool = True) -> None:  # fmt: skip
         self.directory, self.batch_slots = directory, batch_slots
         self.poll_s, self.cleanup = poll_s, cleanup
-        self.worker = ExportWorker(self, exporters, interval_ms=poll_s * 1000, stretch_ms=0,
-                                   max_batch=1, tick_s=TICK_S)  # fmt: skip
+        # Its thread never starts: each pass is one batch, driven by step().
+        self.worker = ExportWorker(self, exporters, tick_s=TICK_S)
         self._streams: dict[str, RingStream] = {}
         #: Rings not to attach again: read to the end but kept, or dropped as bad.
         self._skip: set[str] = set()
@@ -84,14 +85,10 @@ class Agent:
         s.accounted = now
 
     def _discover(self) -> None:
-        try:
-            names = [e.name for e in os.scandir(self.directory)]
-        except OSError:
-            return
         known = self._streams.keys() | self._skip
-        for name in names:
-            path = os.path.join(self.directory, name)
-            if name.startswith(".") or not name.endswith(".ring") or path in known:
+        # glob skips dot names (rings being created) and says nothing of a directory gone
+        for path in glob.glob(os.path.join(glob.escape(self.directory), "*.ring")):
+            if path in known:
                 continue
             try:
                 self._streams[path] = RingStream(path, self._ids)
@@ -127,9 +124,7 @@ class Agent:
             try:
                 if scan:
                     s.writer_gone()  # sticky; read to the end below before retiring
-                s.publish(batch, self.batch_slots)
-                if s.gone and s.caught_up() and not s.trouble:
-                    s.close_open(batch)
+                if s.publish(batch, self.batch_slots):
                     self._done.append(s)
             except Exception as exc:  # a damaged ring (or a bug): drop it, keep the rest
                 self._drop(s, exc)
@@ -156,8 +151,6 @@ class Agent:
     def pending(self) -> bool:
         """Some ring holds more than its last pass read (the batch limit was hit)."""
         return any(not s.caught_up() for s in self._streams.values())
-
-    # -- running -------------------------------------------------------------------------
 
     def step(self) -> int:
         """One pass, exported: returns records handed to the exporters."""

@@ -58,7 +58,7 @@ class AgentCollector(Collector):
 
 
 def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None = None,
-                registry: Any = None, exporters: Sequence[RecordExporter] = (), serve: bool = True,
+                registry: Any = None, exporters: Sequence[RecordExporter] = (),
                 machine: str | None = None, **agent_kw: Any) -> tuple[Agent, list[Callable[[], None]], Any]:  # fmt: skip
     """The agent the environment asks for: ``(agent, closers, metrics_server_or_None)``.
 
@@ -72,7 +72,7 @@ def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None =
     st = Settings.resolve(env, **knobs)
     directory = ring_directory(directory or st.agent or default_directory())
     registry = CollectorRegistry() if registry is None else registry
-    built = build_exporters(st, worker_label=True, registry=registry, env=env, serve=serve)
+    built = build_exporters(st, worker_label=True, registry=registry, env=env)
     try:
         agent = Agent(directory, [*exporters, *built.all], **agent_kw)
     except BaseException:
@@ -135,29 +135,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         set_priority(args.priority)
-        return _serve(args, stop)
+        agent, closers, server = build_agent(
+            args.dir, poll_s=args.poll_ms / 1e3, cleanup=not args.keep
+        )
+        metrics = "" if server is None else f"; /metrics on {server.url}"
+        print(f"[memra-obs agent] publishing rings in {agent.directory}{metrics}", file=sys.stderr)
+        try:
+            if args.once:
+                agent.drain()
+            else:
+                agent.run(stop)
+        finally:
+            agent.close()
+            for close in closers:
+                close()
+        published = sum(c[0] for c in agent.counts().values())
+        print(f"[memra-obs agent] done: published={published} lost={agent.lost_total()} "
+              f"rings_removed={agent.rings_removed}", file=sys.stderr, flush=True)  # fmt: skip
+        return 0
     except AgentBusy as exc:
         print(f"memra-obs agent: {exc}", file=sys.stderr)
         return 2
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
-
-
-def _serve(args: argparse.Namespace, stop: threading.Event) -> int:
-    agent, closers, server = build_agent(args.dir, poll_s=args.poll_ms / 1e3, cleanup=not args.keep)
-    metrics = "" if server is None else f"; /metrics on {server.url}"
-    print(f"[memra-obs agent] publishing rings in {agent.directory}{metrics}", file=sys.stderr)
-    try:
-        if args.once:
-            agent.drain()
-        else:
-            agent.run(stop)
-    finally:
-        agent.close()
-        for close in closers:
-            close()
-    published = sum(c[0] for c in agent.counts().values())
-    print(f"[memra-obs agent] done: published={published} lost={agent.lost_total()} "
-          f"rings_removed={agent.rings_removed}", file=sys.stderr, flush=True)  # fmt: skip
-    return 0

@@ -268,8 +268,9 @@ class RingStream(RingReader):
         #: What the agent's totals hold of this ring's (read, lost, written).
         self.accounted = (0, 0, 0)
 
-    def publish(self, out: list[Record], max_slots: int = 4096) -> None:
-        """Append the next records (remapped, context first) to ``out``."""
+    def publish(self, out: list[Record], max_slots: int) -> bool:
+        """Append the next records (remapped, context first) to ``out``; True once the writer
+        is gone and all is read (its sessions still open are then ended, ``WorkerGone``)."""
         lost0, self._table = self.overwritten, None
         for pos, kind, rec in self.poll(max_slots):
             if kind == F.KIND_SESSION:
@@ -292,6 +293,11 @@ class RingStream(RingReader):
             for sid in [s for s, st in self._open.items() if st.in_table and st.sr_pos < before]:
                 if sid not in table:  # it ended, and its end record lies below the cursor
                     self._end(sid, "RingOverrun", out)
+        if not (self.gone and self.caught_up() and not self.trouble):
+            return False
+        for sid in list(self._open):
+            self._end(sid, "WorkerGone", out)
+        return True
 
     def _start(self, srec: SessionRecord, in_table: bool, pos: int, out: list[Record]) -> _Open:
         if len(self._open) >= MAX_OPEN:  # ends lost without a trace: do not grow forever
@@ -318,11 +324,6 @@ class RingStream(RingReader):
         st = self._open.pop(sid)
         self.synthesized += 1
         out.append(SessionEndRecord(st.gid, st.last_ns, st.rounds, st.bursts, st.tokens, error))
-
-    def close_open(self, out: list[Record]) -> None:
-        """The writer is gone and everything is read: end its sessions still open."""
-        for sid in list(self._open):
-            self._end(sid, "WorkerGone", out)
 
     def stats(self) -> dict[str, Any]:
         return {"worker": self.worker, "path": self.path, "read": self.read, "lost": self.lost,
