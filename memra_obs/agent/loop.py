@@ -1,9 +1,7 @@
-"""``memra-obs agent``'s engine: every ring in the directory read in passes, each pass one
-batch to the exporters, each cursor persisted once its batch is out (at-least-once, exactly
-once across a graceful restart). The :class:`Agent` is the RecordSource of the same
-:class:`~memra_obs.export.ExportWorker` loop that drains an in-process queue. Each ring is
-attached, read and counted on its own: one that breaks a rule is reported once and dropped.
-"""
+"""``memra-obs agent``'s engine: the rings of a directory read in passes, each pass one batch
+to the exporters, each cursor persisted once its batch is out (at-least-once; exactly once
+across a graceful restart), as the RecordSource of the ExportWorker that drains in-process
+queues. Each ring is attached, read and counted on its own: one breaking a rule is dropped."""
 
 from __future__ import annotations
 
@@ -23,7 +21,6 @@ from .reader import RingStream
 
 __all__ = ["Agent", "AgentBusy"]
 
-LOCK_NAME = ".agent.lock"
 #: How often to look for new rings and dead writers, and to tick the exporters.
 SCAN_S, TICK_S = 0.25, 0.2
 
@@ -33,11 +30,8 @@ class AgentBusy(RuntimeError):
 
 
 class Agent:
-    """Publishes every ring in ``directory`` to ``exporters``.
-
-    ``batch_slots``: slots read per ring per pass; ``poll_s``: sleep after a pass that caught
-    up; ``cleanup``: remove a ring once its writer is gone and it is read.
-    """
+    """Publishes every ring in ``directory`` to ``exporters``: ``batch_slots`` slots a ring a
+    pass, ``poll_s`` asleep after a pass that caught up; ``cleanup`` removes finished rings."""
 
     def __init__(self, directory: str, exporters: Sequence[RecordExporter], *,
                  batch_slots: int = 4096, poll_s: float = 0.02, cleanup: bool = True) -> None:  # fmt: skip
@@ -56,7 +50,7 @@ class Agent:
         self.totals: dict[str, tuple[int, int, int]] = {}
         self.rings_removed = 0
         os.makedirs(directory, exist_ok=True)
-        lock = os.path.join(directory, LOCK_NAME)
+        lock = os.path.join(directory, ".agent.lock")
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:  # held for life: one agent per directory
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

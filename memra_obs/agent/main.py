@@ -59,14 +59,11 @@ class AgentCollector(Collector):
 
 def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None = None,
                 registry: Any = None, exporters: Sequence[RecordExporter] = (),
-                machine: str | None = None, **agent_kw: Any) -> tuple[Agent, list[Callable[[], None]], Any]:  # fmt: skip
-    """The agent the environment asks for: ``(agent, closers, metrics_server_or_None)``.
-
-    Sinks: ``MEMRA_OBS_SINKS`` (unset = ``otel,prometheus``). Spans go where the in-process
-    observer would send them; metrics to a fresh registry served on ``MEMRA_OBS_METRICS_ADDR``,
-    every series labelled ``worker``. ``machine`` stands in for the CPU's (tests).
-    """
-    check_cpu(machine)
+                **agent_kw: Any) -> tuple[Agent, list[Callable[[], None]], Any]:  # fmt: skip
+    """The agent the environment asks for: ``(agent, closers, metrics_server_or_None)``, sinks
+    ``MEMRA_OBS_SINKS`` (unset = ``otel,prometheus``): spans where the in-process observer sends
+    them, metrics labelled ``worker`` to a fresh registry served on ``MEMRA_OBS_METRICS_ADDR``."""
+    check_cpu()
     env = os.environ if env is None else env
     knobs = {} if env.get(MEMRA_OBS_SINKS, "").strip() else {"sinks": "otel,prometheus"}
     st = Settings.resolve(env, **knobs)

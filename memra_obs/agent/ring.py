@@ -30,9 +30,9 @@ from . import format as F
 __all__ = ["RingSink", "check_cpu", "ring_directory"]
 
 
-def check_cpu(machine: str | None = None) -> None:
+def check_cpu() -> None:
     """Agent mode's lock-free ring relies on x86-64's store order; refuse it anywhere else."""
-    m = platform.machine() if machine is None else machine
+    m = platform.machine()
     if m not in ("x86_64", "AMD64"):
         raise ConfigError(f"agent mode ({MEMRA_OBS_AGENT}, memra-obs agent) needs an x86-64 CPU, "
                           f"this one is {m!r}: the ring relies on x86-64 store order; publish "
@@ -77,11 +77,10 @@ class RingSink(Sink):
         os.register_at_fork(after_in_child=lambda: [m() for m in (after(),) if m is not None])
 
     @classmethod
-    def create(cls, directory: str, *, worker: str = "", slots: int = 1 << 16,
-               machine: str | None = None) -> RingSink:  # fmt: skip
+    def create(cls, directory: str, *, worker: str = "", slots: int = 1 << 16) -> RingSink:
         """The ring for this process in ``directory`` (made if missing); a CPU or directory that
-        cannot hold it is a start-up error. ``machine`` stands in for the CPU's (tests)."""
-        check_cpu(machine)
+        cannot hold it is a start-up error."""
+        check_cpu()
         directory = ring_directory(directory)
         try:
             sink = cls(directory, worker=worker, slots=slots)
@@ -198,7 +197,7 @@ class RingSink(Sink):
             try:
                 payload = F.encode(rec, True)[1]
                 fits = self._free and len(payload) <= F.TABLE_ENTRY - F.TABLE_HDR
-                entry = self._free.pop() if fits else -1
+                entry = self._free[-1] if fits else -1
                 if entry < 0:
                     payload = F.encode(rec, False)[1]
                     self._count(table_full=1)
@@ -206,9 +205,7 @@ class RingSink(Sink):
                 self._count(refused=1)
                 return
             if self._write(F.KIND_SESSION, payload, entry, rec.session) and entry >= 0:
-                self._entry[rec.session] = entry
-            elif entry >= 0:
-                self._free.append(entry)
+                self._entry[rec.session] = self._free.pop()  # taken once it is published
 
     def on_session_end(self, rec: SessionEndRecord) -> None:
         self._put(rec)
