@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -92,12 +93,10 @@ def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None =
 def set_priority(priority: str) -> None:
     """On a contended core a runnable agent delays a loop's wake-up; ``idle`` may starve it
     instead (the rings then overflow, counted)."""
-    if priority == "idle" and hasattr(os, "SCHED_IDLE"):
-        try:
+    if priority == "idle":
+        with contextlib.suppress(AttributeError, OSError):  # no SCHED_IDLE here: nice 10
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
             return
-        except OSError:
-            priority = "low"
     if priority in ("idle", "low"):
         os.nice(10)
 
