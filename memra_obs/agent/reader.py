@@ -140,10 +140,11 @@ class RingReader:
     def caught_up(self) -> bool:
         return self.pos >= self.last.head
 
-    def _walk(self, start: int, stop: int, end: int) -> Iterator[tuple[int, int, int, int, bytes]]:
+    def _walk(self, start: int, stop: int, top: int) -> Iterator[tuple[int, int, int, int, bytes]]:
         """(position, span, record number, kind, payload) of each record starting in [start,
-        stop), from a copy of [start, end) taken now (``end``: head, or room enough past stop)."""
+        stop), from a copy taken now of what lies below ``top`` up to one record past stop."""
         geo, x = self.geo, start & self.geo.mask
+        end = min(top, stop + F.MAXSPAN)
         first = min(end - start, geo.slots - x)
         buf = self._pread(first * F.SLOT, geo.data_off + x * F.SLOT)
         if end - start > first:
@@ -180,7 +181,7 @@ class RingReader:
             head, pos = self.state().head, self.pos
             start = max(pos, head - self.geo.slots)
             stop = min(head, start + max_slots)
-            for x, span, rec, kind, payload in self._walk(start, stop, min(head, stop + F.MAXSPAN)):
+            for x, span, rec, kind, payload in self._walk(start, stop, head):
                 n = rec - self.rec  # records lost in between: they fill [pos, x) exactly
                 if not 0 <= n <= x - self.pos <= F.MAXSPAN * n:
                     raise FormatError(f"{self.path}: record {rec} at {x} after {self.rec - 1}")
@@ -224,8 +225,7 @@ class RingReader:
         """SessionRecords still in the ring below ``pos`` (a previous agent read them)."""
         out: Sessions = {}
         for a in range(max(0, self.state().head - self.geo.slots), pos, 4096):
-            stop = min(pos, a + 4096)
-            for x, _, _, kind, payload in self._walk(a, stop, min(pos, stop + F.MAXSPAN)):
+            for x, _, _, kind, payload in self._walk(a, min(pos, a + 4096), pos):
                 if kind == F.KIND_SESSION:
                     rec, in_table = F.decode(kind, payload)
                     out[rec.session] = (rec, in_table, x)
