@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from memra_obs.agent import format as F
-from memra_obs.agent.loop import Agent
-from memra_obs.agent.main import build_agent
+from memra_obs.agent.main import Agent, build_agent
 from memra_obs.agent.reader import FormatError, RingReader
 from memra_obs.agent.ring import RingSink
 from memra_obs.environment import ConfigError
