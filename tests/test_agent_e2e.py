@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from memra_obs.agent.format import KIND_SESSION
-from memra_obs.agent.loop import Agent
+from memra_obs.agent.main import Agent
 from memra_obs.agent.reader import RingReader
 from memra_obs.timeline import BurstRecord, RoundRecord, SessionEndRecord, SessionRecord
 

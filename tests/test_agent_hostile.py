@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -19,8 +20,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from memra_obs.agent import format as F
-from memra_obs.agent.loop import Agent
-from memra_obs.agent.main import build_agent
+from memra_obs.agent.main import Agent, build_agent
 from memra_obs.agent.reader import FormatError, RingReader
 from memra_obs.agent.ring import RingSink
 from memra_obs.environment import ConfigError
@@ -353,7 +353,7 @@ def agent_made(cap: Collect) -> int:
     )
 
 
-def test_agent_mode_refuses_a_cpu_other_than_x86_64(tmp_path):
+def test_agent_mode_refuses_a_cpu_other_than_x86_64(tmp_path, monkeypatch):
     """On a CPU other than x86-64 the worker's ring and `memra-obs agent` both refuse to
     start, with one line (exit 2 from the command line)."""
     fake = "import platform, sys; platform.machine = lambda: 'aarch64'; from memra_obs.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -373,10 +373,11 @@ def test_agent_mode_refuses_a_cpu_other_than_x86_64(tmp_path):
             == [ln for ln in p.stderr.splitlines() if "x86-64" in ln]
             != []
         )
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     with pytest.raises(ConfigError, match="x86-64"):
-        RingSink.create(str(tmp_path), machine="aarch64")
+        RingSink.create(str(tmp_path))
     with pytest.raises(ConfigError, match="x86-64"):
-        build_agent(str(tmp_path), env={"MEMRA_OBS_METRICS_ADDR": ""}, machine="aarch64")
+        build_agent(str(tmp_path), env={"MEMRA_OBS_METRICS_ADDR": ""})
     assert not list(tmp_path.glob("*.ring"))
 
 

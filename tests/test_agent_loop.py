@@ -11,8 +11,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from memra_obs.agent.loop import Agent, AgentBusy
-from memra_obs.agent.main import build_agent
+from memra_obs.agent.main import Agent, AgentBusy, build_agent
 from memra_obs.agent.ring import RingSink
 from memra_obs.observer import Observer
 from memra_obs.timeline import (

@@ -373,6 +373,8 @@ def test_ring_directory_and_slots_knob(tmp_path):
     for bad in ("100", "32", "x"):
         with pytest.raises(ConfigError, match="MEMRA_OBS_RING_SLOTS"):
             Settings.resolve({"MEMRA_OBS_RING_SLOTS": bad})
-    sink = RingSink.create(str(tmp_path), env={"MEMRA_OBS_RING_SLOTS": "256"})
+    sink = RingSink.create(
+        str(tmp_path), slots=Settings.resolve({"MEMRA_OBS_RING_SLOTS": "256"}).ring_slots
+    )
     assert RingReader(sink.path).geo.slots == 256
     sink.shutdown()

@@ -1,15 +1,12 @@
-"""The ring file's layout and the codec of every record that travels through it (one file
-per worker process; the whole layout is drawn in docs/AGENT.md). A slot is ``seq | meta |
-payload``: ``seq`` is its absolute position + 1, ``meta`` is ``rec << 16 | kind << 8 | span``,
-``rec`` numbering records so that losses count in records whatever their size. The session
-table keeps each open session's SessionRecord, so an agent that lost or never saw one still
-has its context. Little-endian throughout; nothing here touches a file.
-"""
+"""The ring file's layout (README, "Ring format") and the codec of its records. A slot is
+``seq | meta | payload``: ``seq`` its absolute position + 1, ``meta`` ``rec << 16 | kind << 8 |
+span``, ``rec`` numbering records so that losses count in records whatever their size. The
+session table keeps each open session's SessionRecord for an agent that lost or never saw it.
+Little-endian throughout; nothing here touches a file."""
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 from typing import Any
 
 from ..records import FIRST_TOKEN_FIELDS, FIRST_TOKEN_MS_FIELDS, SpecFirstTokenProf, SpecPhaseNs
@@ -93,100 +90,73 @@ class _Cursor:
         return self.take(struct.Struct(f"{n}s"))[0].decode("utf-8")
 
 
-def _enc_session(r: SessionRecord, in_table: bool) -> bytes:
-    return _SESSION.pack(
-        r.session, r.start_ns_mono, r.anchor_ns_mono, r.anchor_ns_epoch, r.trace_id >> 64,
-        r.trace_id & (1 << 64) - 1, r.span_id, r.parent_span_id, r.level, r.prof, in_table,
-    ) + b"".join(_s(t) for t in (r.family, r.tag, r.tag_v, r.worker, r.clock))  # fmt: skip
-
-
-def _dec_session(c: _Cursor) -> tuple[SessionRecord, bool]:
-    sid, start, am, ae, thi, tlo, span, parent, level, prof, in_table = c.take(_SESSION)
-    family, tag, tag_v, worker, clock = (c.text() for _ in range(5))
-    rec = SessionRecord(sid, family, tag, tag_v, worker, start, am, ae, thi << 64 | tlo, span,
-                        parent, level, bool(prof), clock)  # fmt: skip
-    return rec, bool(in_table)
-
-
-def _enc_round(r: RoundRecord) -> tuple[int, bytes]:
-    sid, burst, index, t, k, j, ctx, seq_rows, split, _ = r
-    body = _ROUND_BODY.pack(sid, burst, index, *t, k, j, ctx, seq_rows)
-    return (KIND_ROUND, body) if split is None else (KIND_ROUND_SPLIT, body + _SPLIT.pack(*split))
-
-
-def _dec_round(c: _Cursor, split: bool) -> RoundRecord:
-    sid, burst, index, *t, k, j, ctx, seq = c.take(_ROUND_BODY)
-    return RoundRecord(sid, burst, index, tuple(t), k, j, ctx, seq,
-                       c.take(_SPLIT) if split else None)  # fmt: skip
-
-
-def _enc_burst(r: BurstRecord) -> tuple[int, bytes]:
-    p, split = r.phases, r.split_ns
-    body = _BURST.pack(r.session, r.index, r.k, r.start_ns_mono, r.end_ns_mono, p.draft,
-                       p.verify, p.accept, p.roll, p.maint, p.rounds, r.tokens, r.hook_ns,
-                       r.first_round)  # fmt: skip
-    return (KIND_BURST, body) if split is None else (KIND_BURST_SPLIT, body + _SPLIT.pack(*split))
-
-
-def _dec_burst(c: _Cursor, split: bool) -> BurstRecord:
-    sid, index, k, start, end, *phases, tokens, hook, first = c.take(_BURST)
-    return BurstRecord(sid, index, k, start, end, SpecPhaseNs(*phases),
-                       c.take(_SPLIT) if split else None, tokens, hook, first)  # fmt: skip
-
-
-def _enc_first_token(r: FirstTokenRecord) -> bytes:
-    p = r.prof
-    out = [U64.pack(r.session), _FT_MS.pack(*(getattr(p, f) for f in FIRST_TOKEN_MS_FIELDS)),
-           _FT_COUNTS.pack(*(getattr(p, f) for f in _FT_COUNT_FIELDS), p.draft_kv_mb),
-           _s(p.draft_prime_arm)]  # fmt: skip
-    for pairs in (p.free_mb_before, p.free_mb_after):
-        out += [_STR.pack(len(pairs)), *(_PAIR.pack(o, mb) for o, mb in pairs)]
-    out += [_STR.pack(len(r.intervals)), *(_s(n) + _PAIR.pack(a, b) for n, a, b in r.intervals)]
-    return b"".join(out)
-
-
-def _dec_first_token(c: _Cursor) -> FirstTokenRecord:
-    (sid,) = c.take(U64)
-    kw: dict[str, Any] = dict(zip(FIRST_TOKEN_MS_FIELDS, c.take(_FT_MS), strict=True))
-    *counts, kw["draft_kv_mb"] = c.take(_FT_COUNTS)
-    kw.update(zip(_FT_COUNT_FIELDS, counts, strict=True), draft_prime_arm=c.text())
-    for name in ("free_mb_before", "free_mb_after"):
-        kw[name] = [c.take(_PAIR) for _ in range(c.take(_STR)[0])]
-    ivs = tuple((c.text(), *c.take(_PAIR)) for _ in range(c.take(_STR)[0]))
-    return FirstTokenRecord(sid, SpecFirstTokenProf(**kw), ivs)
-
-
-def _dec_end(c: _Cursor) -> SessionEndRecord:
-    sid, end, rounds, bursts, tokens = c.take(_END)
-    return SessionEndRecord(sid, end, rounds, bursts, tokens, c.text(), c.text())
-
-
-def encode(rec: Any, in_table: bool = False) -> tuple[int, bytes]:
+def encode(r: Any, in_table: bool = False) -> tuple[int, bytes]:
     """``(kind, payload)`` of a record; raises on a value the format cannot hold (the writer
     counts those as refused). ``in_table``: the writer's table will show this session's end."""
-    t = type(rec)
+    t = type(r)
     if t is RoundRecord:
-        return _enc_round(rec)
+        sid, burst, index, ts, k, j, ctx, seq_rows, split, _ = r
+        body = _ROUND_BODY.pack(sid, burst, index, *ts, k, j, ctx, seq_rows)
+        if split is None:
+            return KIND_ROUND, body
+        return KIND_ROUND_SPLIT, body + _SPLIT.pack(*split)
     if t is BurstRecord:
-        return _enc_burst(rec)
+        p, split = r.phases, r.split_ns
+        body = _BURST.pack(r.session, r.index, r.k, r.start_ns_mono, r.end_ns_mono, p.draft,
+                           p.verify, p.accept, p.roll, p.maint, p.rounds, r.tokens, r.hook_ns,
+                           r.first_round)  # fmt: skip
+        if split is None:
+            return KIND_BURST, body
+        return KIND_BURST_SPLIT, body + _SPLIT.pack(*split)
     if t is SessionRecord:
-        return KIND_SESSION, _enc_session(rec, in_table)
+        return KIND_SESSION, _SESSION.pack(
+            r.session, r.start_ns_mono, r.anchor_ns_mono, r.anchor_ns_epoch, r.trace_id >> 64,
+            r.trace_id & (1 << 64) - 1, r.span_id, r.parent_span_id, r.level, r.prof, in_table,
+        ) + b"".join(_s(x) for x in (r.family, r.tag, r.tag_v, r.worker, r.clock))  # fmt: skip
     if t is FirstTokenRecord:
-        return KIND_FIRST_TOKEN, _enc_first_token(rec)
+        p = r.prof
+        out = [U64.pack(r.session), _FT_MS.pack(*(getattr(p, f) for f in FIRST_TOKEN_MS_FIELDS)),
+               _FT_COUNTS.pack(*(getattr(p, f) for f in _FT_COUNT_FIELDS), p.draft_kv_mb),
+               _s(p.draft_prime_arm)]  # fmt: skip
+        for pairs in (p.free_mb_before, p.free_mb_after):
+            out += [_STR.pack(len(pairs)), *(_PAIR.pack(o, mb) for o, mb in pairs)]
+        out += [_STR.pack(len(r.intervals)), *(_s(n) + _PAIR.pack(a, b) for n, a, b in r.intervals)]
+        return KIND_FIRST_TOKEN, b"".join(out)
     if t is SessionEndRecord:
-        return KIND_SESSION_END, _END.pack(rec.session, rec.end_ns_mono, rec.rounds, rec.bursts,
-                                           rec.tokens) + _s(rec.error) + _s(rec.advice)  # fmt: skip
+        return KIND_SESSION_END, _END.pack(r.session, r.end_ns_mono, r.rounds, r.bursts,
+                                           r.tokens) + _s(r.error) + _s(r.advice)  # fmt: skip
     raise TypeError(f"{t.__name__} does not travel through the ring")
-
-
-DECODERS: dict[int, Callable[[_Cursor], Any]] = {
-    KIND_SESSION: _dec_session, KIND_FIRST_TOKEN: _dec_first_token, KIND_SESSION_END: _dec_end,
-    KIND_ROUND: lambda c: _dec_round(c, False), KIND_ROUND_SPLIT: lambda c: _dec_round(c, True),
-    KIND_BURST: lambda c: _dec_burst(c, False), KIND_BURST_SPLIT: lambda c: _dec_burst(c, True),
-}  # fmt: skip
 
 
 def decode(kind: int, payload: bytes) -> Any:
     """The record of ``kind`` in ``payload`` (a SessionRecord comes back as ``(record,
     in_table)``); raises on an unknown kind or a payload that does not parse."""
-    return DECODERS[kind](_Cursor(bytes(payload)))
+    c = _Cursor(bytes(payload))
+    if kind in (KIND_ROUND, KIND_ROUND_SPLIT):
+        sid, burst, index, *ts, k, j, ctx, seq = c.take(_ROUND_BODY)
+        split = c.take(_SPLIT) if kind == KIND_ROUND_SPLIT else None
+        return RoundRecord(sid, burst, index, tuple(ts), k, j, ctx, seq, split)
+    if kind in (KIND_BURST, KIND_BURST_SPLIT):
+        sid, index, k, start, end, *phases, tokens, hook, first = c.take(_BURST)
+        split = c.take(_SPLIT) if kind == KIND_BURST_SPLIT else None
+        phases_ns = SpecPhaseNs(*phases)
+        return BurstRecord(sid, index, k, start, end, phases_ns, split, tokens, hook, first)
+    if kind == KIND_SESSION:
+        sid, start, am, ae, thi, tlo, span, parent, level, prof, in_table = c.take(_SESSION)
+        family, tag, tag_v, worker, clock = (c.text() for _ in range(5))
+        rec = SessionRecord(sid, family, tag, tag_v, worker, start, am, ae, thi << 64 | tlo, span,
+                            parent, level, bool(prof), clock)  # fmt: skip
+        return rec, bool(in_table)
+    if kind == KIND_FIRST_TOKEN:
+        (sid,) = c.take(U64)
+        kw: dict[str, Any] = dict(zip(FIRST_TOKEN_MS_FIELDS, c.take(_FT_MS), strict=True))
+        *counts, kw["draft_kv_mb"] = c.take(_FT_COUNTS)
+        kw.update(zip(_FT_COUNT_FIELDS, counts, strict=True), draft_prime_arm=c.text())
+        for name in ("free_mb_before", "free_mb_after"):
+            kw[name] = [c.take(_PAIR) for _ in range(c.take(_STR)[0])]
+        ivs = tuple((c.text(), *c.take(_PAIR)) for _ in range(c.take(_STR)[0]))
+        return FirstTokenRecord(sid, SpecFirstTokenProf(**kw), ivs)
+    if kind == KIND_SESSION_END:
+        sid, end, rounds, bursts, tokens = c.take(_END)
+        return SessionEndRecord(sid, end, rounds, bursts, tokens, c.text(), c.text())
+    raise ValueError(f"no record kind {kind}")

@@ -1,14 +1,23 @@
-"""``memra-obs agent``: the exporters the environment asks for around an :class:`Agent`
-(:func:`build_agent`), the agent's own health on its ``/metrics``, and the command."""
+"""``memra-obs agent``: the :class:`Agent` that reads a directory's rings in passes, each pass
+one batch to the exporters, each cursor persisted once its batch is out (at-least-once; exactly
+once across a graceful restart), as the RecordSource of the ExportWorker that drains in-process
+queues; the exporters the environment asks for around it (:func:`build_agent`), its own health
+on its ``/metrics``, and the command. Each ring is attached, read and counted on its own: one
+breaking a rule is dropped."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import glob
+import itertools
 import os
 import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -16,13 +25,186 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..diagnostics import say_once
 from ..environment import MEMRA_OBS_AGENT, MEMRA_OBS_SINKS, ConfigError, Settings
-from ..export import RecordExporter
+from ..export import ExportWorker, RecordExporter
+from ..timeline import Record
 from ..wiring import build_exporters
-from .loop import Agent, AgentBusy
+from .reader import RingStream
 from .ring import check_cpu, ring_directory
 
-__all__ = ["AgentCollector", "build_agent", "default_directory", "main"]
+__all__ = ["Agent", "AgentBusy", "AgentCollector", "build_agent", "default_directory", "main"]
+
+#: How often to look for new rings and dead writers, and to tick the exporters.
+SCAN_S, TICK_S = 0.25, 0.2
+
+
+class AgentBusy(RuntimeError):
+    """Another agent already publishes this directory."""
+
+
+class Agent:
+    """Publishes every ring in ``directory`` to ``exporters``: ``batch_slots`` slots a ring a
+    pass, ``poll_s`` asleep after a pass that caught up; ``cleanup`` removes finished rings."""
+
+    def __init__(self, directory: str, exporters: Sequence[RecordExporter], *,
+                 batch_slots: int = 4096, poll_s: float = 0.02, cleanup: bool = True) -> None:  # fmt: skip
+        self.directory, self.batch_slots = directory, batch_slots
+        self.poll_s, self.cleanup = poll_s, cleanup
+        # Its thread never starts: each pass is one batch, driven by step().
+        self.worker = ExportWorker(self, exporters, tick_s=TICK_S)
+        self._streams: dict[str, RingStream] = {}
+        #: Rings not to attach again: read to the end but kept, or dropped as bad.
+        self._skip: set[str] = set()
+        self._ids = itertools.count(1)
+        self._next_scan = 0.0
+        self._polled: list[RingStream] = []
+        self._done: list[RingStream] = []
+        #: worker -> (records read, lost, written) over every ring so far (a scrape reads it).
+        self.totals: dict[str, tuple[int, int, int]] = {}
+        self.rings_removed = 0
+        os.makedirs(directory, exist_ok=True)
+        lock = os.path.join(directory, ".agent.lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:  # held for life: one agent per directory
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise AgentBusy(f"another memra-obs agent is publishing {directory}") from None
+        self._lock_fd = fd
+
+    @property
+    def rings(self) -> int:
+        return len(self._streams)
+
+    def lost_total(self) -> int:
+        """Records that never reached the exporters, over every ring (the dropped counter)."""
+        return sum(t[1] for t in list(self.totals.values()))
+
+    def counts(self) -> dict[str, tuple[int, int, int]]:
+        """worker -> (read, lost, written); ``read + lost == written`` once a ring is read."""
+        return dict(self.totals)
+
+    def _account(self, s: RingStream, now: tuple[int, int, int]) -> None:
+        r, lost, w = self.totals.get(s.worker, (0, 0, 0))
+        a = s.accounted
+        # One tuple swapped in: a scrape sees a worker's three counts from one moment.
+        self.totals[s.worker] = (r + now[0] - a[0], lost + now[1] - a[1], w + now[2] - a[2])
+        s.accounted = now
+
+    def _discover(self) -> None:
+        known = self._streams.keys() | self._skip
+        # glob skips dot names (rings being created) and says nothing of a directory gone
+        for path in glob.glob(os.path.join(glob.escape(self.directory), "*.ring")):
+            if path in known:
+                continue
+            try:
+                self._streams[path] = RingStream(path, self._ids)
+            except FileNotFoundError:
+                continue  # removed meanwhile
+            except Exception as exc:
+                if not isinstance(exc, OSError):  # a file may become readable; a bad ring stays bad
+                    self._skip.add(path)
+                say_once(f"agent-ring:{path}", f"agent: skipping {path}: {exc}")
+
+    def _drop(self, s: RingStream, exc: BaseException) -> None:
+        say_once(f"agent-ring:{s.path}", f"agent: dropping {s.path} ({exc}); what it holds from "
+                 "here on is neither published nor counted")  # fmt: skip
+        r, lost, written = s.accounted  # its records published count; nothing it claims does
+        self._account(s, (s.read, lost, written + s.read - r))
+        del self._streams[s.path]
+        self._skip.add(s.path)
+        s.close()
+
+    # -- the RecordSource side -----------------------------------------------------------
+
+    def take(self, limit: int = 0) -> list[Record]:
+        """One pass (a batch: ``limit`` is not used); rings whose writer is gone and that are
+        read retire once it is out."""
+        now = time.monotonic()
+        scan = now >= self._next_scan
+        if scan:
+            self._next_scan = now + SCAN_S
+            self._discover()
+        batch: list[Record] = []
+        self._polled, self._done = [], []
+        for s in list(self._streams.values()):
+            try:
+                if scan:
+                    s.writer_gone()  # sticky; read to the end below before retiring
+                if s.publish(batch, self.batch_slots):
+                    self._done.append(s)
+            except Exception as exc:  # a damaged ring (or a bug): drop it, keep the rest
+                self._drop(s, exc)
+                continue
+            self._polled.append(s)
+        if not batch:
+            self.taken()  # nothing to export: commit and retire now
+        return batch
+
+    def taken(self) -> None:
+        """The pass is exported: count it, persist each cursor, retire finished rings."""
+        for s in self._polled:
+            s.commit()
+            if not s.trouble:  # a ring in doubt is counted once it reads clean again
+                self._account(s, (s.read, s.lost, s.written))
+        for s in self._done:
+            del self._streams[s.path]
+            self.rings_removed += 1
+            s.close(unlink=self.cleanup)
+            if not self.cleanup or os.path.exists(s.path):
+                self._skip.add(s.path)
+        self._polled, self._done = [], []
+
+    def pending(self) -> bool:
+        """Some ring holds more than its last pass read (the batch limit was hit)."""
+        return any(not s.caught_up() for s in self._streams.values())
+
+    def step(self) -> int:
+        """One pass, exported: returns records handed to the exporters."""
+        return self.worker.drain_once()
+
+    def drain(self, timeout_s: float = 10.0) -> bool:
+        """Publish what every ring holds now, retiring finished rings; True if done in time.
+        Live writers are not chased (a busy host would keep a stopping agent forever): the
+        next agent resumes where this one committed."""
+        deadline, self._next_scan = time.monotonic() + timeout_s, 0.0
+        self.step()
+        marks = {s: s.last.head for s in self._streams.values()}
+        while any(s.pos < m or s.trouble for s, m in marks.items() if s.path in self._streams):
+            if time.monotonic() >= deadline:
+                return False
+            self.step()
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        """Until ``stop``: read everything there is, then sleep ``poll_s``. Few wake-ups, big
+        batches: on a host whose loops want every core, each wake-up can delay a loop's."""
+        while not stop.is_set():
+            self.step()
+            if not self.pending():
+                stop.wait(self.poll_s)
+        self.drain()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Flush and shut the exporters down, and release the directory. Sessions still open
+        in a live worker are not ended (the next agent resumes them), and span exporters
+        forget them rather than close them as unfinished: no span appears twice."""
+        if self._lock_fd < 0:
+            return
+        deadline = time.monotonic() + timeout_s
+        self.worker.set.flush(max(deadline, time.monotonic() + 0.1))
+        self.worker.set.each("forget_open")
+        self.worker.set.shutdown(deadline, floor_s=0.1)
+        for s in self._streams.values():
+            s.close()
+        self._streams.clear()
+        os.close(self._lock_fd)
+        self._lock_fd = -1
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [s.stats() for s in self._streams.values()]
+
 
 _COUNTERS = (
     ("memra_obs_agent_records", "Records of a worker the agent read from its ring and published "
@@ -58,21 +240,18 @@ class AgentCollector(Collector):
 
 
 def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None = None,
-                registry: Any = None, exporters: Sequence[RecordExporter] = (), serve: bool = True,
-                machine: str | None = None, **agent_kw: Any) -> tuple[Agent, list[Callable[[], None]], Any]:  # fmt: skip
-    """The agent the environment asks for: ``(agent, closers, metrics_server_or_None)``.
-
-    Sinks: ``MEMRA_OBS_SINKS`` (unset = ``otel,prometheus``). Spans go where the in-process
-    observer would send them; metrics to a fresh registry served on ``MEMRA_OBS_METRICS_ADDR``,
-    every series labelled ``worker``. ``machine`` stands in for the CPU's (tests).
-    """
-    check_cpu(machine)
+                registry: Any = None, exporters: Sequence[RecordExporter] = (),
+                **agent_kw: Any) -> tuple[Agent, list[Callable[[], None]], Any]:  # fmt: skip
+    """The agent the environment asks for: ``(agent, closers, metrics_server_or_None)``, sinks
+    ``MEMRA_OBS_SINKS`` (unset = ``otel,prometheus``): spans where the in-process observer sends
+    them, metrics labelled ``worker`` to a fresh registry served on ``MEMRA_OBS_METRICS_ADDR``."""
+    check_cpu()
     env = os.environ if env is None else env
     knobs = {} if env.get(MEMRA_OBS_SINKS, "").strip() else {"sinks": "otel,prometheus"}
     st = Settings.resolve(env, **knobs)
     directory = ring_directory(directory or st.agent or default_directory())
     registry = CollectorRegistry() if registry is None else registry
-    built = build_exporters(st, worker_label=True, registry=registry, env=env, serve=serve)
+    built = build_exporters(st, worker_label=True, registry=registry, env=env)
     try:
         agent = Agent(directory, [*exporters, *built.all], **agent_kw)
     except BaseException:
@@ -95,12 +274,10 @@ def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None =
 def set_priority(priority: str) -> None:
     """On a contended core a runnable agent delays a loop's wake-up; ``idle`` may starve it
     instead (the rings then overflow, counted)."""
-    if priority == "idle" and hasattr(os, "SCHED_IDLE"):
-        try:
+    if priority == "idle":
+        with contextlib.suppress(AttributeError, OSError):  # no SCHED_IDLE here: nice 10
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
             return
-        except OSError:
-            priority = "low"
     if priority in ("idle", "low"):
         os.nice(10)
 
@@ -135,29 +312,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         set_priority(args.priority)
-        return _serve(args, stop)
+        agent, closers, server = build_agent(
+            args.dir, poll_s=args.poll_ms / 1e3, cleanup=not args.keep
+        )
+        metrics = "" if server is None else f"; /metrics on {server.url}"
+        print(f"[memra-obs agent] publishing rings in {agent.directory}{metrics}", file=sys.stderr)
+        try:
+            if args.once:
+                agent.drain()
+            else:
+                agent.run(stop)
+        finally:
+            agent.close()
+            for close in closers:
+                close()
+        published = sum(c[0] for c in agent.counts().values())
+        print(f"[memra-obs agent] done: published={published} lost={agent.lost_total()} "
+              f"rings_removed={agent.rings_removed}", file=sys.stderr, flush=True)  # fmt: skip
+        return 0
     except AgentBusy as exc:
         print(f"memra-obs agent: {exc}", file=sys.stderr)
         return 2
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
-
-
-def _serve(args: argparse.Namespace, stop: threading.Event) -> int:
-    agent, closers, server = build_agent(args.dir, poll_s=args.poll_ms / 1e3, cleanup=not args.keep)
-    metrics = "" if server is None else f"; /metrics on {server.url}"
-    print(f"[memra-obs agent] publishing rings in {agent.directory}{metrics}", file=sys.stderr)
-    try:
-        if args.once:
-            agent.drain()
-        else:
-            agent.run(stop)
-    finally:
-        agent.close()
-        for close in closers:
-            close()
-    published = sum(c[0] for c in agent.counts().values())
-    print(f"[memra-obs agent] done: published={published} lost={agent.lost_total()} "
-          f"rings_removed={agent.rings_removed}", file=sys.stderr, flush=True)  # fmt: skip
-    return 0

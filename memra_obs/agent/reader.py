@@ -3,14 +3,10 @@ counting exactly what was lost; :class:`RingStream` turns them into the exporter
 
 Through the descriptor, never a mapping: a mapped file that shrinks kills the reader with
 SIGBUS, a short ``pread`` only drops the ring. No lock (one writer, x86-64 store order): the
-writer stores ``head`` after a record's slots and writes only positions >= head, so after a
-copy of slots below the head read first, a second read ``h`` bounds what it may have touched
-meanwhile: the slots of positions below ``h + MAXSPAN - N``; all above that floor is intact.
-The directory may be world-writable, so a ring is believed only while it keeps the writer's
-laws: owned by the agent's uid alone, sized as its header says, counters read until two reads
-agree, only moving forward and below :data:`LIMIT`, 1 to MAXSPAN slots a record (``u``
-records over ``s`` slots: ``u <= s <= MAXSPAN*u``), every slot above the floor holding its
-own position. Breaking one twice in a row (once may be a store in flight) is a FormatError.
+writer stores ``head`` after a record's slots, so of slots copied below a head, a second read
+``h`` of it keeps those at or above the floor ``h + MAXSPAN - N``. The directory may be
+world-writable: a ring is believed only while it keeps the writer's rules (README, "What the
+agent believes"); breaking one twice in a row (once may be a store in flight) is a FormatError.
 """
 
 from __future__ import annotations
@@ -144,10 +140,11 @@ class RingReader:
     def caught_up(self) -> bool:
         return self.pos >= self.last.head
 
-    def _walk(self, start: int, stop: int, end: int) -> Iterator[tuple[int, int, int, int, bytes]]:
+    def _walk(self, start: int, stop: int, top: int) -> Iterator[tuple[int, int, int, int, bytes]]:
         """(position, span, record number, kind, payload) of each record starting in [start,
-        stop), from a copy of [start, end) taken now (``end``: head, or room enough past stop)."""
+        stop), from a copy taken now of what lies below ``top`` up to one record past stop."""
         geo, x = self.geo, start & self.geo.mask
+        end = min(top, stop + F.MAXSPAN)
         first = min(end - start, geo.slots - x)
         buf = self._pread(first * F.SLOT, geo.data_off + x * F.SLOT)
         if end - start > first:
@@ -164,7 +161,7 @@ class RingReader:
                 x += 1
                 continue
             # The continuation slots are read only once the span is known to fit the buffer.
-            fits = kind in F.DECODERS and 1 <= span <= F.MAXSPAN and x + span <= end
+            fits = kind <= F.KIND_SESSION_END and 1 <= span <= F.MAXSPAN and x + span <= end
             if not fits or [(x + k + 1, rec << 16 | k) for k in range(1, span)] != [
                 F.SLOT_HEAD.unpack_from(buf, i + k * F.SLOT) for k in range(1, span)
             ]:
@@ -184,7 +181,7 @@ class RingReader:
             head, pos = self.state().head, self.pos
             start = max(pos, head - self.geo.slots)
             stop = min(head, start + max_slots)
-            for x, span, rec, kind, payload in self._walk(start, stop, min(head, stop + F.MAXSPAN)):
+            for x, span, rec, kind, payload in self._walk(start, stop, head):
                 n = rec - self.rec  # records lost in between: they fill [pos, x) exactly
                 if not 0 <= n <= x - self.pos <= F.MAXSPAN * n:
                     raise FormatError(f"{self.path}: record {rec} at {x} after {self.rec - 1}")
@@ -228,8 +225,7 @@ class RingReader:
         """SessionRecords still in the ring below ``pos`` (a previous agent read them)."""
         out: Sessions = {}
         for a in range(max(0, self.state().head - self.geo.slots), pos, 4096):
-            stop = min(pos, a + 4096)
-            for x, _, _, kind, payload in self._walk(a, stop, min(pos, stop + F.MAXSPAN)):
+            for x, _, _, kind, payload in self._walk(a, min(pos, a + 4096), pos):
                 if kind == F.KIND_SESSION:
                     rec, in_table = F.decode(kind, payload)
                     out[rec.session] = (rec, in_table, x)
@@ -272,8 +268,9 @@ class RingStream(RingReader):
         #: What the agent's totals hold of this ring's (read, lost, written).
         self.accounted = (0, 0, 0)
 
-    def publish(self, out: list[Record], max_slots: int = 4096) -> None:
-        """Append the next records (remapped, context first) to ``out``."""
+    def publish(self, out: list[Record], max_slots: int) -> bool:
+        """Append the next records (remapped, context first) to ``out``; True once the writer
+        is gone and all is read (its sessions still open are then ended, ``WorkerGone``)."""
         lost0, self._table = self.overwritten, None
         for pos, kind, rec in self.poll(max_slots):
             if kind == F.KIND_SESSION:
@@ -296,6 +293,11 @@ class RingStream(RingReader):
             for sid in [s for s, st in self._open.items() if st.in_table and st.sr_pos < before]:
                 if sid not in table:  # it ended, and its end record lies below the cursor
                     self._end(sid, "RingOverrun", out)
+        if not (self.gone and self.caught_up() and not self.trouble):
+            return False
+        for sid in list(self._open):
+            self._end(sid, "WorkerGone", out)
+        return True
 
     def _start(self, srec: SessionRecord, in_table: bool, pos: int, out: list[Record]) -> _Open:
         if len(self._open) >= MAX_OPEN:  # ends lost without a trace: do not grow forever
@@ -322,11 +324,6 @@ class RingStream(RingReader):
         st = self._open.pop(sid)
         self.synthesized += 1
         out.append(SessionEndRecord(st.gid, st.last_ns, st.rounds, st.bursts, st.tokens, error))
-
-    def close_open(self, out: list[Record]) -> None:
-        """The writer is gone and everything is read: end its sessions still open."""
-        for sid in list(self._open):
-            self._end(sid, "WorkerGone", out)
 
     def stats(self) -> dict[str, Any]:
         return {"worker": self.worker, "path": self.path, "read": self.read, "lost": self.lost,

@@ -1,13 +1,11 @@
 """The worker's side of agent mode: :class:`RingSink` writes records into this process's ring.
 
-Why a ring: an export thread in the serving process holds the GIL for milliseconds, and the
-loop's p99 pays; here the loop only writes bytes and ``memra-obs agent`` does the rest.
-Why ``pwrite``, not a mapping: a store into a mapped file that someone truncates kills the
-process with SIGBUS, and no Python code can guard it; a write into a shrunk file only grows
-it again (the agent drops the ring as damaged). A round is one ``pack_into`` and two
-``pwrite`` calls into memory (~2 µs): the slot, then ``head`` last (x86-64 keeps the order).
-Never blocks: the ring overwrites its oldest slots and the agent counts what it lost.
-Liveness across PID namespaces: the worker holds ``flock`` on its ring for life.
+An export thread in the serving process holds the GIL for milliseconds (the loop's p99 pays);
+into a ring the loop only writes bytes. ``pwrite``, not a mapping: a store into a mapped file
+that someone truncates is a SIGBUS no Python code can guard; a write into a shrunk file only
+grows it again. A round is one ``pack_into`` and two ``pwrite`` calls (~2 µs): the slot, then
+``head`` (x86-64 keeps the order). Never blocks: the oldest slots are overwritten, counted by
+the agent. The worker holds ``flock`` on its ring for life: liveness across PID namespaces.
 """
 
 from __future__ import annotations
@@ -21,11 +19,10 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Mapping
 from typing import Any
 
 from ..diagnostics import say_once
-from ..environment import MEMRA_OBS_AGENT, ConfigError, Settings
+from ..environment import MEMRA_OBS_AGENT, ConfigError
 from ..sinks.base import Sink
 from ..timeline import RoundRecord, SessionEndRecord, SessionRecord
 from . import format as F
@@ -33,9 +30,9 @@ from . import format as F
 __all__ = ["RingSink", "check_cpu", "ring_directory"]
 
 
-def check_cpu(machine: str | None = None) -> None:
+def check_cpu() -> None:
     """Agent mode's lock-free ring relies on x86-64's store order; refuse it anywhere else."""
-    m = platform.machine() if machine is None else machine
+    m = platform.machine()
     if m not in ("x86_64", "AMD64"):
         raise ConfigError(f"agent mode ({MEMRA_OBS_AGENT}, memra-obs agent) needs an x86-64 CPU, "
                           f"this one is {m!r}: the ring relies on x86-64 store order; publish "
@@ -80,15 +77,13 @@ class RingSink(Sink):
         os.register_at_fork(after_in_child=lambda: [m() for m in (after(),) if m is not None])
 
     @classmethod
-    def create(cls, directory: str, *, worker: str = "", slots: int | None = None,
-               env: Mapping[str, str] | None = None, machine: str | None = None) -> RingSink:  # fmt: skip
-        """The ring for this process in ``directory`` (made if missing); ``slots`` defaults to
-        ``MEMRA_OBS_RING_SLOTS``. A CPU or directory that cannot hold it is a start-up error."""
-        check_cpu(machine)
-        n = slots if slots is not None else Settings.resolve(env).ring_slots
+    def create(cls, directory: str, *, worker: str = "", slots: int = 1 << 16) -> RingSink:
+        """The ring for this process in ``directory`` (made if missing); a CPU or directory that
+        cannot hold it is a start-up error."""
+        check_cpu()
         directory = ring_directory(directory)
         try:
-            sink = cls(directory, worker=worker, slots=n)
+            sink = cls(directory, worker=worker, slots=slots)
         except OSError as exc:
             raise ConfigError(f"{MEMRA_OBS_AGENT}={directory!r}: no ring there ({exc})") from exc
         kind = fs_type(directory)
@@ -202,7 +197,7 @@ class RingSink(Sink):
             try:
                 payload = F.encode(rec, True)[1]
                 fits = self._free and len(payload) <= F.TABLE_ENTRY - F.TABLE_HDR
-                entry = self._free.pop() if fits else -1
+                entry = self._free[-1] if fits else -1
                 if entry < 0:
                     payload = F.encode(rec, False)[1]
                     self._count(table_full=1)
@@ -210,9 +205,7 @@ class RingSink(Sink):
                 self._count(refused=1)
                 return
             if self._write(F.KIND_SESSION, payload, entry, rec.session) and entry >= 0:
-                self._entry[rec.session] = entry
-            elif entry >= 0:
-                self._free.append(entry)
+                self._entry[rec.session] = self._free.pop()  # taken once it is published
 
     def on_session_end(self, rec: SessionEndRecord) -> None:
         self._put(rec)
