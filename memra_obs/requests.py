@@ -1,44 +1,31 @@
-"""Per-request records as JSON lines (``MEMRA_OBS_REQUESTS_FILE``): per session, the fields
-vLLM returns in ``metrics.speculative_decoding`` (AIPerf's ``spec_decode_acceptance``), plus
-the phase totals and the first-token profile. A record exporter, off the loop: it keeps a
-session's counts until its end record, then writes one line (``Session.spec_decode()`` gives a
-server the same record for its response).
-"""
+"""Per-request records as JSON lines (``MEMRA_OBS_REQUESTS_FILE``): per session, vLLM's
+``metrics.speculative_decoding`` fields (AIPerf's ``spec_decode_acceptance``), the phase totals
+and the first-token profile. Off the loop: a session's counts are kept until its end record."""
 
 from __future__ import annotations
 
 import json
 from array import array
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from .analysis import spec_decode_record
 from .diagnostics import say_once
-from .timeline import (
-    PHASES,
-    BurstRecord,
-    FirstTokenRecord,
-    Record,
-    RoundRecord,
-    SessionEndRecord,
-    SessionRecord,
-)
+from .timeline import PHASES, FirstTokenRecord, Record, RoundRecord, SessionEndRecord, SessionRecord
 
 __all__ = ["RequestsExporter", "request_record"]
 
 
+@dataclass(slots=True)
 class _Counts:
     """One session's (k, j) per round that drafted, and its phase totals."""
 
-    __slots__ = ("bursts", "first_token", "js", "ks", "phases", "rec")
-
-    def __init__(self, rec: SessionRecord) -> None:
-        self.rec = rec
-        self.ks, self.js = array("H"), array("H")
-        self.phases = [0, 0, 0, 0, 0]
-        self.first_token: dict[str, Any] | None = None
-        self.bursts = 0
+    rec: SessionRecord
+    ks: array[int] = field(default_factory=lambda: array("H"))
+    js: array[int] = field(default_factory=lambda: array("H"))
+    phases: list[int] = field(default_factory=lambda: [0] * 5)
+    first_token: dict[str, Any] | None = None
 
 
 class _Round(NamedTuple):
@@ -49,9 +36,9 @@ class _Round(NamedTuple):
 def request_record(
     ks: Sequence[int], js: Sequence[int], phases_ns: Sequence[int], detailed: bool
 ) -> dict[str, Any]:
-    """A session's spec-decode fields (from its rounds' ``ks``/``js``) and phase totals (ms)."""
-    rounds = map(_Round, ks, js)
-    out = spec_decode_record(rounds, detailed=detailed)
+    """A session's spec-decode fields (from its rounds' ``ks``/``js``) and phase totals (ms);
+    ``Session.spec_decode()`` gives a server the same record."""
+    out = spec_decode_record(map(_Round, ks, js), detailed=detailed)
     out["phase_ms"] = {p: ns / 1e6 for p, ns in zip(PHASES, phases_ns, strict=True)}
     return out
 
@@ -89,10 +76,7 @@ class RequestsExporter:
                 if rec.k > 0:
                     c.ks.extend([rec.k] * n)
                     c.js.extend([rec.j] * n)
-                for i, ns in enumerate(rec.phase_ns()):
-                    c.phases[i] += ns * n
-            elif isinstance(rec, BurstRecord):
-                c.bursts += 1
+                c.phases = [t + ns * n for t, ns in zip(c.phases, rec.phase_ns(), strict=True)]
             elif isinstance(rec, FirstTokenRecord):
                 c.first_token = asdict(rec.prof)
             elif isinstance(rec, SessionEndRecord):

@@ -97,9 +97,8 @@ class Stats:
 
     def add(self, k: int, j: int, ph: Sequence[int], s: int = 1) -> None:
         self.kj[k, j] += s
-        if ph:
-            x = (1, k, *ph, sum(ph))
-            self.g = [g + s * x[a] * x[b] for g, (a, b) in zip(self.g, PAIRS, strict=True)]
+        x = (1, k, *ph, sum(ph))
+        self.g = [g + s * x[a] * x[b] for g, (a, b) in zip(self.g, PAIRS, strict=True)]
 
     def s(self, u: Sequence[int], w: Sequence[int]) -> int:  # Σ (Σ_u x_a)·(Σ_w x_b) over rounds
         return sum(self.g[AT[a, b]] for a in u for b in w)

@@ -197,12 +197,9 @@ def _burst(sid: int, b: Span, kids: Kids, run: Run) -> list[RoundRecord]:
     first = at.get(A + "first_round", rounds[0].index if rounds else 0)
     per = [max(x - y, 0) // max(u, 1) for x, y in zip(tot, own, strict=True)]
     each = None if split is None else tuple(x // max(n, 1) for x in split)
-    ts = [rounds[-1].t_ns_mono[5] if rounds else b[3]]
-    run.rounds += rounds
-    for i in range(u):  # past the span cap: the burst's remainder, evenly
-        ts = ts[-1:] + [ts[-1] + sum(per[:p]) for p in range(1, 6)]
-        rec = (sid, idx, first + n - u + i, (*ts,), -1, -1, 0, 0, each, 1)
-        run.rounds.append(RoundRecord._make(rec))
+    ts = itertools.accumulate(per, initial=rounds[-1].t_ns_mono[5] if rounds else b[3])
+    rest = RoundRecord._make((sid, idx, first + n - u, (*ts,), -1, -1, 0, 0, each, u))
+    run.rounds += [*rounds, *each_round(rest)]  # past the span cap: u rounds, back to back
     run.unsampled += u
     phases = records.SpecPhaseNs(*tot, n)  # type: ignore[call-arg]
     run.bursts.append(BurstRecord(sid, idx, at.get(A + "k", 0), b[3], b[4], phases, split,

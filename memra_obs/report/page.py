@@ -46,10 +46,9 @@ def need(ok: object, why: str) -> None:
 
 def panels(ylabel: str, *, fmt: str | Figures = "svg", h: float = 2.8, sharey: bool = True,
            legend: str = "upper right") -> Callable[[Draw], Figures]:  # fmt: skip
-    """One panel per run drawn by the decorated function, whose name is the figure's alt text
-    and whose docstring its caption; the page's ``<figure>``. ``fmt``: "svg", "png", or a
-    function of the runs choosing; ``legend``: where in each panel, or "right" of them all /
-    "below" them all for one."""
+    """The page's ``<figure>``: one panel a run drawn by the decorated function (its name the alt
+    text, its docstring the caption). ``fmt``: "svg", "png" or a function of the runs choosing;
+    ``legend``: a place in each panel, or one legend "right" of / "below" them all."""
 
     def figure(draw: Draw, views: Sequence[View]) -> str:
         with matplotlib.rc_context(RC):  # type: ignore[arg-type]

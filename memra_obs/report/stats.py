@@ -32,9 +32,8 @@ def median(x: np.ndarray) -> float:
 
 
 class View:
-    """One run as the page shows it: label (``A: base.log``), records, rounds as columns.
-    ``own``: rounds with their own measurement (a log's rows, a span file's round spans, k >= 0);
-    the others carry their burst's per-round means."""
+    """One run as the page shows it: label (``A: base.log``), records, rounds as columns; ``own``:
+    rounds with their own measurement (k >= 0), the others carry their burst's per-round means."""
 
     def __init__(self, label: str, run: Run) -> None:
         self.label, self.run, rs = label, run, run.rounds
