@@ -207,7 +207,10 @@ def _only(a: argparse.Namespace) -> int:
     """One stage, once: deterministic enough for callgrind (seeded input and rebuilder)."""
     lines, _, parts, _ = _input(a)
     fns = _stages(
-        lines, parts, lambda ids: Rebuilder("bench", rng=random.Random(0), trace_ids=ids), a.only == "prom alone"
+        lines,
+        parts,
+        lambda ids: Rebuilder("bench", rng=random.Random(0), trace_ids=ids),
+        a.only == "prom alone",
     )
     if "prom" in a.only:
         new_prom()  # its imports and families outside the count

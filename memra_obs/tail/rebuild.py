@@ -220,7 +220,9 @@ class Rebuilder:
         level = 0 if b is None or b.phase is None else (1 if v is None else 2)
         tag_v = v.tag if v is not None else (f"{tag}-v" if tag else "")
         rng, self.sessions = self._rng, self.sessions + 1
-        tid, span = (rng.getrandbits(128) or 1, rng.getrandbits(64) or 1) if self.trace_ids else (0, 0)
+        tid = span = 0
+        if self.trace_ids:
+            tid, span = rng.getrandbits(128) or 1, rng.getrandbits(64) or 1
         rec = SessionRecord(sid, family_of(tag), tag, tag_v, self.worker, start, self._mono(),
                             self._epoch(), tid, span, 0, level, s.prof)  # fmt: skip
         self._out.insert(at, rec)
