@@ -1,9 +1,7 @@
-"""The compact aggregation behind every series, its text, and the bridge to prometheus_client.
+"""The aggregation behind every series, its text, and the bridge to prometheus_client.
 
-prometheus_client formats ~10 µs a sample (the set has ~900): here a child keeps integer counts
-and sums and builds its sample prefixes once, for the same bytes (``tests/test_prom_render.py``).
-A scrape copies children under the exporter's lock and renders outside; :func:`encode` has
-prometheus_client render the rest of the registry and appends our collectors' fast text.
+prometheus_client formats ~10 µs a sample (the set has ~900): a child here keeps integer counts
+and builds its sample prefixes once, for the same bytes (``tests/test_prom_render.py``).
 """
 
 from __future__ import annotations
@@ -84,9 +82,8 @@ def labelstr(items: Sequence[tuple[str, str]]) -> str:
 
 
 class Family:
-    """One metric name with its children keyed by label values. ``kind``: ``histogram``,
-    ``counter`` or ``gauge``; a counter's ``name`` has no ``_total`` (prometheus_client's
-    convention). The unit is read off the name (``_seconds``: stored as integer ns; ``_bytes``)."""
+    """One metric name, its children keyed by label values; a counter's ``name`` has no
+    ``_total`` (prometheus_client's convention); ``_seconds`` are stored as integer ns."""
 
     __slots__ = ("bounds", "children", "div", "help", "kind", "labelnames", "les", "name", "unit")
 
@@ -158,8 +155,7 @@ class Family:
         return c.memo[om][1]
 
 
-#: Set by :func:`encode` while prometheus_client renders the registry: our collectors add
-#: themselves here instead of yielding families.
+#: Set by :func:`encode` while prometheus_client renders: our collectors add themselves here.
 _FAST: ContextVar[list[SpecCollector] | None] = ContextVar("memra_prom_fast", default=None)
 #: The collector of the exporter currently publishing into each registry (for take-over).
 _owner: weakref.WeakKeyDictionary[Any, SpecCollector] = weakref.WeakKeyDictionary()

@@ -3,9 +3,8 @@
     memra-obs tail --follow /var/log/worker0.err --worker rank0
     worker 2>&1 >/dev/null | memra-obs tail - --worker rank0
 
-Bytes go through unchanged (:mod:`.passthrough`); legacy lines become the observer's records
-(:mod:`.rebuild`) for a worker's exporters, queued with backpressure (``put_many(block=True)``:
-the tail holds its reading back rather than drop, so every round read is published).
+Bytes go through unchanged (:mod:`.passthrough`); legacy lines become records (:mod:`.rebuild`)
+for a worker's exporters, with backpressure: the tail holds its reading back rather than drop.
 """
 
 from __future__ import annotations

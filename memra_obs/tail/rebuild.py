@@ -286,12 +286,9 @@ class Rebuilder:
         s.last_end, s.last_line = end, (b.last if b.last > s.last_line else s.last_line)
 
     def _lay(self, b: _Burst, key: Key, t: int, r0: tuple[int, ...]) -> tuple[int, int, SpecPhaseNs, int]:  # fmt: skip
-        """The burst's rounds back to back from ``t``, appended: round 0 from the profile
-        (``r0``), the rows' own values, then the burst's means for rounds without a row, as
-        runs. ``key``: session, burst, first round, split. Returns its rounds, wall, phase
-        totals and the rows' sum of j. A row has rollback + maint only as ``rest_ms``: when
-        rows cover the burst, rollback's share is chosen so its sum matches the line's;
-        otherwise it is the line's rollback:maint ratio (the stream's latest, without one)."""
+        """The burst's rounds back to back from ``t``: round 0 from the profile, the rows, then
+        runs of the line's means; returns rounds, wall, phase totals, the rows' sum of j. A row's
+        ``rest_ms`` is split so rollback sums to the line's (else by its rollback:maint ratio)."""
         sid, bidx, idx, split = key
         ph, body, append, share, t0 = b.phase, b.rows, self._out.append, self._roll_share, t
         n = len(body) if ph is None else ph.rounds
