@@ -28,12 +28,12 @@ Query = dict[str, list[str]]
 
 class Hist:
     """One histogram child: counts per bucket, an exact sum in the family's unit (ns for time),
-    the latest exemplar per bucket; ``observe`` is the hot path: one bisect, three adds."""
+    the latest exemplar per bucket; ``observe`` is the hot path: one bisect, two adds."""
 
-    __slots__ = ("bounds", "counts", "ex", "memo", "n", "prefixes", "total")
+    __slots__ = ("bounds", "counts", "ex", "memo", "prefixes", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds, self.counts, self.n = bounds, [0] * (len(bounds) + 1), 0
+        self.bounds, self.counts = bounds, [0] * (len(bounds) + 1)
         self.ex: list[ExState | None] = [None] * (len(bounds) + 1)
         self.total: float = 0
         self.prefixes: tuple[str, ...] = ()  # sample names and labels: bucket, count, sum
@@ -48,12 +48,11 @@ class Hist:
         i = bisect_left(self.bounds, v)
         self.counts[i] += n
         self.total += v * n
-        self.n += n
         if ex is not None:
             self.ex[i] = (ex, v, ts)
 
     def state(self) -> tuple[int, list[int], float, list[ExState | None]]:
-        return self.n, self.counts[:], self.total, self.ex[:]
+        return sum(self.counts), self.counts[:], self.total, self.ex[:]
 
 
 class Value:
