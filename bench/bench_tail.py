@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.profile:
         prom = new_prom()
         cProfile.runctx("run_tail(parts, prom.export, rb)", globals(), {"parts": parts,
-                        "prom": prom, "run_tail": run_tail, "rb": Rebuilder("bench")},
+                        "prom": prom, "run_tail": run_tail, "rb": Rebuilder("bench", trace_ids=False)},
                         "/tmp/bench_tail.prof")  # fmt: skip
         pstats.Stats("/tmp/bench_tail.prof").sort_stats("tottime").print_stats(18)
     return 0
@@ -207,7 +207,10 @@ def _only(a: argparse.Namespace) -> int:
     """One stage, once: deterministic enough for callgrind (seeded input and rebuilder)."""
     lines, _, parts, _ = _input(a)
     fns = _stages(
-        lines, parts, lambda: Rebuilder("bench", rng=random.Random(0)), a.only == "prom alone"
+        lines,
+        parts,
+        lambda ids: Rebuilder("bench", rng=random.Random(0), trace_ids=ids),
+        a.only == "prom alone",
     )
     if "prom" in a.only:
         new_prom()  # its imports and families outside the count
@@ -224,7 +227,7 @@ def new_prom() -> Any:
 def _stages(
     lines: list[str],
     parts: list[bytes],
-    rebuilder: Callable[[], Rebuilder] = lambda: Rebuilder("bench"),
+    rebuilder: Callable[[bool], Rebuilder] = lambda ids: Rebuilder("bench", trace_ids=ids),
     prebuild: bool = True,
 ) -> dict[str, Callable[[], object]]:
     """Each stage as a call over the whole input (``prebuild``: the batches of ``prom alone``)."""
@@ -234,12 +237,12 @@ def _stages(
             parse_line(line)
 
     def with_prom() -> None:
-        run_tail(parts, new_prom().export, rebuilder())
+        run_tail(parts, new_prom().export, rebuilder(False))
 
     # The exporter alone, on the batches rebuilt beforehand: its share of +prom.
     batches: list[list[Any]] = []
     if prebuild:
-        run_tail(parts, batches.append, rebuilder())
+        run_tail(parts, batches.append, rebuilder(False))
 
     def prom_only() -> None:
         prom = new_prom()
@@ -263,13 +266,13 @@ def _stages(
                 # drop spans (their writing then missing from the figure).
                 sx.flush(30.0)
 
-            run_tail(parts, both, rebuilder())
+            run_tail(parts, both, rebuilder(True))
             sx.shutdown(30.0)
             assert not sx.dropped_spans, sx.dropped_spans
 
     return {
         "parse": parse_all,
-        "rebuild": lambda: run_tail(parts, lambda b: None, rebuilder()),
+        "rebuild": lambda: run_tail(parts, lambda b: None, rebuilder(False)),
         "+prom": with_prom,
         "prom alone": prom_only,
         "+prom+spans": with_spans,

@@ -241,3 +241,20 @@ def test_spans_file_gets_the_worker_span_tree(tmp_path, sinks):
         "spec.rollback": 6,
         "spec.maint": 6,
     }
+
+
+@pytest.mark.parametrize("spans_on", [False, True])
+def test_exemplars_name_only_traces_that_are_sent(spans_on):
+    """The tail draws trace ids only when spans go out (``"otel" in MEMRA_OBS_SINKS``): with
+    metrics alone an exemplar would name a trace no backend ever receives (README,
+    "Exemplars": they come with spans)."""
+    from memra_obs.prom import PrometheusExporter, encode
+
+    reg = CollectorRegistry()
+    prom = PrometheusExporter(reg, worker="w", worker_label=True)
+    tail = Tail(Rebuilder("w", trace_ids=spans_on), prom.export, out=None)
+    tail.feed((PHASE + "\n" + VERIFY + "\n").encode(), time.perf_counter_ns())
+    tail.close(time.perf_counter_ns())
+    body = encode(reg, "application/openmetrics-text; version=1.0.0")[0].decode()
+    assert 'memra_spec_rounds_total{family="glm5",worker="w"} 6.0' in body
+    assert ('# {trace_id="' in body) is spans_on

@@ -1,9 +1,7 @@
-"""Acceptance by position and the k advisor on ``/metrics`` (issue 15), per loop label set.
-
-A round adds two integer counts (rounds by k, rounds by j); the by-position counters are their
-tail sums, read at scrape, so Σ over positions equals the drafted/accepted totals exactly. The
-advice (:func:`memra_obs.analysis.advise` over recent rounds) is recomputed by the exporter's
-thread at most once a second (or at ``flush``), never by the loop or a scrape.
+"""Acceptance by position and the k advisor on ``/metrics``, per loop label set. A round adds
+two counts (rounds by k, by j); the by-position counters are their tail sums, read at scrape
+(Σ over positions = the totals, exactly). The exporter's thread refits the advice at most once
+a second (or at ``flush``), never the loop or a scrape.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""``PrometheusExporter``: records in, children updated, nothing else — off the loop's thread
-(the export worker, the agent, the tail). A round is a bisect and a few integer adds per
-histogram; a record standing for a run of equal rounds (``RoundRecord.repeat``) costs the same.
-Slow rounds: the seed's summary rule on a sliding window — wall > ``slow_factor`` (1.5) x the
-median wall of the session's last ``slow_window`` (64) rounds, itself included. State is kept
-for at most ``max_sessions`` sessions, the oldest forgotten first, whether their SessionRecord
-arrived or was dropped: lost end records cost no memory.
+"""``PrometheusExporter``: records in, children updated, off the loop's thread. Slow rounds:
+the seed's rule on a sliding window (wall > 1.5x the median of the session's last 64 rounds,
+itself included). At most ``max_sessions`` sessions are kept: lost end records cost no memory.
 """
 
 from __future__ import annotations
@@ -46,12 +42,9 @@ class _Session:
 
 
 class PrometheusExporter:
-    """Aggregates the record stream into the DESIGN §5 metrics, published in ``registry`` (a
-    prometheus_client registry, default the global ``REGISTRY``): an exporter already publishing
-    there is taken over (an observer being replaced), any other name clash raises.
-    ``worker_label``: label every loop series ``worker`` (``SessionRecord.worker``, else
-    ``worker``), for the agent and the tail. ``round_span_id``: ``(session, round) -> span id``
-    of the round's span (0: none), added to round exemplars beside the session's ``trace_id``."""
+    """The DESIGN §5 metrics in ``registry`` (default the global ``REGISTRY``); an exporter
+    already publishing there is taken over, any other name clash raises. ``worker_label``: a
+    ``worker`` label on loop series (agent, tail). ``round_span_id``: for round exemplars."""
 
     signal = "metrics"
 
@@ -212,8 +205,7 @@ class PrometheusExporter:
         self._slow(s, wall, n)
 
     def _slow(self, s: _Session, wall: int, n: int) -> None:
-        """The window rule for ``n`` rounds of ``wall`` in order, in at most a window of steps:
-        once the window holds only such rounds, the rest are not slow (``w > 1.5 w`` is false)."""
+        """``n`` rounds of ``wall``: a window of steps at most (then ``w > 1.5 w`` is false)."""
         win, srt, slow = s.win, s.srt, 0
         for _ in range(min(n, self._window)):
             if len(win) >= self._window:

@@ -1,7 +1,6 @@
-"""The metric set of DESIGN §5 — names, types, labels, buckets, help: public interface — and
-the children a family's label set binds once, so a round touches attributes, never a lookup.
-Buckets are seconds (tokens for ``TOKEN_BUCKETS``), ``+Inf`` added; a classic histogram costs a
-series per bucket per label set, so each layout is as short as its question allows.
+"""The metric set of DESIGN §5 (public interface) and the children a label set binds once,
+so a round touches attributes, never a lookup. A classic histogram costs a series per bucket
+per label set, so each layout is as short as its question allows.
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ ROUND_BUCKETS: tuple[float, ...] = (
     0.0005, 0.001, 0.002, 0.003, 0.004, 0.006, 0.008, 0.012, 0.016, 0.024,
     0.032, 0.048, 0.064, 0.096, 0.128, 0.25, 0.5, 1.0, 2.5,
 )  # fmt: skip
-#: A phase (and a level-2 verify part), 50 µs accept to 2.5 s stalled verify: four decades,
-#: so coarser steps.
+#: A phase (and a level-2 verify part), 50 µs accept to 2.5 s stalled verify: coarser steps.
 PHASE_BUCKETS: tuple[float, ...] = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032,
     0.064, 0.128, 0.25, 0.5, 1.0, 2.5,

@@ -1,9 +1,7 @@
-"""The compact aggregation behind every series, its text, and the bridge to prometheus_client.
+"""The aggregation behind every series, its text, and the bridge to prometheus_client.
 
-prometheus_client formats ~10 µs a sample (the set has ~900): here a child keeps integer counts
-and sums and builds its sample prefixes once, for the same bytes (``tests/test_prom_render.py``).
-A scrape copies children under the exporter's lock and renders outside; :func:`encode` has
-prometheus_client render the rest of the registry and appends our collectors' fast text.
+prometheus_client formats ~10 µs a sample (the set has ~900): a child here keeps integer counts
+and builds its sample prefixes once, for the same bytes (``tests/test_prom_render.py``).
 """
 
 from __future__ import annotations
@@ -30,12 +28,12 @@ Query = dict[str, list[str]]
 
 class Hist:
     """One histogram child: counts per bucket, an exact sum in the family's unit (ns for time),
-    the latest exemplar per bucket; ``observe`` is the hot path: one bisect, three adds."""
+    the latest exemplar per bucket; ``observe`` is the hot path: one bisect, two adds."""
 
-    __slots__ = ("bounds", "counts", "ex", "memo", "n", "prefixes", "total")
+    __slots__ = ("bounds", "counts", "ex", "memo", "prefixes", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds, self.counts, self.n = bounds, [0] * (len(bounds) + 1), 0
+        self.bounds, self.counts = bounds, [0] * (len(bounds) + 1)
         self.ex: list[ExState | None] = [None] * (len(bounds) + 1)
         self.total: float = 0
         self.prefixes: tuple[str, ...] = ()  # sample names and labels: bucket, count, sum
@@ -50,12 +48,11 @@ class Hist:
         i = bisect_left(self.bounds, v)
         self.counts[i] += n
         self.total += v * n
-        self.n += n
         if ex is not None:
             self.ex[i] = (ex, v, ts)
 
     def state(self) -> tuple[int, list[int], float, list[ExState | None]]:
-        return self.n, self.counts[:], self.total, self.ex[:]
+        return sum(self.counts), self.counts[:], self.total, self.ex[:]
 
 
 class Value:
@@ -84,9 +81,8 @@ def labelstr(items: Sequence[tuple[str, str]]) -> str:
 
 
 class Family:
-    """One metric name with its children keyed by label values. ``kind``: ``histogram``,
-    ``counter`` or ``gauge``; a counter's ``name`` has no ``_total`` (prometheus_client's
-    convention). The unit is read off the name (``_seconds``: stored as integer ns; ``_bytes``)."""
+    """One metric name, its children keyed by label values; a counter's ``name`` has no
+    ``_total`` (prometheus_client's convention); ``_seconds`` are stored as integer ns."""
 
     __slots__ = ("bounds", "children", "div", "help", "kind", "labelnames", "les", "name", "unit")
 
@@ -158,8 +154,7 @@ class Family:
         return c.memo[om][1]
 
 
-#: Set by :func:`encode` while prometheus_client renders the registry: our collectors add
-#: themselves here instead of yielding families.
+#: Set by :func:`encode` while prometheus_client renders: our collectors add themselves here.
 _FAST: ContextVar[list[SpecCollector] | None] = ContextVar("memra_prom_fast", default=None)
 #: The collector of the exporter currently publishing into each registry (for take-over).
 _owner: weakref.WeakKeyDictionary[Any, SpecCollector] = weakref.WeakKeyDictionary()

@@ -1,9 +1,7 @@
-"""``/metrics`` on a background thread: loopback by default, optional TLS and basic auth.
-
-The app answers like prometheus_client's own, through :func:`memra_obs.prom.model.encode`. The
-TLS handshake runs on the connection's thread, not in the accept loop. No client holds the
-server: a connection is closed ``timeout_s`` after it was accepted, whatever it does (a slow
-drip of bytes included), and at most ``max_connections`` are open (one more closes the oldest).
+"""``/metrics`` on a background thread: loopback by default, optional TLS and basic auth. No
+client holds the server: TLS handshakes run on the connection's thread, a connection is closed
+``timeout_s`` after it was accepted (a slow drip included), and one past ``max_connections``
+closes the oldest.
 """
 
 from __future__ import annotations
@@ -86,9 +84,8 @@ class _Handler(WSGIRequestHandler):
 
 
 class MetricsServer(ThreadingWSGIServer):
-    """A running ``/metrics`` endpoint: ``.port``, ``.url``, ``close()`` (or ``with``). The accept
-    loop hangs up the connections past their deadline every ``poll_interval`` (0.5 s), and the
-    oldest when one more would pass the cap."""
+    """A running ``/metrics`` endpoint: ``.port``, ``.url``, ``close()`` (or ``with``); the accept
+    loop hangs up connections past their deadline every ``poll_interval`` (0.5 s)."""
 
     timeout_s, max_connections, scheme, host = TIMEOUT_S, MAX_CONNECTIONS, "http", ""
     thread: threading.Thread | None = None

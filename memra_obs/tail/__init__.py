@@ -3,9 +3,8 @@
     memra-obs tail --follow /var/log/worker0.err --worker rank0
     worker 2>&1 >/dev/null | memra-obs tail - --worker rank0
 
-Bytes go through unchanged (:mod:`.passthrough`); legacy lines become the observer's records
-(:mod:`.rebuild`) for a worker's exporters, queued with backpressure (``put_many(block=True)``:
-the tail holds its reading back rather than drop, so every round read is published).
+Bytes go through unchanged (:mod:`.passthrough`); legacy lines become records (:mod:`.rebuild`)
+for a worker's exporters, with backpressure: the tail holds its reading back rather than drop.
 """
 
 from __future__ import annotations
@@ -89,7 +88,7 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
         QueueSink(built.all, capacity=st.queue_size, pause_s=0, stretch_ms=0) if built.all else None
     )
     rb = Rebuilder(worker, linger_ns=int(opts.linger * 1e9), max_bursts=opts.max_bursts,
-                   session_gap_ns=int(opts.session_gap * 1e9))  # fmt: skip
+                   session_gap_ns=int(opts.session_gap * 1e9), trace_ids="otel" in st.sinks)  # fmt: skip
     tail = Tail(rb, queue.put_many if queue is not None else lambda batch: None, name=source.name,
                 max_devices=st.max_devices)  # fmt: skip
     if built.prom is not None:

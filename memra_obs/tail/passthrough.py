@@ -26,11 +26,9 @@ _OVERLONG = f"a line over {MAX_LINE} bytes; passed through, not parsed"
 
 
 class Tail:
-    """Bytes of one worker's stderr -> pass-through (to ``out``: a binary stream, an fd, or
-    None) + each chunk's records, one batch to ``publish``. ``notes``: where the tail's own
-    lines go (default: the output, between passed-through lines); ``report_limit``: bad lines
-    reported one by one; ``max_devices``: CUDA ordinals a ``[spec-prof]`` line may name
-    (``MEMRA_OBS_MAX_DEVICES``), so a garbled line cannot mint series."""
+    """One worker's stderr bytes -> ``out`` (a binary stream, an fd, or None), and each chunk's
+    records as one batch to ``publish``. ``notes``: where the tail's own lines go (default: the
+    output, between lines); ``max_devices``: so a garbled ``[spec-prof]`` cannot mint series."""
 
     def __init__(self, rebuilder: Rebuilder, publish: Callable[[list[Record]], None], *,
                  out: BinaryIO | int | None = 2, name: str = "-",

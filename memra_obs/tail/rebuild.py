@@ -82,8 +82,11 @@ class Rebuilder:
     def __init__(self, worker: str = "", *, linger_ns: int = 500_000_000,
                  session_gap_ns: int = 1_000_000_000, max_bursts: int = 64,
                  rng: random.Random | None = None, epoch_ns: Callable[[], int] = time.time_ns,
-                 mono_ns: Callable[[], int] = time.perf_counter_ns) -> None:  # fmt: skip
+                 mono_ns: Callable[[], int] = time.perf_counter_ns,
+                 trace_ids: bool = True) -> None:  # fmt: skip
         self.worker, self.linger_ns, self.max_bursts = worker, linger_ns, max_bursts
+        #: Draw each session a trace id (spans on); else 0: no exemplar names a trace never sent.
+        self.trace_ids = trace_ids
         self.session_gap_ns = session_gap_ns
         self._rng, self._epoch, self._mono = rng or random.Random(), epoch_ns, mono_ns
         self._out: list[Any] = []
@@ -217,9 +220,11 @@ class Rebuilder:
         level = 0 if b is None or b.phase is None else (1 if v is None else 2)
         tag_v = v.tag if v is not None else (f"{tag}-v" if tag else "")
         rng, self.sessions = self._rng, self.sessions + 1
+        tid = span = 0
+        if self.trace_ids:
+            tid, span = rng.getrandbits(128) or 1, rng.getrandbits(64) or 1
         rec = SessionRecord(sid, family_of(tag), tag, tag_v, self.worker, start, self._mono(),
-                            self._epoch(), rng.getrandbits(128) or 1, rng.getrandbits(64) or 1,
-                            0, level, s.prof)  # fmt: skip
+                            self._epoch(), tid, span, 0, level, s.prof)  # fmt: skip
         self._out.insert(at, rec)
         return s
 
@@ -281,12 +286,9 @@ class Rebuilder:
         s.last_end, s.last_line = end, (b.last if b.last > s.last_line else s.last_line)
 
     def _lay(self, b: _Burst, key: Key, t: int, r0: tuple[int, ...]) -> tuple[int, int, SpecPhaseNs, int]:  # fmt: skip
-        """The burst's rounds back to back from ``t``, appended: round 0 from the profile
-        (``r0``), the rows' own values, then the burst's means for rounds without a row, as
-        runs. ``key``: session, burst, first round, split. Returns its rounds, wall, phase
-        totals and the rows' sum of j. A row has rollback + maint only as ``rest_ms``: when
-        rows cover the burst, rollback's share is chosen so its sum matches the line's;
-        otherwise it is the line's rollback:maint ratio (the stream's latest, without one)."""
+        """The burst's rounds back to back from ``t``: round 0 from the profile, the rows, then
+        runs of the line's means; returns rounds, wall, phase totals, the rows' sum of j. A row's
+        ``rest_ms`` is split so rollback sums to the line's (else by its rollback:maint ratio)."""
         sid, bidx, idx, split = key
         ph, body, append, share, t0 = b.phase, b.rows, self._out.append, self._roll_share, t
         n = len(body) if ph is None else ph.rounds

@@ -43,13 +43,10 @@ class PipeSource:
 
 
 class FollowSource:
-    """A growing log file, followed by name, as ``tail -F`` does, checked whenever the file is
-    at its end: **rename + create** (the path names another inode: the rest of the old file
-    was read, the new one is read from its start) and **copytruncate** (the file got shorter
-    than our offset: read again from its start). ``from_start``: read what the file already
-    holds (default: start at its end, as log shippers do, so a restarted tail does not publish
-    old lines again). A file that does not exist yet is waited for (``on_wait`` says so).
-    ``on_rotate(style)`` is called on each rotation before the new content's first byte."""
+    """A growing log file followed by name, as ``tail -F``: at its end, **rename + create** (the
+    path names another inode: read it from its start) or **copytruncate** (shorter than our
+    offset: read again from the start); ``on_rotate(style)`` comes before the new content.
+    ``from_start``: read what it holds (default: its end, as log shippers do)."""
 
     def __init__(self, path: str, *, from_start: bool = False, poll_s: float = 0.1,
                  on_wait: Callable[[str], None] | None = None) -> None:  # fmt: skip
