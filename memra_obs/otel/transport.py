@@ -1,10 +1,9 @@
 """Where encoded requests go: OTLP/HTTP (stdlib), OTLP/gRPC (grpcio), a JSON-lines file
-rotated at a size limit, or an SDK ``SpanExporter`` found by entry point.
-
-``send(payload, timeout_s)`` is one attempt (the retry loop is the exporter's): it returns the
-spans the receiver rejected, or raises :class:`Retry` for what the OTLP specification calls
-retryable (with the receiver's wait), else :class:`SendError`. ``abort()`` (another thread,
-at shutdown) cuts the attempt in flight short.
+rotated at a size limit, or an SDK ``SpanExporter`` found by entry point. ``send(payload,
+timeout_s)`` is one attempt (the retry loop is the exporter's): it returns the spans the
+receiver rejected, or raises :class:`Retry` for what the OTLP specification calls retryable
+(with the receiver's wait), else :class:`SendError`. ``abort()`` (another thread, at shutdown)
+cuts the attempt in flight short.
 """
 
 from __future__ import annotations
@@ -105,10 +104,6 @@ def retry_after_s(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _body(payload: bytes | str) -> bytes:
-    return payload.encode() if isinstance(payload, str) else payload
-
-
 class HttpSender:
     """OTLP/HTTP on one keep-alive ``http.client`` connection (protobuf or JSON bodies)."""
 
@@ -131,8 +126,8 @@ class HttpSender:
         self._headers.update(cfg.headers)
         self._conn: http.client.HTTPConnection | None = None
 
-    def send(self, payload: bytes | str, timeout_s: float) -> int:
-        body = gzip.compress(_body(payload), compresslevel=5) if self._gzip else _body(payload)
+    def send(self, payload: bytes, timeout_s: float) -> int:
+        body = gzip.compress(payload, compresslevel=5) if self._gzip else payload
         c = self._conn
         try:
             if c is None:
@@ -197,10 +192,10 @@ class GrpcSender:
         else:
             ch = grpc.insecure_channel(cfg.endpoint, options=opt, compression=comp)
         self._channel, method = ch, "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-        self._call = ch.unary_unary(method, request_serializer=_body, response_deserializer=bytes)
+        self._call = ch.unary_unary(method)  # no (de)serializer: bytes in, bytes out
         self._metadata = tuple((k.lower(), v) for k, v in cfg.headers) or None
 
-    def send(self, payload: bytes | str, timeout_s: float) -> int:
+    def send(self, payload: bytes, timeout_s: float) -> int:
         try:
             return rejected_spans(self._call(payload, timeout=timeout_s, metadata=self._metadata))
         except self._grpc.RpcError as exc:
@@ -243,8 +238,8 @@ class FileSender(_Local):
         self._f: Any = None
         self._size = 0
 
-    def send(self, payload: bytes | str, timeout_s: float = 0.0) -> int:
-        line = _body(payload) + b"\n"
+    def send(self, payload: bytes, timeout_s: float = 0.0) -> int:
+        line = payload + b"\n"
         try:
             if self._f is None:
                 self._f = open(self.path, "ab")  # noqa: SIM115  (kept open)
