@@ -45,9 +45,8 @@ class Retry(Exception):
 
 
 def _fields(b: Any) -> list[tuple[int, Any]]:
-    """(field number, value) pairs of a protobuf message, read by hand (no opentelemetry-proto):
-    varints as ints, length-delimited as bytes, fixed skipped; junk raises IndexError or
-    ValueError, not bytes has no fields."""
+    """(field number, value) pairs of a protobuf message (not bytes: none), read by hand: varints
+    as ints, length-delimited as bytes, fixed skipped; junk raises IndexError or ValueError."""
     out: list[tuple[int, Any]] = []
     i, n = 0, len(b) if isinstance(b, bytes) else 0
     while i < n:
@@ -183,8 +182,7 @@ class GrpcSender:
         # every export failed fast until the next attempt (12 s of drops after a 30 s outage).
         opt = [("grpc.max_send_message_length", 64 << 20), ("grpc.enable_retries", 0)]
         opt += [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000)]
-        gz = cfg.compression == "gzip"
-        comp = grpc.Compression.Gzip if gz else grpc.Compression.NoCompression
+        comp = grpc.Compression.Gzip if cfg.compression == "gzip" else None  # None: uncompressed
         if cfg.secure:
             pems = (cfg.certificate, cfg.client_key, cfg.client_certificate)
             creds = grpc.ssl_channel_credentials(*(p and Path(p).read_bytes() for p in pems))
@@ -271,18 +269,17 @@ class SdkSender(_Local):
         from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
         self.url, self.exporter, self._chunk = type(exporter).__name__, exporter, chunk
-        flags, codes = TraceFlags(TraceFlags.SAMPLED), {0: StatusCode.UNSET, 1: StatusCode.OK}
+        flags = TraceFlags(TraceFlags.SAMPLED)
         same = {"resource": resource, "kind": SpanKind.INTERNAL, "instrumentation_scope": scope}
 
         def readable(sp: Span) -> Any:
-            name, tid, sid, pid, start, end, attrs, st = sp
-            code = codes.get(st[0], StatusCode.ERROR) if st else StatusCode.UNSET
+            name, tid, sid, pid, start, end, attrs, st = sp  # st: None or (STATUS_ERROR, msg)
             return ReadableSpan(
                 name,
                 context=SpanContext(tid, sid, False, flags),
                 parent=SpanContext(tid, pid, False, flags) if pid else None,
                 attributes=dict(attrs),
-                status=Status(code, st[1] or None) if st else Status(),
+                status=Status(StatusCode.ERROR, st[1] or None) if st else Status(),
                 start_time=start,
                 end_time=end,
                 **same,
