@@ -70,8 +70,7 @@ def traces_exporters(env: Mapping[str, str]) -> list[str]:
 
 
 def resource_attributes(env: Mapping[str, str]) -> dict[str, Any]:
-    """``OTEL_RESOURCE_ATTRIBUTES``, with ``service.name`` from ``OTEL_SERVICE_NAME``, else
-    from the attributes, else ``memra-obs``."""
+    """``OTEL_RESOURCE_ATTRIBUTES``; ``service.name``: OTEL_SERVICE_NAME, theirs or memra-obs."""
     var = "OTEL_RESOURCE_ATTRIBUTES"
     attrs: dict[str, Any] = dict(parse_key_values(var, env.get(var, "")))
     svc = env.get("OTEL_SERVICE_NAME", "").strip()

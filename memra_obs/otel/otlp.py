@@ -157,8 +157,7 @@ def _key_entry(key: str) -> tuple[list[bytes], list[bytes], bytes, bytes]:
 
 
 class ProtoEncoder(Encoder):
-    """Span tuples to ``ScopeSpans.spans`` fields (tag + length + body), so a request is a
-    join of precomputed headers and those fragments."""
+    """Span tuples to ``ScopeSpans.spans`` fields: a request joins precomputed heads and them."""
 
     __slots__ = ()
 
@@ -214,8 +213,7 @@ class ProtoEncoder(Encoder):
         return (b"\x12" + _B1[ln] if ln < 128 else b"\x12" + varint(ln)) + body
 
     def request(self, fragments: Sequence[bytes], size: int) -> bytes:
-        """One ``ExportTraceServiceRequest`` (one resource, one scope) holding the fragments,
-        whose lengths add up to ``size`` (the caller kept it)."""
+        """One request (one resource, one scope) of fragments whose lengths add up to ``size``."""
         res, scope, schema = self._head
         ss_len = len(scope) + size
         ss_head = b"\x12" + varint(ss_len)
