@@ -105,10 +105,6 @@ class SpanBuilder:
         self._open: dict[int, _Session] = {}
         self.orphans = self.bad_records = 0
 
-    @property
-    def open_sessions(self) -> int:
-        return len(self._open)
-
     def add(self, records: Iterable[Any], out: list[Span]) -> None:
         """Append the spans ``records`` complete to ``out``."""
         sessions = self._open
