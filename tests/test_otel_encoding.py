@@ -15,8 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from memra_obs.otel.otlp_json import JsonEncoder
-from memra_obs.otel.otlp_proto import ProtoEncoder, varint
+from memra_obs.otel.otlp import JsonEncoder, ProtoEncoder, varint
 from memra_obs.otel.transport import rejected_spans
 
 RESOURCE = {"service.name": "memra-test", "host.name": "h1", "pid": 42}
@@ -104,7 +103,7 @@ def test_proto_spans_decode_to_what_was_encoded(spans_):
         _check(sp, got)
 
 
-def _json_to_proto(line: str) -> ExportTraceServiceRequest:
+def _json_to_proto(line: bytes) -> ExportTraceServiceRequest:
     """OTLP/JSON carries ids as hex; protobuf's JSON mapping wants base64. Convert, parse."""
     doc = json.loads(line)
     for rs in doc["resourceSpans"]:
@@ -123,7 +122,7 @@ def test_json_line_is_the_same_request_as_the_protobuf(spans_):
     frags: list[str] = []
     enc.spans(spans_, frags)
     line = enc.request(frags)
-    assert "\n" not in line
+    assert b"\n" not in line
     json_format.Parse(line, ExportTraceServiceRequest())  # accepted as it is
     # Compared as dicts, where NaN == NaN ("NaN").
     assert json_format.MessageToDict(_json_to_proto(line)) == json_format.MessageToDict(

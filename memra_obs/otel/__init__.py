@@ -1,12 +1,11 @@
 """OpenTelemetry spans from the observer's records, built and encoded off the loop.
 
-:func:`build_span_exporter` follows the OTel environment (:mod:`.config`): off, our OTLP
-writer (HTTP/protobuf, HTTP/JSON, gRPC), the embedded default (OTLP-JSON lines in
-``MEMRA_OBS_SPANS_FILE``, rotated), or any SDK exporter by entry point (slow, universal).
-Why our own encoders: the SDK's per-span path measured 22.7 µs a span here, too much beside a
-round; plain tuples (:mod:`.spans`) written straight to the wire (:mod:`.otlp_proto`,
-:mod:`.otlp_json`), constant pieces encoded once, cost a few µs. grpcio and opentelemetry-proto
-are never imported here.
+:func:`build_span_exporter` follows the OTel environment (:mod:`.config`): off, our OTLP writer
+(HTTP/protobuf, HTTP/JSON, gRPC), the embedded default (rotated OTLP-JSON lines in
+``MEMRA_OBS_SPANS_FILE``), or any SDK exporter by entry point (slow, universal). Our own
+encoders as the SDK's per-span path measured 22.7 µs a span here, too much beside a round; plain
+tuples (:mod:`.spans`) written straight to the wire (:mod:`.otlp`) cost a few µs. grpcio and
+opentelemetry-proto are never imported here.
 """
 
 from __future__ import annotations
@@ -52,8 +51,7 @@ def build_span_exporter(
 
 
 def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> Output:
-    from .otlp_json import JsonEncoder
-    from .otlp_proto import ProtoEncoder
+    from .otlp import JsonEncoder, ProtoEncoder
     from .transport import FileSender, GrpcSender, HttpSender, SdkSender
 
     def enc(cls: Any) -> Any:

@@ -1,15 +1,12 @@
-"""Every ``OTEL_*`` variable the span exporter honors, read in one place, at start-up.
-
-Names and meanings are the OpenTelemetry specification's, so memra_obs is configured as any
-other OTel component (``OTEL_EXPORTER_OTLP_TRACES_*`` wins over ``OTEL_EXPORTER_OTLP_*``;
-the README's "Where spans go" has the table). A value it cannot use is a
+"""Every ``OTEL_*`` variable the span exporter honors, read at start-up, with the OpenTelemetry
+specification's names and meanings (``OTEL_EXPORTER_OTLP_TRACES_*`` wins over
+``OTEL_EXPORTER_OTLP_*``; README, "Where spans go"). A value it cannot use is a
 :class:`~memra_obs.environment.ConfigError` naming the variable, never a silent fallback. The
 timeout is milliseconds, as the specification says (opentelemetry-python reads seconds).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -73,8 +70,7 @@ def traces_exporters(env: Mapping[str, str]) -> list[str]:
 
 
 def resource_attributes(env: Mapping[str, str]) -> dict[str, Any]:
-    """``OTEL_RESOURCE_ATTRIBUTES``, with ``service.name`` from ``OTEL_SERVICE_NAME``, else
-    from the attributes, else ``memra-obs``."""
+    """``OTEL_RESOURCE_ATTRIBUTES``; ``service.name``: OTEL_SERVICE_NAME, theirs or memra-obs."""
     var = "OTEL_RESOURCE_ATTRIBUTES"
     attrs: dict[str, Any] = dict(parse_key_values(var, env.get(var, "")))
     svc = env.get("OTEL_SERVICE_NAME", "").strip()
@@ -93,18 +89,18 @@ def _file(env: Mapping[str, str], x: str) -> str | None:
 class OtlpConfig:
     """Where and how OTLP spans are sent. Build with :meth:`from_env`."""
 
-    protocol: str = "http/protobuf"
+    protocol: str  #: http/protobuf, http/json or grpc
     #: HTTP: the full URL (``.../v1/traces``). gRPC: ``host:port``.
-    endpoint: str = "http://localhost:4318/v1/traces"
+    endpoint: str
     #: gRPC: TLS on (HTTP decides by the URL's scheme).
-    secure: bool = False
-    headers: tuple[tuple[str, str], ...] = ()
+    secure: bool
+    headers: tuple[tuple[str, str], ...]
     #: What one export may take, its retries included.
-    timeout_s: float = 10.0
-    compression: str = "none"
-    certificate: str | None = None
-    client_key: str | None = None
-    client_certificate: str | None = None
+    timeout_s: float
+    compression: str  #: none or gzip
+    certificate: str | None  #: PEM files
+    client_key: str | None
+    client_certificate: str | None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, protocol: str | None = None) -> OtlpConfig:
@@ -114,7 +110,7 @@ class OtlpConfig:
         try:
             timeout_s = float(ms) / 1000.0
         except ValueError:
-            timeout_s = math.nan
+            timeout_s = 0.0  # refused below
         if not 0 < timeout_s < 1e6:
             raise ConfigError(f"{var}={ms!r}: expected a number of milliseconds > 0")
         headers = tuple(parse_key_values(*got)) if (got := _get(env, "HEADERS")) else ()

@@ -1,10 +1,8 @@
-"""The span RecordExporter: records -> span tuples -> encoded requests -> a bounded queue ->
-a sender thread per output, with the one retry loop all senders share.
-
-Building and encoding hold the GIL, so they run in ``export()`` in the export worker's short
-stretches (:mod:`memra_obs.export`); sending waits on the network, so it has its own thread.
-A full queue drops the newest request: nothing waits. Every span built is counted once,
-exported or dropped; retries and shutdown keep to their deadlines (README, "Promises").
+"""The span RecordExporter: records -> span tuples -> encoded requests -> a bounded queue -> a
+sender thread per output, with the one retry loop all senders share. Building and encoding hold
+the GIL, so they run in ``export()`` on the export worker; sending waits on the network, so it
+has its own thread. A full queue drops the newest request: nothing waits. Every span is counted
+once, exported or dropped; retries and shutdown keep to their deadlines (README, "Promises").
 """
 
 from __future__ import annotations
@@ -20,13 +18,14 @@ from typing import Any
 
 from ..diagnostics import say_once
 from ..timeline import Record
-from .otlp_proto import Encoder
+from .otlp import Encoder
 from .spans import Span, SpanBuilder
 from .transport import Retry, SendError
 
 BACKOFF_BASE_S, BACKOFF_MAX_S = 0.1, 5.0
 _CUT_S = 0.02  # what shutdown keeps of its time to cut a stuck send off and still be on time
 _CHUNK = 128  # spans encoded per call: a request passes max_bytes by one chunk at most
+_QUEUE_BYTES = 32 << 20
 
 
 def backoff_s(n: int) -> float:
@@ -35,10 +34,9 @@ def backoff_s(n: int) -> float:
 
 
 class Output:
-    """One destination: an encoder (None: span tuples pass through), a sender, the next
-    request's fragments, the bounded queue of sealed ones and the thread sending them. A
-    request is sealed at about ``max_spans`` spans or ``max_bytes`` bytes (under gRPC's 4 MiB)
-    or at the worker's tick: few big ones, as the Python cost is per request."""
+    """One destination: an encoder (None: span tuples pass through), a sender, and the bounded
+    queue and thread between them. A request is sealed at about ``max_spans`` spans or
+    ``max_bytes`` bytes (under gRPC's 4 MiB) or at the worker's tick: the cost is per request."""
 
     def __init__(
         self,
@@ -52,7 +50,7 @@ class Output:
     ) -> None:
         self.name, self.encoder, self.sender = name, encoder, sender
         self.max_spans, self.max_bytes = max_spans, max_bytes
-        self._qmax, self._qbytes_max = queue_requests, 32 << 20
+        self._qmax = queue_requests
         self._frags: list[Any] = []
         self._size = self._qbytes = 0
         self._q: deque[tuple[int, Any, int]] = deque()
@@ -62,7 +60,7 @@ class Output:
         self._closed = False
         name = f"memra-obs-spans-{name}"
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.parent: SpanExporter | None = None
+        self.parent: SpanExporter  # the exporter it joins sets it, before anything is counted
 
     def add(self, spans: list[Span]) -> None:
         """On the export worker, under the exporter's lock (as :meth:`seal`)."""
@@ -87,7 +85,7 @@ class Output:
         self._frags, self._size = [], 0
         with self._cv:
             late = self._stop_at < math.inf
-            full = len(self._q) >= self._qmax or self._qbytes + size > self._qbytes_max
+            full = len(self._q) >= self._qmax or self._qbytes + size > _QUEUE_BYTES
             if not (late or full):
                 self._q.append((n, payload, size))
                 self._qbytes += size
@@ -101,7 +99,7 @@ class Output:
             with self._cv:
                 while not self._q and self._stop_at == math.inf:
                     self._cv.wait()
-                if not self._q or self._closed:
+                if not self._q:  # shutdown began and the queue is done (or cut off)
                     return
                 n, payload, size = self._q.popleft()
                 self._qbytes -= size
@@ -142,13 +140,12 @@ class Output:
 
     def after_fork(self) -> None:
         """In a forked child: an empty queue, a fresh lock and thread, no parent's connection."""
-        started = self._thread.ident is not None
         self._frags, self._size, self._qbytes, self._flying = [], 0, 0, 0
         self._q.clear()
         self._cv = threading.Condition()
         getattr(self.sender, "after_fork", lambda: None)()
         self._thread = threading.Thread(target=self._run, name=self._thread.name, daemon=True)
-        if started and not self._closed and self._stop_at == math.inf:
+        if self._stop_at == math.inf:  # not shut down
             self._thread.start()
 
     def wait_idle(self, deadline: float) -> bool:
@@ -185,12 +182,10 @@ class Output:
                 self.sender.close()
 
     def _count(self, ok: int, dropped: int, errors: int, kind: str = "", msg: str = "") -> None:
-        p = self.parent
-        if p is not None:
-            p._count(exported=ok, dropped=dropped, errors=errors)
-            if kind:
-                msg = f"spans to {self.sender.url}: {msg}; dropped (counted in dropped_spans)"
-                say_once(f"spans:{id(p)}:{self.name}:{kind}", msg + " (reported once)")
+        self.parent._count(exported=ok, dropped=dropped, errors=errors)
+        if kind:
+            msg = f"spans to {self.sender.url}: {msg}; dropped (counted in dropped_spans)"
+            say_once(f"spans:{id(self.parent)}:{self.name}:{kind}", msg + " (reported once)")
 
 
 class SpanExporter:

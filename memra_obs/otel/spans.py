@@ -1,11 +1,9 @@
 """Records -> plain span tuples: the tree of DESIGN §4, built on the export worker's thread.
 
-A span is ``(name, trace_id, span_id, parent_span_id, start_ns_epoch, end_ns_epoch, attrs,
-status)`` (``attrs``: ``(key, value)`` pairs; ``status``: None or ``(code, message)``); times
-are the records' stamps moved to epoch ns, never "now". Ids below the session are derived:
+Times are the records' stamps moved to epoch ns, never "now". Ids below the session are
 ``session_span_id XOR (n * GAMMA)`` (splitmix64's Weyl step, a bijection: no collisions, one
 multiply) for ``n = 8 * index + kind``, so a round's span can be named from outside
-(:func:`round_span_id`, for exemplars). Rounds past ``round_spans`` get no spans.
+(:func:`round_span_id`, for exemplars).
 """
 
 from __future__ import annotations
@@ -18,7 +16,8 @@ from ..diagnostics import say_once
 from ..records import FIRST_TOKEN_FIELDS
 from ..timeline import BurstRecord, FirstTokenRecord, RoundRecord, SessionEndRecord, SessionRecord
 
-#: A span tuple; typed loosely on purpose, it is built on a hot path.
+#: (name, trace_id, span_id, parent_span_id, start_ns_epoch, end_ns_epoch, (key, value) pairs,
+#: None or (status code, message)); plain tuples, as they are built on a hot path.
 Span = tuple[str, int, int, int, int, int, tuple[tuple[str, Any], ...], "tuple[int, str] | None"]
 
 STATUS_ERROR = 2
@@ -94,9 +93,10 @@ class _Session:
 
 
 class SpanBuilder:
-    """Records of interleaved sessions, fed in order, to span tuples. ``max_open`` bounds the
-    sessions open (a lost end must not leak: the oldest closes unfinished). Skipped, counted:
-    ``orphans`` (no SessionRecord came) and ``bad_records`` (they raised)."""
+    """Records of interleaved sessions, fed in order, to span tuples; rounds past ``round_spans``
+    get none. At most ``max_open`` sessions stay open (a lost end must not leak: the oldest
+    closes unfinished). Skipped, counted: ``orphans`` (no SessionRecord came) and
+    ``bad_records`` (they raised)."""
 
     __slots__ = ("_open", "bad_records", "max_open", "orphans", "round_spans")
 
@@ -104,10 +104,6 @@ class SpanBuilder:
         self.round_spans, self.max_open = round_spans, max_open
         self._open: dict[int, _Session] = {}
         self.orphans = self.bad_records = 0
-
-    @property
-    def open_sessions(self) -> int:
-        return len(self._open)
 
     def add(self, records: Iterable[Any], out: list[Span]) -> None:
         """Append the spans ``records`` complete to ``out``."""
@@ -164,6 +160,8 @@ class SpanBuilder:
         for i in range(5):
             ph[i] += (t[i + 1] - t[i]) * rep
         sid, tid = s.sid, s.tid
+        bid = (sid ^ (((8 * b + 1) * _GAMMA) & _M64)) or 1
+        split = () if rec.split_ns is None else _split_attrs(t2 - t1, rec.split_ns)
         # A run of equal rounds (the tail's burst means) gets a span per round, up to the cap.
         for i in range(min(rep, self.round_spans - rec.index)):
             idx, d = rec.index + i, s.off + i * wall
@@ -183,8 +181,6 @@ class SpanBuilder:
                 )
             else:  # k = j = -1: counts unknown (a round rebuilt from a phase line): no zeros
                 attrs = (("memra.spec.round", idx), ("memra.spec.wall_ns", wall))
-            split = () if rec.split_ns is None else _split_attrs(t2 - t1, rec.split_ns)
-            bid = (sid ^ (((8 * b + 1) * _GAMMA) & _M64)) or 1
             out += (
                 ("spec.round", tid, rid, bid, e0, e5, attrs, None),
                 ("spec.draft", tid, (sid ^ ((g + _G[3]) & _M64)) or 1, rid, e0, e1, (), None),

@@ -1,10 +1,9 @@
 """Where encoded requests go: OTLP/HTTP (stdlib), OTLP/gRPC (grpcio), a JSON-lines file
-rotated at a size limit, or an SDK ``SpanExporter`` found by entry point.
-
-``send(payload, timeout_s)`` is one attempt (the retry loop is the exporter's): it returns the
-spans the receiver rejected, or raises :class:`Retry` for what the OTLP specification calls
-retryable (with the receiver's wait), else :class:`SendError`. ``abort()`` (another thread,
-at shutdown) cuts the attempt in flight short.
+rotated at a size limit, or an SDK ``SpanExporter`` found by entry point. ``send(payload,
+timeout_s)`` is one attempt (the retry loop is the exporter's): it returns the spans the
+receiver rejected, or raises :class:`Retry` for what the OTLP specification calls retryable
+(with the receiver's wait), else :class:`SendError`. ``abort()`` (another thread, at shutdown)
+cuts the attempt in flight short.
 """
 
 from __future__ import annotations
@@ -46,9 +45,8 @@ class Retry(Exception):
 
 
 def _fields(b: Any) -> list[tuple[int, Any]]:
-    """(field number, value) pairs of a protobuf message, read by hand (no opentelemetry-proto):
-    varints as ints, length-delimited as bytes, fixed skipped; junk raises IndexError or
-    ValueError, not bytes has no fields."""
+    """(field number, value) pairs of a protobuf message (not bytes: none), read by hand: varints
+    as ints, length-delimited as bytes, fixed skipped; junk raises IndexError or ValueError."""
     out: list[tuple[int, Any]] = []
     i, n = 0, len(b) if isinstance(b, bytes) else 0
     while i < n:
@@ -105,10 +103,6 @@ def retry_after_s(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _body(payload: bytes | str) -> bytes:
-    return payload.encode() if isinstance(payload, str) else payload
-
-
 class HttpSender:
     """OTLP/HTTP on one keep-alive ``http.client`` connection (protobuf or JSON bodies)."""
 
@@ -131,8 +125,8 @@ class HttpSender:
         self._headers.update(cfg.headers)
         self._conn: http.client.HTTPConnection | None = None
 
-    def send(self, payload: bytes | str, timeout_s: float) -> int:
-        body = gzip.compress(_body(payload), compresslevel=5) if self._gzip else _body(payload)
+    def send(self, payload: bytes, timeout_s: float) -> int:
+        body = gzip.compress(payload, compresslevel=5) if self._gzip else payload
         c = self._conn
         try:
             if c is None:
@@ -188,8 +182,7 @@ class GrpcSender:
         # every export failed fast until the next attempt (12 s of drops after a 30 s outage).
         opt = [("grpc.max_send_message_length", 64 << 20), ("grpc.enable_retries", 0)]
         opt += [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000)]
-        gz = cfg.compression == "gzip"
-        comp = grpc.Compression.Gzip if gz else grpc.Compression.NoCompression
+        comp = grpc.Compression.Gzip if cfg.compression == "gzip" else None  # None: uncompressed
         if cfg.secure:
             pems = (cfg.certificate, cfg.client_key, cfg.client_certificate)
             creds = grpc.ssl_channel_credentials(*(p and Path(p).read_bytes() for p in pems))
@@ -197,10 +190,10 @@ class GrpcSender:
         else:
             ch = grpc.insecure_channel(cfg.endpoint, options=opt, compression=comp)
         self._channel, method = ch, "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-        self._call = ch.unary_unary(method, request_serializer=_body, response_deserializer=bytes)
+        self._call = ch.unary_unary(method)  # no (de)serializer: bytes in, bytes out
         self._metadata = tuple((k.lower(), v) for k, v in cfg.headers) or None
 
-    def send(self, payload: bytes | str, timeout_s: float) -> int:
+    def send(self, payload: bytes, timeout_s: float) -> int:
         try:
             return rejected_spans(self._call(payload, timeout=timeout_s, metadata=self._metadata))
         except self._grpc.RpcError as exc:
@@ -243,8 +236,8 @@ class FileSender(_Local):
         self._f: Any = None
         self._size = 0
 
-    def send(self, payload: bytes | str, timeout_s: float = 0.0) -> int:
-        line = _body(payload) + b"\n"
+    def send(self, payload: bytes, timeout_s: float = 0.0) -> int:
+        line = payload + b"\n"
         try:
             if self._f is None:
                 self._f = open(self.path, "ab")  # noqa: SIM115  (kept open)
@@ -276,18 +269,17 @@ class SdkSender(_Local):
         from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
         self.url, self.exporter, self._chunk = type(exporter).__name__, exporter, chunk
-        flags, codes = TraceFlags(TraceFlags.SAMPLED), {0: StatusCode.UNSET, 1: StatusCode.OK}
+        flags = TraceFlags(TraceFlags.SAMPLED)
         same = {"resource": resource, "kind": SpanKind.INTERNAL, "instrumentation_scope": scope}
 
         def readable(sp: Span) -> Any:
-            name, tid, sid, pid, start, end, attrs, st = sp
-            code = codes.get(st[0], StatusCode.ERROR) if st else StatusCode.UNSET
+            name, tid, sid, pid, start, end, attrs, st = sp  # st: None or (STATUS_ERROR, msg)
             return ReadableSpan(
                 name,
                 context=SpanContext(tid, sid, False, flags),
                 parent=SpanContext(tid, pid, False, flags) if pid else None,
                 attributes=dict(attrs),
-                status=Status(code, st[1] or None) if st else Status(),
+                status=Status(StatusCode.ERROR, st[1] or None) if st else Status(),
                 start_time=start,
                 end_time=end,
                 **same,

@@ -1,9 +1,9 @@
-"""A small protobuf writer for OTLP ``ExportTraceServiceRequest``, fast enough to run beside a
-serving loop, and the skeleton it shares with the JSON writer (:mod:`.otlp_json`).
-
-It writes the wire bytes straight from span tuples, with every constant piece (resource,
-scope, span names, attribute keys, small integers) encoded once; the tests decode every
-shape with ``opentelemetry.proto``. Field numbers (``trace/v1/trace.proto``)::
+"""The OTLP ``ExportTraceServiceRequest`` writers, protobuf and JSON, fast enough to run beside
+a serving loop: wire bytes straight from span tuples, every constant piece (resource, scope,
+span names, attribute keys, small integers) encoded once; the tests decode every shape with
+``opentelemetry.proto``. The JSON is protobuf's mapping with OTLP's exceptions (lowerCamelCase,
+hex ids, 64-bit integers as strings, enums as numbers), a request a line: what the embedded
+default writes and the Collector's ``otlpjsonfile`` receiver replays. Field numbers::
 
     ExportTraceServiceRequest { 1: ResourceSpans { 1: Resource, 2: ScopeSpans {
         1: InstrumentationScope, 2: Span* }, 3: schema_url } }
@@ -13,19 +13,23 @@ shape with ``opentelemetry.proto``. Field numbers (``trace/v1/trace.proto``)::
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable, Mapping, Sequence
+from json.encoder import encode_basestring_ascii as _jstr  # the C escaper
 from typing import Any
 
 from .spans import Span
 
 _M64 = (1 << 64) - 1
+_I64 = 1 << 63
 _B1 = [bytes((i,)) for i in range(128)]
 _TIMES = struct.Struct("<BQBQ")  # 0x39 start_time_unix_nano, 0x41 end_time_unix_nano
 _F64 = struct.Struct("<d")
 #: Span.flags: W3C sampled + "has is_remote" (the parent is local), as the SDK writes it.
 SPAN_FLAGS = 0x101
 _FLAGS = b"\x85\x01" + struct.pack("<I", SPAN_FLAGS)  # field 16, wire type 5
+_JFLAGS = f',"flags":{SPAN_FLAGS}}}'
 _KIND_INTERNAL = b"\x30\x01"
 
 
@@ -72,6 +76,33 @@ def _any(v: Any) -> bytes:
     if isinstance(v, (tuple, list)):  # ArrayValue { 1: AnyValue* }
         return _field(0x2A, b"".join(_field(0x0A, _any(x)) for x in v))
     return _text(0x0A, str(v))
+
+
+def _i64(v: int) -> int:
+    """An int as the int64 the protobuf writer sends (two's complement wrap)."""
+    return ((v + _I64) & _M64) - _I64
+
+
+def _jany(v: Any) -> str:
+    """An ``AnyValue`` JSON object for a Python attribute value."""
+    tv = type(v)
+    if tv is bool:
+        return '{"boolValue":true}' if v else '{"boolValue":false}'
+    if tv is int:
+        return f'{{"intValue":"{_i64(v)}"}}'
+    if tv is float:
+        if math.isfinite(v):
+            return f'{{"doubleValue":{v!r}}}'
+        s = "NaN" if v != v else "Infinity" if v > 0 else "-Infinity"
+        return f'{{"doubleValue":"{s}"}}'
+    if tv is str:
+        return f'{{"stringValue":{_jstr(v)}}}'
+    for base in (bool, int, float, str):  # subclasses (IntEnum, str enums, ...)
+        if isinstance(v, base):
+            return _jany(base(v))
+    if isinstance(v, (tuple, list)):
+        return f'{{"arrayValue":{{"values":[{",".join(map(_jany, v))}]}}}}'
+    return f'{{"stringValue":{_jstr(str(v))}}}'
 
 
 class Encoder:
@@ -126,8 +157,7 @@ def _key_entry(key: str) -> tuple[list[bytes], list[bytes], bytes, bytes]:
 
 
 class ProtoEncoder(Encoder):
-    """Span tuples to ``ScopeSpans.spans`` fields (tag + length + body), so a request is a
-    join of precomputed headers and those fragments."""
+    """Span tuples to ``ScopeSpans.spans`` fields: a request joins precomputed heads and them."""
 
     __slots__ = ()
 
@@ -183,10 +213,65 @@ class ProtoEncoder(Encoder):
         return (b"\x12" + _B1[ln] if ln < 128 else b"\x12" + varint(ln)) + body
 
     def request(self, fragments: Sequence[bytes], size: int) -> bytes:
-        """One ``ExportTraceServiceRequest`` (one resource, one scope) holding the fragments,
-        whose lengths add up to ``size`` (the caller kept it)."""
+        """One request (one resource, one scope) of fragments whose lengths add up to ``size``."""
         res, scope, schema = self._head
         ss_len = len(scope) + size
         ss_head = b"\x12" + varint(ss_len)
         rs_len = len(res) + len(ss_head) + ss_len + len(schema)
         return b"".join((b"\x0a", varint(rs_len), res, ss_head, scope, *fragments, schema))
+
+
+class JsonEncoder(Encoder):
+    """Span tuples to OTLP/JSON span objects, wrapped into request lines."""
+
+    __slots__ = ()
+    _SEP = 1  # the comma
+
+    def _heads(self, resource: Mapping[str, Any], name: str, version: str, schema: str) -> Any:
+        kvs = ",".join(f'{{"key":{_jstr(str(k))},"value":{_jany(v)}}}' for k, v in resource.items())
+        scope = f'{{"name":{_jstr(name)}' + (f',"version":{_jstr(version)}' if version else "")
+        head = f'{{"resourceSpans":[{{"resource":{{"attributes":[{kvs}]}},'
+        head += f'"scopeSpans":[{{"scope":{scope}}},"spans":['
+        return head, "]}]" + (f',"schemaUrl":{_jstr(schema)}' if schema else "") + "}]}"
+
+    def _trace_head(self, tid: int) -> str:
+        return f'{{"traceId":"{tid:032x}","spanId":"'
+
+    def span(self, sp: Span) -> str:
+        name, tid, sid, pid, start, end, attrs, status = sp
+        head = self._traces.get(tid) or self._trace(tid)
+        nm = self._names.get(name)
+        if nm is None:
+            nm = self._names[name] = f',"name":{_jstr(name)},"kind":1,"startTimeUnixNano":"'
+        parts = [head, f"{sid:016x}", f'","parentSpanId":"{pid:016x}"' if pid else '"', nm]
+        parts.append(f'{start}","endTimeUnixNano":"{end}"')
+        if attrs:
+            keys, kv = self._keys, []
+            for k, v in attrs:
+                ent = keys.get(k)
+                if ent is None:  # the '{"key":..,"value":' head, whole pairs for ints 0..255
+                    kh = f'{{"key":{_jstr(k)},"value":'
+                    ent = keys[k] = (kh, [f'{kh}{{"intValue":"{i}"}}}}' for i in range(256)])
+                tv = type(v)
+                if tv is int:
+                    if 0 <= v < 256:
+                        kv.append(ent[1][v])
+                    else:
+                        i = v if -_I64 <= v < _I64 else _i64(v)
+                        kv.append(f'{ent[0]}{{"intValue":"{i}"}}}}')
+                elif tv is float and math.isfinite(v):
+                    kv.append(f'{ent[0]}{{"doubleValue":{v!r}}}}}')
+                else:
+                    kv.append(f"{ent[0]}{_jany(v)}}}")
+            parts.append(f',"attributes":[{",".join(kv)}]')
+        if status is not None:
+            code, msg = status
+            st = f'"message":{_jstr(msg)},' if msg else ""
+            parts.append(f',"status":{{{st}"code":{code}}}')
+        parts.append(_JFLAGS)
+        return "".join(parts)
+
+    def request(self, fragments: Sequence[str], size: int | None = None) -> bytes:
+        """One ``ExportTraceServiceRequest`` as a single JSON line (no newline), ASCII."""
+        head, tail = self._head
+        return (head + ",".join(fragments) + tail).encode()
