@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.profile:
         prom = new_prom()
         cProfile.runctx("run_tail(parts, prom.export, rb)", globals(), {"parts": parts,
-                        "prom": prom, "run_tail": run_tail, "rb": Rebuilder("bench", trace_ids=False)},
+                        "prom": prom, "run_tail": run_tail, "rb": Rebuilder("bench")},
                         "/tmp/bench_tail.prof")  # fmt: skip
         pstats.Stats("/tmp/bench_tail.prof").sort_stats("tottime").print_stats(18)
     return 0
@@ -207,10 +207,7 @@ def _only(a: argparse.Namespace) -> int:
     """One stage, once: deterministic enough for callgrind (seeded input and rebuilder)."""
     lines, _, parts, _ = _input(a)
     fns = _stages(
-        lines,
-        parts,
-        lambda ids: Rebuilder("bench", rng=random.Random(0), trace_ids=ids),
-        a.only == "prom alone",
+        lines, parts, lambda: Rebuilder("bench", rng=random.Random(0)), a.only == "prom alone"
     )
     if "prom" in a.only:
         new_prom()  # its imports and families outside the count
@@ -218,16 +215,18 @@ def _only(a: argparse.Namespace) -> int:
     return 0
 
 
-def new_prom() -> Any:
+def new_prom(traced: bool = False) -> Any:
+    """The exporter as the tail's wiring builds it (``traced``: a span exporter runs too)."""
     from memra_obs.prom import PrometheusExporter
 
-    return PrometheusExporter(registry=CollectorRegistry(), worker="bench", worker_label=True)
+    reg = CollectorRegistry()
+    return PrometheusExporter(registry=reg, worker="bench", worker_label=True, traced=traced)
 
 
 def _stages(
     lines: list[str],
     parts: list[bytes],
-    rebuilder: Callable[[bool], Rebuilder] = lambda ids: Rebuilder("bench", trace_ids=ids),
+    rebuilder: Callable[[], Rebuilder] = lambda: Rebuilder("bench"),
     prebuild: bool = True,
 ) -> dict[str, Callable[[], object]]:
     """Each stage as a call over the whole input (``prebuild``: the batches of ``prom alone``)."""
@@ -237,12 +236,12 @@ def _stages(
             parse_line(line)
 
     def with_prom() -> None:
-        run_tail(parts, new_prom().export, rebuilder(False))
+        run_tail(parts, new_prom().export, rebuilder())
 
     # The exporter alone, on the batches rebuilt beforehand: its share of +prom.
     batches: list[list[Any]] = []
     if prebuild:
-        run_tail(parts, batches.append, rebuilder(False))
+        run_tail(parts, batches.append, rebuilder())
 
     def prom_only() -> None:
         prom = new_prom()
@@ -257,7 +256,7 @@ def _stages(
             st = Settings.resolve({}, spans_file=os.path.join(d, "spans.jsonl"))
             sx = build_span_exporter(st, env={})
             assert sx is not None
-            prom = new_prom()
+            prom = new_prom(traced=True)
 
             def both(batch: list[Any]) -> None:
                 prom.export(batch)
@@ -266,13 +265,13 @@ def _stages(
                 # drop spans (their writing then missing from the figure).
                 sx.flush(30.0)
 
-            run_tail(parts, both, rebuilder(True))
+            run_tail(parts, both, rebuilder())
             sx.shutdown(30.0)
             assert not sx.dropped_spans, sx.dropped_spans
 
     return {
         "parse": parse_all,
-        "rebuild": lambda: run_tail(parts, lambda b: None, rebuilder(False)),
+        "rebuild": lambda: run_tail(parts, lambda b: None, rebuilder()),
         "+prom": with_prom,
         "prom alone": prom_only,
         "+prom+spans": with_spans,

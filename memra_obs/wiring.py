@@ -78,9 +78,10 @@ def build_exporters(
                 registry=registry,
                 worker=worker,
                 worker_label=worker_label,
-                round_span_id=round_span_ids(st.round_spans) if "otel" in st.sinks else None,
+                round_span_id=round_span_ids(st.round_spans) if out.spans is not None else None,
                 advice_window=st.advice_window,
                 plain_step_ns=None if st.plain_step_ms is None else st.plain_step_ms * 1e6,
+                traced=out.spans is not None,
             )
             if serve and st.metrics_addr is not None:
                 out.server = _serve(st, out.prom.registry, strict)

@@ -208,6 +208,18 @@ def test_exemplars_carry_the_session_trace_id(reg):
     assert " # " not in encode(reg, "text/plain")[0].decode()
 
 
+def test_without_spans_only_sessions_in_a_callers_trace_carry_exemplars(reg):
+    """``traced=False`` (no span exporter runs): an exemplar would name a trace no backend
+    receives, unless the session joined the caller's trace (``parent_span_id``), which the
+    caller exports."""
+    ex = PrometheusExporter(reg, traced=False)
+    joined = session(2, "b")._replace(parent_span_id=9)
+    ex.export([session(1, "a"), rnd(1, 0, (1, 7, 0, 0, 0)), joined, rnd(2, 0, (1, 7, 0, 0, 0))])
+    lines = encode(reg, OM)[0].decode().splitlines()
+    assert all(" # " not in ln for ln in lines if 'family="a"' in ln)
+    assert any(f'trace_id="{TRACE:032x}"' in ln for ln in lines if 'family="b"' in ln)
+
+
 def test_round_span_id_hook(reg):
     """With a round_span_id hook, round exemplars also name the round's span (0 = none)."""
     ex = PrometheusExporter(reg, round_span_id=lambda s, r: 0 if r.index else s.span_id + 1)

@@ -243,18 +243,26 @@ def test_spans_file_gets_the_worker_span_tree(tmp_path, sinks):
     }
 
 
-@pytest.mark.parametrize("spans_on", [False, True])
-def test_exemplars_name_only_traces_that_are_sent(spans_on):
-    """The tail draws trace ids only when spans go out (``"otel" in MEMRA_OBS_SINKS``): with
-    metrics alone an exemplar would name a trace no backend ever receives (README,
-    "Exemplars": they come with spans)."""
-    from memra_obs.prom import PrometheusExporter, encode
+@pytest.mark.parametrize("sinks", ["prometheus", "otel,prometheus"])
+def test_exemplars_name_only_traces_that_are_sent(tmp_path, sinks):
+    """Wired as the tail (build_exporters): metrics alone keep no exemplar (it would name a
+    trace no backend receives; README, "Exemplars": they come with spans); with spans on,
+    every round's exemplar names its session's trace."""
+    from memra_obs.prom import encode
 
     reg = CollectorRegistry()
-    prom = PrometheusExporter(reg, worker="w", worker_label=True)
-    tail = Tail(Rebuilder("w", trace_ids=spans_on), prom.export, out=None)
-    tail.feed((PHASE + "\n" + VERIFY + "\n").encode(), time.perf_counter_ns())
-    tail.close(time.perf_counter_ns())
-    body = encode(reg, "application/openmetrics-text; version=1.0.0")[0].decode()
+    spans = tmp_path / "spans.jsonl"
+    st = Settings.resolve({}, sinks=sinks, metrics_addr="", spans_file=str(spans))
+    w = build_exporters(st, worker="w", worker_label=True, registry=reg, env={})
+    try:
+        tail = Tail(Rebuilder("w"), lambda b: [ex.export(b) for ex in w.all], out=None)
+        tail.feed((PHASE + "\n" + VERIFY + "\n").encode(), time.perf_counter_ns())
+        tail.close(time.perf_counter_ns())
+        body = encode(reg, "application/openmetrics-text; version=1.0.0")[0].decode()
+    finally:
+        if w.spans is not None:
+            w.spans.shutdown(5.0)
+        w.close()
     assert 'memra_spec_rounds_total{family="glm5",worker="w"} 6.0' in body
-    assert ('# {trace_id="' in body) is spans_on
+    assert ('# {span_id="' in body) is ("otel" in sinks)
+    assert ("trace_id=" in body) is ("otel" in sinks)

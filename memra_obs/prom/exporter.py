@@ -32,9 +32,12 @@ UNKNOWN_FAMILY = "unknown"
 class _Session:
     __slots__ = ("ex", "loop", "off", "rec", "srt", "w", "win")
 
-    def __init__(self, rec: SessionRecord | None, loop: LoopChildren, w: tuple[str, ...]) -> None:
+    def __init__(self, rec: SessionRecord | None, loop: LoopChildren, w: tuple[str, ...],
+                 traced: bool) -> None:  # fmt: skip
         self.rec, self.loop, self.w = rec, loop, w  # w: the worker label value, or ()
-        self.ex = {"trace_id": format(rec.trace_id, "032x")} if rec and rec.trace_id else None
+        # An exemplar names a trace some backend receives: ours, or the caller's it joined.
+        sent = rec is not None and rec.trace_id and (traced or rec.parent_span_id)
+        self.ex = {"trace_id": format(rec.trace_id, "032x")} if sent and rec else None
         #: epoch_ns - mono_ns of the session's anchor pair (exemplar timestamps).
         self.off = rec.anchor_ns_epoch - rec.anchor_ns_mono if rec is not None else 0
         self.win: deque[int] = deque()  # recent walls in arrival order
@@ -44,7 +47,9 @@ class _Session:
 class PrometheusExporter:
     """The DESIGN §5 metrics in ``registry`` (default the global ``REGISTRY``); an exporter
     already publishing there is taken over, any other name clash raises. ``worker_label``: a
-    ``worker`` label on loop series (agent, tail). ``round_span_id``: for round exemplars."""
+    ``worker`` label on loop series (agent, tail). ``round_span_id``: for round exemplars.
+    ``traced=False``: no span exporter runs, so only sessions that joined a caller's trace
+    carry exemplars."""
 
     signal = "metrics"
 
@@ -60,6 +65,7 @@ class PrometheusExporter:
         round_span_id: Callable[[SessionRecord, RoundRecord], int] | None = None,
         advice_window: int = 2048,
         plain_step_ns: float | None = None,
+        traced: bool = True,
     ) -> None:
         if slow_window < 1 or max_sessions < 1:
             raise ValueError("slow_window and max_sessions must be >= 1")
@@ -68,7 +74,7 @@ class PrometheusExporter:
         #: Records this exporter could not aggregate (published as signal="metrics").
         self.export_errors = 0
         self._factor, self._window, self._max_sessions = slow_factor, slow_window, max_sessions
-        self._span_id = round_span_id
+        self._span_id, self._traced = round_span_id, traced
         self._advice_window, self._plain_step_ns = advice_window, plain_step_ns
         self._advised = -ADVICE_EVERY_S  # monotonic time of the last advice
         self._lock = threading.Lock()
@@ -161,7 +167,7 @@ class PrometheusExporter:
         if rec is not None and rec.clock:
             loop.adv.clock = rec.clock
         self.families["memra_spec_first_token_seconds"].child(w)  # from the worker's first session
-        s = self._sessions[sid] = _Session(rec, loop, w)
+        s = self._sessions[sid] = _Session(rec, loop, w, self._traced)
         if len(self._sessions) > self._max_sessions:  # end records lost, or very many open
             del self._sessions[next(iter(self._sessions))]
         return s
