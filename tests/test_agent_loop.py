@@ -256,6 +256,53 @@ def test_agent_metrics_carry_worker_labels_and_ring_drops(tmp_path):
         c()
 
 
+def test_agent_self_metrics_are_the_in_process_ones(tmp_path):
+    """Every exporter's own counts reach /metrics in agent mode as in-process (one wiring):
+    a requests file that cannot be written counts under export_errors{signal="requests"}."""
+    from prometheus_client import CollectorRegistry
+
+    from memra_obs.prom import encode
+    from memra_obs.wiring import build_observer
+
+    env = {
+        "MEMRA_OBS_SINKS": "otel,prometheus",
+        "MEMRA_OBS_METRICS_ADDR": "",
+        "OTEL_TRACES_EXPORTER": "none",
+        "MEMRA_OBS_REQUESTS_FILE": str(tmp_path / "missing" / "requests.jsonl"),
+    }
+    series = {}
+    for mode in ("in-process", "agent"):
+        reg = CollectorRegistry()
+        if mode == "agent":
+            obs, sink = observer(tmp_path, "rank0")
+            agent, closers, _ = build_agent(str(tmp_path), env=env, registry=reg)
+        else:
+            obs = build_observer(env=env, registry=reg, level=0, prof=False)
+        with obs.session("glm5") as s:
+            rounds(s, 3)
+        if mode == "agent":
+            agent.drain(5)
+        else:
+            obs.flush(5.0)
+        text = encode(reg, "text/plain")[0].decode()
+        series[mode] = {
+            line.split(" ")[0]: float(line.split(" ")[1])
+            for line in text.splitlines()
+            if line.startswith(("memra_obs_export_errors_total{", "memra_obs_dropped_total{"))
+        }
+        if mode == "agent":
+            sink.shutdown()
+            agent.close()
+            for c in closers:
+                c()
+        obs.shutdown()
+    for mode in series:
+        assert series[mode]['memra_obs_export_errors_total{signal="requests"}'] == 1.0, mode
+    signals = {mode: {k.split('"')[1] for k in v} for mode, v in series.items()}
+    # The queue's drops and the loop's refused rounds are in-process only; the ring's the agent's.
+    assert signals["in-process"] - {"rounds"} == signals["agent"] - {"ring"}
+
+
 def test_records_reach_exporters_in_batches_not_one_by_one(tmp_path):
     """One pass hands every ring's news to each exporter as one batch."""
     (o1, s1), (o2, s2) = observer(tmp_path, "a"), observer(tmp_path, "b")

@@ -259,14 +259,9 @@ def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None =
             c.shutdown(1.0)
         built.close()
         raise
-    prom, spans = built.prom, built.spans
-    if prom is not None:  # the instrument's own health, as in-process
-        prom.watch("dropped", "ring", agent.lost_total)
-        prom.watch("errors", "records", lambda: agent.worker.errors)
-        prom.watch("errors", "metrics", lambda: prom.export_errors)
-        if spans is not None:
-            prom.watch("dropped", "spans", lambda: spans.dropped_spans)
-            prom.watch("errors", "spans", lambda: spans.export_errors)
+    if built.prom is not None:  # the instrument's own health, as in-process
+        built.prom.watch("dropped", "ring", agent.lost_total)
+        built.prom.attach_worker(agent.worker)
         registry.register(AgentCollector(agent))
     return agent, [built.close], built.server
 

@@ -146,12 +146,16 @@ class PrometheusExporter:
             self.families[name].child((signal,), lambda: sum(r() for r in readers))
 
     def attach_queue(self, qsink: Any) -> None:
-        """Publish the queue's drops, its worker's failures, and each exporter's own counts
-        (int ``dropped_spans`` / ``export_errors``, under its ``signal``, else ``spans``)."""
+        """Publish the queue's drops and, through :meth:`attach_worker`, its worker's."""
         self.watch("dropped", "records", lambda: qsink.dropped)
         worker = getattr(qsink, "worker", None)
-        if worker is None:
-            return
+        if worker is not None:
+            self.attach_worker(worker)
+
+    def attach_worker(self, worker: Any) -> None:
+        """Publish an export worker's failures and each of its exporters' own counts (int
+        ``dropped_spans`` / ``export_errors``, under its ``signal``, else ``spans``): the same
+        self-metrics in-process, in the agent and in the tail."""
         self.watch("errors", "records", lambda: worker.errors)
         for ex in getattr(worker, "exporters", ()):
             sig = ex.signal if isinstance(getattr(ex, "signal", None), str) else "spans"
