@@ -199,11 +199,8 @@ class PrometheusExporter:
         if k >= 0:  # k = j = -1: counts unknown (a round rebuilt without its row)
             L.drafted.observe(k, ex, ts, n)
             L.accepted.observe(r.j, ex, ts, n)
-            L.drafted_total.v += k * n
-            L.accepted_total.v += r.j * n
             L.seq_rows.v += r.seq_rows * n
             L.adv.add(r, n)
-        L.rounds.v += n
         if r.split_ns is not None:
             kda, scan, mla, ffn = r.split_ns
             sp = L.split or L.bind_split()

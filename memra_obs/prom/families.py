@@ -118,8 +118,8 @@ class LoopChildren:
     """The children of one ``(worker,) family`` label set, bound once."""
 
     __slots__ = (
-        "accepted", "accepted_total", "adv", "drafted", "drafted_total", "lv", "phases",
-        "round", "rounds", "seq_rows", "slow", "split", "split_family",
+        "accepted", "adv", "drafted", "lv", "phases", "round", "seq_rows", "slow", "split",
+        "split_family",
     )  # fmt: skip
 
     def __init__(self, f: dict[str, Family], lv: tuple[str, ...], window: int = 0) -> None:
@@ -131,9 +131,11 @@ class LoopChildren:
         self.split: tuple[Hist, ...] = ()  # bound on the first level-2 round
         self.drafted: Hist = f["memra_spec_drafted_tokens_per_round"].child(lv)
         self.accepted: Hist = f["memra_spec_accepted_tokens_per_round"].child(lv)
-        self.rounds: Value = f["memra_spec_rounds"].child(lv)
-        self.drafted_total: Value = f["memra_spec_drafted_tokens"].child(lv)
-        self.accepted_total: Value = f["memra_spec_accepted_tokens"].child(lv)
+        # Totals the histograms already hold, read when scraped: equal by construction.
+        rnd, drafted, accepted = self.round, self.drafted, self.accepted
+        f["memra_spec_rounds"].child(lv, lambda: sum(rnd.counts))
+        f["memra_spec_drafted_tokens"].child(lv, lambda: drafted.total)
+        f["memra_spec_accepted_tokens"].child(lv, lambda: accepted.total)
         self.seq_rows: Value = f["memra_spec_verify_seq_rows"].child(lv)
         self.slow: Value = f["memra_spec_slow_rounds"].child(lv)
 
