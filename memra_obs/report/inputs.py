@@ -96,7 +96,7 @@ def _read_log(lines: Iterable[str], run: Run) -> None:
             continue
         run.kinds[rec.kind] += 1
         # The round logs as the worker kept them: row 0 or a row after a summary opens one, a
-        # summary closes it (concurrent sessions interleave: see docs/REPORT.md).
+        # summary closes it (concurrent sessions interleave: README, "memra-obs report", limits).
         if isinstance(rec, RoundsLine | SummaryLine):
             opens = isinstance(rec, RoundsLine) and rec.row == 0
             if log is None or log.summary is not None or opens:
