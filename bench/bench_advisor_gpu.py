@@ -20,6 +20,12 @@ prefix, the drafter's cache cropped in maintenance.
 2. sweep k = 1..``--sweep-max``: measured tokens/s (wall clock, drained, no instrument);
 3. a plain one-token-per-step greedy loop on the target: measured tokens/s.
 
+The sweep and the plain loop run in short blocks (``--sweep-rounds`` each), every k once per
+repetition in rotated order, until ``--repeats`` or the budget: a launch-bound loop's speed drifts
+with the shared host by tens of percent over seconds, and fine interleaving gives every k the same
+drift. A k's figure pools its blocks (tokens / seconds); repetition r plants uniforms from seed
+``seed + r`` for every k alike (common random numbers, new ones each repetition).
+
 Prints a table and one JSON document (also to ``$OUT/advisor.json`` when OUT is set): measured
 tok/s per k, the best k, the advisor's k and its measured tok/s (goal: >= 0.95 of the best),
 estimated vs measured speedup over the plain loop. Budget: well under 5 minutes on one H200.
@@ -58,8 +64,8 @@ class Planted:
         self.curve, self.seed = curve, seed
         self.rng = random.Random(seed)
 
-    def restart(self) -> None:
-        self.rng = random.Random(self.seed)
+    def restart(self, rep: int = 0) -> None:
+        self.rng = random.Random(self.seed + rep)
 
     def draw(self, k: int) -> int:
         u = [self.rng.random() for _ in range(K_DRAWS)]
@@ -287,11 +293,11 @@ def short_run(w: Any, k: int, rounds: int, gate: float, seed: int) -> list[Any]:
     return [r for r in sink.records if hasattr(r, "phase_ns")]
 
 
-def measure(w: Any, k: int, rounds: int) -> tuple[float, float]:
-    """(tokens/s, tokens/round) of ``rounds`` uninstrumented rounds at k (k = 0: plain steps),
-    wall clock from drained start to drained end, session resets left out."""
+def measure(w: Any, k: int, rounds: int, rep: int = 0) -> tuple[int, float]:
+    """(tokens, seconds) of ``rounds`` uninstrumented rounds at k (k = 0: plain steps), wall
+    clock from drained start to drained end, session resets left out; ``rep``: the uniforms."""
     tokens = elapsed = done = 0
-    w.plant.restart()
+    w.plant.restart(rep)
     while done < rounds:
         w.reset()
         t0 = time.perf_counter()
@@ -304,7 +310,7 @@ def measure(w: Any, k: int, rounds: int) -> tuple[float, float]:
             done += 1
         w.sync()
         elapsed += time.perf_counter() - t0
-    return tokens / elapsed, tokens / rounds
+    return tokens, elapsed
 
 
 def summary(a: Advice | None) -> dict[str, Any] | None:
@@ -350,8 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--short-rounds", type=int, default=None)
     ap.add_argument("--sweep-max", type=int, default=None)
-    ap.add_argument("--sweep-rounds", type=int, default=None)
-    ap.add_argument("--repeats", type=int, default=None, help="sweep repetitions (median)")
+    ap.add_argument("--sweep-rounds", type=int, default=None, help="rounds a k runs per repetition")
+    ap.add_argument("--repeats", type=int, default=None, help="sweep repetitions (pooled)")
     ap.add_argument("--budget-s", type=float, default=240.0, help="no new repetition past this")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--prompt", type=int, default=256)
@@ -360,17 +366,19 @@ def main(argv: list[str] | None = None) -> int:
     dry = args.dry_run
     short_n = args.short_rounds or (160 if dry else 600)
     kmax = args.sweep_max or (8 if dry else 12)
-    sweep_n = args.sweep_rounds or (50 if dry else 300)
-    repeats = args.repeats or (1 if dry else 3)
+    sweep_n = args.sweep_rounds or (50 if dry else 60)
+    repeats = args.repeats or (1 if dry else 40)
     if max(args.k) > kmax:
         ap.error(f"--k {max(args.k)} is past --sweep-max {kmax}")
     t_start = time.perf_counter()
     plant = Planted(CURVES[args.curve], args.seed)
     w: Any = FakeLoop(plant) if dry else GptLoop(plant, args.prompt, args.new_tokens, args.seed)
     print(f"# {w.describe()}; curve {args.curve}; clock {w.clock}", flush=True)
-    warm = measure(w, args.k[0], 5 if dry else 200)  # warm-up: kernels, allocator, GPU clocks
+    tok, sec = measure(w, args.k[0], 5 if dry else 200)  # warm-up: kernels, allocator, clocks
     measure(w, 0, 5 if dry else 100)
-    print(f"# warm-up at {time.perf_counter() - t_start:.0f} s: k={args.k[0]} {warm[0]:.0f} tok/s")
+    print(
+        f"# warm-up at {time.perf_counter() - t_start:.0f} s: k={args.k[0]} {tok / sec:.0f} tok/s"
+    )
 
     # 1. short runs at one k each (10% of rounds gated shorter), and the headline k ungated
     recs = {k: short_run(w, k, short_n, 0.1, args.seed) for k in args.k}
@@ -379,23 +387,34 @@ def main(argv: list[str] | None = None) -> int:
     const = advise(short_run(w, k0, short_n, 0.0, args.seed), max_k=kmax, clock=w.clock)
     print(f"# short runs done at {time.perf_counter() - t_start:.0f} s", flush=True)
 
-    # 2. + 3. the sweep and the plain loop (k = 0), order rotated per repetition: clocks drift
-    per_k: dict[int, list[float]] = {k: [] for k in range(0, kmax + 1)}
-    tpr: dict[int, float] = {}
+    # 2. + 3. the sweep and the plain loop (k = 0): short blocks, every k once a repetition in
+    # rotated order, pooled (the host's drift is shared alike; the module docstring says why)
+    blocks: dict[int, list[tuple[int, float]]] = {k: [] for k in range(0, kmax + 1)}
     order, done = list(range(0, kmax + 1)), 0
     for rep in range(repeats):
         t_rep = time.perf_counter()
         for k in order[rep % len(order) :] + order[: rep % len(order)]:
-            tps, tpr[k] = measure(w, k, sweep_n)
-            per_k[k].append(tps)
+            blocks[k].append(measure(w, k, sweep_n, rep))
         done += 1
         now = time.perf_counter()
-        print(f"# sweep repetition {done} done at {now - t_start:.0f} s", flush=True)
+        if done % 10 == 0 or done == repeats:
+            print(f"# sweep repetition {done} done at {now - t_start:.0f} s", flush=True)
         if now - t_start + (now - t_rep) > args.budget_s:
             break
-    measured = {k: statistics.median(v) for k, v in per_k.items()}
+    measured = {k: sum(t for t, _ in b) / sum(s for _, s in b) for k, b in blocks.items()}
+    tpr = {k: sum(t for t, _ in b) / (sweep_n * len(b)) for k, b in blocks.items()}
     plain = measured.pop(0)
     best_k = max(measured, key=lambda k: measured[k])
+
+    def rates(k: int) -> list[float]:
+        return [t / s for t, s in blocks[k]]
+
+    def paired(k: int) -> tuple[float, float, float]:
+        """k's tok/s over the best k's, repetition by repetition: median and quartiles."""
+        r = [a / b for a, b in zip(rates(k), rates(best_k), strict=True)]
+        q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0]] * 3
+        return q[1], q[0], q[2]
+
     with_plain = advise(recs[k0], max_k=kmax, clock=w.clock, plain_step_ns=1e9 / plain)
 
     print(
@@ -417,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"short run at k={s}: too few rounds for advice")
             continue
         ka, sp = a.recommended_k, a.estimated_speedup
-        ratio = measured[ka] / measured[best_k]
+        ratio, (pr, plo, phi) = measured[ka] / measured[best_k], paired(ka)
         spm = with_plain.estimated_speedup if s == k0 and with_plain else None
         runs.append(
             {
@@ -426,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
                 "measured_at_recommended": measured[ka],
                 "ratio_vs_best": ratio,
                 "goal_met": ratio >= 0.95,
+                "paired_ratio_vs_best": [pr, plo, phi],
                 "gain_vs_short_run_k": measured[ka] / measured[s],
                 "estimated_speedup": list(sp),
                 "estimated_speedup_measured_plain": list(spm) if spm else None,
@@ -436,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"from {short_n} rounds at k={s} (clock {a.clock}): advised k={ka}, measured "
             f"{measured[ka]:.1f} tok/s = {ratio:.3f} of the best (k={best_k}; goal >= 0.95), "
-            f"{measured[ka] / measured[s]:.3f}x the loop's own k={s}"
+            f"{measured[ka] / measured[s]:.3f}x the loop's own k={s}; per repetition "
+            f"{pr:.3f} (quartiles {plo:.3f}..{phi:.3f})"
         )
         print(
             f"  speedup over plain at k={ka}: estimated {sp.value:.3f} [{sp.lo:.3f}, {sp.hi:.3f}]"
@@ -459,15 +480,15 @@ def main(argv: list[str] | None = None) -> int:
             "short_run_k": args.k,
             "short_rounds": short_n,
             "gate": 0.1,
-            "sweep_rounds": sweep_n,
+            "sweep_rounds_per_repetition": sweep_n,
             "repeats": done,
             "prompt": args.prompt,
             "new_tokens": args.new_tokens,
             "seed": args.seed,
         },
         "measured": [
-            {"k": k, "tokens_per_s": measured[k], "tokens_per_round": tpr[k], "runs": per_k[k]}
-            for k in measured
+            {"k": k, "tokens_per_s": v, "tokens_per_round": tpr[k], "runs": rates(k)}
+            for k, v in measured.items()
         ],
         "best_k": best_k,
         "best_tokens_per_s": measured[best_k],
