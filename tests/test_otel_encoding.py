@@ -120,8 +120,7 @@ def test_json_line_is_the_same_request_as_the_protobuf(spans_):
     """The JSON writer says exactly what the protobuf writer says (OTLP/JSON rules)."""
     enc = JsonEncoder(RESOURCE, "memra_obs", "9.9")
     frags: list[str] = []
-    enc.spans(spans_, frags)
-    line = enc.request(frags)
+    line = enc.request(frags, enc.spans(spans_, frags))
     assert b"\n" not in line
     json_format.Parse(line, ExportTraceServiceRequest())  # accepted as it is
     # Compared as dicts, where NaN == NaN ("NaN").
@@ -134,7 +133,8 @@ def test_json_uses_hex_ids_string_int64s_and_camel_case():
     """The OTLP/JSON specifics a file receiver depends on."""
     enc = JsonEncoder({"service.name": "s"}, "memra_obs")
     sp = ("spec.round", 0xAB, 0xCD, 0xEF, 10, 20, (("memra.spec.k", 4), ("r", 0.5)), (2, "boom"))
-    doc = json.loads(enc.request([enc.span(sp)]))
+    frags: list[str] = []
+    doc = json.loads(enc.request(frags, enc.spans([sp], frags)))
     (s,) = doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
     assert s["traceId"] == f"{0xAB:032x}" and s["spanId"] == f"{0xCD:016x}"
     assert s["parentSpanId"] == f"{0xEF:016x}"

@@ -113,7 +113,7 @@ class Encoder:
     _SEP = 0  # bytes between fragments in a request
     max_traces = 4096
     span: Callable[[Span], Any]
-    request: Callable[..., Any]
+    request: Callable[[Sequence[Any], int], bytes]  # fragments and the size spans() added
     _heads: Callable[[Mapping[str, Any], str, str, str], Any]
     _trace_head: Callable[[int], Any]
 
@@ -271,7 +271,7 @@ class JsonEncoder(Encoder):
         parts.append(_JFLAGS)
         return "".join(parts)
 
-    def request(self, fragments: Sequence[str], size: int | None = None) -> bytes:
-        """One ``ExportTraceServiceRequest`` as a single JSON line (no newline), ASCII."""
+    def request(self, fragments: Sequence[str], size: int) -> bytes:
+        """One ``ExportTraceServiceRequest``, a JSON line (no newline), ASCII; ``size`` unused."""
         head, tail = self._head
         return (head + ",".join(fragments) + tail).encode()
