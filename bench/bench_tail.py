@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         tag = line[1 : line.index("]")]
         kinds[tag] = kinds.get(tag, 0) + 1
     rounds = sum(int(line.split()[1][7:]) for line in lines if line.startswith("[glm5-phase] "))
-    print(f"python {sys.version.split()[0]}, input: {n:,} tagged lines, {rounds:,} rounds, "
+    print(f"python {sys.version.split()[0]} ({sys.executable}), input: {n:,} tagged lines, {rounds:,} rounds, "
           f"{len(blob) / 1e6:.1f} MB; mix: " + ", ".join(f"{k} {v / n:.0%}" for k, v in kinds.items()))  # fmt: skip
     if not a.trace_only:
         print(f"rows cover the first {SPEC_PROF_ROUNDS} rounds of each session")

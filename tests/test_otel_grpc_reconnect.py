@@ -21,7 +21,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 OUTAGE_S = 16.0  # gRPC's default backoff would next try ~26 s in: ~10 s after the return
-RECOVER_S = 4.5  # the bounded backoff (2 s + 20% jitter), an export tick, and slack
+# The bounded backoff (2 s + 20% jitter), an export tick, and slack for a loaded CI machine
+# (4.8 s seen once); gRPC's own backoff would next try ~10 s after the return (nominal).
+RECOVER_S = 6.0
 
 
 class Collector:
@@ -65,7 +67,7 @@ def _free_port() -> int:
 
 def test_grpc_exports_resume_soon_after_a_long_outage(tmp_path):
     """`memra-obs demo` over OTLP/gRPC: after the receiver was down for 16 s, its first
-    export arrives less than 4.5 s after the receiver is back."""
+    export arrives less than 6 s after the receiver is back."""
     col = Collector(_free_port())
     col.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MEMRA_"))}

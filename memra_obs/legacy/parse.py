@@ -44,8 +44,8 @@ class LegacyParseError(ValueError):
         self.kind = kind
 
 
-_N = r"(0|[1-9][0-9]*)"
-_F = r"(-?[0-9]+\.[0-9]+)"
+_N = r"(0|[1-9][0-9]*+)"  # possessive (the shapes never give a digit back): fewer steps
+_F = r"(-?[0-9]++\.[0-9]++)"
 _TAG_HEAD = re.compile(r"\[([^\]\s]+)\] ").match
 _PHASE = re.compile(
     rf"rounds={_N} k={_N} total={_F}ms \| draft={_F} verify={_F} accept={_F} roll={_F} "
