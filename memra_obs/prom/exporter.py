@@ -36,8 +36,8 @@ class _Session:
                  traced: bool) -> None:  # fmt: skip
         self.rec, self.loop, self.w = rec, loop, w  # w: the worker label value, or ()
         # An exemplar names a trace some backend receives: ours, or the caller's it joined.
-        sent = rec is not None and rec.trace_id and (traced or rec.parent_span_id)
-        self.ex = {"trace_id": format(rec.trace_id, "032x")} if sent and rec else None
+        tid = rec.trace_id if rec is not None and (traced or rec.parent_span_id) else 0
+        self.ex = {"trace_id": format(tid, "032x")} if tid else None
         #: epoch_ns - mono_ns of the session's anchor pair (exemplar timestamps).
         self.off = rec.anchor_ns_epoch - rec.anchor_ns_mono if rec is not None else 0
         self.win: deque[int] = deque()  # recent walls in arrival order
