@@ -291,18 +291,21 @@ class SpecRoundProf(_RoundProfFields):
 
 def round_prof(wall_ms: float, draft_ms: float, verify_ms: float, accept_ms: float,
                rest_ms: float, k: int, j: int, ctx: int, seq_rows: int) -> SpecRoundProf:  # fmt: skip
-    """A row, the fast way (refused values go through the constructor, naming the field)."""
+    """A row, the fast way: floats and ints in range (``0 <= x < inf`` is False for NaN); the
+    rest (a bool, a str, an int of ms) goes through the constructor, which names the field."""
     if (
         type(k) is int and type(j) is int and type(ctx) is int and type(seq_rows) is int
+        and type(wall_ms) is float and type(draft_ms) is float and type(verify_ms) is float
+        and type(accept_ms) is float and type(rest_ms) is float
         and 0 <= k <= U16_MAX and 0 <= j <= U16_MAX and 0 <= ctx <= U32_MAX
-        and 0 <= seq_rows <= U32_MAX and min(wall_ms, draft_ms, verify_ms, accept_ms, rest_ms) >= 0
+        and 0 <= seq_rows <= U32_MAX and 0 <= wall_ms < _INF and 0 <= draft_ms < _INF
+        and 0 <= verify_ms < _INF and 0 <= accept_ms < _INF and 0 <= rest_ms < _INF
     ):  # fmt: skip
         try:
             ms = _F32X5.unpack(_F32X5.pack(wall_ms, draft_ms, verify_ms, accept_ms, rest_ms))
-        except (TypeError, OverflowError):  # not a number, or past an f32
-            ms = (_INF,)
-        if _INF not in ms:
-            return _tuple_new(SpecRoundProf, (*ms, k, j, ctx, seq_rows))
+            return _tuple_new(SpecRoundProf, ms + (k, j, ctx, seq_rows))  # noqa: RUF005 (faster)
+        except OverflowError:  # past an f32
+            pass
     return SpecRoundProf(wall_ms, draft_ms, verify_ms, accept_ms, rest_ms, k, j, ctx, seq_rows)
 
 

@@ -19,6 +19,7 @@ from memra_obs.records import (
     SpecRoundsLog,
     VerifySplit,
     f32,
+    round_prof,
 )
 
 SEED_FIRST_TOKEN_FIELDS = [
@@ -85,6 +86,21 @@ def test_round_prof_keeps_the_seeds_storage():
         SpecRoundProf(k=1.0)  # type: ignore[arg-type]
     with pytest.raises(AttributeError):  # immutable
         r.k = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("at", range(5))
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [(float("nan"), ValueError), (float("inf"), ValueError), (-1.0, ValueError),
+     (1e39, ValueError), (True, TypeError), ("3", TypeError)],
+)  # fmt: skip
+def test_round_prof_refuses_what_the_constructor_refuses_naming_the_field(at, value, kind):
+    """The fast path lets no NaN, bool or str through: each fails as the constructor does."""
+    args = [1.5, 0.5, 0.25, 0.125, 0.625]
+    args[at] = value
+    with pytest.raises(kind, match=SpecRoundProf._fields[at]):
+        round_prof(*args, 4, 3, 100, 0)  # type: ignore[arg-type]
+    assert round_prof(1, 0.5, 0, 0, 0, 4, 3, 100, 0) == SpecRoundProf(1.0, 0.5, 0, 0, 0, 4, 3, 100)
 
 
 def test_rounds_log_caps_and_hands_out_fresh_rows_once():
