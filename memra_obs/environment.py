@@ -8,6 +8,7 @@ off on junk, by the seed's law; ``OTEL_*`` settings are read where they are used
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -83,14 +84,12 @@ _SINK_NAMES = ("otel", "prometheus", "nvtx")
 
 def _parse_sinks(var: str, value: str) -> frozenset[str]:
     names = {s.strip().lower() for s in value.split(",") if s.strip()}
-    if "all" in names:
-        return frozenset(_SINK_NAMES)
-    bad = sorted(names - set(_SINK_NAMES))
+    bad = sorted(names - {*_SINK_NAMES, "all"})
     if bad:
         raise ConfigError(
             f"{var}={value!r}: unknown sink {bad[0]!r}; choose from {', '.join(_SINK_NAMES)}, all"
         )
-    return frozenset(names)
+    return frozenset(_SINK_NAMES if "all" in names else names)
 
 
 def _parse_clock(var: str, value: str) -> str:
@@ -121,12 +120,13 @@ def _ring_slots(var: str, value: str) -> int:
     return n
 
 
+_DECIMAL = re.compile(r"[0-9]+\.?[0-9]*|\.[0-9]+")
+
+
 def _positive_ms(var: str, value: str) -> float:
     v = value.strip()
-    try:
-        x = float(v) if v.isascii() else float("nan")
-    except ValueError:
-        x = float("nan")
+    # ASCII digits and one optional point: float() would also take "6_8", "1e3" or "nan".
+    x = float(v) if _DECIMAL.fullmatch(v) else 0.0
     if not 0 < x < 1e6:
         raise ConfigError(f"{var}={value!r}: expected a positive number of milliseconds")
     return x
@@ -136,10 +136,6 @@ def _nonblank(var: str, value: str) -> str:
     if not value.strip():
         raise ConfigError(f"{var}={value!r}: must not be empty (unset it for the default)")
     return value
-
-
-def _default_worker() -> str:
-    return os.environ.get("RANK") or str(os.getpid())
 
 
 def _readable_file(var: str, value: str) -> str | None:
@@ -208,13 +204,18 @@ class Settings:
         for name, var, parse in _TABLE:
             if overrides.get(name) is not None:
                 v = overrides[name]
-                # an argument is checked as the variable would be (ints as their digits)
+                # an argument is checked as the variable would be: a number as its digits, a
+                # bool only as requests_detail's 0/1, nothing else but a str
+                if isinstance(v, bool) and name == "requests_detail":
+                    v = int(v)
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     v = str(v)
-                values[name] = parse(f"argument {name}", v) if isinstance(v, str) else v
+                if not isinstance(v, str):
+                    raise ConfigError(f"argument {name}={v!r}: expected a str or a number")
+                values[name] = parse(f"argument {name}", v)
             elif var in env:
                 values[name] = parse(var, env[var])
-        values.setdefault("worker", _default_worker())  # the rest: the fields' defaults
+        values.setdefault("worker", env.get("RANK") or str(os.getpid()))  # the rest: defaults
         _check_tls(values.get("metrics_tls_cert"), values.get("metrics_tls_key"))
         return cls(**values)
 

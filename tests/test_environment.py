@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -36,6 +37,9 @@ def pem(tmp_path):
         ("MEMRA_OBS_QUEUE_SIZE", "١٠٢٤", "digits 0-9 only"),
         ("MEMRA_OBS_ROUND_SPANS", "+5", "digits 0-9 only"),
         ("MEMRA_OBS_MAX_DEVICES", "0", "expected 1..4096"),
+        ("MEMRA_OBS_PLAIN_STEP_MS", "6_8", "positive number of milliseconds"),
+        ("MEMRA_OBS_PLAIN_STEP_MS", "1e3", "positive number of milliseconds"),
+        ("MEMRA_OBS_SINKS", "all,bogus", "unknown sink 'bogus'"),
     ],
 )
 def test_a_bad_value_names_its_variable(var, value, why):
@@ -43,6 +47,26 @@ def test_a_bad_value_names_its_variable(var, value, why):
     with pytest.raises(ConfigError, match=why) as e:
         Settings.resolve({var: value})
     assert var in str(e.value)
+
+
+def test_env_replaces_os_environ_for_the_default_worker(monkeypatch):
+    """The default worker label is the given env's RANK (else the pid), never os.environ's."""
+    monkeypatch.setenv("RANK", "9")
+    assert Settings.resolve({"RANK": "3"}).worker == "3"
+    assert Settings.resolve({}).worker == str(os.getpid())
+    assert Settings.resolve().worker == "9"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("queue_size", True), ("sinks", ["otel"]), ("metrics_addr", ("h", 1))]
+)
+def test_an_argument_of_the_wrong_type_is_refused_naming_it(name, value):
+    """An argument is a str or a number (a bool only for requests_detail), never stored as given."""
+    with pytest.raises(ConfigError, match=f"argument {name}="):
+        Settings.resolve({}, **{name: value})
+    st = Settings.resolve({}, requests_detail=True, plain_step_ms=2.5, queue_size=64)
+    assert (st.requests_detail, st.plain_step_ms, st.queue_size) == (True, 2.5, 64)
+    assert Settings.resolve({}, requests_detail=False).requests_detail is False
 
 
 def test_tls_files_must_be_a_pem_chain_and_its_key(pem):
