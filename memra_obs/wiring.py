@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import flags
@@ -139,13 +139,16 @@ def build_observer(
     prf = flags.spec_prof_on() if prof is None else prof
     sinks: list[Sink] = [StderrSink(lvl, prf)] if lvl >= 1 or prf else []
     built = Exporters()  # first: an address that cannot be served is the one line said
+    here = st  # what this process publishes itself (agent mode: only the requests file)
     if st.sinks & {"otel", "prometheus"} and st.agent:
         from .agent.ring import RingSink
 
         sinks.append(RingSink.create(st.agent, worker=st.worker, slots=st.ring_slots))
+        here = replace(st, sinks=frozenset())
+    if here.sinks & {"otel", "prometheus"} or st.requests_file:
+        built = build_exporters(here, worker=st.worker, registry=registry, env=env, strict=strict)
+    if here is not st:
         built.where.append(f"records -> agent rings in {st.agent}")
-    elif st.sinks & {"otel", "prometheus"} or st.requests_file:
-        built = build_exporters(st, worker=st.worker, registry=registry, env=env, strict=strict)
     if "nvtx" in st.sinks:
         from .sinks.nvtx import NvtxSink
 

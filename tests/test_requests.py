@@ -56,3 +56,18 @@ def test_the_session_record_has_vllms_fields_and_the_phases(tmp_path):
     for key in (*VLLM_KEYS, "per_step_drafted", "per_step_accepted"):
         assert rec[key] == got[key], key
     assert (rec["family"], rec["rounds"], rec["bursts"]) == ("glm5", 40, 4)
+
+
+def test_an_agent_mode_worker_still_writes_its_requests_file(tmp_path):
+    """With MEMRA_OBS_AGENT and a publishing sink the records go to the ring, and the worker's
+    MEMRA_OBS_REQUESTS_FILE is still written in-process, as without the agent."""
+    path = tmp_path / "requests.jsonl"
+    env = {"MEMRA_OBS_AGENT": str(tmp_path / "rings"), "MEMRA_OBS_SINKS": "prometheus",
+           "MEMRA_OBS_REQUESTS_FILE": str(path), "MEMRA_OBS_METRICS_ADDR": ""}  # fmt: skip
+    obs = build_observer(env=env, level=0, prof=False)
+    truth, _ = _session(obs, random.Random(5))
+    obs.shutdown(5.0)
+    assert [type(s).__name__ for s in obs.sinks] == ["RingSink", "QueueSink"]
+    (line,) = path.read_text().splitlines()
+    assert json.loads(line)["num_spec_steps"] == sum(1 for k, _ in truth if k > 0)
+    assert obs.where == (f"requests -> {path}", f"records -> agent rings in {tmp_path / 'rings'}")
