@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from . import flags
@@ -33,15 +33,17 @@ def _nop(*args: object, **kw: object) -> None:
     return None
 
 
+_NULL = nullcontext()  # reusable: one shared no-op hook
+
+
 class _NoOpBurst:
     __slots__ = ()
     rounds = k = 0
     begin_round = end_draft = end_verify = end_accept = staticmethod(_nop)
     end_rollback = end_round = end = __exit__ = staticmethod(_nop)
 
-    @contextmanager
-    def hook(self) -> Iterator[None]:
-        yield
+    def hook(self) -> nullcontext[None]:
+        return _NULL
 
     def __enter__(self) -> _NoOpBurst:
         return self
@@ -65,6 +67,9 @@ class _NoOpSession:
     def burst(self, k: int) -> _NoOpBurst:
         return _NOOP_BURST
 
+    def spec_decode(self, detailed: bool = False) -> dict[str, Any]:
+        return {}
+
     def __enter__(self) -> _NoOpSession:
         return self
 
@@ -80,7 +85,7 @@ class NoOpObserver:
     level = dropped_rounds = 0
     prof = False
     where: tuple[str, ...] = ()
-    shutdown = staticmethod(_nop)
+    shutdown = remove_sink = staticmethod(_nop)
 
     def session(self, family: str = "spec", **kw: object) -> _NoOpSession:
         return _NOOP_SESSION
@@ -90,6 +95,9 @@ class NoOpObserver:
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         return True
+
+    def memory_snapshot(self) -> list[tuple[int, int]]:
+        return []
 
 
 NOOP_OBSERVER = NoOpObserver()

@@ -58,6 +58,24 @@ def test_get_observer_is_the_noop_when_everything_is_off(monkeypatch):
         run_rounds(s, 3)
 
 
+def test_the_noop_has_every_public_method_of_the_real_objects():
+    """Everything off, a call the README shows (``s.spec_decode()``, ``b.hook()``, ...) or any
+    public method of Observer, Session and Burst is there and does nothing."""
+    from memra_obs.burst import Burst
+    from memra_obs.session import Session
+
+    s = NOOP_OBSERVER.session("glm5")
+    b = s.burst(4)
+    for real, noop in ((Observer, NOOP_OBSERVER), (Session, s), (Burst, b)):
+        public = {n for n in dir(real) if not n.startswith("_") and callable(getattr(real, n))}
+        assert {n for n in public if not hasattr(noop, n)} == set(), real.__name__
+    assert s.spec_decode() == {} and s.spec_decode(detailed=True) == {}
+    assert NOOP_OBSERVER.memory_snapshot() == [] and NOOP_OBSERVER.remove_sink(object()) is None
+    assert b.hook() is b.hook()  # one shared context manager, reusable
+    with b.hook(), b.hook():
+        pass
+
+
 def test_records_arrive_in_the_stream_contract_order():
     """session, rounds, burst, first-token, rounds, burst, end — with consistent ids."""
     with capture(level=1, prof=True, memory=lambda: [(0, 1234)]) as cap:
