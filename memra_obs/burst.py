@@ -142,7 +142,8 @@ class Burst:
         try:
             if self._at >= 0:
                 self._drop("end")
-            self._settle()
+            # settled device time (event clock) can run past the host stamp: the burst holds it
+            end = max(end, self._settle())
             self._publish(end, tokens)
         except Exception as exc:
             say_once("burst-end-error", f"Burst.end failed ({exc!r}); the burst is dropped")
@@ -153,18 +154,22 @@ class Burst:
     def __exit__(self, *exc: object) -> None:
         self.end()
 
-    def _settle(self) -> None:
+    def _settle(self) -> int:
+        """Settle the pending rounds; the last settled stamp (0: none)."""
         if not self._pending:
-            return
+            return 0
+        last = 0
         try:
             settled = self._clock.settle(self._t)
             for r0, k, j, ctx, seq, split in self._pending:
                 self._finish_round(settled[r0 : r0 + 6], k, j, ctx, seq, split)
+            last = settled[-1]
         except Exception as exc:
             say_once("settle", f"clock settle failed ({exc!r}); those rounds are dropped")
             self._s._obs.dropped_rounds += len(self._pending)
         self._pending.clear()
         self._t = []
+        return last
 
     def _publish(self, end: int, tokens: int | None) -> None:
         s = self._s

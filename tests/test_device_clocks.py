@@ -159,6 +159,19 @@ def test_event_clock_matches_sync_without_draining_inside_rounds() -> None:
     pytest.fail(f"the clocks disagreed in all three pairs of runs: {far}, {sync}, {ev}")
 
 
+def test_event_clock_burst_ends_after_its_settled_device_work() -> None:
+    """Maintenance queued on the device at the burst's end: the settled round ends after the
+    host's end stamp, so the burst (and first_burst_ms) ends there, never before its rounds."""
+    e = SimStream()
+    with capture(level=1, prof=True, clock="event", memory=list) as cap:
+        run_rounds(cap.observer, e, rounds=1, phases={"maint": lambda: e.enqueue(30)})
+    (b,), (r,), (ft,) = cap.bursts, cap.rounds, cap.first_tokens
+    assert b.end_ns_mono >= r.t_ns_mono[5] >= r.t_ns_mono[4] + 29 * MS
+    p = ft.prof
+    buckets = (p.first_draft_ms, p.first_verify_ms, p.first_accept_ms, p.first_roll_ms)
+    assert p.first_burst_ms >= sum(buckets) + p.first_maint_ms
+
+
 def test_event_clock_pools_events_across_bursts() -> None:
     """Steady state allocates no events: the pool made for the first burst is reused."""
     e = SimStream()
