@@ -96,6 +96,8 @@ class Burst:
         if self._at != 4:
             if self._at != -2:
                 self._drop("end_round")
+            else:  # what the dropped round's walk added after the drop goes with it too
+                self._discard()
             self._at = -1
             return
         t = self._t
@@ -244,6 +246,7 @@ class Burst:
         at = self._at
         self._at = -2
         self._s._obs.dropped_rounds += 1
+        self._discard()
         if bad:
             say_once("round-counts", f"Burst.end_round({bad}): expected integers with "
                      "0 <= j <= k <= 65535, ctx and seq_rows >= 0; the round is dropped "
@@ -253,6 +256,13 @@ class Burst:
         want = "begin_round()" if at < 0 else f"{_ORDER[at + 1]}()"
         say_once(f"round-order:{call}:{at}", f"Burst.{call}() after {after} (expected {want}); "
                  "the round is dropped (memra_obs_dropped_total{signal=\"rounds\"})")  # fmt: skip
+
+    def _discard(self) -> None:
+        """A dropped round's level-2 split and seq rows go with it, not to the next round."""
+        obs = self._s._obs
+        obs.seq_rows.take()
+        if self._split is not None:
+            obs.verify_split.drain()
 
 
 class _RangedBurst(Burst):

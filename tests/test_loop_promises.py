@@ -229,6 +229,34 @@ def test_a_long_event_clock_burst_settles_in_chunks():
     assert clocks[0].settles == 4
 
 
+@pytest.mark.parametrize(
+    "calls",
+    [
+        "begin_round end_draft walk end_verify end_rollback end_round",  # no end_accept
+        "begin_round end_draft walk end_verify end_accept end_rollback end_round:j=9",
+        "end_draft walk end_verify end_accept end_rollback end_round",  # no begin_round
+        "begin_round end_draft walk begin_round end_draft end_verify end_accept end_rollback "
+        "end_round",  # the walked round never ended: the next one begins
+    ],
+)
+def test_a_dropped_rounds_split_and_seq_rows_go_with_it(calls):
+    """A round dropped for misuse takes its level-2 split and SEQ_ROWS along (also what its
+    walk adds after the drop): every good round is charged only its own."""
+    with capture(level=2) as cap, cap.observer.session("glm5") as s, s.burst(4) as b:
+        for call in calls.split():
+            if call == "walk":
+                VERIFY_SPLIT.add(kda=111, mla=2)
+                SEQ_ROWS.add(7)
+            elif call.startswith("end_round"):
+                b.end_round(k=4, j=9 if call.endswith("j=9") else 2)
+            else:
+                getattr(b, call)()
+        one_round(b)
+    assert cap.observer.dropped_rounds == 1 and cap.rounds
+    assert {(r.split_ns, r.seq_rows) for r in cap.rounds} == {((0, 0, 0, 0), 0)}
+    assert cap.bursts[0].split_ns == (0, 0, 0, 0)
+
+
 def test_level2_splits_of_concurrent_sessions_do_not_mix():
     """Two loop threads at level 2, each adding its own split to the process-wide
     accumulators: each burst's split is its own thread's."""
