@@ -133,11 +133,13 @@ class Observer:
         self.verify_split = VERIFY_SPLIT if verify_split is None else verify_split
         self.seq_rows = SEQ_ROWS if seq_rows is None else seq_rows
         self._clock_factory = _clock_factory(clock)
-        self._memory = memory
-        if self.prof and memory is None:  # NVML's start-up ahead of the first profile
-            from .device.memory import warm
+        if memory is None:
+            from .device.memory import free_mb_snapshot, warm
 
-            warm()
+            memory = free_mb_snapshot
+            if self.prof:  # NVML's start-up ahead of the first profile
+                warm()
+        self._memory = memory
         self._lock = threading.Lock()
         self._fan = Fanout(sinks)
         self._ids = itertools.count(1)
@@ -200,10 +202,6 @@ class Observer:
         return Session(self, family, tag or f"{family}-phase", tag_v or f"{family}-phase-v", e, eh)
 
     def memory_snapshot(self) -> list[tuple[int, int]]:
-        if self._memory is None:
-            from .device.memory import free_mb_snapshot
-
-            self._memory = free_mb_snapshot
         try:
             return list(self._memory())
         except Exception as exc:
