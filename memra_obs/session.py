@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .analysis import EXPLORE, advise
 from .burst import Burst, _RangedBurst
-from .clock import ProfClock, Stream, SyncClock, now_ns
+from .clock import Stream, SyncClock, clock, now_ns
 from .diagnostics import say_once
 from .fanout import Fanout, fan
 from .legacy import advice_line
@@ -98,9 +98,8 @@ class Session:
         self._open_burst: Burst | None = None
         fo = obs._fan
         trace_id, parent = _trace_ids() if fo.wants_trace_ids else (0, 0)
-        # The profile clock starts (a drain) before the anchor pair: later stamps sit after it.
-        self._prof_clock = ProfClock(self.e, self.eh) if self.prof is not None else None
-        start = self._prof_clock.t_ns_mono if self._prof_clock is not None else now_ns()
+        # The profile's start (a drain) comes before the anchor pair: later stamps sit after it.
+        start = clock(self.e, self.eh) if self.prof is not None else now_ns()
         self._last_ns = start
         self.record = SessionRecord(
             self.id, family, tag, tag_v, obs.worker, start, now_ns(), time.time_ns(), trace_id,
@@ -112,8 +111,7 @@ class Session:
     def lap(self, bucket: str) -> float:
         """Close a first-token bucket (``cache_alloc``, ``prime``, ...): drain, and add the ms
         since the previous boundary to ``prof.<bucket>_ms``; returns them (0.0: profile off)."""
-        pc = self._prof_clock
-        if pc is None:
+        if self.prof is None:
             return 0.0
         if bucket not in LAP_BUCKETS:
             say_once(
@@ -125,9 +123,8 @@ class Session:
             # entry; otherwise at the previous boundary of the profile.
             b = self._open_burst
             start = b._t[b._r0] if b is not None and b._at >= 0 else self._last_ns
-            pc.t_ns_mono = start
-            ms = pc.lap()
-            end = pc.t_ns_mono
+            end = clock(self.e, self.eh)
+            ms = (end - start) / 1e6
             self._intervals.append((bucket, start, end))
             self._last_ns = end
             if bucket == "draft_prime":
