@@ -61,8 +61,6 @@ def spec_trace_level_from(
 
 
 # Read once, like the seed's OnceLock statics; `_reset` (tests, the demo) forgets them.
-
-
 @functools.cache
 def spec_trace_level() -> int:
     """Trace level (0, 1, 2), read once per process."""

@@ -126,15 +126,8 @@ class SessionEndRecord(NamedTuple):
     advice: str = ""
 
 
-Record = (
-    SessionRecord
-    | RoundRecord
-    | BurstRecord
-    | FirstTokenRecord
-    | ProfRowsRecord
-    | ProfSummaryRecord
-    | SessionEndRecord
-)
+Record = (SessionRecord | RoundRecord | BurstRecord | FirstTokenRecord | ProfRowsRecord
+          | ProfSummaryRecord | SessionEndRecord)  # fmt: skip
 
 
 def _shift(t: tuple[int, int, int, int, int, int], d: int) -> tuple[int, int, int, int, int, int]:

@@ -1,6 +1,4 @@
 """Device truth behind the clocks: stream adapters, the CUDA-event clock, free memory, the GPU
 demo workload. CuPy, torch and pynvml load only when used (README, "Device truth")."""
 
-from __future__ import annotations
-
 __all__ = ["event_clock", "memory", "workload"]
