@@ -108,6 +108,7 @@ class ExportWorker:
         self._tick_s = tick_s
         self._next_tick = 0.0
         self.set = ExporterSet(exporters)
+        self.exporters = self.set.exporters  # never changes (rearm keeps the set)
         self._interval = interval_ms / 1000.0
         self.batch = 16 if stretch_ms > 0 else max(1, max_batch)
         self._max_batch = max(self.batch, max_batch)
@@ -128,10 +129,6 @@ class ExportWorker:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
-
-    @property
-    def exporters(self) -> tuple[RecordExporter, ...]:
-        return self.set.exporters
 
     @property
     def errors(self) -> int:
@@ -282,8 +279,7 @@ class QueueSink(Sink):
                 self._room.notify_all()
         return out
 
-    def taken(self) -> None:
-        pass
+    def taken(self) -> None: ...
 
     def pending(self) -> bool:
         return bool(self._q)

@@ -38,8 +38,7 @@ class PipeSource:
         except BlockingIOError:
             return b""
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None: ...
 
 
 class FollowSource:
