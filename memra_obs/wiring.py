@@ -49,13 +49,12 @@ def build_exporters(
     worker_label: bool = False,
     registry: Any = None,
     env: Mapping[str, str] | None = None,
-    serve: bool = True,
     strict: bool = True,
 ) -> Exporters:
     """The exporters ``st.sinks`` asks for: spans (``otel``), metrics (``prometheus``, into
-    ``registry``, default the global one) and, with ``serve``, ``/metrics``; ``worker_label``
-    labels every series ``worker``. An address that cannot be bound is a :class:`ConfigError`
-    with ``strict`` (the CLI), else said once and no ``/metrics``."""
+    ``registry``, default the global one) and ``/metrics``; ``worker_label`` labels every
+    series ``worker``. An address that cannot be bound is a :class:`ConfigError` with
+    ``strict`` (the CLI), else said once and no ``/metrics``."""
     out = Exporters()
     try:
         if st.requests_file:
@@ -83,7 +82,7 @@ def build_exporters(
                 plain_step_ns=None if st.plain_step_ms is None else st.plain_step_ms * 1e6,
                 traced=out.spans is not None,
             )
-            if serve and st.metrics_addr is not None:
+            if st.metrics_addr is not None:
                 out.server = _serve(st, out.prom.registry, strict)
                 if out.server is not None:
                     out.where.append(f"/metrics on {out.server.url}")
