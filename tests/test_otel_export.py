@@ -552,6 +552,7 @@ def test_spans_off(env):
             "OTEL_EXPORTER_OTLP_CLIENT_KEY and OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
         ),
         ({"OTEL_TRACES_EXPORTER": "jaeger-thrift-nope"}, "OTEL_TRACES_EXPORTER"),
+        ({"OTEL_TRACES_EXPORTER": "nope"}, "OTEL_TRACES_EXPORTER='nope': .* known: .*file"),
         ({"OTEL_TRACES_EXPORTER": "none,otlp"}, "OTEL_TRACES_EXPORTER"),
         ({"OTEL_SDK_DISABLED": "maybe"}, "OTEL_SDK_DISABLED"),
         ({"OTEL_RESOURCE_ATTRIBUTES": "a"}, "OTEL_RESOURCE_ATTRIBUTES"),
