@@ -129,6 +129,29 @@ def test_json_line_is_the_same_request_as_the_protobuf(spans_):
     )
 
 
+def _breaking(field: int, limit: int):
+    """(field, a value out of its range: negative or >= ``limit``)."""
+    return st.tuples(st.just(field), st.integers(max_value=-1) | st.integers(min_value=limit))
+
+
+breaks = st.none() | _breaking(1, 2**128) | st.one_of(*(_breaking(i, 2**64) for i in range(2, 6)))
+
+
+@given(st.lists(st.tuples(spans, breaks), min_size=1, max_size=6))
+def test_both_writers_refuse_the_same_spans(cases):
+    """A trace id, span id, parent id or time out of range is skipped and counted in ``bad`` by
+    both writers: JSON does not write it as text that fails the whole request at the receiver."""
+    spans_ = [sp if b is None else (*sp[: b[0]], b[1], *sp[b[0] + 1 :]) for sp, b in cases]
+    good = [sp for sp, (_, b) in zip(spans_, cases, strict=True) if b is None]
+    for cls in (ProtoEncoder, JsonEncoder):
+        enc = cls(RESOURCE, "memra_obs", "9.9")
+        frags: list = []
+        size = enc.spans(spans_, frags)
+        assert (enc.bad, len(frags)) == (len(spans_) - len(good), len(good)), cls
+        if cls is JsonEncoder:
+            json_format.Parse(enc.request(frags, size), ExportTraceServiceRequest())
+
+
 def test_json_uses_hex_ids_string_int64s_and_camel_case():
     """The OTLP/JSON specifics a file receiver depends on."""
     enc = JsonEncoder({"service.name": "s"}, "memra_obs")

@@ -533,7 +533,26 @@ def test_spans_off(env):
             {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nope.pem"},
             "OTEL_EXPORTER_OTLP_CERTIFICATE",
         ),
+        (  # not PEM: was a raw ssl.SSLError
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "https://x",
+                "OTEL_EXPORTER_OTLP_CERTIFICATE": __file__,
+            },
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        ),
+        (  # mTLS half set: gRPC's C core aborted the process; HTTP ignored a lone key
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://x", "OTEL_EXPORTER_OTLP_CLIENT_KEY": __file__},
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY and OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        ),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://x",
+                "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE": __file__,
+            },
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY and OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+        ),
         ({"OTEL_TRACES_EXPORTER": "jaeger-thrift-nope"}, "OTEL_TRACES_EXPORTER"),
+        ({"OTEL_TRACES_EXPORTER": "nope"}, "OTEL_TRACES_EXPORTER='nope': .* known: .*file"),
         ({"OTEL_TRACES_EXPORTER": "none,otlp"}, "OTEL_TRACES_EXPORTER"),
         ({"OTEL_SDK_DISABLED": "maybe"}, "OTEL_SDK_DISABLED"),
         ({"OTEL_RESOURCE_ATTRIBUTES": "a"}, "OTEL_RESOURCE_ATTRIBUTES"),

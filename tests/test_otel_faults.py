@@ -197,6 +197,14 @@ def test_retry_after_is_honored_in_seconds_and_as_an_http_date():
     assert 0.95 <= t[2] - t[1] <= 2.6, t  # an HTTP-date has whole seconds
 
 
+def test_retry_after_that_is_not_ascii_digits_means_back_off():
+    """A Retry-After of Unicode digits ('²', Latin-1-decoded) is unreadable (None: our backoff),
+    not a ValueError that dropped the request instead of retrying it."""
+    from memra_obs.otel.transport import retry_after_s
+
+    assert [retry_after_s(v) for v in ("²", "٣", " 7 ")] == [None, None, 7.0]
+
+
 def test_retry_after_beyond_the_deadline_drops_at_once():
     """A Retry-After longer than the export timeout: no waiting, no second attempt; the
     spans are counted dropped."""

@@ -2,8 +2,8 @@
 
 :func:`build_span_exporter` follows the OTel environment (:mod:`.config`): off, our OTLP writer
 (HTTP/protobuf, HTTP/JSON, gRPC), the embedded default (rotated OTLP-JSON lines in
-``MEMRA_OBS_SPANS_FILE``), or any SDK exporter by entry point (slow, universal). Our own
-encoders as the SDK's per-span path measured 22.7 µs a span here, too much beside a round; plain
+``MEMRA_OBS_SPANS_FILE``), or any SDK exporter by entry point (slow, universal). The encoders
+are our own: the SDK's per-span path measured 22.7 µs a span here, too much beside a round; plain
 tuples (:mod:`.spans`) written straight to the wire (:mod:`.otlp`) cost a few µs. grpcio and
 opentelemetry-proto are never imported here.
 """
@@ -68,7 +68,7 @@ def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> 
         eps = {ep.name: ep for ep in entry_points(group="opentelemetry_traces_exporter")}
         var = f"{OTEL_TRACES_EXPORTER}={name!r}"
         if name not in eps:
-            known = ", ".join(sorted({*_FORCED, "none", *eps}))
+            known = ", ".join(sorted({*_FORCED, "file", "none", *eps}))
             raise ConfigError(f"{var}: no such span exporter; known: {known}")
         try:
             exporter = eps[name].load()()

@@ -8,6 +8,7 @@ timeout is milliseconds, as the specification says (opentelemetry-python reads s
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +83,11 @@ def _file(env: Mapping[str, str], x: str) -> str | None:
     var, path = _get(env, x) or ("", None)
     if path is not None and not os.path.isfile(path):
         raise ConfigError(f"{var}={path!r}: no such file")
+    if path is not None and x == "CERTIFICATE":  # else an ssl.SSLError when HTTPS starts
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(path)
+        except ssl.SSLError as exc:
+            raise ConfigError(f"{var}={path!r}: not PEM CA certificates ({exc})") from None
     return path
 
 
@@ -116,6 +122,9 @@ class OtlpConfig:
         headers = tuple(parse_key_values(*got)) if (got := _get(env, "HEADERS")) else ()
         compression = _choice(env, "COMPRESSION", ("none", "gzip"))
         pems = [_file(env, x) for x in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE")]
+        if bool(pems[1]) != bool(pems[2]):  # a lone one: gRPC's C core aborts the process
+            k, c = (_get(env, x) or (_OTLP + x,) for x in ("CLIENT_KEY", "CLIENT_CERTIFICATE"))
+            raise ConfigError(f"{k[0]} and {c[0]} go together (mTLS): set both or neither")
         return cls(protocol, *_endpoint(env, protocol), headers, timeout_s, compression, *pems)
 
 

@@ -22,7 +22,6 @@ from .otlp import Encoder
 from .spans import Span, SpanBuilder
 from .transport import Retry, SendError
 
-BACKOFF_BASE_S, BACKOFF_MAX_S = 0.1, 5.0
 _CUT_S = 0.02  # what shutdown keeps of its time to cut a stuck send off and still be on time
 _CHUNK = 128  # spans encoded per call: a request passes max_bytes by one chunk at most
 _QUEUE_BYTES = 32 << 20
@@ -30,7 +29,7 @@ _QUEUE_BYTES = 32 << 20
 
 def backoff_s(n: int) -> float:
     """The wait before retry ``n`` (0-based): exponential, capped, jittered to spread clients."""
-    return min(BACKOFF_BASE_S * 2**n, BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
+    return min(0.1 * 2**n, 5.0) * random.uniform(0.5, 1.0)
 
 
 class Output:

@@ -26,6 +26,7 @@ _I64 = 1 << 63
 _B1 = [bytes((i,)) for i in range(128)]
 _TIMES = struct.Struct("<BQBQ")  # 0x39 start_time_unix_nano, 0x41 end_time_unix_nano
 _F64 = struct.Struct("<d")
+_RANGE = struct.Struct("<QQQQ")  # JSON: refuse the times and ids the protobuf writer refuses
 #: Span.flags: W3C sampled + "has is_remote" (the parent is local), as the SDK writes it.
 SPAN_FLAGS = 0x101
 _FLAGS = b"\x85\x01" + struct.pack("<I", SPAN_FLAGS)  # field 16, wire type 5
@@ -234,11 +235,12 @@ class JsonEncoder(Encoder):
         head += f'"scopeSpans":[{{"scope":{scope}}},"spans":['
         return head, "]}]" + (f',"schemaUrl":{_jstr(schema)}' if schema else "") + "}]}"
 
-    def _trace_head(self, tid: int) -> str:
-        return f'{{"traceId":"{tid:032x}","spanId":"'
+    def _trace_head(self, tid: int) -> str:  # to_bytes refuses what ProtoEncoder's refuses
+        return f'{{"traceId":"{tid.to_bytes(16, "big").hex()}","spanId":"'
 
     def span(self, sp: Span) -> str:
         name, tid, sid, pid, start, end, attrs, status = sp
+        _RANGE.pack(start, end, sid, pid)  # struct.error: a time or id the wire cannot carry
         head = self._traces.get(tid) or self._trace(tid)
         nm = self._names.get(name)
         if nm is None:

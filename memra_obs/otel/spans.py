@@ -240,18 +240,18 @@ class SpanBuilder:
         if s.burst >= 0:
             b, s.burst = s.burst, -1
             bv = (b, s.b_rounds, s.rec.family, s.b_tokens, True)
-            ba = tuple(zip(_OPEN_KEYS, bv, strict=False))
+            ba = tuple(zip(_OPEN_KEYS, bv, strict=True))
             bid = burst_span_id(s.sid, b)
             out.append((_BURST, s.tid, bid, s.sid, s.b_start + off, s.last + off, ba, None))
         r = s.rec
         vals = (r.session, r.family, r.worker, r.level, r.prof)
-        attrs: tuple[tuple[str, Any], ...] = tuple(zip(_SESSION_KEYS, vals, strict=False))
+        attrs: tuple[tuple[str, Any], ...] = tuple(zip(_SESSION_KEYS, vals, strict=True))
         status, end = None, s.last
         if rec is None:
             attrs += (("memra.spec.unfinished", True),)
         else:
             ended = (rec.rounds, rec.bursts, rec.tokens, rec.tokens)
-            attrs += tuple(zip(_ENDED_KEYS, ended, strict=False))
+            attrs += tuple(zip(_ENDED_KEYS, ended, strict=True))
             if rec.error:
                 attrs += (("error.type", rec.error),)
                 status = (STATUS_ERROR, rec.error)

@@ -92,7 +92,7 @@ def retry_info_s(details: bytes) -> float | None:
 def retry_after_s(value: str | None) -> float | None:
     """An HTTP ``Retry-After``: delay-seconds or an HTTP-date (RFC 9110); None if unreadable."""
     v = (value or "").strip()
-    if v.isdigit():
+    if v.isascii() and v.isdigit():  # "²" is a digit to str.isdigit(), not to float()
         return float(v)
     try:
         when = email.utils.parsedate_to_datetime(v)
