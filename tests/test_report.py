@@ -3,7 +3,9 @@ a span file gives the records a log gives, A/B flags what changed and only that.
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 import os
 import re
 import subprocess
@@ -11,6 +13,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -245,6 +248,31 @@ def test_refused_lines_are_listed_by_number(tmp_path):
     assert "phase line truncated" in run.refused[0][1]
     html = report(path, out=tmp_path / "bad.html")
     assert keys(html)["refused"] == ["2"] and "phase line truncated or malformed" in html
+
+
+def spans_edited(src: Path, dst: Path, keep: Callable[[dict], bool]) -> Path:
+    """``src``'s spans that ``keep`` keeps (it may change them), written to ``dst``."""
+    lines = []
+    for line in src.read_text().splitlines():
+        req = json.loads(line)
+        for ss in (ss for rs in req["resourceSpans"] for ss in rs["scopeSpans"]):
+            ss["spans"] = [s for s in ss["spans"] if keep(s)]
+        lines.append(json.dumps(req))
+    dst.write_text("\n".join(lines) + "\n")
+    return dst
+
+
+def test_a_first_token_span_without_buckets_is_left_out_of_the_waterfall(runs, tmp_path):
+    """spec.first_token spans without their bucket spans (a truncated file): the page is written,
+    the TTFTs still counted, the waterfall says it has nothing to draw."""
+    bucket = "spec.first_token."
+    spans = spans_edited(runs["spans"], tmp_path / "noft.jsonl", lambda s: bucket not in s["name"])
+    html = report(spans, out=tmp_path / "noft.html")
+    assert keys(html)["ttft_n"] == ["8"]
+    img = re.search(
+        r'alt="first token waterfall per session" src="data:image/svg\+xml;base64,([^"]+)"', html
+    )
+    assert img is not None and b"with its buckets in this input" in base64.b64decode(img.group(1))
 
 
 def test_standard_input_is_read(runs):
