@@ -3,6 +3,7 @@ a span file gives the records a log gives, A/B flags what changed and only that.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import io
 import json
@@ -273,6 +274,29 @@ def test_a_first_token_span_without_buckets_is_left_out_of_the_waterfall(runs, t
         r'alt="first token waterfall per session" src="data:image/svg\+xml;base64,([^"]+)"', html
     )
     assert img is not None and b"with its buckets in this input" in base64.b64decode(img.group(1))
+
+
+def test_a_failed_render_or_write_leaves_no_temp_file(runs, tmp_path, monkeypatch):
+    """Rendering fails: nothing is written. Writing fails (the output is a directory): exit 2
+    with the output's name, no ``.tmp<pid>`` file left."""
+    from memra_obs.report import main, page
+
+    def fail(*_: object) -> str:
+        raise RuntimeError("render failed")
+
+    monkeypatch.setattr(page, "render", fail)
+    args = argparse.Namespace(
+        inputs=[str(runs["log"])], output=str(tmp_path / "r.html"), quiet=True, progress=False
+    )
+    with pytest.raises(RuntimeError):
+        main.main(args)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    (out := tmp_path / "dir").mkdir()
+    p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "report", str(runs["log"]), "-o", str(out)],
+                       capture_output=True, text=True, env=_env())  # fmt: skip
+    assert p.returncode == 2 and str(out) in p.stderr
+    assert [x.name for x in tmp_path.iterdir()] == ["dir"]
 
 
 def test_standard_input_is_read(runs):
