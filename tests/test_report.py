@@ -263,6 +263,54 @@ def spans_edited(src: Path, dst: Path, keep: Callable[[dict], bool]) -> Path:
     return dst
 
 
+def _first(name: str, change: Callable[[dict], bool]) -> Callable[[dict], bool]:
+    """A ``keep`` that hands the first span called ``name`` to ``change`` (False: drop it)."""
+    done: list[dict] = []
+
+    def keep(s: dict) -> bool:
+        if s["name"] != name or done:
+            return True
+        done.append(s)
+        return change(s)
+
+    return keep
+
+
+def _set(s: dict, key: str, value: dict) -> bool:
+    (a,) = (a for a in s["attributes"] if a["key"] == key)
+    a["value"] = value
+    return True
+
+
+def test_a_refused_round_span_keeps_its_burst_whole_a_refused_session_adds_nothing(runs, tmp_path):
+    """A round span without its verify span: its burst still has its rounds (that one with the
+    burst's means, at its own index) and their phases still sum to the burst's. A session whose
+    first-token profile is refused adds nothing: no session, burst or round of it is kept."""
+    spans = spans_edited(
+        runs["spans"], tmp_path / "nov.jsonl", _first("spec.verify", lambda s: False)
+    )
+    good, run = read(str(runs["spans"])), read(str(spans))
+    assert len(run.refused) == 1 and "lacks a phase span" in run.refused[0][1]
+    where = [sorted((r.session, r.burst, r.index) for r in x.rounds) for x in (good, run)]
+    assert where[0] == where[1] and sum(r.k < 0 for r in run.rounds) == 1
+    for x in run.bursts:
+        mine = [r for r in run.rounds if r.session == x.session and r.burst == x.index]
+        assert len(mine) == x.phases.rounds
+        assert abs(sum(r.phase_ns()[1] for r in mine) - x.phases.verify) <= len(mine)
+    ft = "memra.spec.first_token.prime_ms"
+    seen: list[dict] = []
+    bad = _first("spec.first_token", lambda s: seen.append(s) or _set(s, ft, {"doubleValue": -1.0}))
+    spans = spans_edited(runs["spans"], tmp_path / "ft.jsonl", bad)
+    parent = int(seen[0]["parentSpanId"], 16)
+    (gone,) = (s.session for s in good.sessions if s.span_id == parent)
+    run = read(str(spans))
+    assert len(run.refused) == 1 and "prime_ms=-1.0" in run.refused[0][1]
+    assert len(run.sessions) == 7 and parent not in {s.span_id for s in run.sessions}
+    assert len(run.rounds) == sum(r.session != gone for r in good.rounds)
+    assert len(run.bursts) == sum(b.session != gone for b in good.bursts)
+    assert len(run.first_tokens) == 7 and len(run.logs) == len(good.logs) - 1
+
+
 def test_a_first_token_span_without_buckets_is_left_out_of_the_waterfall(runs, tmp_path):
     """spec.first_token spans without their bucket spans (a truncated file): the page is written,
     the TTFTs still counted, the waterfall says it has nothing to draw."""
