@@ -282,6 +282,28 @@ def _set(s: dict, key: str, value: dict) -> bool:
     return True
 
 
+def test_a_round_with_j_past_k_is_refused_and_the_page_still_written(runs, tmp_path):
+    """A [spec-prof-rounds] row with k=4 j=9 is refused like a malformed line (its number, its
+    reason); a spec.round span saying so is refused and its round carries its burst's means:
+    no crash, the estimates come from the other rounds."""
+    lines = bench_report.worker_log(3, seed=9)
+    assert lines[4].startswith("[spec-prof-rounds] row=1 ") and " k=4 j=3 " in lines[4]
+    lines[4] = lines[4].replace(" k=4 j=3 ", " k=4 j=9 ")
+    (log := tmp_path / "kj.log").write_text("\n".join(lines) + "\n")
+    run = read(str(log))
+    assert [(n, why) for n, why, _ in run.refused] == [(5, "row with k=4, j=9: j must be in 0..k")]
+    k = keys(report(log, out=tmp_path / "kj.html"))
+    assert k["refused"] == ["1"] and k["sessions"] == ["3"]
+    to9 = _first("spec.round", lambda s: _set(s, "memra.spec.j", {"intValue": "9"}))
+    spans = spans_edited(runs["spans"], tmp_path / "kj.jsonl", to9)
+    good, run = read(str(runs["spans"])), read(str(spans))
+    assert len(run.refused) == 1 and "j=9: j must be in 0..k" in run.refused[0][1]
+    assert len(run.rounds) == len(good.rounds) and not any(r.j > r.k for r in run.rounds)
+    assert sum(r.k < 0 for r in run.rounds) == sum(r.k < 0 for r in good.rounds) + 1
+    html = report(spans, out=tmp_path / "kj_spans.html")
+    assert keys(html)["refused"] == ["1"] and "j=9: j must be in 0..k" in html
+
+
 def test_a_refused_round_span_keeps_its_burst_whole_a_refused_session_adds_nothing(runs, tmp_path):
     """A round span without its verify span: its burst still has its rounds (that one with the
     burst's means, at its own index) and their phases still sum to the burst's. A session whose

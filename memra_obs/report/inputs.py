@@ -91,6 +91,8 @@ def _read_log(lines: Iterable[str], run: Run) -> None:
         try:
             if (rec := parse_line(line)) is None:
                 continue
+            if type(rec) is RoundsLine and (p := rec.prof).j > p.k:  # the analysis refuses it
+                raise LegacyParseError(line, f"row with k={p.k}, j={p.j}: j must be in 0..k")
         except LegacyParseError as exc:
             run.refused.append((n, exc.reason, line[:160]))
             continue
@@ -185,12 +187,14 @@ def _session(sid: int, tid: int, sp: Span, kids: Kids, run: Run) -> None:
 
 def _burst(sid: int, b: Span, kids: Kids, run: Run) -> list[RoundRecord]:
     """A burst span and its round spans (returned); rounds past the cap and refused round spans
-    (no phase span) get its totals' remainder, spread evenly."""
+    (no phase span, j outside 0..k) get its totals' remainder, spread evenly."""
     at, idx, rounds, bad = b[5], b[5].get(A + "burst", 0), list[RoundRecord](), list[Span]()
     for r in sorted((k for k in kids.get(b[1], ()) if k[0] == "spec.round"), key=lambda k: k[3]):
         ph, ra = {k[0][5:]: k for k in kids.get(r[1], ())}, r[5]
         kj = [ra.get(A + f, d) for f, d in (("k", -1), ("j", -1), ("ctx", 0), ("seq_rows", 0))]
         why = "lacks a phase span" if not all(p in ph for p in PHASES) else ""
+        if kj[0] >= 0 and not 0 <= kj[1] <= kj[0]:
+            why = f"has k={kj[0]}, j={kj[1]}: j must be in 0..k"
         if why:
             run.refused.append((0, f"spec.round span {r[1]:016x} {why}", ""))
             bad.append(r)
