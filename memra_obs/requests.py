@@ -52,11 +52,9 @@ class RequestsExporter:
     max_open = 4096
 
     def __init__(self, path: str, *, detailed: bool = False) -> None:
-        self.path = path
-        self.detailed = detailed
+        self.path, self.detailed, self.export_errors = path, detailed, 0
         self._open: dict[int, _Counts] = {}
         self._f: Any = None
-        self.export_errors = 0
 
     def export(self, batch: Sequence[Record]) -> None:
         lines = []

@@ -3,7 +3,10 @@ a span file gives the records a log gives, A/B flags what changed and only that.
 
 from __future__ import annotations
 
+import argparse
+import base64
 import io
+import json
 import os
 import re
 import subprocess
@@ -11,6 +14,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -245,6 +249,124 @@ def test_refused_lines_are_listed_by_number(tmp_path):
     assert "phase line truncated" in run.refused[0][1]
     html = report(path, out=tmp_path / "bad.html")
     assert keys(html)["refused"] == ["2"] and "phase line truncated or malformed" in html
+
+
+def spans_edited(src: Path, dst: Path, keep: Callable[[dict], bool]) -> Path:
+    """``src``'s spans that ``keep`` keeps (it may change them), written to ``dst``."""
+    lines = []
+    for line in src.read_text().splitlines():
+        req = json.loads(line)
+        for ss in (ss for rs in req["resourceSpans"] for ss in rs["scopeSpans"]):
+            ss["spans"] = [s for s in ss["spans"] if keep(s)]
+        lines.append(json.dumps(req))
+    dst.write_text("\n".join(lines) + "\n")
+    return dst
+
+
+def _first(name: str, change: Callable[[dict], bool]) -> Callable[[dict], bool]:
+    """A ``keep`` that hands the first span called ``name`` to ``change`` (False: drop it)."""
+    done: list[dict] = []
+
+    def keep(s: dict) -> bool:
+        if s["name"] != name or done:
+            return True
+        done.append(s)
+        return change(s)
+
+    return keep
+
+
+def _set(s: dict, key: str, value: dict) -> bool:
+    (a,) = (a for a in s["attributes"] if a["key"] == key)
+    a["value"] = value
+    return True
+
+
+def test_a_round_with_j_past_k_is_refused_and_the_page_still_written(runs, tmp_path):
+    """A [spec-prof-rounds] row with k=4 j=9 is refused like a malformed line (its number, its
+    reason); a spec.round span saying so is refused and its round carries its burst's means:
+    no crash, the estimates come from the other rounds."""
+    lines = bench_report.worker_log(3, seed=9)
+    assert lines[4].startswith("[spec-prof-rounds] row=1 ") and " k=4 j=3 " in lines[4]
+    lines[4] = lines[4].replace(" k=4 j=3 ", " k=4 j=9 ")
+    (log := tmp_path / "kj.log").write_text("\n".join(lines) + "\n")
+    run = read(str(log))
+    assert [(n, why) for n, why, _ in run.refused] == [(5, "row with k=4, j=9: j must be in 0..k")]
+    k = keys(report(log, out=tmp_path / "kj.html"))
+    assert k["refused"] == ["1"] and k["sessions"] == ["3"]
+    to9 = _first("spec.round", lambda s: _set(s, "memra.spec.j", {"intValue": "9"}))
+    spans = spans_edited(runs["spans"], tmp_path / "kj.jsonl", to9)
+    good, run = read(str(runs["spans"])), read(str(spans))
+    assert len(run.refused) == 1 and "j=9: j must be in 0..k" in run.refused[0][1]
+    assert len(run.rounds) == len(good.rounds) and not any(r.j > r.k for r in run.rounds)
+    assert sum(r.k < 0 for r in run.rounds) == sum(r.k < 0 for r in good.rounds) + 1
+    html = report(spans, out=tmp_path / "kj_spans.html")
+    assert keys(html)["refused"] == ["1"] and "j=9: j must be in 0..k" in html
+
+
+def test_a_refused_round_span_keeps_its_burst_whole_a_refused_session_adds_nothing(runs, tmp_path):
+    """A round span without its verify span: its burst still has its rounds (that one with the
+    burst's means, at its own index) and their phases still sum to the burst's. A session whose
+    first-token profile is refused adds nothing: no session, burst or round of it is kept."""
+    spans = spans_edited(
+        runs["spans"], tmp_path / "nov.jsonl", _first("spec.verify", lambda s: False)
+    )
+    good, run = read(str(runs["spans"])), read(str(spans))
+    assert len(run.refused) == 1 and "lacks a phase span" in run.refused[0][1]
+    where = [sorted((r.session, r.burst, r.index) for r in x.rounds) for x in (good, run)]
+    assert where[0] == where[1] and sum(r.k < 0 for r in run.rounds) == 1
+    for x in run.bursts:
+        mine = [r for r in run.rounds if r.session == x.session and r.burst == x.index]
+        assert len(mine) == x.phases.rounds
+        assert abs(sum(r.phase_ns()[1] for r in mine) - x.phases.verify) <= len(mine)
+    ft = "memra.spec.first_token.prime_ms"
+    seen: list[dict] = []
+    bad = _first("spec.first_token", lambda s: seen.append(s) or _set(s, ft, {"doubleValue": -1.0}))
+    spans = spans_edited(runs["spans"], tmp_path / "ft.jsonl", bad)
+    parent = int(seen[0]["parentSpanId"], 16)
+    (gone,) = (s.session for s in good.sessions if s.span_id == parent)
+    run = read(str(spans))
+    assert len(run.refused) == 1 and "prime_ms=-1.0" in run.refused[0][1]
+    assert len(run.sessions) == 7 and parent not in {s.span_id for s in run.sessions}
+    assert len(run.rounds) == sum(r.session != gone for r in good.rounds)
+    assert len(run.bursts) == sum(b.session != gone for b in good.bursts)
+    assert len(run.first_tokens) == 7 and len(run.logs) == len(good.logs) - 1
+
+
+def test_a_first_token_span_without_buckets_is_left_out_of_the_waterfall(runs, tmp_path):
+    """spec.first_token spans without their bucket spans (a truncated file): the page is written,
+    the TTFTs still counted, the waterfall says it has nothing to draw."""
+    bucket = "spec.first_token."
+    spans = spans_edited(runs["spans"], tmp_path / "noft.jsonl", lambda s: bucket not in s["name"])
+    html = report(spans, out=tmp_path / "noft.html")
+    assert keys(html)["ttft_n"] == ["8"]
+    img = re.search(
+        r'alt="first token waterfall per session" src="data:image/svg\+xml;base64,([^"]+)"', html
+    )
+    assert img is not None and b"with its buckets in this input" in base64.b64decode(img.group(1))
+
+
+def test_a_failed_render_or_write_leaves_no_temp_file(runs, tmp_path, monkeypatch):
+    """Rendering fails: nothing is written. Writing fails (the output is a directory): exit 2
+    with the output's name, no ``.tmp<pid>`` file left."""
+    from memra_obs.report import main, page
+
+    def fail(*_: object) -> str:
+        raise RuntimeError("render failed")
+
+    monkeypatch.setattr(page, "render", fail)
+    args = argparse.Namespace(
+        inputs=[str(runs["log"])], output=str(tmp_path / "r.html"), quiet=True, progress=False
+    )
+    with pytest.raises(RuntimeError):
+        main.main(args)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    (out := tmp_path / "dir").mkdir()
+    p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "report", str(runs["log"]), "-o", str(out)],
+                       capture_output=True, text=True, env=_env())  # fmt: skip
+    assert p.returncode == 2 and str(out) in p.stderr
+    assert [x.name for x in tmp_path.iterdir()] == ["dir"]
 
 
 def test_standard_input_is_read(runs):

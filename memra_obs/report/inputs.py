@@ -91,6 +91,8 @@ def _read_log(lines: Iterable[str], run: Run) -> None:
         try:
             if (rec := parse_line(line)) is None:
                 continue
+            if type(rec) is RoundsLine and (p := rec.prof).j > p.k:  # the analysis refuses it
+                raise LegacyParseError(line, f"row with k={p.k}, j={p.j}: j must be in 0..k")
         except LegacyParseError as exc:
             run.refused.append((n, exc.reason, line[:160]))
             continue
@@ -140,10 +142,15 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             run.refused.append((n, f"not an OTLP-JSON trace request ({exc!r})", line[:160]))
     run.kinds["spans"] = sum(map(len, kids.values()))
+    parts = ("sessions", "rounds", "bursts", "first_tokens", "refused")
     for sid, (tid, sp) in enumerate(roots, 1):
+        marks, unsampled = [len(getattr(run, p)) for p in parts], run.unsampled
         try:
             _session(sid, tid, sp, kids, run)
-        except (TypeError, ValueError, KeyError) as exc:
+        except (TypeError, ValueError, KeyError) as exc:  # a refused session adds nothing
+            for p, m in zip(parts, marks, strict=True):
+                del getattr(run, p)[m:]
+            run.unsampled = unsampled
             run.refused.append((0, f"session span {sp[1]:016x} refused: {exc!r}", ""))
     if hidden := run.kinds["sessions_without_log"]:
         run.notes.append(f"{hidden} profiled sessions have rounds of their first {LOGGED} without "
@@ -179,27 +186,35 @@ def _session(sid: int, tid: int, sp: Span, kids: Kids, run: Run) -> None:
 
 
 def _burst(sid: int, b: Span, kids: Kids, run: Run) -> list[RoundRecord]:
-    """A burst span and its round spans (returned); rounds past the cap from its totals."""
-    at, idx, rounds = b[5], b[5].get(A + "burst", 0), list[RoundRecord]()
+    """A burst span and its round spans (returned); rounds past the cap and refused round spans
+    (no phase span, j outside 0..k) get its totals' remainder, spread evenly."""
+    at, idx, rounds, bad = b[5], b[5].get(A + "burst", 0), list[RoundRecord](), list[Span]()
     for r in sorted((k for k in kids.get(b[1], ()) if k[0] == "spec.round"), key=lambda k: k[3]):
         ph, ra = {k[0][5:]: k for k in kids.get(r[1], ())}, r[5]
-        if not all(p in ph for p in PHASES):
-            run.refused.append((0, f"spec.round span {r[1]:016x} lacks a phase span", ""))
+        kj = [ra.get(A + f, d) for f, d in (("k", -1), ("j", -1), ("ctx", 0), ("seq_rows", 0))]
+        why = "lacks a phase span" if not all(p in ph for p in PHASES) else ""
+        if kj[0] >= 0 and not 0 <= kj[1] <= kj[0]:
+            why = f"has k={kj[0]}, j={kj[1]}: j must be in 0..k"
+        if why:
+            run.refused.append((0, f"spec.round span {r[1]:016x} {why}", ""))
+            bad.append(r)
             continue
         split = tuple(ph["verify"][5][a] for a in SPLIT) if SPLIT[0] in ph["verify"][5] else None
-        kj = [ra.get(A + f, d) for f, d in (("k", -1), ("j", -1), ("ctx", 0), ("seq_rows", 0))]
         t = (ph["draft"][3], *(ph[p][4] for p in PHASES))
         rounds.append(RoundRecord._make((sid, idx, ra.get(A + "round", 0), t, *kj, split, 1)))
-    n, u = at.get(A + "rounds", len(rounds)), at.get(A + "rounds_unsampled", 0)
+    n, u = at.get(A + "rounds", len(rounds) + len(bad)), at.get(A + "rounds_unsampled", 0)
     own = [sum(r.phase_ns()[i] for r in rounds) for i in range(5)]
     tot = [at[f"{A}{p}_ns"] for p in PHASES] if f"{A}draft_ns" in at else own  # unfinished: own
     split = tuple(at[a] for a in SPLIT) if SPLIT[0] in at else None
     first = at.get(A + "first_round", rounds[0].index if rounds else 0)
-    per = [max(x - y, 0) // max(u, 1) for x, y in zip(tot, own, strict=True)]
+    per = [max(x - y, 0) // max(u + len(bad), 1) for x, y in zip(tot, own, strict=True)]
     each = None if split is None else tuple(x // max(n, 1) for x in split)
     ts = itertools.accumulate(per, initial=rounds[-1].t_ns_mono[5] if rounds else b[3])
     rest = RoundRecord._make((sid, idx, first + n - u, (*ts,), -1, -1, 0, 0, each, u))
     run.rounds += [*rounds, *each_round(rest)]  # past the span cap: u rounds, back to back
+    for r in bad:  # a refused round span: the remainder's mean, at its own index
+        ts = itertools.accumulate(per, initial=r[3])
+        run.rounds.append(rest._replace(index=r[5].get(A + "round", 0), t_ns_mono=(*ts,), repeat=1))
     run.unsampled += u
     phases = records.SpecPhaseNs(*tot, n)  # type: ignore[call-arg]
     run.bursts.append(BurstRecord(sid, idx, at.get(A + "k", 0), b[3], b[4], phases, split,

@@ -1,10 +1,11 @@
 """``memra-obs report INPUT... [-o report.html]``: read, compute, draw, write one file. Exit
-status 0 written; 2 a usage error, an unreadable input, or matplotlib missing (the [report]
-extra). Nothing here imports numpy or matplotlib before the command runs."""
+status 0 written; 2 a usage error, an unreadable input, an unwritable output, or matplotlib
+missing (the [report] extra). Nothing here imports numpy or matplotlib before the command runs."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -74,10 +75,17 @@ def main(args: argparse.Namespace) -> int:
             return 2
     bar.step("A/B table" if len(views) == 2 else "figures")
     ab = ab_table(*views) if len(views) == 2 else None
-    with open(tmp := f"{args.output}.tmp{os.getpid()}", "w", encoding="utf-8") as f:
-        f.write(render(views, ab, bar.step))
-    os.replace(tmp, args.output)
+    page, tmp = render(views, ab, bar.step), f"{args.output}.tmp{os.getpid()}"
     bar.step("")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(page)
+        os.replace(tmp, args.output)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        print(f"memra-obs report: {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     if not args.quiet:
         what = "; ".join(f"{v.label}: {len(v.run.sessions)} sessions, {len(v.run.rounds)} rounds, "
                          f"{len(v.run.refused)} lines refused" for v in views)  # fmt: skip

@@ -169,8 +169,8 @@ def first_token_waterfall_per_session(ax: Axes, v: View, views: Sequence[View]) 
     """First-token waterfall of up to 10 sessions spread over the TTFT range: buckets in the order
     they ran; round-1 buckets sit inside first_burst; hatched bars are shares of the bucket above
     them (tap DtoH in prime, the drafter-prime split, the commit hook)."""
-    fts = sorted(v.run.first_tokens, key=lambda f: f.prof.total_ms())
-    need(fts, "no first-token profile ([spec-prof]) in this input")
+    fts = sorted((f for f in v.run.first_tokens if f.intervals), key=lambda f: f.prof.total_ms())
+    need(fts, "no first-token profile ([spec-prof]) with its buckets in this input")
     pick = sorted({round(q) for q in np.linspace(0, len(fts) - 1, min(10, len(fts)))})
     for y, ft in enumerate(fts[i] for i in pick):
         t0 = min(a for _, a, _ in ft.intervals)
