@@ -343,6 +343,36 @@ def test_records_plus_lost_equal_written_on_metrics(tmp_path):
         c()
 
 
+@pytest.mark.parametrize("damage", ["a table entry that does not decode", "ring shrunk after"])
+def test_records_counted_as_published_are_the_ones_exported(tmp_path, monkeypatch, damage):
+    """A writer's table that cannot be read whole (a damaged entry, a ring shrunk after its
+    slots were read) costs a session its context, never a record counted but not exported."""
+    sink = RingSink(str(tmp_path), worker="w", slots=64, table_entries=8)
+    sink.on_session(SessionRecord(1, "glm5", "t", "tv", "", 1, 2, 3, 4, 5, 0, 0, False))
+    for i in range(5):  # a session the ring never opened: its context is sought in the table
+        sink.on_round(RoundRecord(7, 0, i, (1, 2, 3, 4, 5, 6), 4, 2, 10, 0, None))
+    if damage == "ring shrunk after":
+        poll = RingReader.poll
+
+        def poll_then_shrink(self: RingReader, max_slots: int = 4096) -> list:
+            out = poll(self, max_slots)
+            os.truncate(self.path, 4096)
+            return out
+
+        monkeypatch.setattr(RingReader, "poll", poll_then_shrink)
+    else:  # session 1's entry: its first text's length runs past the payload
+        fd = os.open(sink.path, os.O_RDWR)
+        os.pwrite(fd, b"\xff" * (F.TABLE_ENTRY - F.TABLE_HDR), F.HEADER + F.TABLE_HDR)
+        os.close(fd)
+    cap = Collect()
+    a = Agent(str(tmp_path), [cap])
+    a.drain(2)
+    assert len(cap.records) - agent_made(cap) == a.counts()["w"][0] == 6
+    assert agent_made(cap) == 1  # the stand-in of session 7
+    sink.shutdown()
+    a.close()
+
+
 def agent_made(cap: Collect) -> int:
     """Records the agent made up: stand-in sessions, RingOverrun/WorkerGone ends."""
     return sum(

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memra_obs.agent import format as F
+from memra_obs.agent import ring
 from memra_obs.agent.reader import FormatError, RingReader
 from memra_obs.agent.ring import RingSink
 from memra_obs.observer import Observer
@@ -306,6 +307,29 @@ def test_a_forked_child_writes_its_own_ring(tmp_path):
     other = next(str(tmp_path / p) for p in rings if str(tmp_path / p) != parent_path)
     assert [i.rec.index for i in _read_all(other)] == [2]
     assert not RingReader(parent_path).writer_gone()
+    sink.shutdown()
+
+
+def test_a_forked_child_without_a_ring_of_its_own_says_so(tmp_path, monkeypatch):
+    """A forked child whose ring cannot be made says once that its records are not
+    published; its records then go nowhere, without raising."""
+    said: list[str] = []
+    monkeypatch.setattr(ring, "say_once", lambda key, msg: said.append(msg))
+    sink = RingSink(str(tmp_path), worker="fork", slots=64)
+    (tmp_path / "file").touch()
+    sink.directory = str(tmp_path / "file" / "sub")  # no ring can be made there
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        code = 3
+        try:
+            sink.on_round(_round(2))
+            mine = [m for m in said if sink.directory in m]
+            code = 0 if len(mine) == 1 and "not published" in mine[0] else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _read_all(sink.path) == [] and said == []
     sink.shutdown()
 
 

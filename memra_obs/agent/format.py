@@ -6,6 +6,7 @@ Little-endian throughout; nothing here touches a file."""
 
 from __future__ import annotations
 
+import io
 import struct
 from typing import Any
 
@@ -72,22 +73,14 @@ def _s(text: str) -> bytes:
     return _STR.pack(len(b)) + b
 
 
-class _Cursor:
-    """Reads a payload front to back; running off its end raises (a damaged record)."""
+def _take(f: io.BytesIO, s: struct.Struct) -> tuple[Any, ...]:
+    """The next ``s`` in ``f``; running off the payload's end raises (a damaged record)."""
+    return s.unpack(f.read(s.size))
 
-    __slots__ = ("buf", "off")
 
-    def __init__(self, buf: bytes) -> None:
-        self.buf, self.off = buf, 0
-
-    def take(self, s: struct.Struct) -> tuple[Any, ...]:
-        v = s.unpack_from(self.buf, self.off)
-        self.off += s.size
-        return v
-
-    def text(self) -> str:
-        (n,) = self.take(_STR)
-        return self.take(struct.Struct(f"{n}s"))[0].decode("utf-8")
+def _text(f: io.BytesIO) -> str:
+    (n,) = _take(f, _STR)
+    return _take(f, struct.Struct(f"{n}s"))[0].decode("utf-8")
 
 
 def encode(r: Any, in_table: bool = False) -> tuple[int, bytes]:
@@ -131,32 +124,32 @@ def encode(r: Any, in_table: bool = False) -> tuple[int, bytes]:
 def decode(kind: int, payload: bytes) -> Any:
     """The record of ``kind`` in ``payload`` (a SessionRecord comes back as ``(record,
     in_table)``); raises on an unknown kind or a payload that does not parse."""
-    c = _Cursor(bytes(payload))
+    f = io.BytesIO(payload)
     if kind in (KIND_ROUND, KIND_ROUND_SPLIT):
-        sid, burst, index, *ts, k, j, ctx, seq = c.take(_ROUND_BODY)
-        split = c.take(_SPLIT) if kind == KIND_ROUND_SPLIT else None
+        sid, burst, index, *ts, k, j, ctx, seq = _take(f, _ROUND_BODY)
+        split = _take(f, _SPLIT) if kind == KIND_ROUND_SPLIT else None
         return RoundRecord(sid, burst, index, tuple(ts), k, j, ctx, seq, split)
     if kind in (KIND_BURST, KIND_BURST_SPLIT):
-        sid, index, k, start, end, *phases, tokens, hook, first = c.take(_BURST)
-        split = c.take(_SPLIT) if kind == KIND_BURST_SPLIT else None
+        sid, index, k, start, end, *phases, tokens, hook, first = _take(f, _BURST)
+        split = _take(f, _SPLIT) if kind == KIND_BURST_SPLIT else None
         phases_ns = SpecPhaseNs(*phases)
         return BurstRecord(sid, index, k, start, end, phases_ns, split, tokens, hook, first)
     if kind == KIND_SESSION:
-        sid, start, am, ae, thi, tlo, span, parent, level, prof, in_table = c.take(_SESSION)
-        family, tag, tag_v, worker, clock = (c.text() for _ in range(5))
+        sid, start, am, ae, thi, tlo, span, parent, level, prof, in_table = _take(f, _SESSION)
+        family, tag, tag_v, worker, clock = (_text(f) for _ in range(5))
         rec = SessionRecord(sid, family, tag, tag_v, worker, start, am, ae, thi << 64 | tlo, span,
                             parent, level, bool(prof), clock)  # fmt: skip
         return rec, bool(in_table)
     if kind == KIND_FIRST_TOKEN:
-        (sid,) = c.take(U64)
-        kw: dict[str, Any] = dict(zip(FIRST_TOKEN_MS_FIELDS, c.take(_FT_MS), strict=True))
-        *counts, kw["draft_kv_mb"] = c.take(_FT_COUNTS)
-        kw.update(zip(_FT_COUNT_FIELDS, counts, strict=True), draft_prime_arm=c.text())
+        (sid,) = _take(f, U64)
+        kw: dict[str, Any] = dict(zip(FIRST_TOKEN_MS_FIELDS, _take(f, _FT_MS), strict=True))
+        *counts, kw["draft_kv_mb"] = _take(f, _FT_COUNTS)
+        kw.update(zip(_FT_COUNT_FIELDS, counts, strict=True), draft_prime_arm=_text(f))
         for name in ("free_mb_before", "free_mb_after"):
-            kw[name] = [c.take(_PAIR) for _ in range(c.take(_STR)[0])]
-        ivs = tuple((c.text(), *c.take(_PAIR)) for _ in range(c.take(_STR)[0]))
+            kw[name] = [_take(f, _PAIR) for _ in range(_take(f, _STR)[0])]
+        ivs = tuple((_text(f), *_take(f, _PAIR)) for _ in range(_take(f, _STR)[0]))
         return FirstTokenRecord(sid, SpecFirstTokenProf(**kw), ivs)
     if kind == KIND_SESSION_END:
-        sid, end, rounds, bursts, tokens = c.take(_END)
-        return SessionEndRecord(sid, end, rounds, bursts, tokens, c.text(), c.text())
+        sid, end, rounds, bursts, tokens = _take(f, _END)
+        return SessionEndRecord(sid, end, rounds, bursts, tokens, _text(f), _text(f))
     raise ValueError(f"no record kind {kind}")

@@ -277,7 +277,8 @@ def set_priority(priority: str) -> None:
         os.nice(10)
 
 
-def _parser() -> argparse.ArgumentParser:
+def main(argv: Sequence[str] | None = None) -> int:
+    """``memra-obs agent``: runs until SIGTERM/SIGINT (or ``--once``); 0 on a clean exit."""
     p = argparse.ArgumentParser(
         prog="memra-obs agent",
         description="Publish every local worker's ring (agent mode): spans as configured by "
@@ -295,12 +296,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="publish what the rings hold now, then exit")
     p.add_argument("--keep", action="store_true", help="do not remove rings of exited workers")
     # fmt: on
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``memra-obs agent``: runs until SIGTERM/SIGINT (or ``--once``); 0 on a clean exit."""
-    args = _parser().parse_args(argv)
+    args = p.parse_args(argv)
     if args.poll_ms <= 0:
         raise ConfigError(f"--poll-ms={args.poll_ms}: expected a positive number")
     stop = threading.Event()  # handlers first: a SIGTERM during start-up still drains

@@ -208,7 +208,8 @@ class RingReader:
                           F.OFF_READER)  # fmt: skip
 
     def open_sessions(self) -> Sessions:
-        """The writer's table of open sessions (entries that change while read are passed over)."""
+        """The writer's table of open sessions (entries that change while read, or do not
+        decode, are passed over)."""
         size, e, out = self.geo.table_entries * F.TABLE_ENTRY, F.TABLE_ENTRY, Sessions()
         a, b = (self._pread(size, F.HEADER) for _ in range(2))
         for off in range(0, size, e):
@@ -216,9 +217,10 @@ class RingReader:
             if not seq or a[off : off + e] != b[off : off + e]:
                 continue
             body = a[off + F.TABLE_HDR : off + min(e, F.TABLE_HDR + n)]
-            rec, in_table = F.decode(F.KIND_SESSION, body)
-            if rec.session == sid:
-                out[sid] = (rec, in_table, seq - 1)
+            with contextlib.suppress(Exception):  # a damaged entry is passed over too
+                rec, in_table = F.decode(F.KIND_SESSION, body)
+                if rec.session == sid:
+                    out[sid] = (rec, in_table, seq - 1)
         return out
 
     def sessions_before(self, pos: int) -> Sessions:
@@ -308,7 +310,9 @@ class RingStream(RingReader):
 
     def _recover(self, rec: Any, pos: int, out: list[Record]) -> _Open:
         if self._table is None and rec.session not in self._before:
-            self._table = self.open_sessions()
+            self._table = {}  # unreadable (the ring shrank): a stand-in, and the batch stays whole
+            with contextlib.suppress(FormatError):
+                self._table = self.open_sessions()
         found = self._before.get(rec.session) or (self._table or {}).get(rec.session)
         if found is not None:
             self.replayed += 1

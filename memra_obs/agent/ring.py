@@ -221,8 +221,11 @@ class RingSink(Sink):
         if self._fd >= 0:
             os.close(self._fd)  # the parent's lock stays: it holds its own descriptor
             self._fd = -1
-            with contextlib.suppress(OSError):
+            try:
                 self._open()
+            except OSError as exc:
+                say_once(f"ring-fork:{os.getpid()}", f"ring: forked process {os.getpid()} has no "
+                         f"ring in {self.directory} ({exc}); its records are not published")  # fmt: skip
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Mark the ring closed and drop the liveness lock; the file stays for the agent."""
