@@ -290,6 +290,20 @@ def test_a_row_accepting_more_than_it_drafted_is_refused_as_unplaced(fake_clock)
     assert tail.stats.orphans["prof_rounds"] >= 2 and len(of(got, RoundRecord)) == 20
 
 
+def test_a_session_without_rounds_after_a_full_round_log_is_its_own(fake_clock):
+    """A profiled session past 64 rounds stays open after its summary; the next session's
+    ``rounds=0`` summary ends it and is a session of its own (none lost), while a session
+    whose first burst ran no round still takes ``rounds=0`` as its own summary."""
+    with capture(level=1, prof=True, memory=lambda: [(0, 1)]) as cap:
+        drive(cap.observer, [100, 0])
+        with cap.observer.session("glm5") as s:
+            s.burst(4).end()
+    got, tail = rebuild(cap.lines)
+    ends = of(got, SessionEndRecord)
+    assert [(e.rounds, e.bursts) for e in ends] == [(100, 17), (0, 0), (0, 1)], tail.notes
+    assert tail.rebuilder.sessions == len(cap.sessions) == 3
+
+
 def test_family_of_tags():
     """The observer's default tag names its family; other tags are their own family."""
     assert family_of("glm5-phase") == "glm5"

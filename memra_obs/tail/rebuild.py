@@ -200,7 +200,10 @@ class Rebuilder:
     def _summary(self, rounds: int, t: int) -> str | None:
         if self._pending is not None:
             self._finish(self._pending)
-        if (s := self._session) is None:
+        if (s := self._session) is not None and rounds == 0 < s.rounds:
+            self._end(s)  # not its summary (it ran rounds): a later session that ran none
+            s = None
+        if s is None:
             if rounds:
                 return "[spec-prof-summary] with no session open"
             # A session that ran no round at all: no other line marked it.
