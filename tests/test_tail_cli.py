@@ -101,6 +101,15 @@ def test_bad_options_and_knobs_fail_loudly():
     assert p.returncode == 2 and b"MEMRA_OBS_METRICS_ADDR" in p.stderr
 
 
+def test_seconds_past_a_day_or_not_finite_are_refused():
+    """``--linger inf`` (or 1e300, or --session-gap / --poll so) is a usage error, not a crash."""
+    for opt in ("--linger", "--session-gap", "--poll"):
+        for v in ("inf", "1e300", "nan", "86401"):
+            p = _tail("-", opt, v, data=b"")
+            assert p.returncode == 2 and b"Traceback" not in p.stderr, p.stderr
+            assert f"{opt} must be positive and at most 86400 (a day)".encode() in p.stderr
+
+
 def test_wiring_publishes_worker_labelled_metrics_and_its_own_counters():
     """The tail's wiring (build_exporters, worker-labelled) plus the tail's own counters in
     the same registry; promtool finds nothing to report on the exposition."""

@@ -51,8 +51,8 @@ def _options(rest: Sequence[str], ns: argparse.Namespace) -> argparse.Namespace:
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     for name in ("poll", "linger", "session_gap"):
-        if not getattr(ns, name) > 0:
-            p.error(f"--{name.replace('_', '-')} must be positive")
+        if not 0 < getattr(ns, name) <= 86400:  # past a day (inf, 1e300): a typo, not a wait
+            p.error(f"--{name.replace('_', '-')} must be positive and at most 86400 (a day)")
     if ns.max_bursts < 1:
         p.error("--max-bursts must be at least 1")
     return ns
