@@ -145,7 +145,7 @@ class Tail:
         n, other, rows = self.lineno, 0, 0
         for line in lines:
             n += 1
-            if long and len(line) > MAX_LINE and line[:1] == "[":
+            if long and len(line) > MAX_LINE:
                 other += 1
                 self._bad(n, _OVERLONG, "")
                 continue
