@@ -192,11 +192,7 @@ def _summary(line: str, body: str) -> SummaryLine:
         raise LegacyParseError(line, "[spec-prof-summary] truncated or malformed", PROF_SUMMARY)
     g = m.groups()
     f = _durations(line, (*g[1:9], g[10], g[11]), PROF_SUMMARY)
-    k, j, acc, tpr, mean, lo, med, hi, draft, verify = f
-    return SummaryLine(
-        int(g[0]), k, j, acc, tpr, mean, lo, med, hi, int(g[9]), draft, verify,
-        int(g[12]), int(g[13]), int(g[14]),
-    )  # fmt: skip
+    return SummaryLine._make((int(g[0]), *f[:8], int(g[9]), *f[8:], *map(int, g[12:])))
 
 
 def _prof(line: str, body: str) -> SpecFirstTokenProf:
