@@ -209,6 +209,22 @@ def test_a_failing_advisor_is_said_once_and_the_gauges_stay(monkeypatch, caplog)
     assert sum("k advisor failed" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_a_round_with_j_outside_0_k_is_an_export_error_and_the_gauges_go_on():
+    """Counts no loop produces (j > k, j < 0; a hostile ring, say) enter neither the token
+    histograms nor the advisor's window (whose every refit would fail): export errors."""
+    reg = CollectorRegistry()
+    ex = PrometheusExporter(reg)
+    rs = rounds(300)
+    bad = [rs[0]._replace(k=4, j=9), rs[0]._replace(k=4, j=-1)]
+    ex.export([session(), *rs[:150], *bad, *rs[150:]])
+    ex.flush()
+    want = advise(rs, max_k=16, clock="event")
+    assert want is not None and ex.export_errors == 2
+    assert val(reg, "memra_spec_recommended_k", family="glm5") == want.recommended_k
+    assert val(reg, "memra_spec_drafted_tokens_per_round_count", family="glm5") == 300
+    assert val(reg, "memra_spec_round_seconds_count", family="glm5") == 302
+
+
 def test_the_observer_publishes_the_advice_of_its_own_clock():
     """End to end through configure(): the host clock (no device stream) names itself."""
     from memra_obs.wiring import build_observer

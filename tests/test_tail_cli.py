@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -12,9 +13,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+import memra_obs.tail as tail_mod
+from memra_obs.cli import main as cli_main
 from memra_obs.environment import Settings
 from memra_obs.export import QueueSink
 from memra_obs.tail import Rebuilder, Tail, TailCollector
+from memra_obs.tail.source import PipeSource
 from memra_obs.timeline import RoundRecord
 from memra_obs.wiring import build_exporters
 
@@ -99,6 +103,50 @@ def test_bad_options_and_knobs_fail_loudly():
         "-", data=b"", env={"MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": "nowhere"}
     )
     assert p.returncode == 2 and b"MEMRA_OBS_METRICS_ADDR" in p.stderr
+
+
+def test_seconds_past_a_day_or_not_finite_are_refused():
+    """``--linger inf`` (or 1e300, or --session-gap / --poll so) is a usage error, not a crash."""
+    for opt in ("--linger", "--session-gap", "--poll"):
+        for v in ("inf", "1e300", "nan", "86401"):
+            p = _tail("-", opt, v, data=b"")
+            assert p.returncode == 2 and b"Traceback" not in p.stderr, p.stderr
+            assert f"{opt} must be positive and at most 86400 (a day)".encode() in p.stderr
+
+
+def test_a_directory_or_a_read_error_ends_the_tail_with_one_line(tmp_path, monkeypatch, capfd):
+    """A directory is refused at start (with or without --follow); a read error mid-stream
+    (EIO) ends the tail after publishing what it read: one line each, status 2."""
+    for args in ((str(tmp_path),), ("--follow", str(tmp_path))):
+        p = _tail(*args, data=b"")
+        assert (p.returncode, p.stderr) == (
+            2,
+            f"memra-obs tail: {tmp_path}: Is a directory\n".encode(),
+        )
+    f = tmp_path / "w.err"
+    f.write_text(PHASE + "\n")
+    chunks: list[Any] = [(PHASE + "\n").encode(), OSError(errno.EIO, os.strerror(errno.EIO))]
+
+    def read(self: PipeSource, timeout_s: float) -> bytes:
+        if isinstance(x := chunks.pop(0), OSError):
+            raise x
+        return x
+
+    made: list[Rebuilder] = []
+
+    class Kept(Rebuilder):
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            made.append(self)
+
+    monkeypatch.setattr(PipeSource, "read", read)
+    monkeypatch.setattr(tail_mod, "Rebuilder", Kept)
+    monkeypatch.setenv("MEMRA_OBS_SINKS", "")
+    capfd.readouterr()
+    assert cli_main(["tail", str(f), "--quiet"]) == 2
+    err = capfd.readouterr().err
+    assert err == f"{PHASE}\nmemra-obs tail: {f}: Input/output error\n"
+    assert (made[0].sessions, made[0].rounds_from_means) == (1, 6)  # published before exiting
 
 
 def test_wiring_publishes_worker_labelled_metrics_and_its_own_counters():

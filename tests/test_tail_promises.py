@@ -148,3 +148,16 @@ def test_a_line_over_one_mib_is_reported_and_passed_through():
     assert bytes(sink) == data
     assert len(notes) == 1 and notes[0].startswith("-:2: a line over 1048576 bytes")
     assert tail.lineno == 3 and tail.stats.lines["phase"] == 1
+
+
+def test_every_line_over_one_mib_is_reported_also_inside_one_big_chunk():
+    """A line over MAX_LINE read in one chunk (a library caller's, or the benchmark's) is
+    reported whatever it starts with, as one that spans chunks is."""
+    from memra_obs.tail.passthrough import MAX_LINE
+
+    notes: list[str] = []
+    tail = Tail(Rebuilder("w"), lambda b: None, out=None, notes=notes.append)
+    tail.feed(b"ok\n" + b"9" * (MAX_LINE + 10) + b"\n" + PHASE.encode() + b"\n", 1)
+    tail.close(2)
+    assert len(notes) == 1 and notes[0].startswith("-:2: a line over 1048576 bytes")
+    assert tail.lineno == 3 and tail.stats.lines["other"] == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -270,6 +271,37 @@ def test_unplaceable_lines_are_reported_not_guessed():
         == 1
     )
     assert [n.split(":")[1] for n in tail.notes] == ["1", "3", "4"]
+
+
+def test_a_row_accepting_more_than_it_drafted_is_refused_as_unplaced(fake_clock):
+    """A row with j > k (no loop's; the k advisor refuses it) is reported by line number and
+    counted as unplaced, whether it opens its burst or follows a row, and never published."""
+    with capture(level=1, prof=True, memory=lambda: [(0, 1)]) as cap:
+        drive(cap.observer, [20])
+    lines = cap.lines
+    for row in (0, 9):  # a burst's first row (the slow path), a later one (the fast path)
+        i = next(n for n, x in enumerate(lines) if x.startswith(f"[spec-prof-rounds] row={row} "))
+        lines[i] = re.sub(r" k=\d+ j=\d+ ", " k=4 j=9 ", lines[i])
+        assert any(
+            n.startswith(f"-:{i + 1}: row={row} has j=9 > k=4") for n in rebuild(lines)[1].notes
+        )
+    got, tail = rebuild(lines)
+    assert all(0 <= r.j <= r.k for r in of(got, RoundRecord) if r.k >= 0)
+    assert tail.stats.orphans["prof_rounds"] >= 2 and len(of(got, RoundRecord)) == 20
+
+
+def test_a_session_without_rounds_after_a_full_round_log_is_its_own(fake_clock):
+    """A profiled session past 64 rounds stays open after its summary; the next session's
+    ``rounds=0`` summary ends it and is a session of its own (none lost), while a session
+    whose first burst ran no round still takes ``rounds=0`` as its own summary."""
+    with capture(level=1, prof=True, memory=lambda: [(0, 1)]) as cap:
+        drive(cap.observer, [100, 0])
+        with cap.observer.session("glm5") as s:
+            s.burst(4).end()
+    got, tail = rebuild(cap.lines)
+    ends = of(got, SessionEndRecord)
+    assert [(e.rounds, e.bursts) for e in ends] == [(100, 17), (0, 0), (0, 1)], tail.notes
+    assert tail.rebuilder.sessions == len(cap.sessions) == 3
 
 
 def test_family_of_tags():

@@ -9,6 +9,7 @@ records, :mod:`.parse` the one parser.
 
 from ..records import FIRST_TOKEN_FIELDS, FIRST_TOKEN_MS_FIELDS
 from .lines import (
+    KIND,
     PHASE,
     PROF_ROUNDS,
     PROF_SUMMARY_TAG,
@@ -32,8 +33,9 @@ from .lines import (
 from .parse import LegacyParseError, parse_line
 
 __all__ = [
-    "FIRST_TOKEN_FIELDS", "FIRST_TOKEN_MS_FIELDS", "PHASE", "PROF_ROUNDS", "PROF_SUMMARY_TAG",
-    "VERIFY", "AdviceLine", "FirstTokenLine", "LegacyLine", "LegacyParseError", "OverrideLine",
-    "PhaseLine", "RoundsLine", "SummaryLine", "VerifyLine", "advice_line", "emit", "format_line",
-    "parse_line", "phase_lines", "prof_line", "prof_rounds_lines", "prof_summary_line",
+    "FIRST_TOKEN_FIELDS", "FIRST_TOKEN_MS_FIELDS", "KIND", "PHASE", "PROF_ROUNDS",
+    "PROF_SUMMARY_TAG", "VERIFY", "AdviceLine", "FirstTokenLine", "LegacyLine", "LegacyParseError",
+    "OverrideLine", "PhaseLine", "RoundsLine", "SummaryLine", "VerifyLine", "advice_line", "emit",
+    "format_line", "parse_line", "phase_lines", "prof_line", "prof_rounds_lines",
+    "prof_summary_line",
 ]  # fmt: skip

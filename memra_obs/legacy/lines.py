@@ -31,7 +31,7 @@ PROF_ROUNDS_TAG = "spec-prof-rounds"
 PROF_SUMMARY_TAG = "spec-prof-summary"
 TRACE_TAG = "spec-trace"
 
-#: Line kinds (each record's ``kind``; the tail's ``kind`` label values).
+#: Line kinds (:data:`KIND` of each record's type; the tail's ``kind`` label values).
 PHASE = "phase"
 VERIFY = "verify"
 PROF = "prof"
@@ -161,15 +161,11 @@ def emit(
         say_once("legacy.emit", f"emit failed and is skipped from now on: {exc!r}")
 
 
-# Parsed lines: tuples (cheap, one per line in the tail) with a ``kind`` and their ``line()``.
+# Parsed lines: tuples (cheap, one per line in the tail) with their ``line()``; kinds in KIND.
 
 
 class PhaseLine(NamedTuple):
     """A parsed per-burst phase line (ms values as printed)."""
-
-    @property
-    def kind(self) -> str:
-        return PHASE
 
     tag: str
     rounds: int
@@ -194,10 +190,6 @@ class PhaseLine(NamedTuple):
 class VerifyLine(NamedTuple):
     """A parsed level-2 verify sub-split line (per-round ms as printed)."""
 
-    @property
-    def kind(self) -> str:
-        return VERIFY
-
     tag: str
     rounds: int
     k: int
@@ -214,10 +206,6 @@ class VerifyLine(NamedTuple):
 class FirstTokenLine(NamedTuple):
     """A parsed ``[spec-prof]`` line."""
 
-    @property
-    def kind(self) -> str:
-        return PROF
-
     prof: SpecFirstTokenProf
 
     def line(self) -> str:
@@ -226,10 +214,6 @@ class FirstTokenLine(NamedTuple):
 
 class RoundsLine(NamedTuple):
     """A parsed ``[spec-prof-rounds]`` line: one row of the session's round log."""
-
-    @property
-    def kind(self) -> str:
-        return PROF_ROUNDS
 
     row: int
     prof: SpecRoundProf
@@ -240,10 +224,6 @@ class RoundsLine(NamedTuple):
 
 class SummaryLine(NamedTuple):
     """A parsed ``[spec-prof-summary]`` line (as printed; ``rounds=0``: the rest ``None``)."""
-
-    @property
-    def kind(self) -> str:
-        return PROF_SUMMARY
 
     rounds: int
     k_mean: float | None = None
@@ -270,10 +250,6 @@ class SummaryLine(NamedTuple):
 class OverrideLine(NamedTuple):
     """The flag-override line (``[spec-trace] MEMRA_SPEC_TRACE=.. overrides ..``)."""
 
-    @property
-    def kind(self) -> str:
-        return OVERRIDE
-
     general: int
     alias: int
 
@@ -283,10 +259,6 @@ class OverrideLine(NamedTuple):
 
 class AdviceLine(NamedTuple):
     """A parsed ``[spec-advice]`` line: the k advisor's estimates with their intervals."""
-
-    @property
-    def kind(self) -> str:
-        return ADVICE
 
     rounds: int
     clock: str
@@ -322,6 +294,11 @@ def advice_line(a: Any) -> str:
 LegacyLine = (
     PhaseLine | VerifyLine | FirstTokenLine | RoundsLine | SummaryLine | OverrideLine | AdviceLine
 )
+#: Each record type's line kind (a NamedTuple cannot carry it as a class constant for mypy).
+KIND: dict[type, str] = {
+    PhaseLine: PHASE, VerifyLine: VERIFY, FirstTokenLine: PROF, RoundsLine: PROF_ROUNDS,
+    SummaryLine: PROF_SUMMARY, OverrideLine: OVERRIDE, AdviceLine: ADVICE,
+}  # fmt: skip
 
 
 def format_line(rec: LegacyLine) -> str:

@@ -74,6 +74,7 @@ _FLOAT = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?").fullmatch
 _COUNT = re.compile(_N).fullmatch
 _FT_NAMES = list(FIRST_TOKEN_FIELDS)
 _ROW_HEAD = f"[{PROF_ROUNDS_TAG}] "
+_ROW_AT = len(_ROW_HEAD)
 _tuple_new = tuple.__new__  # a NamedTuple without its Python-level __new__
 #: The project's own tags: a line under a damaged one is refused, never passed off as foreign.
 _OWN_TAGS = {
@@ -99,29 +100,28 @@ def parse_line(line: str) -> LegacyLine | None:
     text = line.rstrip("\r\n")
     try:
         if text.startswith(_ROW_HEAD):  # most legacy lines are rows
-            return _row(line, text[len(_ROW_HEAD) :])
+            return _row(line, text)
         m = _TAG_HEAD(text)
         if m is None:
             if text.startswith("[spec-"):
                 raise LegacyParseError(line, "tag without a body", _claimed(text))
             return None
-        tag = m.group(1)
-        body = text[m.end() :]
+        tag, at = m.group(1), m.end()  # the body: text[at:], matched in place (no copy)
         kind = _OWN_TAGS.get(tag)
         if kind is not None:
-            return _own(line, kind, body)
+            return _own(line, kind, text[at:])
         if tag.startswith(("spec-prof", "spec-trace", "spec-advice")):
             raise LegacyParseError(line, f"unknown tag [{tag}]", _claimed(text))
-        if not body.startswith("rounds="):
+        if not text.startswith("rounds=", at):
             return None  # some other program's tagged line
-        if " total=" in body:
-            p = _PHASE(body)
+        if " total=" in text:  # as in the body: the head's one space precedes "rounds="
+            p = _PHASE(text, at)
             if p is None:
                 raise LegacyParseError(line, "phase line truncated or malformed", PHASE)
             g = p.groups()
             return PhaseLine(tag, int(g[0]), int(g[1]), *_durations(line, g[2:], PHASE))
-        if "| per-round ms: vkda=" in body:
-            v = _VERIFY(body)
+        if "| per-round ms: vkda=" in text:
+            v = _VERIFY(text, at)
             if v is None:
                 raise LegacyParseError(line, "verify sub-split line truncated or malformed", VERIFY)
             g = v.groups()
@@ -172,8 +172,8 @@ def _own(line: str, kind: str, body: str) -> LegacyLine:
     return OverrideLine(int(o.group(1)), int(o.group(2)))
 
 
-def _row(line: str, body: str) -> RoundsLine:
-    m = _ROW(body)
+def _row(line: str, text: str) -> RoundsLine:
+    m = _ROW(text, _ROW_AT)  # fullmatch from the body's start: no slice
     if m is None:
         raise LegacyParseError(line, "[spec-prof-rounds] row truncated or malformed", PROF_ROUNDS)
     i, w, d, v, a, r, k, j, c, q = m.groups()
@@ -192,11 +192,7 @@ def _summary(line: str, body: str) -> SummaryLine:
         raise LegacyParseError(line, "[spec-prof-summary] truncated or malformed", PROF_SUMMARY)
     g = m.groups()
     f = _durations(line, (*g[1:9], g[10], g[11]), PROF_SUMMARY)
-    k, j, acc, tpr, mean, lo, med, hi, draft, verify = f
-    return SummaryLine(
-        int(g[0]), k, j, acc, tpr, mean, lo, med, hi, int(g[9]), draft, verify,
-        int(g[12]), int(g[13]), int(g[14]),
-    )  # fmt: skip
+    return SummaryLine._make((int(g[0]), *f[:8], int(g[9]), *f[8:], *map(int, g[12:])))
 
 
 def _prof(line: str, body: str) -> SpecFirstTokenProf:

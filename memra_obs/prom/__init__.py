@@ -14,12 +14,6 @@ from .model import encode
 from .server import MetricsAddressError, MetricsServer, metrics_app, serve_metrics
 
 __all__ = [
-    "FIRST_TOKEN_PHASES",
-    "SPLIT_PARTS",
-    "MetricsAddressError",
-    "MetricsServer",
-    "PrometheusExporter",
-    "encode",
-    "metrics_app",
-    "serve_metrics",
-]
+    "FIRST_TOKEN_PHASES", "SPLIT_PARTS", "MetricsAddressError", "MetricsServer",
+    "PrometheusExporter", "encode", "metrics_app", "serve_metrics",
+]  # fmt: skip

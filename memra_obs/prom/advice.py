@@ -44,27 +44,24 @@ class LoopAdvisor:
     def add(self, r: RoundRecord, n: int) -> None:
         """A round (``n``: a run of them) with known counts; under the exporter's lock."""
         k = r.k
-        if k > self.top:
-            self._grow(k)
+        if k > self.top:  # new positions: their series (bounded, said once past POSITIONS)
+            if k > POSITIONS:
+                say_once(
+                    "prom.positions",
+                    f"a round drafted k={k}: the by-position counters stop at position "
+                    f"{POSITIONS - 1} (their series are bounded; the totals count every token)",
+                )
+            drafted = self.f["memra_spec_drafted_tokens_by_position"]
+            accepted = self.f["memra_spec_accepted_tokens_by_position"]
+            for p in range(self.top, min(k, POSITIONS)):
+                drafted.child((*self.lv, str(p)), partial(_tail_sum, self.by_k, p + 1))
+                accepted.child((*self.lv, str(p)), partial(_tail_sum, self.by_j, p + 1))
+            self.top = min(k, POSITIONS)
         self.by_k[min(k, POSITIONS)] += n
         self.by_j[min(r.j, POSITIONS)] += n
         if self.win is not None:
             self.win.append(r)
             self.dirty = True
-
-    def _grow(self, k: int) -> None:
-        if k > POSITIONS:
-            say_once(
-                "prom.positions",
-                f"a round drafted k={k}: the by-position counters stop at position "
-                f"{POSITIONS - 1} (their series are bounded; the totals count every token)",
-            )
-        drafted = self.f["memra_spec_drafted_tokens_by_position"]
-        accepted = self.f["memra_spec_accepted_tokens_by_position"]
-        for p in range(self.top, min(k, POSITIONS)):
-            drafted.child((*self.lv, str(p)), partial(_tail_sum, self.by_k, p + 1))
-            accepted.child((*self.lv, str(p)), partial(_tail_sum, self.by_j, p + 1))
-        self.top = min(k, POSITIONS)
 
     def take(self) -> list[RoundRecord] | None:
         """The window's rounds when they changed since the last advice; under the lock."""

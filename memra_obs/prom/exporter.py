@@ -195,12 +195,14 @@ class PrometheusExporter:
         accept.observe(t3 - t2, ex, ts, n)
         roll.observe(t4 - t3, ex, ts, n)
         maint.observe(t5 - t4, ex, ts, n)
-        k = r.k
-        if k >= 0:  # k = j = -1: counts unknown (a round rebuilt without its row)
+        k, j = r.k, r.j
+        if 0 <= j <= k:  # k = j = -1: counts unknown (a round rebuilt without its row)
             L.drafted.observe(k, ex, ts, n)
-            L.accepted.observe(r.j, ex, ts, n)
+            L.accepted.observe(j, ex, ts, n)
             L.seq_rows.v += r.seq_rows * n
             L.adv.add(r, n)
+        elif k >= 0:  # j outside 0..k, which no loop counts: kept from the advisor's window
+            self.export_errors += 1  # (its every refit would fail and freeze the gauges)
         if r.split_ns is not None:
             kda, scan, mla, ffn = r.split_ns
             sp = L.split or L.bind_split()

@@ -140,13 +140,11 @@ class Family:
             return memo[1]  # unchanged since the last scrape
         pre, lines, cum = c.prefixes, [], 0
         for i, cum in enumerate(accumulate(counts)):
-            e = ex[i] if om else None
-            if e is None:
-                lines.append(f"{pre[i]}{floatToGoString(cum)}\n")
-            else:
+            x, e = "", (ex[i] if om else None)  # x: the bucket's exemplar, if any
+            if e is not None:
                 ts = "" if e[2] is None else f" {e[2]}"
                 x = f" # {labelstr(list(e[0].items()))} {floatToGoString(e[1] / self.div)}{ts}"
-                lines.append(f"{pre[i]}{floatToGoString(cum)}{x}\n")
+            lines.append(f"{pre[i]}{floatToGoString(cum)}{x}\n")
         lines.append(
             f"{pre[-2]}{floatToGoString(cum)}\n{pre[-1]}{floatToGoString(total / self.div)}\n"
         )

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from .. import records
-from ..legacy import LegacyParseError, RoundsLine, SummaryLine, parse_line
+from ..legacy import KIND, LegacyParseError, RoundsLine, SummaryLine, parse_line
 from ..tail.rebuild import Rebuilder
 from ..timeline import PHASES, BurstRecord, FirstTokenRecord, RoundRecord, SessionRecord, each_round
 
@@ -96,7 +96,7 @@ def _read_log(lines: Iterable[str], run: Run) -> None:
         except LegacyParseError as exc:
             run.refused.append((n, exc.reason, line[:160]))
             continue
-        run.kinds[rec.kind] += 1
+        run.kinds[KIND[type(rec)]] += 1
         # The round logs as the worker kept them: row 0 or a row after a summary opens one, a
         # summary closes it (concurrent sessions interleave: README, "memra-obs report", limits).
         if isinstance(rec, RoundsLine | SummaryLine):

@@ -10,6 +10,7 @@ for a worker's exporters, with backpressure: the tail holds its reading back rat
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
@@ -51,8 +52,8 @@ def _options(rest: Sequence[str], ns: argparse.Namespace) -> argparse.Namespace:
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     for name in ("poll", "linger", "session_gap"):
-        if not getattr(ns, name) > 0:
-            p.error(f"--{name.replace('_', '-')} must be positive")
+        if not 0 < getattr(ns, name) <= 86400:  # past a day (inf, 1e300): a typo, not a wait
+            p.error(f"--{name.replace('_', '-')} must be positive and at most 86400 (a day)")
     if ns.max_bursts < 1:
         p.error("--max-bursts must be at least 1")
     return ns
@@ -73,6 +74,8 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     try:
         if path == "-":
             source: PipeSource | FollowSource = PipeSource(sys.stdin.fileno(), "stdin")
+        elif os.path.isdir(path):  # open() takes one; its reads would fail
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
         elif args.follow:
             source = FollowSource(
                 path, from_start=opts.from_start, poll_s=opts.poll, on_wait=early.append
@@ -102,7 +105,11 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
         tail.note(f"{mode} {source.name} as worker {worker!r}; {where}")
     for msg in early:
         tail.note(msg)
-    stop = _run(tail, source, queue, built)
+    try:
+        stop = _run(tail, source, queue, built)
+    except OSError as exc:  # a read error (EIO, ...): what was read is published, then this
+        print(f"memra-obs tail: {path}: {exc.strerror}", file=sys.stderr)
+        return 2
     if not opts.quiet:
         s, rows, means = tail.stats, rb.rounds_from_rows, rb.rounds_from_means
         tail.note(
@@ -139,8 +146,8 @@ def pump(
     tail: Tail, source: PipeSource | FollowSource, *, stop: Callable[[], bool], read_s: float = 0.1
 ) -> None:
     """Read ``source`` into ``tail`` until the input ends or ``stop()``, then close the tail
-    (its partial line, open bursts and sessions). A followed file's rotations are counted,
-    settle the partial line, and are noted on the output."""
+    (its partial line, open bursts and sessions; a read error is raised after that). A followed
+    file's rotations are counted, settle the partial line, and are noted on the output."""
     if isinstance(source, FollowSource):
 
         def rotated(style: str) -> None:
@@ -149,12 +156,14 @@ def pump(
             tail.note(f"{source.path} rotated ({style}); reading the new content from its start")
 
         source.on_rotate = rotated
-    while not stop():
-        data = source.read(read_s)
-        now = time.perf_counter_ns()
-        if data is None:
-            break
-        if data:
-            tail.feed(data, now)
-        tail.tick(now)
-    tail.close(time.perf_counter_ns())
+    try:
+        while not stop():
+            data = source.read(read_s)
+            now = time.perf_counter_ns()
+            if data is None:
+                break
+            if data:
+                tail.feed(data, now)
+            tail.tick(now)
+    finally:  # the end, a stop or a read error: what was read is published
+        tail.close(time.perf_counter_ns())

@@ -12,7 +12,7 @@ import select
 from collections.abc import Callable
 from typing import BinaryIO
 
-from ..legacy import PHASE, PROF_ROUNDS, FirstTokenLine, LegacyParseError, RoundsLine, parse_line
+from ..legacy import KIND, PHASE, FirstTokenLine, LegacyParseError, RoundsLine, parse_line
 from ..timeline import Record
 from .rebuild import Rebuilder
 from .stats import TailStats
@@ -145,7 +145,7 @@ class Tail:
         n, other, rows = self.lineno, 0, 0
         for line in lines:
             n += 1
-            if long and len(line) > MAX_LINE and line[:1] == "[":
+            if long and len(line) > MAX_LINE:
                 other += 1
                 self._bad(n, _OVERLONG, "")
                 continue
@@ -164,15 +164,15 @@ class Tail:
             else:
                 if type(rec) is FirstTokenLine and self._too_many_devices(rec, n, line):
                     continue
-                seen[rec.kind] += 1
+                seen[KIND[type(rec)]] += 1
             why = feed(rec, t)
             if why is not None:
-                self._bad(n, why, line, rec.kind)
+                self._bad(n, why, line, KIND[type(rec)])
             if problems:  # a burst this line closed was refused
                 self._problems(n)
         self.lineno = n
         seen["other"] += other
-        seen[PROF_ROUNDS] += rows
+        seen[KIND[RoundsLine]] += rows
         self._publish()
 
     def _too_many_devices(self, rec: FirstTokenLine, n: int, line: str) -> bool:
@@ -180,8 +180,8 @@ class Tail:
         for name in ("free_mb_before", "free_mb_after"):
             snap = getattr(prof, name)
             if len(snap) > top or any(o >= top for o, _ in snap):
-                self.stats.malformed[rec.kind] += 1
-                self.stats.lines[rec.kind] += 1
+                self.stats.malformed[KIND[type(rec)]] += 1
+                self.stats.lines[KIND[type(rec)]] += 1
                 why = f"{name} names more than {top} devices (MEMRA_OBS_MAX_DEVICES)"
                 self._bad(n, f"malformed prof line: {why}", line)
                 return True

@@ -104,9 +104,9 @@ class Rebuilder:
         """One parsed line that arrived at ``t`` (ns, monotonic). Returns why the line could
         not be placed (it is then ignored), else None."""
         if type(rec) is RoundsLine:  # most lines: the next row of the burst being assembled
-            b, i = self._pending, rec.row
-            if b is not None and i == b.nxt and i < b.stop:
-                b.rows.append(rec.prof)
+            b, i, p = self._pending, rec.row, rec.prof
+            if b is not None and i == b.nxt and i < b.stop and p.j <= p.k:
+                b.rows.append(p)
                 b.nxt, b.last = i + 1, t
                 return None
             return self._row(rec, t)
@@ -157,12 +157,14 @@ class Rebuilder:
         """A row that is not its burst's next: the burst's first (at its base: 0 for a
         session's first burst, else the rounds the session ran; at most SPEC_PROF_ROUNDS a
         session, ``rounds`` a burst), a profile-only stream's next burst, or an orphan."""
-        b, s, i = self._pending, self._session, rec.row
+        b, s, i, p = self._pending, self._session, rec.row, rec.prof
         self._fresh = None
+        if p.j > p.k:
+            return f"row={i} has j={p.j} > k={p.k} (more accepted than drafted: no loop does that)"
         if b is not None and not b.rows and b.rounds is not None:
             base = 0 if b.prof is not None else (s.rounds if s is not None else 0)
             if i == base < (stop := min(SPEC_PROF_ROUNDS, base + b.rounds)):
-                b.rows.append(rec.prof)
+                b.rows.append(p)
                 b.nxt, b.stop, b.last = i + 1, stop, t
                 return None
         if not self._seen_phase:  # no phase lines: a row past its burst starts the next one
@@ -173,7 +175,7 @@ class Rebuilder:
                 s = self._session
             if i == nxt and s is not None:
                 b = self._pending = _Burst(s.tag, None, 0, None, t)
-                b.rows.append(rec.prof)
+                b.rows.append(p)
                 b.nxt, b.stop = s.rounds + 1, SPEC_PROF_ROUNDS
                 return None
         return f"row={i} out of sequence (no burst of this session expects it)"
@@ -198,7 +200,10 @@ class Rebuilder:
     def _summary(self, rounds: int, t: int) -> str | None:
         if self._pending is not None:
             self._finish(self._pending)
-        if (s := self._session) is None:
+        if (s := self._session) is not None and rounds == 0 < s.rounds:
+            self._end(s)  # not its summary (it ran rounds): a later session that ran none
+            s = None
+        if s is None:
             if rounds:
                 return "[spec-prof-summary] with no session open"
             # A session that ran no round at all: no other line marked it.
