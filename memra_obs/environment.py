@@ -12,6 +12,7 @@ import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from decimal import Decimal
 from typing import Any
 
 __all__ = [
@@ -209,7 +210,7 @@ class Settings:
                 if isinstance(v, bool) and name == "requests_detail":
                     v = int(v)
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    v = str(v)
+                    v = str(v) if isinstance(v, int) else format(Decimal(v), "f")  # not 1e-05
                 if not isinstance(v, str):
                     raise ConfigError(f"argument {name}={v!r}: expected a str or a number")
                 values[name] = parse(f"argument {name}", v)

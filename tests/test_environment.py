@@ -84,6 +84,40 @@ def test_tls_files_must_be_a_pem_chain_and_its_key(pem):
         assert "MEMRA_OBS_METRICS_TLS_CERT" in str(e.value)
 
 
+def test_otlp_client_pair_must_be_a_pem_certificate_and_its_key(pem, tmp_path):
+    """mTLS for OTLP: a pair that does not load is a ConfigError naming both variables (it was
+    a raw ssl.SSLError when HTTPS started); an encrypted key is refused, never prompted for."""
+    from memra_obs.otel.config import OtlpConfig
+
+    cert, key, junk = pem
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://x"}
+    ok = OtlpConfig.from_env({**env, "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": cert,
+                              "OTEL_EXPORTER_OTLP_CLIENT_KEY": key})  # fmt: skip
+    assert (ok.client_certificate, ok.client_key) == (cert, key)
+    locked = tmp_path / "locked.pem"
+    subprocess.run(["openssl", "pkey", "-in", key, "-out", str(locked), "-aes256", "-passout",
+                    "pass:secret"], check=True, capture_output=True, timeout=60)  # fmt: skip
+    for c, k in ((junk, key), (cert, junk), (key, cert), (cert, str(locked))):
+        pair = {
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": c,
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY": k,
+        }
+        with pytest.raises(ConfigError, match="not a PEM certificate and its unencrypted") as e:
+            OtlpConfig.from_env({**env, **pair})
+        assert (
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE / OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY"
+            in str(e.value)
+        )
+
+
+def test_a_small_float_argument_is_taken_as_its_decimal():
+    """``plain_step_ms=1e-05`` is a positive number of milliseconds, whatever str() prints."""
+    for v in (1e-5, 1e-9, 2.5):
+        assert Settings.resolve({}, plain_step_ms=v).plain_step_ms == v
+    with pytest.raises(ConfigError, match="argument plain_step_ms="):
+        Settings.resolve({}, plain_step_ms=float("nan"))
+
+
 def test_basic_auth_needs_a_user_and_a_password(tmp_path):
     """``user:`` (empty password) and ``:pw`` are refused; ``user:pw`` is taken."""
     f = tmp_path / "auth"

@@ -122,9 +122,15 @@ class OtlpConfig:
         headers = tuple(parse_key_values(*got)) if (got := _get(env, "HEADERS")) else ()
         compression = _choice(env, "COMPRESSION", ("none", "gzip"))
         pems = [_file(env, x) for x in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE")]
+        k, c = (_get(env, x) or (_OTLP + x,) for x in ("CLIENT_KEY", "CLIENT_CERTIFICATE"))
         if bool(pems[1]) != bool(pems[2]):  # a lone one: gRPC's C core aborts the process
-            k, c = (_get(env, x) or (_OTLP + x,) for x in ("CLIENT_KEY", "CLIENT_CERTIFICATE"))
             raise ConfigError(f"{k[0]} and {c[0]} go together (mTLS): set both or neither")
+        try:  # else an ssl.SSLError when HTTPS starts (an encrypted key: a prompt on the tty)
+            if pems[1]:
+                ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(pems[2], pems[1], b"")
+        except ssl.SSLError as exc:
+            why = "not a PEM certificate and its unencrypted private key"
+            raise ConfigError(f"{c[0]} / {k[0]}: {why} ({exc})") from None
         return cls(protocol, *_endpoint(env, protocol), headers, timeout_s, compression, *pems)
 
 
