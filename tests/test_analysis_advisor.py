@@ -164,6 +164,21 @@ def test_constant_k_is_flagged_and_falls_back():
     assert a is not None and a.costs.assumption == m.assumption and a.clock == "sync"
 
 
+def test_a_fit_with_a_negative_fixed_cost_goes_through_zero():
+    """k alternating 7 and 8 with verify jumping 10 -> 20 ms (a tile boundary): the free line
+    crosses zero at 7 rows. A cost is never negative, so the fit goes through 0 and says so;
+    before, small k cost ~1 ns, won, and the plain step and the speedup came out negative."""
+    rs = [Round(k, 5, (1_000_000 * k, 10_000_000 * (k - 6), 300_000, 100_000, 100_000))
+          for k in (7, 8) * 200]  # fmt: skip
+    m = fit_costs(rs, clock="event")
+    assert "verify fixed part fitted negative" in m.assumption
+    assert m.verify_fixed_ns.value == 0.0 and m.verify_ns(1) > 0
+    assert m.verify_per_row_ns.value == pytest.approx((8 * 10e6 + 9 * 20e6) / (8 * 8 + 9 * 9))
+    a = advise(rs)
+    assert a is not None and a.plain_step_ns > 0 and a.estimated_speedup.value > 0
+    assert all(p.round_ns > 1e6 for p in a.curve)
+
+
 def test_too_little_data_gives_no_advice():
     """Fewer than MIN_ROUNDS rounds that drafted: None (unknown and k = 0 rounds do not count)."""
     c = COSTS["launch-bound"]

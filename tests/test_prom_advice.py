@@ -254,3 +254,24 @@ def test_the_observer_publishes_the_advice_of_its_own_clock():
         assert sum(positions(reg, "memra_spec_drafted_tokens_by_position_total")) == 640
     finally:
         obs.shutdown()
+
+
+def test_a_run_of_equal_rounds_counts_n_times_in_the_window():
+    """A record with repeat=n is n rounds for the advisor too, as for the counters: 100 rounds
+    sent as 5 runs of 20 give the advice of the 100 rounds one by one."""
+    base = rounds(5)
+    runs = [r._replace(repeat=20) for r in base]
+    ones = [r._replace(index=20 * i + m) for i, r in enumerate(base) for m in range(20)]
+    got = []
+    for recs in (runs, ones):
+        reg = CollectorRegistry()
+        ex = PrometheusExporter(reg, advice_window=256)
+        ex.export([session(), *recs])
+        ex.flush()
+        got.append(val(reg, "memra_spec_expected_tokens_per_round", family="glm5"))
+    assert got[0] is not None and got[0] == pytest.approx(got[1])
+
+
+def test_a_negative_advice_window_is_refused_at_construction():
+    with pytest.raises(ValueError, match="advice_window >= 0"):
+        PrometheusExporter(CollectorRegistry(), advice_window=-1)

@@ -255,3 +255,15 @@ def test_a_busy_or_unresolvable_address_is_one_clear_error(reg):
     with pytest.raises(MetricsAddressError, match=r"no-such-host\.invalid:9464") as e:
         serve_metrics("no-such-host.invalid:9464", registry=reg)
     assert isinstance(e.value, OSError) and "MEMRA_OBS_METRICS_ADDR" in str(e.value)
+
+
+def test_bad_limits_and_ports_are_refused_before_serving(reg):
+    """max_connections < 1 (every scrape was hung up unanswered), timeout_s <= 0, and a port
+    past 65535 (an OverflowError from bind) are refused at once, leaving no thread behind."""
+    from memra_obs.prom import MetricsAddressError
+
+    for kw in ({"max_connections": 0}, {"timeout_s": 0.0}):
+        with pytest.raises(ValueError, match="max_connections must be >= 1 and timeout_s > 0"):
+            serve_metrics(("127.0.0.1", 0), registry=reg, **kw)
+    with pytest.raises(MetricsAddressError, match=r"127\.0\.0\.1:70000 \(port not in 0-65535\)"):
+        serve_metrics(("127.0.0.1", 70000), registry=reg)

@@ -277,6 +277,11 @@ def fit_costs(rounds: Iterable[RoundLike] | Stats, *, clock: str, level: float =
         c0 = (y - c1 * sx) / n
         se1 = math.sqrt(var * n / dd) if dd else math.sqrt(var / n) * per * n / max(sx, 1)
         se0 = math.sqrt(var * m.s(x, x) / dd) if dd else math.sqrt(var / n) * (1 - per)
+        if c0 < 0:  # a step jump over a narrow range of k: no cost is negative, so the best
+            # line through 0 (else round_ns(small k) is ~0 and wins, the plain step < 0)
+            notes.append(f"{name} fixed part fitted negative ({c0:.0f} ns): line through 0")
+            hi0, c1, se1 = c0 + z * se0, m.s(x, u) / m.s(x, x), math.sqrt(var / m.s(x, x))
+            return Interval(0.0, 0.0, max(0.0, hi0)), Interval(c1, c1 - z * se1, c1 + z * se1)
         return Interval(c0, c0 - z * se0, c0 + z * se0), Interval(c1, c1 - z * se1, c1 + z * se1)
 
     def mean(u: tuple[int, ...]) -> Interval:

@@ -59,8 +59,8 @@ class LoopAdvisor:
             self.top = min(k, POSITIONS)
         self.by_k[min(k, POSITIONS)] += n
         self.by_j[min(r.j, POSITIONS)] += n
-        if self.win is not None:
-            self.win.append(r)
+        if self.win is not None:  # a run is n rounds for the fit too
+            self.win.extend([r] * min(n, self.win.maxlen or 1))
             self.dirty = True
 
     def take(self) -> list[RoundRecord] | None:

@@ -67,8 +67,8 @@ class PrometheusExporter:
         plain_step_ns: float | None = None,
         traced: bool = True,
     ) -> None:
-        if slow_window < 1 or max_sessions < 1:
-            raise ValueError("slow_window and max_sessions must be >= 1")
+        if slow_window < 1 or max_sessions < 1 or advice_window < 0:
+            raise ValueError("slow_window and max_sessions must be >= 1, advice_window >= 0")
         self.registry = REGISTRY if registry is None else registry
         self.worker, self.worker_label = worker, worker_label
         #: Records this exporter could not aggregate (published as signal="metrics").

@@ -173,6 +173,10 @@ def serve_metrics(
         raise ValueError("serve_metrics: certfile and keyfile go together (TLS needs both)")
     if basic_auth is not None and not basic_auth[0]:
         raise ValueError("serve_metrics: basic_auth needs a non-empty user")
+    if not (max_connections >= 1 and timeout_s > 0):
+        raise ValueError("serve_metrics: max_connections must be >= 1 and timeout_s > 0")
+    if not 0 <= port <= 65535:  # else an OverflowError from bind()
+        raise MetricsAddressError((host, port), OSError(errno.EINVAL, "port not in 0-65535"))
     app = metrics_app(registry, basic_auth)
     ctx = None
     if certfile and keyfile:
