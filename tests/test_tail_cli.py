@@ -95,6 +95,28 @@ def test_a_file_without_follow_is_read_once(tmp_path):
     assert p.returncode == 2 and b"No such file" in p.stderr
 
 
+def test_a_fifo_with_follow_is_read_to_its_writers_end_and_no_fd_is_left(
+    tmp_path, capfd, monkeypatch
+):
+    """``--follow`` on a FIFO reads it as a pipe (it was "Illegal seek", status 2); a tail run
+    in-process closes the file it opened (one fd leaked a run)."""
+    fifo = tmp_path / "w.fifo"
+    os.mkfifo(fifo)
+    for args in (("--follow", "--from-start"), ("--follow",)):
+        writer = subprocess.Popen(["sh", "-c", f"sleep 0.2; printf '%s\\n' '{PHASE}' > {fifo}"])
+        p = _tail(*args, "--quiet", str(fifo), data=b"")
+        writer.wait(10)
+        assert (p.returncode, p.stderr) == (0, (PHASE + "\n").encode())
+    f = tmp_path / "w.err"
+    f.write_text(PHASE + "\n")
+    monkeypatch.setenv("MEMRA_OBS_SINKS", "")
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        assert cli_main(["tail", str(f), "--quiet"]) == 0
+    assert len(os.listdir("/proc/self/fd")) == fds
+    capfd.readouterr()
+
+
 def test_bad_options_and_knobs_fail_loudly():
     """An unknown option or a bad MEMRA_OBS_* value stops the tail at start, naming it."""
     p = _tail("-", "--frobnicate", data=b"")

@@ -150,6 +150,25 @@ def test_a_line_over_one_mib_is_reported_and_passed_through():
     assert tail.lineno == 3 and tail.stats.lines["phase"] == 1
 
 
+def test_an_over_long_last_line_ends_at_a_rotation_or_the_end():
+    """An over-long line cut off by a rotation (settle) or the end of input is one line: the
+    rotated-in file's first line is parsed (it was taken for the over-long line's end)."""
+    from memra_obs.tail.passthrough import MAX_LINE
+
+    recs: list = []
+    tail = Tail(Rebuilder("w"), recs.extend, out=None, notes=lambda s: None)
+    tail.feed(b"x" * (MAX_LINE + 1), 0)
+    tail.settle(1)
+    tail.feed(PHASE.encode() + b"\n", 2)
+    tail.close(3)
+    assert tail.lineno == 2 and tail.stats.lines["other"] == 1 and tail.stats.lines["phase"] == 1
+    assert sum(1 for r in recs if isinstance(r, RoundRecord)) > 0
+    end = Tail(Rebuilder("w"), lambda b: None, out=None, notes=lambda s: None)
+    end.feed(b"x" * (MAX_LINE + 1), 0)
+    end.close(1)
+    assert end.lineno == 1 and end.stats.lines["other"] == 1
+
+
 def test_every_line_over_one_mib_is_reported_also_inside_one_big_chunk():
     """A line over MAX_LINE read in one chunk (a library caller's, or the benchmark's) is
     reported whatever it starts with, as one that spans chunks is."""

@@ -325,6 +325,23 @@ def test_absurd_values_are_refused_not_expanded():
     assert tail.stats.orphans["phase"] == 2  # the huge burst, and the burst its row made absurd
     assert any("past any plausible burst" in n for n in tail.notes)
     assert any("past any plausible clock" in n for n in tail.notes)
+    got, tail = rebuild([PHASE_LINE.replace("k=4", "k=" + "9" * 23)])  # was wrapped mod 2**64
+    assert got == [] and tail.stats.orphans["phase"] == 1
+
+
+def test_a_profile_without_its_phase_line_is_placed_and_remarked_not_unplaced():
+    """A [spec-prof] whose first burst's phase line is missing starts its session all the same:
+    it is published (so not counted as unplaced), and the stream's oddity is reported."""
+    from memra_obs.legacy import prof_line
+    from memra_obs.records import SpecFirstTokenProf
+
+    prof = prof_line(SpecFirstTokenProf(prime_ms=3.0, first_burst_rounds=5, first_burst_ms=20.0))
+    got, tail = rebuild([PHASE_LINE, prof])
+    assert len(of(got, FirstTokenRecord)) == 1 and len(of(got, SessionRecord)) == 2
+    assert tail.stats.total_orphans == 0
+    assert [n.split(":", 2)[1:] for n in tail.notes] == [
+        ["2", " [spec-prof] without its first burst's phase line"]
+    ]
 
 
 def test_notes_never_land_inside_a_line():

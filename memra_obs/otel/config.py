@@ -126,7 +126,7 @@ class OtlpConfig:
         if bool(pems[1]) != bool(pems[2]):  # a lone one: gRPC's C core aborts the process
             raise ConfigError(f"{k[0]} and {c[0]} go together (mTLS): set both or neither")
         try:  # else an ssl.SSLError when HTTPS starts (an encrypted key: a prompt on the tty)
-            if pems[1]:
+            if pems[1] and pems[2]:
                 ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(pems[2], pems[1], b"")
         except ssl.SSLError as exc:
             why = "not a PEM certificate and its unencrypted private key"

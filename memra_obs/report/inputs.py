@@ -107,10 +107,11 @@ def _read_log(lines: Iterable[str], run: Run) -> None:
                 log.rows.append(rec.prof)
             else:
                 log.summary, log.lineno = rec, n
-        run.unplaced += [(n, w) for w in (rb.feed(rec, n), *rb.problems) if w]  # problems:
-        rb.problems.clear()  # bursts refused while being laid out
+        why = rb.feed(rec, n)  # then what it closed: refused bursts (unplaced), remarks (placed)
+        run.unplaced += [(n, w) for w, kind in ((why, "line"), *rb.problems) if w and kind]
+        rb.problems.clear()
     rb.close()
-    run.unplaced += [(0, p) for p in rb.problems]
+    run.unplaced += [(0, w) for w, kind in rb.problems if kind]
     into: dict[type, list[Any]] = {SessionRecord: run.sessions, BurstRecord: run.bursts,
                                    FirstTokenRecord: run.first_tokens, RoundRecord: run.rounds}  # fmt: skip
     for r in rb.take():

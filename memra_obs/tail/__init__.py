@@ -76,16 +76,20 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
             source: PipeSource | FollowSource = PipeSource(sys.stdin.fileno(), "stdin")
         elif os.path.isdir(path):  # open() takes one; its reads would fail
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-        elif args.follow:
+        elif args.follow and (os.path.isfile(path) or not os.path.exists(path)):
             source = FollowSource(
                 path, from_start=opts.from_start, poll_s=opts.poll, on_wait=early.append
             )
-        else:
-            source = PipeSource(os.open(path, os.O_RDONLY), path)
+        else:  # read to its end: a file, or a FIFO (which has no rotations to follow)
+            source = PipeSource(os.open(path, os.O_RDONLY), path, own=True)
     except OSError as exc:
         print(f"memra-obs tail: {path}: {exc.strerror}", file=sys.stderr)
         return 2
-    built = build_exporters(st, worker=worker, worker_label=True)
+    try:
+        built = build_exporters(st, worker=worker, worker_label=True)
+    except BaseException:
+        source.close()
+        raise
     # Backpressure, not drops: nothing waits on a tail but the input it holds back.
     queue = (
         QueueSink(built.all, capacity=st.queue_size, pause_s=0, stretch_ms=0) if built.all else None

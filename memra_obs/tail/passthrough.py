@@ -12,7 +12,7 @@ import select
 from collections.abc import Callable
 from typing import BinaryIO
 
-from ..legacy import KIND, PHASE, FirstTokenLine, LegacyParseError, RoundsLine, parse_line
+from ..legacy import KIND, FirstTokenLine, LegacyParseError, RoundsLine, parse_line
 from ..timeline import Record
 from .rebuild import Rebuilder
 from .stats import TailStats
@@ -98,14 +98,13 @@ class Tail:
 
     def settle(self, t: int) -> None:
         """The input rotated or ended: a partial last line is a whole line now."""
-        if self._buf:
-            buf, self._buf = self._buf, b""
-            self._write(buf[self._written :])
-            self._written, self._bol = 0, False
-            if self._skipping:
-                self._skip_line()
-            else:
-                self._lines(buf.decode("utf-8", "replace") + "\n", t)
+        buf, self._buf = self._buf, b""
+        self._write(buf[self._written :])
+        self._written, self._bol = 0, self._bol and not buf
+        if self._skipping:  # the over-long line ends here, with or without a last piece
+            self._skip_line()
+        elif buf:
+            self._lines(buf.decode("utf-8", "replace") + "\n", t)
         self._publish()
 
     def close(self, t: int) -> None:
@@ -125,9 +124,9 @@ class Tail:
         self.stats.lines["other"] += 1
 
     def _problems(self, lineno: int) -> None:
-        """Bursts the rebuilder refused (closed by line ``lineno``): unplaced phase lines."""
-        for why in self.rebuilder.problems:
-            self._bad(lineno, why, "", PHASE)
+        """What line ``lineno`` closed: refused bursts (unplaced phase lines), remarks."""
+        for why, kind in self.rebuilder.problems:
+            self._bad(lineno, why, "", kind)
         self.rebuilder.problems.clear()
 
     def _publish(self) -> None:

@@ -15,7 +15,15 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
-from ..legacy import FirstTokenLine, LegacyLine, PhaseLine, RoundsLine, SummaryLine, VerifyLine
+from ..legacy import (
+    PHASE,
+    FirstTokenLine,
+    LegacyLine,
+    PhaseLine,
+    RoundsLine,
+    SummaryLine,
+    VerifyLine,
+)
 from ..records import SPEC_PROF_ROUNDS, SpecFirstTokenProf, SpecPhaseNs, SpecRoundProf
 from ..timeline import BurstRecord, FirstTokenRecord, RoundRecord, SessionEndRecord, SessionRecord
 
@@ -96,9 +104,10 @@ class Rebuilder:
         self._spare = 0  # a session id drawn for a burst that was refused: the next one's
         #: Rounds published with a row's values / with their burst's means; sessions opened.
         self.rounds_from_rows = self.rounds_from_means = self.sessions = 0
-        #: Why bursts were refused while laid out (values no clock produces); the caller
-        #: reports and clears it (the list stays the same object).
-        self.problems: list[str] = []
+        #: (why, kind) of what a line closed: a burst refused while laid out (values no clock
+        #: produces: kind "phase", unplaced), or a remark on a line placed all the same (kind
+        #: ""). The caller reports and clears it (the list stays the same object).
+        self.problems: list[tuple[str, str]] = []
 
     def feed(self, rec: LegacyLine, t: int) -> str | None:
         """One parsed line that arrived at ``t`` (ns, monotonic). Returns why the line could
@@ -148,8 +157,8 @@ class Rebuilder:
         self._seen_phase = True
         if self._pending is not None:
             self._finish(self._pending)
-        if p.rounds > MAX_BURST_ROUNDS:
-            return f"rounds={p.rounds} is past any plausible burst (> {MAX_BURST_ROUNDS})"
+        if p.rounds > MAX_BURST_ROUNDS or p.k > MAX_BURST_ROUNDS:  # (a k wraps on the wire)
+            return f"rounds={p.rounds} k={p.k} is past any plausible burst (> {MAX_BURST_ROUNDS})"
         self._pending = self._fresh = _Burst(p.tag, p.rounds, p.k, p, t)
         return None
 
@@ -193,9 +202,11 @@ class Rebuilder:
         # that follow are the burst.
         b = self._pending = _Burst("", n, 0, None, t)
         b.prof = prof
+        if self._seen_phase:  # placed all the same: a remark, not an unplaced line
+            self.problems.append(("[spec-prof] without its first burst's phase line", ""))
         if n == 0:
             self._finish(b)
-        return "[spec-prof] without its first burst's phase line" if self._seen_phase else None
+        return None
 
     def _summary(self, rounds: int, t: int) -> str | None:
         if self._pending is not None:
@@ -263,7 +274,7 @@ class Rebuilder:
                 raise ValueError("durations past any plausible clock (> 2**50 ns)")
         except (ArithmeticError, ValueError) as exc:
             del out[mark:]
-            self.problems.append(f"burst dropped: {exc}")
+            self.problems.append((f"burst dropped: {exc}", PHASE))
             if s is None:
                 self._spare = sid  # no session opened: the next one's id
             return

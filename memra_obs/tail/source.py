@@ -19,10 +19,11 @@ CHUNK = 1 << 16
 
 
 class PipeSource:
-    """Standard input, a FIFO, or a file read once to its end (the caller owns the fd)."""
+    """Standard input, a FIFO, or a file read once to its end (``own``: close the fd at the
+    end, else the caller owns it)."""
 
-    def __init__(self, fd: int, name: str) -> None:
-        self.fd, self.name = fd, name
+    def __init__(self, fd: int, name: str, own: bool = False) -> None:
+        self.fd, self.name, self.own = fd, name, own
         with contextlib.suppress(OSError):
             os.set_blocking(fd, True)
 
@@ -38,7 +39,10 @@ class PipeSource:
         except BlockingIOError:
             return b""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        if self.own:
+            self.own = False
+            os.close(self.fd)
 
 
 class FollowSource:
