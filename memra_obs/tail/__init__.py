@@ -72,16 +72,7 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     st = Settings.resolve(None, **knobs)
     early: list[str] = []
     try:
-        if path == "-":
-            source: PipeSource | FollowSource = PipeSource(sys.stdin.fileno(), "stdin")
-        elif os.path.isdir(path):  # open() takes one; its reads would fail
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-        elif args.follow and (os.path.isfile(path) or not os.path.exists(path)):
-            source = FollowSource(
-                path, from_start=opts.from_start, poll_s=opts.poll, on_wait=early.append
-            )
-        else:  # read to its end: a file, or a FIFO (which has no rotations to follow)
-            source = PipeSource(os.open(path, os.O_RDONLY), path, own=True)
+        source = _source(path, args.follow, opts, early.append)
     except OSError as exc:
         print(f"memra-obs tail: {path}: {exc.strerror}", file=sys.stderr)
         return 2
@@ -123,6 +114,19 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
             f"({rows} from rows), {queue.dropped if queue is not None else 0} records dropped"
         )
     return 0
+
+
+def _source(
+    path: str, follow: bool, opts: argparse.Namespace, on_wait: Callable[[str], None]
+) -> PipeSource | FollowSource:
+    if path == "-":
+        return PipeSource(sys.stdin.fileno(), "stdin")
+    if os.path.isdir(path):  # open() takes one; its reads would fail
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+    if follow and (os.path.isfile(path) or not os.path.exists(path)):
+        return FollowSource(path, from_start=opts.from_start, poll_s=opts.poll, on_wait=on_wait)
+    # read to its end: a file, or a FIFO (which has no rotations to follow)
+    return PipeSource(os.open(path, os.O_RDONLY), path, own=True)
 
 
 def _run(
