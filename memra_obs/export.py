@@ -294,8 +294,10 @@ class QueueSink(Sink):
         if self._closed:
             return
         self.worker.stop(timeout_s)
-        self._closed = True
-        with self._room:
+        with self._room:  # what came in while the exporters shut down: counted, not lost
+            self._closed = True
+            self.dropped += len(self._q)
+            self._q.clear()
             self._room.notify_all()
         _LIVE.discard(self)
 

@@ -36,17 +36,20 @@ _GEOMETRY = frozenset(("draft_prime_rows", "draft_prime_chunks", "draft_prime_ar
 _ROUND1 = ("first_draft", "first_verify", "first_accept", "first_roll", "first_maint")
 
 
-def _trace_ids() -> tuple[int, int]:
-    """(trace_id, parent span id) of the caller's current span, or a fresh trace."""
+def _trace_ids() -> tuple[int, int, int]:
+    """(trace_id, span id, parent span id): under the caller's current span, or a fresh trace;
+    all 0 when the caller's trace is not sampled (its sampler decided: no spans, no exemplars)."""
     try:
         from opentelemetry import trace
 
         ctx = trace.get_current_span().get_span_context()
         if ctx.is_valid:
-            return ctx.trace_id, ctx.span_id
+            if not ctx.trace_flags.sampled:
+                return 0, 0, 0
+            return ctx.trace_id, random.getrandbits(64) or 1, ctx.span_id
     except Exception:
         pass
-    return random.getrandbits(128) or 1, 0
+    return random.getrandbits(128) or 1, random.getrandbits(64) or 1, 0
 
 
 def _stream(name: str, v: Stream | None) -> Stream | None:
@@ -97,13 +100,13 @@ class Session:
         self._prime_end = 0
         self._open_burst: Burst | None = None
         fo = obs._fan
-        trace_id, parent = _trace_ids() if fo.wants_trace_ids else (0, 0)
+        trace_id, span_id, parent = _trace_ids() if fo.wants_trace_ids else (0, 0, 0)
         # The profile's start (a drain) comes before the anchor pair: later stamps sit after it.
         start = clock(self.e, self.eh) if self.prof is not None else now_ns()
         self._last_ns = start
         self.record = SessionRecord(
             self.id, family, tag, tag_v, obs.worker, start, now_ns(), time.time_ns(), trace_id,
-            (random.getrandbits(64) or 1) if fo.wants_trace_ids else 0, parent, self.level,
+            span_id, parent, self.level,
             self.prof is not None, self._clock_name,
         )  # fmt: skip
         fan(fo.on_session, "on_session", self.record)

@@ -102,7 +102,9 @@ def test_otlp_client_pair_must_be_a_pem_certificate_and_its_key(pem, tmp_path):
             "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": c,
             "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY": k,
         }
-        with pytest.raises(ConfigError, match="not a PEM certificate and its unencrypted") as e:
+        with pytest.raises(
+            ConfigError, match="not a readable PEM certificate and its unencrypted"
+        ) as e:
             OtlpConfig.from_env({**env, **pair})
         assert (
             "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE / OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY"

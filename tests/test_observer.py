@@ -251,6 +251,31 @@ def test_full_queue_drops_newest_and_counts_without_blocking():
     assert len(q) == 16 and q.dropped == 1 + 40 + 1 + 1 - 16
 
 
+def test_records_put_while_the_exporters_shut_down_are_counted_dropped():
+    """A record the loop hands over while shutdown waits on the exporters is never exported:
+    it is counted in ``dropped`` (it used to stay in the queue, neither sent nor counted)."""
+    exported: list = []
+
+    class SlowShutdown:
+        def export(self, batch):
+            exported.extend(batch)
+
+        def flush(self, timeout_s=5.0):
+            return True
+
+        def shutdown(self, timeout_s=5.0):
+            time.sleep(0.5)
+
+    q = QueueSink([SlowShutdown()], pause_s=0, stretch_ms=0)
+    t = threading.Thread(target=q.shutdown, args=(5.0,))
+    t.start()
+    time.sleep(0.2)
+    for _ in range(10):
+        q.on_round(None)  # type: ignore[arg-type]
+    t.join(10)
+    assert (len(exported), q.dropped, len(q)) == (0, 10, 0)
+
+
 def test_sessions_on_threads_keep_their_own_ids_and_records():
     """Concurrent sessions: every record lands under its own session, none lost."""
     keep = RecordingSink(wants_trace_ids=True)

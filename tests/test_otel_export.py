@@ -551,6 +551,35 @@ def test_spans_off(env):
             },
             "OTEL_EXPORTER_OTLP_CLIENT_KEY and OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
         ),
+        (  # gRPC took a port past 65535 modulo 65536: spans to some other port
+            {
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://h:99999",
+            },
+            "OTEL_EXPORTER_OTLP_ENDPOINT='http://h:99999': bad port",
+        ),
+        (
+            {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": "h:abc"},
+            "OTEL_EXPORTER_OTLP_ENDPOINT='h:abc': bad port",
+        ),
+        (  # headers the sender cannot send: every request failed, every span dropped
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://h", "OTEL_EXPORTER_OTLP_HEADERS": "a=b%0Ac"},
+            "OTEL_EXPORTER_OTLP_HEADERS: header 'a' cannot be sent",
+        ),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://h",
+                "OTEL_EXPORTER_OTLP_HEADERS": "a=%E2%82%AC",
+            },
+            "OTEL_EXPORTER_OTLP_HEADERS: header 'a' cannot be sent",
+        ),
+        (
+            {
+                "OTEL_TRACES_EXPORTER": "otlp_proto_grpc",
+                "OTEL_EXPORTER_OTLP_HEADERS": "a=caf%C3%A9",
+            },
+            "OTEL_EXPORTER_OTLP_HEADERS: header 'a' cannot be sent",
+        ),
         ({"OTEL_TRACES_EXPORTER": "jaeger-thrift-nope"}, "OTEL_TRACES_EXPORTER"),
         ({"OTEL_TRACES_EXPORTER": "nope"}, "OTEL_TRACES_EXPORTER='nope': .* known: .*file"),
         ({"OTEL_TRACES_EXPORTER": "none,otlp"}, "OTEL_TRACES_EXPORTER"),
@@ -562,6 +591,16 @@ def test_bad_values_fail_at_start_up_naming_the_variable(env, var):
     """A value we cannot use is a ConfigError that names its variable."""
     with pytest.raises(ConfigError, match=var):
         build_span_exporter(Settings(), env=env)
+
+
+def test_a_spans_file_with_no_directory_fails_at_start_up(tmp_path):
+    """It used to start, then drop every span (said once at the first write)."""
+    for path in (tmp_path / "nope" / "spans.jsonl", tmp_path):
+        with pytest.raises(ConfigError, match=r"MEMRA_OBS_SPANS_FILE=.*: not a file in a directory"):
+            build_span_exporter(Settings(spans_file=str(path)), env={})
+    ex = build_span_exporter(Settings(spans_file=str(tmp_path / "s.jsonl")), env={})
+    assert ex is not None
+    ex.shutdown(1)
 
 
 def test_endpoint_rules():

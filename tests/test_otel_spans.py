@@ -181,6 +181,19 @@ def test_caller_span_becomes_the_session_parent():
     assert trace.get_current_span() is trace.INVALID_SPAN
 
 
+def test_an_unsampled_caller_gets_no_spans_and_no_ids():
+    """The caller's sampler dropped the request: its sessions build no spans (they were
+    exported as sampled children of a parent Jaeger never gets) and carry no ids."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    obs, keep = observer(prof=False)
+    with TracerProvider(sampler=ALWAYS_OFF).get_tracer("test").start_as_current_span("req"):
+        drive(obs, prof=False)
+    (rec,) = [r for r in keep.records if type(r) is SessionRecord]
+    assert (rec.trace_id, rec.span_id, rec.parent_span_id) == (0, 0, 0)
+    assert build(keep.records) == []
+
+
 def test_error_sets_status_and_unfinished_sessions_close_at_the_last_stamp():
     """An error ends the session span with status ERROR; a session with no end record (and
     an open burst) is closed by finish_open, every round keeping a parent."""

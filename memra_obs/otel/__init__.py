@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..environment import ConfigError, Settings
+from ..environment import MEMRA_OBS_SPANS_FILE, ConfigError, Settings
 from ..version import __version__
 from .config import OTEL_TRACES_EXPORTER, OtlpConfig, resource_attributes, traces_exporters
 from .exporter import Output, SpanExporter
@@ -58,7 +58,10 @@ def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> 
         return cls(dict(res.attributes), SCOPE_NAME, __version__, schema_url=res.schema_url)
 
     if name == "file":  # lines well under the Collector file receivers' 1 MiB line limit
-        sender = FileSender(settings.spans_file, settings.spans_file_max_bytes)
+        path = settings.spans_file  # else every span is dropped, said once, at the first write
+        if os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise ConfigError(f"{MEMRA_OBS_SPANS_FILE}={path!r}: not a file in a directory")
+        sender = FileSender(path, settings.spans_file_max_bytes)
         return Output(name, enc(JsonEncoder), sender, max_bytes=256 << 10)
     if name not in _FORCED:
         from importlib.metadata import entry_points

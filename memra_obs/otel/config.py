@@ -86,8 +86,8 @@ def _file(env: Mapping[str, str], x: str) -> str | None:
     if path is not None and x == "CERTIFICATE":  # else an ssl.SSLError when HTTPS starts
         try:
             ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(path)
-        except ssl.SSLError as exc:
-            raise ConfigError(f"{var}={path!r}: not PEM CA certificates ({exc})") from None
+        except OSError as exc:  # ssl.SSLError, or a file it may not read
+            raise ConfigError(f"{var}={path!r}: not readable PEM CA certificates ({exc})") from None
     return path
 
 
@@ -120,6 +120,11 @@ class OtlpConfig:
         if not 0 < timeout_s < 1e6:
             raise ConfigError(f"{var}={ms!r}: expected a number of milliseconds > 0")
         headers = tuple(parse_key_values(*got)) if (got := _get(env, "HEADERS")) else ()
+        top = 128 if protocol == "grpc" else 256  # gRPC metadata: ASCII; HTTP: Latin-1
+        for key, val in headers:  # else every request fails in the sender
+            if not (key.isascii() and key.isprintable() and " " not in key and val.isprintable()
+                    and max(map(ord, val), default=0) < top):  # fmt: skip
+                raise ConfigError(f"{got[0]}: header {key!r} cannot be sent as given")
         compression = _choice(env, "COMPRESSION", ("none", "gzip"))
         pems = [_file(env, x) for x in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE")]
         k, c = (_get(env, x) or (_OTLP + x,) for x in ("CLIENT_KEY", "CLIENT_CERTIFICATE"))
@@ -128,8 +133,8 @@ class OtlpConfig:
         try:  # else an ssl.SSLError when HTTPS starts (an encrypted key: a prompt on the tty)
             if pems[1] and pems[2]:
                 ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(pems[2], pems[1], b"")
-        except ssl.SSLError as exc:
-            why = "not a PEM certificate and its unencrypted private key"
+        except OSError as exc:
+            why = "not a readable PEM certificate and its unencrypted private key"
             raise ConfigError(f"{c[0]} / {k[0]}: {why} ({exc})") from None
         return cls(protocol, *_endpoint(env, protocol), headers, timeout_s, compression, *pems)
 
@@ -149,6 +154,9 @@ def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
             secure, target = u.scheme == "https", u.netloc
         if not target or ":" not in target.rsplit("]", 1)[-1]:
             target += ":443" if secure else ":4317"
+        port = target.rsplit(":", 1)[1]
+        if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"{var}={url!r}: bad port")  # (gRPC would take it modulo 65536)
         return target, secure
     if var == _OTLP + "ENDPOINT":  # the general endpoint: the signal's path appended
         url = url.rstrip("/") + "/v1/traces"

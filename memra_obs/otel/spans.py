@@ -112,7 +112,7 @@ class SpanBuilder:
             t = type(rec)
             try:
                 if t is SessionRecord:
-                    if rec.span_id == 0:  # no ids: the observer had no trace sink
+                    if rec.span_id == 0:  # no ids: no trace sink, or an unsampled caller
                         self.orphans += 1
                         continue
                     if len(sessions) >= self.max_open:
