@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from .clock import now_ns
@@ -28,6 +28,32 @@ SETTLE_ROUNDS = 1024
 #: The boundaries of a round, in order (misuse messages name the one expected).
 _ORDER = ("begin_round", "end_draft", "end_verify", "end_accept", "end_rollback", "end_round")
 _index = operator.index
+_ENDED = -3  # Burst._at after end(): its boundaries are ignored (said once)
+
+
+def _nop(*args: object, **kw: object) -> None:
+    return None
+
+
+_NULL = nullcontext()  # reusable: one shared no-op hook
+
+
+class _NoOpBurst:
+    """Everything off, or a burst that cannot be recorded: a no-op per boundary."""
+
+    __slots__ = ()
+    rounds = k = 0
+    begin_round = end_draft = end_verify = end_accept = staticmethod(_nop)
+    end_rollback = end_round = end = __exit__ = staticmethod(_nop)
+
+    def hook(self) -> nullcontext[None]:
+        return _NULL
+
+    def __enter__(self) -> _NoOpBurst:
+        return self
+
+
+_NOOP_BURST = _NoOpBurst()
 
 
 class Burst:
@@ -62,7 +88,11 @@ class Burst:
         s._open_burst = self
 
     def begin_round(self) -> None:
-        if self._at >= 0:
+        if self._at != -1 and self._at != -2:  # a round left open, or the burst ended
+            if self._at == _ENDED:
+                say_once("burst-ended", "a Burst's boundaries after its end(): ignored; a new "
+                         "burst is Session.burst(k)")  # fmt: skip
+                return
             self._drop("begin_round")
         if self._clock.immediate:
             self._t = []
@@ -72,7 +102,7 @@ class Burst:
 
     def _step(self, at: int) -> None:
         if self._at != at - 1:
-            if self._at != -2:
+            if self._at >= -1:
                 self._drop(_ORDER[at])
             return
         self._at = at
@@ -94,6 +124,8 @@ class Burst:
         """Close the round: ``k`` drafted, ``j`` accepted (0 <= j <= k), ``ctx`` trunk rows at
         entry; ``seq_rows`` defaults to what the walk added to ``SEQ_ROWS``."""
         if self._at != 4:
+            if self._at == _ENDED:
+                return
             if self._at != -2:
                 self._drop("end_round")
             else:  # what the dropped round's walk added after the drop goes with it too
@@ -141,9 +173,19 @@ class Burst:
         s = self._s
         if s._open_burst is self:
             s._open_burst = None
+        given = tokens
+        try:
+            tokens = None if tokens is None else _index(tokens) if tokens >= 0 else -1
+        except TypeError:
+            tokens = -1
+        if tokens == -1:
+            say_once("burst-tokens", f"Burst.end(tokens={given!r}): expected an int >= 0; "
+                     "counting the rounds' tokens instead")  # fmt: skip
+            tokens = None
         try:
             if self._at >= 0:
                 self._drop("end")
+            self._at = _ENDED
             # settled device time (event clock) can run past the host stamp: the burst holds it
             end = max(end, self._settle())
             self._publish(end, tokens)
@@ -298,6 +340,8 @@ class _RangedBurst(Burst):
 
     def begin_round(self) -> None:
         super().begin_round()
+        if self._at == _ENDED:
+            return
         self._pop_to(1)
         self._push("spec.round")
         self._push("spec.draft")

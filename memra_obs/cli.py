@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -112,12 +113,12 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import DemoConfig, SimDevice, install_stop_handlers, run_demo
     from .wiring import build_observer
 
-    # The demo shows everything unless the environment says otherwise.
-    if flags.MEMRA_SPEC_TRACE not in os.environ and flags.MEMRA_GLM5_SPEC_TRACE not in os.environ:
-        os.environ[flags.MEMRA_SPEC_TRACE] = "2"
-    os.environ.setdefault(flags.MEMRA_SPEC_PROF, "1")
-    os.environ.setdefault(MEMRA_OBS_SINKS, "all")
-    flags._reset()
+    # The demo shows everything unless the environment says otherwise (os.environ unchanged).
+    env = dict(os.environ)
+    if flags.MEMRA_SPEC_TRACE not in env and flags.MEMRA_GLM5_SPEC_TRACE not in env:
+        env[flags.MEMRA_SPEC_TRACE] = "2"
+    env.setdefault(flags.MEMRA_SPEC_PROF, "1")
+    env.setdefault(MEMRA_OBS_SINKS, "all")
 
     cfg = DemoConfig(
         duration_s=args.duration,
@@ -130,7 +131,7 @@ def _demo(args: argparse.Namespace) -> int:
         gpu=args.gpu,
     )
     dev = SimDevice()
-    obs = build_observer(memory=None if cfg.gpu else dev.snapshot, strict=True)
+    obs = build_observer(memory=None if cfg.gpu else dev.snapshot, strict=True, env=env)
     where = list(obs.where) or ["legacy lines only (MEMRA_OBS_SINKS is empty)"]
     bound = "until Ctrl-C"
     if cfg.duration_s:
@@ -140,11 +141,13 @@ def _demo(args: argparse.Namespace) -> int:
     kind = "GPU" if cfg.gpu else "simulated"
     _say(f"[memra-obs] demo: {kind} worker, {bound}; " + "; ".join(where))
     stop = threading.Event()
-    install_stop_handlers(stop)
+    old = install_stop_handlers(stop)
     try:
         stats = run_demo(cfg, obs, stop=stop, device=dev)
     finally:
         obs.shutdown(10.0)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     acc = stats.accepted / stats.drafted if stats.drafted else 0.0
     _say(
         f"[memra-obs] demo done: sessions={stats.sessions} rounds={stats.rounds} "

@@ -120,7 +120,7 @@ class SimWorkload:
         slow = self.rng.random() < 0.03
         ms = base * (self.rng.uniform(2.2, 3.0) if slow else self.rng.uniform(0.92, 1.12))
         self._dev(ms)
-        ns = int(ms * 1e6)
+        ns = int(ms * self.speed * 1e6)  # the device time it stands for, as _dev queues it
         kda = int(ns * 0.34)  # level-2 shares: the mixer classes, the FFN inside vrest
         VERIFY_SPLIT.add(kda=kda, kda_scan=int(kda * 0.4), mla=int(ns * 0.21), ffn=int(ns * 0.30))
         if slow:
@@ -260,7 +260,6 @@ def run_demo(
     return st
 
 
-def install_stop_handlers(stop: Event) -> None:
-    """Ctrl-C / SIGTERM end the demo after the requests in flight."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: stop.set())
+def install_stop_handlers(stop: Event) -> dict[int, Any]:
+    """Ctrl-C / SIGTERM end the demo after the requests in flight; returns the old handlers."""
+    return {s: signal.signal(s, lambda n, f: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -11,11 +11,10 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from typing import Any
 
 from . import flags
-from .burst import Burst
+from .burst import _NOOP_BURST, Burst, _NoOpBurst, _nop
 from .clock import PhaseClock, Stream, SyncClock
 from .diagnostics import say_once
 from .fanout import Fanout
@@ -29,29 +28,6 @@ _ClockFactory = Callable[[Stream | None, Stream | None], PhaseClock]
 
 
 # Everything off (like the OTel API's NoOpTracer): one call per boundary to a no-op.
-def _nop(*args: object, **kw: object) -> None:
-    return None
-
-
-_NULL = nullcontext()  # reusable: one shared no-op hook
-
-
-class _NoOpBurst:
-    __slots__ = ()
-    rounds = k = 0
-    begin_round = end_draft = end_verify = end_accept = staticmethod(_nop)
-    end_rollback = end_round = end = __exit__ = staticmethod(_nop)
-
-    def hook(self) -> nullcontext[None]:
-        return _NULL
-
-    def __enter__(self) -> _NoOpBurst:
-        return self
-
-
-_NOOP_BURST = _NoOpBurst()
-
-
 class _NoOpSession:
     __slots__ = ()
     prof = log = None
@@ -156,7 +132,8 @@ class Observer:
         return self._fan.all
 
     def add_sink(self, sink: Sink) -> None:
-        """Add a sink; sessions already running see it from their next record."""
+        """Add a sink. Sessions already running reach it from their next record, as sessions
+        it never saw start (no tag: the stderr lines say ``spec-phase``; no spans)."""
         with self._lock:
             self._fan = Fanout((*self._fan.all, sink))
 

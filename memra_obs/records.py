@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
+from .diagnostics import say_once
+
 __all__ = [
     "SEQ_ROWS", "SPEC_PROF_ROUNDS", "U16_MAX", "U32_MAX", "U64_MAX", "VERIFY_SPLIT", "SeqRows",
     "SpecFirstTokenProf", "SpecPhaseNs", "SpecRoundProf", "SpecRoundsLog", "VerifySplit", "f32",
@@ -51,6 +53,19 @@ def _uint(name: str, v: object, top: int) -> int:
     if v < 0 or v > top:
         raise ValueError(f"{name}={v} is out of range 0..={top}")
     return v
+
+
+def _added_ns(call: str, vals: tuple[Any, ...]) -> tuple[int, ...] | None:
+    """What a loop adds to an accumulator, in ns: ints, floats rounded; else None, said once
+    (the loop's instrumentation never raises into it)."""
+    try:
+        out = tuple([round(v) if isinstance(v, float) else operator.index(v) for v in vals])
+        if min(out) >= 0:
+            return out
+    except (TypeError, ValueError, OverflowError):
+        pass
+    say_once(call, f"{call}{vals!r}: expected nanoseconds >= 0; that call is ignored")
+    return None
 
 
 def _ms(name: str, v: object) -> float:
@@ -103,7 +118,10 @@ class VerifySplit:
 
     def add(self, kda: int = 0, kda_scan: int = 0, mla: int = 0, ffn: int = 0) -> None:
         """Add nanoseconds to any of the buckets (wrapping u64, like ``fetch_add``)."""
-        d = (kda, kda_scan, mla, ffn)
+        v = (kda, kda_scan, mla, ffn)
+        fast = type(kda) is type(kda_scan) is type(mla) is type(ffn) is int and min(v) >= 0
+        if (d := v if fast else _added_ns("VerifySplit.add", v)) is None:
+            return
         with self._lock:
             self._v = [(a + b) & U64_MAX for a, b in zip(self._v, d, strict=True)]
 
@@ -136,6 +154,10 @@ class SeqRows:
         self._lock = threading.Lock()
 
     def add(self, n: int) -> None:
+        if type(n) is not int or n < 0:
+            if (d := _added_ns("SeqRows.add", (n,))) is None:
+                return
+            n = d[0]
         with self._lock:
             self._n = (self._n + n) & U64_MAX
 

@@ -6,6 +6,7 @@ buckets cover the wall from the drained start to the first burst's return; the r
 
 from __future__ import annotations
 
+import operator
 import random
 import time
 from array import array
@@ -13,12 +14,12 @@ from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from .analysis import EXPLORE, advise
-from .burst import Burst, _RangedBurst
+from .burst import _NOOP_BURST, Burst, _NoOpBurst, _RangedBurst
 from .clock import Stream, SyncClock, clock, now_ns
 from .diagnostics import say_once
 from .fanout import Fanout, fan
 from .legacy import advice_line
-from .records import SpecFirstTokenProf, SpecRoundsLog
+from .records import U16_MAX, SpecFirstTokenProf, SpecRoundsLog
 from .requests import request_record
 from .timeline import FirstTokenRecord, ProfSummaryRecord, SessionEndRecord, SessionRecord
 
@@ -123,9 +124,10 @@ class Session:
             return 0.0
         try:
             # Inside an open round (round 1's drafter prime) the bucket starts at the round's
-            # entry; otherwise at the previous boundary of the profile.
-            b = self._open_burst
-            start = b._t[b._r0] if b is not None and b._at >= 0 else self._last_ns
+            # entry, or at a lap's earlier in it; otherwise at the profile's previous boundary.
+            b, start = self._open_burst, self._last_ns
+            if b is not None and b._at >= 0:
+                start = max(b._t[b._r0], start)
             end = clock(self.e, self.eh)
             ms = (end - start) / 1e6
             self._intervals.append((bucket, start, end))
@@ -176,8 +178,17 @@ class Session:
             say_once("mem:bad", f"free-memory snapshot refused ({exc}); recording none")
         return snap
 
-    def burst(self, k: int) -> Burst:
-        """Enter a burst drafting ``k`` per round; one still open is ended first (said once)."""
+    def burst(self, k: int) -> Burst | _NoOpBurst:
+        """Enter a burst drafting ``k`` per round; one still open is ended first (said once).
+        An ended session, or a ``k`` no loop drafts, gets a burst that records nothing."""
+        try:
+            ok = not self._ended and 0 <= (k := operator.index(k)) <= U16_MAX
+        except TypeError:
+            ok = False
+        if not ok:
+            why = "the session has ended" if self._ended else "expected an int in 0..65535"
+            say_once(f"burst-bad:{why}", f"Session.burst(k={k!r}): {why}; not recorded")
+            return _NOOP_BURST
         b = self._open_burst
         if b is not None:
             say_once("burst-open", "Session.burst() while the previous burst was not ended: "

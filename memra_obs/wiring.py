@@ -130,10 +130,17 @@ def build_observer(
     strict: bool = False,
     **knobs: Any,
 ) -> Observer | NoOpObserver:
-    """An observer: ``level``/``prof`` override the seed's flags, ``knobs`` are
-    :class:`Settings` fields, ``exporters`` extra consumers behind the queue, ``strict`` as in
-    :func:`build_exporters`. Nothing on -> :data:`NOOP_OBSERVER`."""
+    """An observer: ``level``/``prof`` override the seed's flags (read from ``env`` when given,
+    else once from ``os.environ``), ``knobs`` are :class:`Settings` fields, ``exporters`` extra
+    consumers behind the queue, ``strict`` as in :func:`build_exporters`. Nothing on ->
+    :data:`NOOP_OBSERVER`."""
     st = Settings.resolve(env, **knobs)
+    if env is not None and level is None:  # the seed's flags from env (else os.environ, once)
+        level = flags.spec_trace_level_from(
+            env.get(flags.MEMRA_SPEC_TRACE), env.get(flags.MEMRA_GLM5_SPEC_TRACE)
+        )
+    if env is not None and prof is None:
+        prof = env.get(flags.MEMRA_SPEC_PROF) == "1"
     lvl = flags.spec_trace_level() if level is None else level
     prf = flags.spec_prof_on() if prof is None else prof
     sinks: list[Sink] = [StderrSink(lvl, prf)] if lvl >= 1 or prf else []

@@ -118,3 +118,29 @@ def test_demo_gpu_without_a_gpu_exits_2_with_one_line(tmp_path: Path) -> None:
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr
     assert p.stderr.splitlines()[-1].startswith("memra-obs: --gpu needs a CUDA device")
+
+
+def test_demo_in_process_leaves_handlers_and_environment_and_scales_the_split(
+    tmp_path, monkeypatch, capfd
+) -> None:
+    """``cli.main(["demo", ...])`` from Python restores SIGINT/SIGTERM and leaves os.environ as
+    it was (it kept the demo's handlers and MEMRA_SPEC_TRACE=2 ...); with ``--speed`` the
+    level-2 split is of the scaled verify (vkda + vmla fit inside verify)."""
+    import signal
+
+    from memra_obs.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for var in ("MEMRA_SPEC_TRACE", "MEMRA_GLM5_SPEC_TRACE", "MEMRA_SPEC_PROF"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MEMRA_OBS_SINKS", "")
+    before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), dict(os.environ))
+    assert main(["demo", "--requests", "2", "--speed", "0.25", "--seed", "1"]) == 0
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before[:2]
+    assert dict(os.environ) == before[2]
+    lines = [parse_line(x) for x in capfd.readouterr().err.splitlines() if "-phase" in x]
+    phases = [x for x in lines if isinstance(x, PhaseLine)]
+    splits = [x for x in lines if isinstance(x, VerifyLine)]
+    assert phases and len(splits) == len(phases)
+    for p, v in zip(phases, splits, strict=True):
+        assert v.vkda_ms + v.vmla_ms <= p.per_verify_ms * 1.01 + 0.002

@@ -13,7 +13,7 @@ from forked import in_child
 import memra_obs
 from memra_obs.environment import ConfigError
 from memra_obs.legacy import PhaseLine, parse_line
-from memra_obs.observer import Observer
+from memra_obs.observer import NOOP_OBSERVER, Observer
 from memra_obs.records import SEQ_ROWS, VERIFY_SPLIT
 from memra_obs.testing import RecordingSink, capture
 from memra_obs.timeline import BurstRecord, FirstTokenRecord, RoundRecord
@@ -130,6 +130,18 @@ def test_configure_lists_its_knobs():
         assert knob in params
 
 
+def test_configure_env_carries_the_seed_flags_too(monkeypatch):
+    """``configure(env=...)`` replaces os.environ for the trace flags as for the knobs."""
+    for var in ("MEMRA_SPEC_TRACE", "MEMRA_GLM5_SPEC_TRACE", "MEMRA_SPEC_PROF"):
+        monkeypatch.delenv(var, raising=False)
+    obs = memra_obs.configure(env={"MEMRA_SPEC_TRACE": "2", "MEMRA_SPEC_PROF": "1"})
+    try:
+        assert isinstance(obs, Observer) and (obs.level, obs.prof) == (2, True)
+    finally:
+        memra_obs.configure(env={})
+    assert memra_obs.get_observer() is NOOP_OBSERVER
+
+
 def test_free_memory_snapshots_land_in_no_bucket():
     """A slow snapshot (NVML's first call) is not charged to cache_alloc; the profile's
     unattributed_ms carries it, and the buckets sum to the first-token wall."""
@@ -179,6 +191,59 @@ def test_first_token_buckets_cover_the_wall():
     wall_ms = (burst.end_ns_mono - sess.start_ns_mono) / 1e6
     assert ft.prof.unattributed_ms >= 9.0
     assert ft.prof.total_ms() == pytest.approx(wall_ms, rel=0.005)
+
+
+def test_a_second_lap_in_the_first_round_starts_where_the_first_ended():
+    """Two ``draft_prime`` laps in round 1 (one per prime chunk): each starts at the previous
+    boundary, so the bucket stays within the burst (it counted the first stretch twice)."""
+    with (
+        capture(level=0, prof=True, memory=lambda: [(0, 1)]) as cap,
+        cap.observer.session("g") as s,
+        s.burst(4) as b,
+    ):
+        b.begin_round()
+        for _ in range(2):
+            time.sleep(0.02)
+            s.lap("draft_prime")
+        for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+            end()
+        b.end_round(k=4, j=2)
+    (ft,) = cap.sink.of(FirstTokenRecord)
+    assert 40.0 <= ft.prof.draft_prime_ms <= ft.prof.first_burst_ms
+
+
+@pytest.mark.parametrize("k", [None, -1, 4.0, "4", 70_000])
+def test_a_burst_no_loop_drafts_or_after_the_end_records_nothing(caplog, k):
+    """``s.burst(k)`` with a k no loop drafts, a burst's rounds after its ``end()``, a burst of
+    an ended session: said once, recorded nowhere, no line the parser refuses."""
+    with capture(level=1) as cap:
+        with cap.observer.session("glm5") as s:
+            with s.burst(k) as bad:
+                one_round(bad)
+            b = s.burst(4)
+            one_round(b)
+            b.end(tokens=3.0)  # type: ignore[arg-type]
+            one_round(b)  # after its end
+        one_round(s.burst(4))  # the session has ended
+    assert len(cap.bursts) == 1 and len(cap.rounds) == 1 and cap.bursts[0].phases.rounds == 1
+    assert cap.bursts[0].tokens == 4  # the round's j + 1, +1 anchor: not 3.0
+    assert all(parse_line(x) for x in cap.lines) and len(cap.lines) == 1
+    for said in ("expected an int in 0..65535", "tokens=3.0", "after its end()", "has ended"):
+        assert caplog.text.count(said) == 1, said
+
+
+def test_accumulators_take_float_ns_and_refuse_negatives_without_raising(caplog):
+    """``VERIFY_SPLIT.add(kda=dt * 1e9)`` (a float) is rounded; a negative or a string is said
+    once and ignored: they raised TypeError into the loop, or wrapped to 2**64 - 5."""
+    VERIFY_SPLIT.drain()
+    SEQ_ROWS.take()
+    VERIFY_SPLIT.add(kda=1500.4, mla=2)
+    VERIFY_SPLIT.add(kda=-5)
+    VERIFY_SPLIT.add(ffn="3")  # type: ignore[arg-type]
+    SEQ_ROWS.add(2.0)  # type: ignore[arg-type]
+    SEQ_ROWS.add(-1)
+    assert VERIFY_SPLIT.drain() == (1500, 0, 2, 0) and SEQ_ROWS.take() == 2
+    assert caplog.text.count("expected nanoseconds >= 0") == 2  # once a call site
 
 
 def test_a_long_sync_burst_holds_bounded_memory():

@@ -596,7 +596,9 @@ def test_bad_values_fail_at_start_up_naming_the_variable(env, var):
 def test_a_spans_file_with_no_directory_fails_at_start_up(tmp_path):
     """It used to start, then drop every span (said once at the first write)."""
     for path in (tmp_path / "nope" / "spans.jsonl", tmp_path):
-        with pytest.raises(ConfigError, match=r"MEMRA_OBS_SPANS_FILE=.*: not a file in a directory"):
+        with pytest.raises(
+            ConfigError, match=r"MEMRA_OBS_SPANS_FILE=.*: not a file in a directory"
+        ):
             build_span_exporter(Settings(spans_file=str(path)), env={})
     ex = build_span_exporter(Settings(spans_file=str(tmp_path / "s.jsonl")), env={})
     assert ex is not None

@@ -119,12 +119,13 @@ class OtlpConfig:
             timeout_s = 0.0  # refused below
         if not 0 < timeout_s < 1e6:
             raise ConfigError(f"{var}={ms!r}: expected a number of milliseconds > 0")
-        headers = tuple(parse_key_values(*got)) if (got := _get(env, "HEADERS")) else ()
+        hvar, raw = _get(env, "HEADERS") or ("", "")
+        headers = tuple(parse_key_values(hvar, raw))
         top = 128 if protocol == "grpc" else 256  # gRPC metadata: ASCII; HTTP: Latin-1
         for key, val in headers:  # else every request fails in the sender
             if not (key.isascii() and key.isprintable() and " " not in key and val.isprintable()
                     and max(map(ord, val), default=0) < top):  # fmt: skip
-                raise ConfigError(f"{got[0]}: header {key!r} cannot be sent as given")
+                raise ConfigError(f"{hvar}: header {key!r} cannot be sent as given")
         compression = _choice(env, "COMPRESSION", ("none", "gzip"))
         pems = [_file(env, x) for x in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE")]
         k, c = (_get(env, x) or (_OTLP + x,) for x in ("CLIENT_KEY", "CLIENT_CERTIFICATE"))
