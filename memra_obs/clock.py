@@ -82,8 +82,6 @@ class SyncClock:
     immediate = True
 
     def __init__(self, e: Stream | None = None, eh: Stream | None = None) -> None:
-        self.e = e
-        self.eh = eh
         if e is None and (eh is None or eh is e):
             self.mark: Callable[[], int] = now_ns
         elif eh is None or eh is e:
