@@ -223,7 +223,7 @@ def test_a_worker_killed_mid_burst_loses_nothing_it_wrote(tmp_path, procs):
         written = reader.state().rec_next
         reader.close()
         procs.totals(other)
-        wait_for("both rings retired", lambda: at.agent.rings_removed == 2)
+        wait_for("both rings retired", lambda: at.agent.rings_retired == 2)
     finally:
         at.close()
     ref = RingReader(path)  # independent read of the whole file from position 0

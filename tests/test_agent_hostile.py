@@ -205,6 +205,31 @@ def test_counters_that_move_back_drop_the_ring_and_spare_the_others(tmp_path, ca
     a.close()
 
 
+def test_a_ring_refused_at_attach_keeps_no_descriptor(tmp_path, monkeypatch):
+    """A ring whose slots below the saved cursor do not decode is refused at attach, and its
+    file is closed (one descriptor leaked per refusal, for the agent's lifetime)."""
+    import itertools
+
+    from memra_obs.agent.reader import RingStream
+
+    sink = RingSink(str(tmp_path), worker="v", slots=256)
+    work(sink, 1, 3)
+    a = Agent(str(tmp_path), [Collect()])
+    a.drain(2)
+    a.close()  # the cursor is saved: the next attach reads the sessions before it
+
+    def bad(self, pos):
+        raise FormatError("a slot below the cursor")
+
+    monkeypatch.setattr(RingStream, "sessions_before", bad)
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        with pytest.raises(FormatError):
+            RingStream(sink.path, itertools.count())
+    assert len(os.listdir("/proc/self/fd")) == fds
+    sink.shutdown()
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 8191 + 64 * 128), st.integers(0, 255)), min_size=1,
                 max_size=12))  # fmt: skip

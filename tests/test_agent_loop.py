@@ -219,6 +219,30 @@ def test_one_agent_per_directory(tmp_path):
     Agent(str(tmp_path), []).close()
 
 
+def test_an_unusable_directory_or_poll_is_one_line_and_status_2(tmp_path):
+    """A ring directory under a file, ``--poll-ms nan`` (it spun) or ``inf`` (a traceback):
+    one line naming it, status 2; ``--keep`` reports no ring removed."""
+    (tmp_path / "f").write_text("")
+    for args, said in (
+        (["--dir", str(tmp_path / "f" / "sub")], "ring directory"),
+        (["--dir", str(tmp_path), "--poll-ms", "nan"], "--poll-ms=nan"),
+        (["--dir", str(tmp_path), "--poll-ms", "inf"], "--poll-ms=inf"),
+    ):
+        p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "agent", *args],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and said in p.stderr, p.stderr
+    obs, sink = observer(str(tmp_path / "r"), "w")
+    with obs.session("glm5") as s:
+        rounds(s, 1)
+    sink.shutdown()
+    env = {**os.environ, "MEMRA_OBS_SINKS": "", "MEMRA_OBS_METRICS_ADDR": ""}
+    p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "agent", "--dir",
+                        str(tmp_path / "r"), "--once", "--keep", "--priority", "normal"],
+                       capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert p.returncode == 0 and "rings_removed=0" in p.stderr, p.stderr
+    assert [f for f in os.listdir(tmp_path / "r") if f.endswith(".ring")]
+
+
 def test_agent_metrics_carry_worker_labels_and_ring_drops(tmp_path):
     """build_agent: one registry with the spec metrics labelled by worker, the agent's own
     health and memra_obs_dropped_total{signal="ring"}; promtool finds nothing to report."""

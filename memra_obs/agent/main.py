@@ -62,10 +62,18 @@ class Agent:
         self._done: list[RingStream] = []
         #: worker -> (records read, lost, written) over every ring so far (a scrape reads it).
         self.totals: dict[str, tuple[int, int, int]] = {}
-        self.rings_removed = 0
-        os.makedirs(directory, exist_ok=True)
-        lock = os.path.join(directory, ".agent.lock")
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        self.rings_removed = self.rings_retired = 0  # retired: read to the end, worker gone
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd = os.open(
+                os.path.join(directory, ".agent.lock"),
+                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
+                0o600,
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"ring directory {directory!r} (--dir, {MEMRA_OBS_AGENT}): {exc.strerror}"
+            ) from None
         try:  # held for life: one agent per directory
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -150,10 +158,12 @@ class Agent:
                 self._account(s, (s.read, s.lost, s.written))
         for s in self._done:
             del self._streams[s.path]
-            self.rings_removed += 1
+            self.rings_retired += 1
             s.close(unlink=self.cleanup)
             if not self.cleanup or os.path.exists(s.path):
                 self._skip.add(s.path)
+            else:
+                self.rings_removed += 1
         self._polled, self._done = [], []
 
     def pending(self) -> bool:
@@ -297,10 +307,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="do not remove rings of exited workers")
     # fmt: on
     args = p.parse_args(argv)
-    if args.poll_ms <= 0:
-        raise ConfigError(f"--poll-ms={args.poll_ms}: expected a positive number")
+    if not 0 < args.poll_ms <= 60_000:  # (nan too: it spun, inf: a traceback)
+        raise ConfigError(f"--poll-ms={args.poll_ms}: expected a number of ms in (0, 60000]")
     stop = threading.Event()  # handlers first: a SIGTERM during start-up still drains
-    old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    # set from a thread: the handler may interrupt this thread inside stop.wait(), holding
+    # the lock that set() takes
+    def on_signal(*_: object) -> None:
+        threading.Thread(target=stop.set, daemon=True).start()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         set_priority(args.priority)
         agent, closers, server = build_agent(

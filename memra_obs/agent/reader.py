@@ -262,7 +262,11 @@ class RingStream(RingReader):
         super().__init__(path)
         self._ids = ids
         self._open: dict[int, _Open] = {}
-        self._before = self.sessions_before(self.pos) if self.pos else Sessions()
+        try:
+            self._before = self.sessions_before(self.pos) if self.pos else Sessions()
+        except BaseException:  # a ring refused at attach keeps no descriptor
+            self.close()
+            raise
         self._table: Sessions | None = None  # the writer's, read once per publish at most
         #: After a loss: (sessions in the table, head before reading it, head after).
         self._gc: tuple[set[int], int, int] | None = None

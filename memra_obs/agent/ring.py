@@ -101,7 +101,7 @@ class RingSink(Sink):
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             os.posix_fallocate(fd, 0, geo.size)  # every page now: no round allocates one
-            label = self.worker.encode("utf-8")[:63]
+            label = self.worker.encode()[:63].decode(errors="ignore").encode()  # whole characters
             os.pwrite(fd, F.IDENT.pack(F.MAGIC, F.VERSION, F.SLOT, geo.slots, F.MAXSPAN,
                                        geo.table_entries, F.TABLE_ENTRY, geo.data_off, pid,
                                        time.time_ns(), len(label), label), 0)  # fmt: skip
