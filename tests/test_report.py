@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -367,6 +368,49 @@ def test_a_failed_render_or_write_leaves_no_temp_file(runs, tmp_path, monkeypatc
                        capture_output=True, text=True, env=_env())  # fmt: skip
     assert p.returncode == 2 and str(out) in p.stderr
     assert [x.name for x in tmp_path.iterdir()] == ["dir"]
+
+
+def test_counts_no_worker_writes_refuse_their_session_and_the_page_is_written(runs, tmp_path):
+    """A round index of -5 or 2**63, or 10**8 unsampled rounds in a burst of fewer: the session
+    is refused (they crashed the page, or expanded into gigabytes of rounds)."""
+    good = read(str(runs["spans"]))
+    for name, key, value in (
+        ("spec.round", "memra.spec.round", {"intValue": "-5"}),
+        ("spec.round", "memra.spec.round", {"intValue": str(2**63)}),
+        ("spec.round", "memra.spec.round", {"doubleValue": 1e308}),
+        ("spec.burst", "memra.spec.rounds_unsampled", {"intValue": str(10**8)}),
+    ):
+        edit = _first(name, lambda s, k=key, v=value: _set(s, k, v))
+        spans = spans_edited(runs["spans"], tmp_path / "bad.jsonl", edit)
+        run = read(str(spans))
+        assert len(run.sessions) == len(good.sessions) - 1, value
+        assert len(run.refused) == 1 and "not a count" in run.refused[0][1]
+        assert keys(report(spans, out=tmp_path / "bad.html"))["refused"] == ["1"]
+
+
+def test_spans_under_no_session_are_said_and_names_are_text(runs, tmp_path):
+    """A span file rotated apart from its sessions' spans says how many it left out (they
+    vanished silently); an input named like math text (``w$_$.log``) renders as its name."""
+    spans = spans_edited(
+        runs["spans"], tmp_path / "rot.jsonl", lambda s: s["name"] != "spec.session"
+    )
+    run = read(str(spans))
+    assert not run.sessions and any("are under no spec.session" in n for n in run.notes)
+    shutil.copy(runs["log"], odd := tmp_path / "w$_$.log")
+    assert keys(report(odd, out=tmp_path / "odd.html"))["sessions"] == ["8"]
+
+
+def test_an_output_link_is_written_through_never_replaced(runs, tmp_path):
+    """``-o`` naming a link to a file writes the file (the link stays); a link to this process's
+    stdout (as /dev/stdout is) gets the page on stdout (it was replaced by a regular file)."""
+    (target := tmp_path / "real.html").write_text("")
+    (link := tmp_path / "page.html").symlink_to(target)
+    report(runs["log"], out=link)
+    assert link.is_symlink() and target.read_text().startswith("<!DOCTYPE html>")
+    (out := tmp_path / "out.lnk").symlink_to("/proc/self/fd/1")
+    cmd = [sys.executable, "-m", "memra_obs.cli", "report", "-q", str(runs["log"]), "-o", str(out)]
+    p = subprocess.run(cmd, capture_output=True, env=_env(), timeout=300)
+    assert p.returncode == 0 and out.is_symlink() and p.stdout.startswith(b"<!DOCTYPE html>")
 
 
 def test_standard_input_is_read(runs):

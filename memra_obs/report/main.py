@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -75,15 +76,11 @@ def main(args: argparse.Namespace) -> int:
             return 2
     bar.step("A/B table" if len(views) == 2 else "figures")
     ab = ab_table(*views) if len(views) == 2 else None
-    page, tmp = render(views, ab, bar.step), f"{args.output}.tmp{os.getpid()}"
+    page = render(views, ab, bar.step)
     bar.step("")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.replace(tmp, args.output)
+        _write(args.output, page)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
         print(f"memra-obs report: {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     if not args.quiet:
@@ -91,6 +88,27 @@ def main(args: argparse.Namespace) -> int:
                          f"{len(v.run.refused)} lines refused" for v in views)  # fmt: skip
         if ab is not None:
             what += f"; flagged: {', '.join(r.metric for r in ab if r.flagged) or 'nothing'}"
-        mb = os.path.getsize(args.output) / 1e6
+        mb = len(page.encode()) / 1e6
         print(f"memra-obs report: wrote {args.output} ({mb:.2f} MB): {what}", file=sys.stderr)
     return 0
+
+
+def _write(path: str, page: str) -> None:
+    """A file (or a link to one) is replaced whole, never left half written; anything else (a
+    pipe, ``/dev/stdout``) is written as it is (a link is never replaced by a file)."""
+    try:
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        regular = True
+    real = os.path.realpath(path) if regular else path
+    tmp = f"{real}.tmp{os.getpid()}" if regular else path
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(page)
+        if regular:
+            os.replace(tmp, real)
+    except OSError:
+        if regular:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+        raise
