@@ -136,8 +136,7 @@ def phase_shares_per_burst(ax: Axes, v: View, views: Sequence[View]) -> None:
     share = np.stack([g.sum(axis=0) for g in groups]).T
     share, bottom = share / np.maximum(share.sum(axis=0), 1e-12), np.zeros(share.shape[1])
     for p, row in zip(PHASES, share, strict=True):  # one filled step path a phase
-        edges = np.arange(len(row) + 1)
-        ax.stairs(bottom + row, edges, baseline=bottom, fill=True, color=COLORS[p], label=p)
+        ax.stairs(bottom + row, baseline=bottom, fill=True, color=COLORS[p], label=p)  # edges 0..n
         bottom = bottom + row
     per = -(-len(v.burst_ms) // len(groups))
     ax.set(xlabel=f"burst, in order ({per} a bar)" if per > 1 else "burst, in order", ylim=(0, 1))
