@@ -128,6 +128,7 @@ def main() -> int:
         tempfile.TemporaryDirectory(prefix="bench-agent-rings-", dir=shm) as rings,
     ):
         for rep in range(args.reps):
+            (Path(tmp) / f"r{rep}").mkdir()  # the span files' (before: none, every span dropped)
             for mode in MODES:
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", mode, "--rounds", str(args.rounds)],

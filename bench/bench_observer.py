@@ -20,7 +20,8 @@ Then the tail: rounds that each release the GIL for 2 ms (``time.sleep(0.002)`` 
 in for device work); the round period minus 2 ms, mean and p99, for no telemetry, (c), (b).
 
 Goals (issue 4): (a) within noise; (b) loop >= 20x and total >= 5x below (c); tail (b)
-p99 within 1 ms of no telemetry. Not a pass/fail test: it prints a table.
+p99 within 0.3 ms of no telemetry (issue 12; issue 4 asked 1 ms). Not a pass/fail test: it
+prints a table.
 """
 
 from __future__ import annotations
@@ -390,7 +391,7 @@ def main() -> None:
         mean, p99 = median_run(tails[label])
         extra = f"   p99 {p99 - none_p99:+.3f} vs none" if label != "no telemetry" else ""
         print(f"  {label:46s} {mean:9.3f} {p99:9.3f}{extra}")
-    print(f"  {'goal for (b): p99 within 1 ms of no telemetry':46s}")
+    print(f"  {'goal for (b): p99 within 0.3 ms of no telemetry':46s}")
 
 
 if __name__ == "__main__":

@@ -60,7 +60,10 @@ class LoopAdvisor:
         self.by_k[min(k, POSITIONS)] += n
         self.by_j[min(r.j, POSITIONS)] += n
         if self.win is not None:  # a run is n rounds for the fit too
-            self.win.extend([r] * min(n, self.win.maxlen or 1))
+            if n == 1:
+                self.win.append(r)
+            else:
+                self.win.extend([r] * min(n, self.win.maxlen or 1))
             self.dirty = True
 
     def take(self) -> list[RoundRecord] | None:
