@@ -132,7 +132,7 @@ def _demo(args: argparse.Namespace) -> int:
     )
     dev = SimDevice()
     obs = build_observer(memory=None if cfg.gpu else dev.snapshot, strict=True, env=env)
-    where = list(obs.where) or ["legacy lines only (MEMRA_OBS_SINKS is empty)"]
+    where = list(obs.where) or ["publishing only the legacy lines"]
     bound = "until Ctrl-C"
     if cfg.duration_s:
         bound = f"{cfg.duration_s:g}s"
