@@ -10,6 +10,7 @@ OpenTelemetry spans, Prometheus histograms and NVTX ranges.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields
@@ -51,6 +52,15 @@ __all__ = [
 
 _observer: Any = None
 _lock = threading.Lock()
+
+
+def _unlock_in_child() -> None:  # a configure() on another thread at fork() held it
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_unlock_in_child)
 
 
 def get_observer() -> Observer | NoOpObserver:

@@ -142,10 +142,9 @@ class ExportWorker:
         while True:
             self._wake.wait(self._interval)
             self._wake.clear()
-            self.drain()
-            if self._stop:
-                self.drain()
+            if self._stop:  # (stop() drained: what came after is the queue's to count)
                 return
+            self.drain()
 
     def _one(self, n: int) -> int:
         batch = self.source.take(n)
@@ -177,7 +176,7 @@ class ExportWorker:
             while True:
                 n = self.batch
                 t0 = clock()
-                got = self._one(n)
+                got = self._one(n) if not self._stop else 0
                 if not got:
                     break
                 out += got
@@ -210,9 +209,11 @@ class ExportWorker:
         return self.set.flush(deadline) and ok
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Drain, stop the thread and shut the exporters down, all within ``timeout_s``."""
+        """Drain, stop the thread and shut the exporters down, all within ``timeout_s``; the
+        drain gets half (busy loop threads keep the queue from ever emptying), the rest stops
+        the thread before its exporters close (records it took after would go uncounted)."""
         deadline = time.monotonic() + timeout_s
-        self.flush(timeout_s)
+        self.flush(timeout_s / 2)
         self._stop = True
         self._wake.set()
         if self._thread.is_alive():
@@ -302,8 +303,9 @@ class QueueSink(Sink):
         _LIVE.discard(self)
 
     def _after_fork(self) -> None:
-        """In a forked child: the parent's queued records are the parent's to export."""
+        """In a forked child: the parent's queued records (and counts) are the parent's."""
         self._q.clear()
+        self.dropped = self.worker.set.errors = 0
         self._room = threading.Condition()
         self.worker.rearm()
         if not self._closed:

@@ -6,8 +6,10 @@ or a closed stderr is counted in ``errors`` and the loop carries on.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import TextIO
 
@@ -17,13 +19,14 @@ __all__ = ["LineWriter", "stderr_writer"]
 class LineWriter:
     """Writes lists of lines to one stream with a single ``write`` under one lock."""
 
-    __slots__ = ("_lock", "_stream", "errors")
+    __slots__ = ("__weakref__", "_lock", "_stream", "errors")
 
     def __init__(self, stream: TextIO | None = None) -> None:
         # None = whatever sys.stderr is at write time (pytest's capsys swaps it).
         self._stream = stream
         self._lock = threading.Lock()
         self.errors = 0
+        _WRITERS.add(self)
 
     def write_lines(self, lines: Sequence[str]) -> None:
         if not lines:
@@ -37,6 +40,17 @@ class LineWriter:
             except Exception:
                 self.errors += 1
 
+
+_WRITERS: weakref.WeakSet[LineWriter] = weakref.WeakSet()
+
+
+def _unlock_in_child() -> None:  # another thread of the parent may have held one at fork()
+    for w in list(_WRITERS):
+        w._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_unlock_in_child)
 
 _STDERR = LineWriter(None)
 

@@ -4,6 +4,7 @@ and counted, open bursts are closed, the profile covers its wall, memory stays b
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -389,3 +390,73 @@ def test_a_forked_child_exports_its_own_records():
     got = in_child(child)
     q.shutdown(1.0)
     assert got == b"103"
+
+
+def test_a_forked_child_takes_no_lock_a_parent_thread_held(monkeypatch):
+    """fork() while another thread holds the stderr writer's lock or is inside configure():
+    the child writes its lines and gets its observer (it waited forever); its queue counts
+    only its own drops."""
+    import memra_obs.export as export_mod
+    from memra_obs.linewriter import stderr_writer
+
+    held = [stderr_writer()._lock, memra_obs._lock]
+    for lock in held:
+        lock.acquire()
+    try:
+        q = export_mod.QueueSink([], capacity=16, start=False)
+        q.dropped = 5
+
+        def child() -> bytes:
+            signal.alarm(10)  # a child that waits forever dies: b"" back
+            stderr_writer().write_lines(["[memra-obs] test: a line from the child"])
+            q._after_fork()
+            return f"{memra_obs.get_observer() is not None} {q.dropped}".encode()
+
+        assert in_child(child) == b"True 0"
+    finally:
+        for lock in held:
+            lock.release()
+
+
+def test_shutdown_under_busy_loop_threads_counts_every_record():
+    """Loop threads still handing records over while ``shutdown(t)`` runs (the atexit case):
+    the drain takes half of ``t``, the worker stops before its exporters close, and every
+    record is exported or counted dropped (some were taken after the exporters closed)."""
+    from memra_obs.export import QueueSink
+
+    class Count:
+        closed, got, late = False, 0, 0
+
+        def export(self, batch):
+            time.sleep(0.001)
+            if self.closed:
+                self.late += len(batch)
+            self.got += len(batch)
+
+        def flush(self, timeout_s=5.0):
+            return True
+
+        def shutdown(self, timeout_s=5.0):
+            self.closed = True
+
+    ex, stop, puts = Count(), threading.Event(), [0, 0]
+    q = QueueSink([ex], interval_ms=5)
+
+    def loop(i: int) -> None:
+        while not stop.is_set():
+            q.on_round(None)  # type: ignore[arg-type]
+            puts[i] += 1
+            time.sleep(0.00005)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    q.shutdown(0.4)
+    took = time.monotonic() - t0
+    stop.set()
+    for t in threads:
+        t.join()
+    assert ex.late == 0 and not q.worker.alive and took < 0.4 + 0.1
+    assert ex.got + q.dropped + len(q) == sum(puts) and len(q) == 0

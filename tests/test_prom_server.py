@@ -267,3 +267,15 @@ def test_bad_limits_and_ports_are_refused_before_serving(reg):
             serve_metrics(("127.0.0.1", 0), registry=reg, **kw)
     with pytest.raises(MetricsAddressError, match=r"127\.0\.0\.1:70000 \(port not in 0-65535\)"):
         serve_metrics(("127.0.0.1", 70000), registry=reg)
+
+
+def test_close_returns_within_a_poll_of_50_ms(reg):
+    """Closing /metrics waits for the serve loop's poll: 50 ms at most (it was 0.5 s), so an
+    observer's ``shutdown(t)`` keeps its ``t`` with /metrics served."""
+    import time
+
+    for _ in range(5):
+        srv = serve_metrics(("127.0.0.1", 0), registry=reg)
+        t0 = time.monotonic()
+        srv.close()
+        assert time.monotonic() - t0 < 0.15

@@ -85,7 +85,7 @@ class _Handler(WSGIRequestHandler):
 
 class MetricsServer(ThreadingWSGIServer):
     """A running ``/metrics`` endpoint: ``.port``, ``.url``, ``close()`` (or ``with``); the accept
-    loop hangs up connections past their deadline every ``poll_interval`` (0.5 s)."""
+    loop hangs up connections past their deadline every ``poll_interval`` (0.05 s)."""
 
     timeout_s, max_connections, scheme, host = TIMEOUT_S, MAX_CONNECTIONS, "http", ""
     thread: threading.Thread | None = None
@@ -197,7 +197,9 @@ def serve_metrics(
         if ctx is not None:
             tls = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
             srv.scheme, srv.socket = "https", tls
-        srv.thread = threading.Thread(target=srv.serve_forever, name="memra-obs-metrics")
+        srv.thread = threading.Thread(  # polls at 20 Hz: close() (and a shutdown) within ~50 ms
+            target=srv.serve_forever, args=(0.05,), name="memra-obs-metrics"
+        )
         srv.thread.daemon = True
         srv.thread.start()
     except BaseException:
