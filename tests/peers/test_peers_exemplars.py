@@ -98,9 +98,15 @@ def test_exemplar_trace_ids_lead_to_their_round_in_jaeger(
     traces: dict[str, dict] = {}
 
     def trace(tid: str) -> dict:
+        """The trace once whole: the receiver batches, so a session's last spans (its end,
+        flushed at shutdown) may land a moment after the trace's first ones."""
         if tid not in traces:
-            spans = wait_for(f"trace {tid} in Jaeger", lambda: jaeger.trace(tid), 30, 0.5)
-            traces[tid] = check_trace(spans, service="peer-ex").by_id
+            traces[tid] = wait_for(
+                f"trace {tid} whole in Jaeger",
+                lambda: check_trace(jaeger.trace(tid), service="peer-ex").by_id,
+                30,
+                0.5,
+            )
         return traces[tid]
 
     for ex in rounds + phases + tokens:
