@@ -221,8 +221,10 @@ class ExportWorker:
         self.set.shutdown(deadline)
 
     def rearm(self) -> None:
-        """After ``fork()``, in the child: a new thread (the parent's did not come along)."""
+        """After ``fork()``, in the child: a new thread (the parent's did not come along), and
+        its own error count (the parent's are the parent's to publish)."""
         self._arm()
+        self.set.errors = 0
         self.set.each("after_fork")
 
 
@@ -305,7 +307,7 @@ class QueueSink(Sink):
     def _after_fork(self) -> None:
         """In a forked child: the parent's queued records (and counts) are the parent's."""
         self._q.clear()
-        self.dropped = self.worker.set.errors = 0
+        self.dropped = 0
         self._room = threading.Condition()
         self.worker.rearm()
         if not self._closed:

@@ -404,15 +404,15 @@ def test_a_forked_child_takes_no_lock_a_parent_thread_held(monkeypatch):
         lock.acquire()
     try:
         q = export_mod.QueueSink([], capacity=16, start=False)
-        q.dropped = 5
+        q.dropped = q.worker.set.errors = 5
 
         def child() -> bytes:
             signal.alarm(10)  # a child that waits forever dies: b"" back
             stderr_writer().write_lines(["[memra-obs] test: a line from the child"])
             q._after_fork()
-            return f"{memra_obs.get_observer() is not None} {q.dropped}".encode()
+            return f"{memra_obs.get_observer() is not None} {q.dropped} {q.worker.errors}".encode()
 
-        assert in_child(child) == b"True 0"
+        assert in_child(child) == b"True 0 0"
     finally:
         for lock in held:
             lock.release()

@@ -29,16 +29,10 @@ from ..version import __version__
 from .stats import CAP, CLOCK, N_BOOT, REL_THRESHOLD, ABRow, View, median, slow_rounds
 
 COLORS = dict(zip(PHASES, ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2"), strict=True))
-RC = {
-    "font.size": 8.5,
-    "svg.fonttype": "none",
-    "svg.hashsalt": "memra-obs",
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "text.parse_math": False,
-}  # fmt: skip  (names are text: "w$_$.log" is no formula)
+# Names are text: an input called "w$_$.log" is no formula (text.parse_math).
+RC = {"font.size": 8.5, "svg.fonttype": "none", "svg.hashsalt": "memra-obs", "axes.grid": True,
+      "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
+      "text.parse_math": False}  # fmt: skip
 #: Draws run ``v`` (one of ``views``) on ``ax``; raises Empty when it has nothing to draw.
 Draw = Callable[[Axes, View, Sequence[View]], None]
 Figures = Callable[[Sequence[View]], str]
