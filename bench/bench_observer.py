@@ -10,7 +10,12 @@ Per round of five phases (CPU only, no device, sync clock):
       receiver, and ``memra_obs.prom.PrometheusExporter`` when it imports;
   (c) the naive way: the OTel SDK called on the loop (a round span + 5 phase spans with
       explicit timestamps, BatchSpanProcessor + the SDK's OTLP/HTTP exporter to the same
-      receiver) plus 8 prometheus_client observations with ``.labels()`` lookups.
+      receiver) plus 8 prometheus_client observations with ``.labels()`` lookups;
+  (d) (b) at level 1 with the SDK in place of memra_obs' span writers: the same records,
+      on the same export worker, made into SDK spans (session, round, 5 phases: fewer
+      than (b) builds) and sent by BatchSpanProcessor + the SDK's OTLP/HTTP exporter. What
+      DESIGN §9 asks of ``memra_obs/otel/otlp.py``: does anything else reach the goal? (The
+      SDK's ``OTEL_BSP_*`` variables apply to (c) and (d): try smaller export batches.)
 
 "loop" is the loop thread's own CPU per round (``time.thread_time``); "total" is the whole
 process's CPU per round (``time.process_time``) including background export, measured
@@ -211,6 +216,79 @@ class Naive:
         self.provider.shutdown()
 
 
+class SdkSpans:
+    """(d): a RecordExporter that hands the observer's records to the OTel SDK."""
+
+    PHASES = Naive.PHASES
+
+    def __init__(self, url: str) -> None:
+        from opentelemetry import trace
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        from memra_obs.timeline import RoundRecord, SessionEndRecord, SessionRecord
+
+        self.provider = TracerProvider()
+        self.provider.add_span_processor(
+            BatchSpanProcessor(
+                OTLPSpanExporter(endpoint=url + "/v1/traces"), max_queue_size=1 << 16
+            )
+        )
+        self.tracer = self.provider.get_tracer("sdk-behind-queue")
+        self.set_in = trace.set_span_in_context
+        self.kinds = (SessionRecord, RoundRecord, SessionEndRecord)
+        self.open: dict[int, tuple[Any, Any, Any]] = {}  # session -> (record, span, context)
+
+    def export(self, batch: Any) -> None:
+        from memra_obs.timeline import to_epoch_ns
+
+        session_t, round_t, end_t = self.kinds
+        tracer = self.tracer
+        for r in batch:
+            t = type(r)
+            if t is round_t:
+                s, _, ctx = self.open[r.session]
+                b = [to_epoch_ns(s, x) for x in r.t_ns_mono]
+                rs = tracer.start_span(
+                    "spec.round",
+                    context=ctx,
+                    start_time=b[0],
+                    attributes={"memra.spec.k": r.k, "memra.spec.j": r.j},
+                )
+                rctx = self.set_in(rs)
+                for p, name in enumerate(self.PHASES):
+                    sp = tracer.start_span("spec." + name, context=rctx, start_time=b[p])
+                    sp.end(end_time=b[p + 1])
+                rs.end(end_time=b[5])
+            elif t is session_t:
+                sp = tracer.start_span("spec.session", start_time=to_epoch_ns(r, r.start_ns_mono))
+                self.open[r.session] = (r, sp, self.set_in(sp))
+            elif t is end_t:
+                s, sp, _ = self.open.pop(r.session)
+                sp.end(end_time=to_epoch_ns(s, r.end_ns_mono))
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        return self.provider.force_flush(int(timeout_s * 1000))
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        self.provider.shutdown()
+
+
+def build_sdk(url: str) -> Observer:
+    """(d): (b) at level 1 without the profile, the SDK writing the spans."""
+    import prometheus_client as pc
+
+    from memra_obs.prom import PrometheusExporter
+
+    null = open(os.devnull, "w")  # noqa: SIM115
+    q = QueueSink(
+        [SdkSpans(url), PrometheusExporter(registry=pc.CollectorRegistry())], capacity=1 << 16
+    )
+    sinks = [StderrSink(1, False, writer=LineWriter(null)), q]
+    return Observer(sinks, level=1, prof=False, memory=lambda: [(0, 80_000)], queue=q)
+
+
 def build_full(url: str, level: int = 1, prof: bool = True) -> tuple[Observer, Any, list[str]]:
     """(b): every sink on — legacy lines at ``level`` (+ the profile), spans, Prometheus."""
     notes = []
@@ -230,8 +308,7 @@ def build_full(url: str, level: int = 1, prof: bool = True) -> tuple[Observer, A
     null = open(os.devnull, "w")  # noqa: SIM115
     q = QueueSink(consumers, capacity=1 << 16)
     sinks = [StderrSink(level, prof, writer=LineWriter(null)), q]
-    obs = Observer(sinks, level=level, prof=prof, memory=lambda: [(0, 80_000)])
-    obs.queue = q
+    obs = Observer(sinks, level=level, prof=prof, memory=lambda: [(0, 80_000)], queue=q)
     return obs, span_ex, notes
 
 
@@ -265,6 +342,7 @@ def tail(run: Callable[[int, float, list[float]], None], n: int) -> tuple[float,
     return statistics.fmean(d), d[min(len(d) - 1, int(len(d) * 0.99))]
 
 
+D_LABEL = "(d) (b) with SDK spans behind the queue"
 B_CONFIGS = (
     ("(b) all sinks on (legacy lines level 1)", 1, False),
     ("(b+prof) ... + MEMRA_SPEC_PROF=1 profile", 1, True),
@@ -283,11 +361,13 @@ def main() -> None:
     receiver, url = start_receiver()
     fulls: dict[str, tuple[Observer, Any]] = {}
     naive: Naive | None = None
+    sdk: Observer | None = None
     try:
         for label, level, prof in B_CONFIGS:
             obs, span_ex, notes = build_full(url, level, prof)
             fulls[label] = (obs, span_ex)
         naive = Naive(url)
+        sdk = build_sdk(url)
 
         # warm every path once
         loop_bare(1000)
@@ -297,6 +377,8 @@ def main() -> None:
             obs.flush(30)
         naive.loop(300)
         naive.flush()
+        loop_observed(sdk, 512)
+        sdk.flush(30)
         gc.collect()
 
         # (a): interleaved repeats, so drift hits both alike
@@ -320,6 +402,12 @@ def main() -> None:
             b_rows.append(
                 (label, statistics.median(x[0] for x in res), statistics.median(x[1] for x in res))
             )
+        d_res = [
+            per_round(lambda m: loop_observed(sdk, m), n, 512, lambda: sdk.flush(30))
+            for _ in range(reps)
+        ]
+        d_loop = statistics.median(x[0] for x in d_res)
+        d_tot = statistics.median(x[1] for x in d_res)
         c_res = [per_round(naive.loop, n, 512, naive.flush) for _ in range(reps)]
         c_loop = statistics.median(x[0] for x in c_res)
         c_tot = statistics.median(x[1] for x in c_res)
@@ -332,6 +420,7 @@ def main() -> None:
             ("(c) naive SDK + prometheus_client", naive.loop),
             (B_CONFIGS[0][0], lambda k, s, st: loop_observed(b0, k, s, st)),
             (B_CONFIGS[1][0], lambda k, s, st: loop_observed(b1, k, s, st)),
+            (D_LABEL, lambda k, s, st: loop_observed(sdk, k, s, st)),
         )
         for _ in range(reps):
             for label, run in runs:
@@ -339,10 +428,13 @@ def main() -> None:
             naive.flush()
             b0.flush(30)
             b1.flush(30)
+            sdk.flush(30)
     finally:
         try:
             if naive is not None:
                 naive.shutdown()
+            if sdk is not None:
+                sdk.shutdown(10)
             for obs, _ in fulls.values():
                 obs.shutdown(10)
         finally:
@@ -379,6 +471,7 @@ def main() -> None:
             f"{c_tot / bt:4.1f}x total"
         )
     print(f"  {'(c) naive SDK + prometheus_client':46s} {c_loop:9.2f} {c_tot:13.2f}")
+    print(f"  {D_LABEL:46s} {d_loop:9.2f} {d_tot:13.2f}")
     print(f"  {'goals, (c)/(b)':46s} {'>= 20x':>9s} {'>= 5x':>13s}")
     print()
     print(

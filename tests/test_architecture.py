@@ -124,3 +124,19 @@ def test_the_table_names_only_parts_that_exist() -> None:
     """A row for a module that is gone would let the table drift from the code."""
     for part in RULES:
         assert (PKG / part).exists(), f"docs/ARCHITECTURE.md names {part}, which does not exist"
+
+
+def _private_copies() -> list[str]:
+    """Modules the doc's "Private copies" section names (its list lines, backticked paths)."""
+    text = DOC.read_text().split("## Private copies", 1)[1].split("\n## ", 1)[0]
+    items = [ln for ln in text.splitlines() if ln.startswith("- ")]
+    return [m for ln in items for m in re.findall(r"`([a-z_/]+\.py)`", ln.split(":")[0])]
+
+
+def test_private_copies_name_their_goal() -> None:
+    """DESIGN §9: a module that does what a library does says which measured goal needs it."""
+    mods = _private_copies()
+    assert len(mods) == 5, mods
+    for rel in mods:
+        doc = ast.get_docstring(ast.parse((PKG / rel).read_text())) or ""
+        assert "Goal (DESIGN §9)" in doc, f"memra_obs/{rel} names no goal in its docstring"

@@ -3,7 +3,7 @@
 Times are the records' stamps moved to epoch ns, never "now". Ids below the session are
 ``session_span_id XOR (n * GAMMA)`` (splitmix64's Weyl step, a bijection: no collisions, one
 multiply) for ``n = 8 * index + kind``, so a round's span can be named from outside
-(:func:`round_span_id`, for exemplars).
+(:func:`round_span_id`, for exemplars). Goal (DESIGN §9): :mod:`.otlp`'s (no SDK span object).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ rotated at a size limit, or an SDK ``SpanExporter`` found by entry point. ``send
 timeout_s)`` is one attempt (the retry loop is the exporter's): it returns the spans the
 receiver rejected, or raises :class:`Retry` for what the OTLP specification calls retryable
 (with the receiver's wait), else :class:`SendError`. ``abort()`` (another thread, at shutdown)
-cuts the attempt in flight short.
+cuts the attempt in flight short. Goal (DESIGN §9): :mod:`.otlp`'s (the SDK's exporters send
+only its own span objects, never encoded bytes).
 """
 
 from __future__ import annotations
