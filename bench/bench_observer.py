@@ -239,6 +239,7 @@ class SdkSpans:
         self.set_in = trace.set_span_in_context
         self.kinds = (SessionRecord, RoundRecord, SessionEndRecord)
         self.open: dict[int, tuple[Any, Any, Any]] = {}  # session -> (record, span, context)
+        self.spans = 0
 
     def export(self, batch: Any) -> None:
         from memra_obs.timeline import to_epoch_ns
@@ -261,12 +262,14 @@ class SdkSpans:
                     sp = tracer.start_span("spec." + name, context=rctx, start_time=b[p])
                     sp.end(end_time=b[p + 1])
                 rs.end(end_time=b[5])
+                self.spans += 6
             elif t is session_t:
                 sp = tracer.start_span("spec.session", start_time=to_epoch_ns(r, r.start_ns_mono))
                 self.open[r.session] = (r, sp, self.set_in(sp))
             elif t is end_t:
                 s, sp, _ = self.open.pop(r.session)
                 sp.end(end_time=to_epoch_ns(s, r.end_ns_mono))
+                self.spans += 1
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         return self.provider.force_flush(int(timeout_s * 1000))
@@ -455,6 +458,12 @@ def main() -> None:
         f"  {'; '.join(notes)}; spans over OTLP/HTTP: {exp} exported, {drop} dropped; "
         f"records dropped at the queue: {qdrop}"
     )
+    if sdk is not None:
+        d_ex = sdk.queue.worker.exporters[0]
+        print(
+            f"  (d): {d_ex.spans} SDK spans ended; exporter errors {sdk.queue.worker.errors}, "
+            f"records dropped at the queue {sdk.queue.dropped}"
+        )
     print()
     print(f"  {'per round (5 phases)':46s} {'loop µs':>9s} {'total CPU µs':>13s}")
     for wlabel, bare, noop in a_rows:
