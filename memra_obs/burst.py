@@ -56,6 +56,21 @@ class _NoOpBurst:
 _NOOP_BURST = _NoOpBurst()
 
 
+class _DiscardingBurst(_NoOpBurst):
+    """A burst a live session cannot record: each round's level-2 split and seq rows are
+    discarded at ``end_round``, not left for the next recorded round."""
+
+    __slots__ = ("_obs", "_split")
+
+    def __init__(self, obs: Any, split: bool) -> None:
+        self._obs, self._split = obs, split
+
+    def end_round(self, *args: object, **kw: object) -> None:
+        self._obs.seq_rows.take()
+        if self._split:
+            self._obs.verify_split.drain()
+
+
 class Burst:
     """A run of rounds between two returns to the caller: ``begin_round``, ``end_draft``,
     ``end_verify``, ``end_accept``, ``end_rollback``, ``end_round(k, j, ctx)`` (closing
@@ -125,6 +140,7 @@ class Burst:
         entry; ``seq_rows`` defaults to what the walk added to ``SEQ_ROWS``."""
         if self._at != 4:
             if self._at == _ENDED:
+                self._discard()
                 return
             if self._at != -2:
                 self._drop("end_round")
@@ -176,7 +192,7 @@ class Burst:
         given = tokens
         try:
             tokens = None if tokens is None else _index(tokens) if tokens >= 0 else -1
-        except TypeError:
+        except Exception:  # a float, an array: anything the loop passes, never raised
             tokens = -1
         if tokens == -1:
             say_once("burst-tokens", f"Burst.end(tokens={given!r}): expected an int >= 0; "

@@ -117,6 +117,7 @@ class ExportWorker:
         self._arm()
 
     def _arm(self) -> None:
+        self.held = 0  # records in the exporters' hands now
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
@@ -150,7 +151,9 @@ class ExportWorker:
         batch = self.source.take(n)
         if not batch:
             return 0
+        self.held = len(batch)
         self.set.export(batch)
+        self.held = 0
         self.source.taken()
         return len(batch)
 
@@ -208,17 +211,20 @@ class ExportWorker:
         ok = not self.source.pending()
         return self.set.flush(deadline) and ok
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self, timeout_s: float = 5.0) -> int:
         """Drain, stop the thread and shut the exporters down, all within ``timeout_s``; the
         drain gets half (busy loop threads keep the queue from ever emptying), the rest stops
-        the thread before its exporters close (records it took after would go uncounted)."""
+        the thread before its exporters close. Returns the records an exporter call still held
+        when the time ran out (the closed exporters after it never see them)."""
         deadline = time.monotonic() + timeout_s
         self.flush(timeout_s / 2)
         self._stop = True
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(max(0.0, deadline - time.monotonic()))
+        late = self.held if self._thread.is_alive() else 0
         self.set.shutdown(deadline)
+        return late
 
     def rearm(self) -> None:
         """After ``fork()``, in the child: a new thread (the parent's did not come along), and
@@ -296,10 +302,10 @@ class QueueSink(Sink):
     def shutdown(self, timeout_s: float = 5.0) -> None:
         if self._closed:
             return
-        self.worker.stop(timeout_s)
+        late = self.worker.stop(timeout_s)
         with self._room:  # what came in while the exporters shut down: counted, not lost
             self._closed = True
-            self.dropped += len(self._q)
+            self.dropped += late + len(self._q)
             self._q.clear()
             self._room.notify_all()
         _LIVE.discard(self)

@@ -14,7 +14,7 @@ from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from .analysis import EXPLORE, advise
-from .burst import _NOOP_BURST, Burst, _NoOpBurst, _RangedBurst
+from .burst import Burst, _DiscardingBurst, _NoOpBurst, _RangedBurst
 from .clock import Stream, SyncClock, clock, now_ns
 from .diagnostics import say_once
 from .fanout import Fanout, fan
@@ -188,7 +188,7 @@ class Session:
         if not ok:
             why = "the session has ended" if self._ended else "expected an int in 0..65535"
             say_once(f"burst-bad:{why}", f"Session.burst(k={k!r}): {why}; not recorded")
-            return _NOOP_BURST
+            return _DiscardingBurst(self._obs, self.level >= 2)
         b = self._open_burst
         if b is not None:
             say_once("burst-open", "Session.burst() while the previous burst was not ended: "

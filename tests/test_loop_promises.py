@@ -323,6 +323,102 @@ def test_a_dropped_rounds_split_and_seq_rows_go_with_it(calls):
     assert cap.bursts[0].split_ns == (0, 0, 0, 0)
 
 
+@pytest.mark.parametrize("how", ["after end()", "bad k", "ended session"])
+def test_an_unrecorded_rounds_split_and_seq_rows_go_with_it(how):
+    """A round nothing records (its burst ended, a k no loop drafts, its session ended) takes
+    what its walk added to VERIFY_SPLIT and SEQ_ROWS along: the next recorded round is charged
+    only its own (it took the ignored round's 5 ms of kda inside a 0.01 ms verify)."""
+
+    def walked(b):
+        b.begin_round()
+        b.end_draft()
+        VERIFY_SPLIT.add(kda=5_000_000)
+        SEQ_ROWS.add(1000)
+        for end in (b.end_verify, b.end_accept, b.end_rollback):
+            end()
+        b.end_round(k=4, j=2)
+
+    with capture(level=2) as cap:
+        with cap.observer.session("glm5") as s:
+            if how == "after end()":
+                b = s.burst(4)
+                b.end()
+                walked(b)
+            elif how == "bad k":
+                walked(s.burst(-1))
+        if how == "ended session":
+            walked(s.burst(4))
+        with cap.observer.session("glm5") as s2, s2.burst(4) as b2:
+            b2.begin_round()
+            VERIFY_SPLIT.add(kda=10)
+            SEQ_ROWS.add(3)
+            for end in (b2.end_draft, b2.end_verify, b2.end_accept, b2.end_rollback):
+                end()
+            b2.end_round(k=4, j=2)
+    (r,) = cap.rounds
+    assert (r.split_ns, r.seq_rows) == ((10, 0, 0, 0), 3)
+
+
+def test_burst_end_with_tokens_that_raise_on_compare_is_said_not_raised(caplog):
+    """``b.end(tokens=x)`` where ``x >= 0`` itself raises (a numpy array): said once, the
+    burst published with its rounds' tokens (it raised into the loop and the burst was lost)."""
+
+    class Ambiguous:
+        def __ge__(self, other):
+            raise ValueError("The truth value of an array is ambiguous")
+
+    with capture(level=1) as cap, cap.observer.session("glm5") as s:
+        b = s.burst(4)
+        one_round(b)
+        b.end(tokens=Ambiguous())  # type: ignore[arg-type]
+    assert len(cap.bursts) == 1 and cap.bursts[0].tokens == 4
+    assert "Burst.end(tokens=" in caplog.text
+
+
+def test_shutdown_counts_the_records_a_stuck_exporter_call_still_holds():
+    """An exporter call that outlasts ``shutdown(t)``: the exporters after it are closed by
+    then and never see that batch; its records are counted in ``QueueSink.dropped``, not
+    lost uncounted."""
+    from memra_obs.export import QueueSink
+
+    release = threading.Event()
+
+    class Stuck:
+        def export(self, batch):
+            release.wait(5)
+
+        def flush(self, timeout_s=5.0):
+            return True
+
+        def shutdown(self, timeout_s=5.0):
+            pass
+
+    class Count(Stuck):
+        closed, got = False, 0
+
+        def export(self, batch):
+            if not self.closed:
+                self.got += len(batch)
+
+        def shutdown(self, timeout_s=5.0):
+            self.closed = True
+
+    ex = Count()
+    q = QueueSink([Stuck(), ex], interval_ms=5)
+    for _ in range(9):
+        q.on_round(None)  # type: ignore[arg-type]
+    q.worker.wake()
+    deadline = time.monotonic() + 5
+    while q.worker.held == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    t0 = time.monotonic()
+    q.shutdown(0.2)
+    assert time.monotonic() - t0 < 1.0
+    release.set()
+    q.worker._thread.join(5)
+    assert ex.got == 0 and q.dropped == 9
+
+
 def test_level2_splits_of_concurrent_sessions_do_not_mix():
     """Two loop threads at level 2, each adding its own split to the process-wide
     accumulators: each burst's split is its own thread's."""

@@ -580,6 +580,27 @@ def test_spans_off(env):
             },
             "OTEL_EXPORTER_OTLP_HEADERS: header 'a' cannot be sent",
         ),
+        *(  # keys and values the senders cannot send (http.client, grpcio): every request failed
+            (
+                {
+                    "OTEL_EXPORTER_OTLP_PROTOCOL": proto,
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": "http://h:4317",
+                    "OTEL_EXPORTER_OTLP_HEADERS": headers,
+                },
+                "OTEL_EXPORTER_OTLP_HEADERS: header .* cannot be sent",
+            )
+            for proto, headers in (
+                ("http/protobuf", "a%3Ab=c"),
+                ("http/protobuf", "a%00=c"),
+                ("http/protobuf", "a=b%00c"),
+                ("grpc", "a%2Fb=c"),
+                ("grpc", "a%40b=c"),
+                ("grpc", "%3Aauthority=x"),
+                ("grpc", "grpc-timeout=1S"),
+                ("grpc", "x-trace-bin=abc"),
+                ("grpc", "a=b%09c"),
+            )
+        ),
         ({"OTEL_TRACES_EXPORTER": "jaeger-thrift-nope"}, "OTEL_TRACES_EXPORTER"),
         ({"OTEL_TRACES_EXPORTER": "nope"}, "OTEL_TRACES_EXPORTER='nope': .* known: .*file"),
         ({"OTEL_TRACES_EXPORTER": "none,otlp"}, "OTEL_TRACES_EXPORTER"),
@@ -633,6 +654,21 @@ def test_endpoint_rules():
     g = OtlpConfig.from_env(env)
     assert (g.protocol, g.endpoint, g.secure) == ("grpc", "c:4317", False)
     assert OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_TIMEOUT": "2500"}).timeout_s == 2.5
+    for target in ("unix:/tmp/otel.sock", "unix-abstract:otel"):  # grpcio's socket targets
+        env = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": target}
+        assert OtlpConfig.from_env(env).endpoint == target
+
+
+def test_headers_http_and_grpc_can_send_are_taken():
+    """RFC 9110 lets a value hold a tab and Latin-1 bytes; a key is a token, any case. gRPC
+    keys are lowercased by the sender; its values are printable ASCII."""
+    from memra_obs.otel.config import OtlpConfig
+
+    env = {"OTEL_EXPORTER_OTLP_HEADERS": "X-Api_Key.v1=a%09b,tok%21=%C2%A0%C3%BF,e="}
+    got = OtlpConfig.from_env(env).headers
+    assert got == (("X-Api_Key.v1", "a\tb"), ("tok!", "\xa0\xff"), ("e", ""))
+    env = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_HEADERS": "X-Tenant=a b~"}
+    assert OtlpConfig.from_env(env).headers == (("X-Tenant", "a b~"),)
 
 
 def test_sdk_exporter_by_entry_point_gets_readable_spans(capfd):

@@ -203,6 +203,8 @@ def test_retry_after_that_is_not_ascii_digits_means_back_off():
     from memra_obs.otel.transport import retry_after_s
 
     assert [retry_after_s(v) for v in ("²", "٣", " 7 ")] == [None, None, 7.0]
+    # an HTTP-date past datetime's range raised OverflowError: the request was dropped
+    assert retry_after_s("Mon, 01 Jan 99999999999999999999 00:00:00 GMT") is None
 
 
 def test_retry_after_beyond_the_deadline_drops_at_once():

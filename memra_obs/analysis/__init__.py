@@ -274,7 +274,7 @@ def fit_costs(rounds: Iterable[RoundLike] | Stats, *, clock: str, level: float =
         if c1 < 0:
             notes.append(f"{name} slope fitted negative ({c1:.0f} ns): clamped to 0")
             c1 = 0.0
-        c0 = (y - c1 * sx) / n
+        c0 = (y - c1 * sx) / n if dd or not per else 0.0  # through 0: exactly, not -1e-12
         se1 = math.sqrt(var * n / dd) if dd else math.sqrt(var / n) * per * n / max(sx, 1)
         se0 = math.sqrt(var * m.s(x, x) / dd) if dd else math.sqrt(var / n) * (1 - per)
         if c0 < 0:  # a step jump over a narrow range of k: no cost is negative, so the best

@@ -8,6 +8,7 @@ timeout is milliseconds, as the specification says (opentelemetry-python reads s
 from __future__ import annotations
 
 import os
+import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -121,10 +122,8 @@ class OtlpConfig:
             raise ConfigError(f"{var}={ms!r}: expected a number of milliseconds > 0")
         hvar, raw = _get(env, "HEADERS") or ("", "")
         headers = tuple(parse_key_values(hvar, raw))
-        top = 128 if protocol == "grpc" else 256  # gRPC metadata: ASCII; HTTP: Latin-1
         for key, val in headers:  # else every request fails in the sender
-            if not (key.isascii() and key.isprintable() and " " not in key and val.isprintable()
-                    and max(map(ord, val), default=0) < top):  # fmt: skip
+            if not _sendable(protocol, key, val):
                 raise ConfigError(f"{hvar}: header {key!r} cannot be sent as given")
         compression = _choice(env, "COMPRESSION", ("none", "gzip"))
         pems = [_file(env, x) for x in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE")]
@@ -140,6 +139,18 @@ class OtlpConfig:
         return cls(protocol, *_endpoint(env, protocol), headers, timeout_s, compression, *pems)
 
 
+_HTTP_KEY = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+").fullmatch  # RFC 9110's token
+_HTTP_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*").fullmatch  # sent as Latin-1
+_GRPC_KEY = re.compile(r"(?!grpc-)[0-9a-z_.-]+(?<!-bin)").fullmatch  # -bin: bytes, not text
+_GRPC_VALUE = re.compile(r"[\x20-\x7e]*").fullmatch
+
+
+def _sendable(protocol: str, key: str, val: str) -> bool:
+    if protocol == "grpc":  # the sender lowercases keys
+        return bool(_GRPC_KEY(key.lower()) and _GRPC_VALUE(val))
+    return bool(_HTTP_KEY(key) and _HTTP_VALUE(val))
+
+
 def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
     """(endpoint, secure): HTTP's full URL, or gRPC's ``host:port`` with TLS on or off."""
     var, url = _get(env, "ENDPOINT") or ("(default)", "")
@@ -153,6 +164,8 @@ def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
             if u.scheme not in ("http", "https") or not u.netloc:
                 raise ConfigError(f"{var}={url!r}: expected http(s)://host:port or host:port")
             secure, target = u.scheme == "https", u.netloc
+        if target.startswith(("unix:", "unix-abstract:")):  # grpcio's socket targets
+            return target, secure
         if not target or ":" not in target.rsplit("]", 1)[-1]:
             target += ":443" if secure else ":4317"
         port = target.rsplit(":", 1)[1]

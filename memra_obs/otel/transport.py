@@ -97,7 +97,7 @@ def retry_after_s(value: str | None) -> float | None:
         return float(v)
     try:
         when = email.utils.parsedate_to_datetime(v)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):  # year 99999999999999999999
         return None
     if when.tzinfo is None:  # "-0000": UTC, no zone said
         when = when.replace(tzinfo=timezone.utc)
