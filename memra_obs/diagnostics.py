@@ -9,6 +9,7 @@ through the package's line writer so it never lands inside a legacy line.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 from .linewriter import stderr_writer
@@ -50,6 +51,15 @@ _FALLBACK = _Fallback()
 logger.addHandler(_FALLBACK)
 _said: set[str] = set()
 _said_lock = threading.Lock()
+
+
+def _unlock_in_child() -> None:  # a thread saying something at fork() held it
+    global _said_lock
+    _said_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_unlock_in_child)
 
 
 def say_once(key: str, msg: str) -> None:

@@ -489,13 +489,14 @@ def test_a_forked_child_exports_its_own_records():
 
 
 def test_a_forked_child_takes_no_lock_a_parent_thread_held(monkeypatch):
-    """fork() while another thread holds the stderr writer's lock or is inside configure():
-    the child writes its lines and gets its observer (it waited forever); its queue counts
-    only its own drops."""
+    """fork() while another thread holds the stderr writer's lock, is inside configure() or is
+    saying something: the child writes its lines, says its own and gets its observer (it
+    waited forever); its queue counts only its own drops."""
+    import memra_obs.diagnostics as diag
     import memra_obs.export as export_mod
     from memra_obs.linewriter import stderr_writer
 
-    held = [stderr_writer()._lock, memra_obs._lock]
+    held = [stderr_writer()._lock, memra_obs._lock, diag._said_lock]
     for lock in held:
         lock.acquire()
     try:
@@ -505,6 +506,7 @@ def test_a_forked_child_takes_no_lock_a_parent_thread_held(monkeypatch):
         def child() -> bytes:
             signal.alarm(10)  # a child that waits forever dies: b"" back
             stderr_writer().write_lines(["[memra-obs] test: a line from the child"])
+            diag.say_once("fork-test", "said in the child")
             q._after_fork()
             return f"{memra_obs.get_observer() is not None} {q.dropped} {q.worker.errors}".encode()
 

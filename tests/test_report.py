@@ -413,6 +413,27 @@ def test_an_output_link_is_written_through_never_replaced(runs, tmp_path):
     assert p.returncode == 0 and out.is_symlink() and p.stdout.startswith(b"<!DOCTYPE html>")
 
 
+def test_dev_stdout_redirected_to_a_file_is_written_through(runs, tmp_path):
+    """``-o /dev/stdout >> FILE`` (or a link to this process's stdout): the page is appended
+    to what the file held (the file was replaced: its content and the shell's later writes
+    were lost)."""
+    (out := tmp_path / "out.lnk").symlink_to("/proc/self/fd/1")
+    cmd = [sys.executable, "-m", "memra_obs.cli", "report", "-q", str(runs["log"]), "-o"]
+    for target in ("/dev/stdout", str(out), "/dev/fd/1"):
+        (f := tmp_path / "app.txt").write_text("preexisting\n")
+        with open(f, "a") as fh:  # >> app.txt
+            p = subprocess.run([*cmd, target], stdout=fh, env=_env(), timeout=300)
+        assert p.returncode == 0
+        assert f.read_text().startswith("preexisting\n<!DOCTYPE html>"), target
+    with open(f, "w") as fh:  # { echo before; report -o /dev/stdout; echo after; } > app.txt
+        fh.write("before\n")
+        fh.flush()
+        subprocess.run([*cmd, "/dev/stdout"], stdout=fh, env=_env(), timeout=300, check=True)
+        fh.write("after\n")
+    text = f.read_text()
+    assert text.startswith("before\n<!DOCTYPE html>") and text.endswith("</html>\nafter\n")
+
+
 def test_standard_input_is_read(runs):
     """``-`` reads the log from standard input."""
     html = report("-", out=runs["tmp"] / "stdin.html", stdin=runs["log"].read_bytes())

@@ -84,6 +84,16 @@ def test_start_and_end_lines_say_what_happened():
     assert "end of input: 2 lines (2 legacy, 0 malformed, 0 unplaced), 1 sessions, 6 rounds" in text
 
 
+def test_the_end_line_comes_when_the_input_ends_mid_line():
+    """Input whose last line has no newline: the passed-through bytes end with it, then a
+    newline and the tail's end line (it waited for a line boundary that never came)."""
+    p = _tail("-", data=b"plain line\n" + PHASE.encode())
+    assert p.returncode == 0
+    assert p.stderr.split(b"[memra-obs] tail: end of input: 2 lines")[0].endswith(
+        PHASE.encode() + b"\n"
+    )
+
+
 def test_a_file_without_follow_is_read_once(tmp_path):
     """``memra-obs tail FILE`` reads the file to its end and exits; a missing file is a
     clear error with exit status 2."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import stat
 import sys
 import time
@@ -93,9 +94,29 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _descriptor(path: str) -> int | None:
+    """This process's descriptor that ``path`` names (``/dev/stdout``, ``/dev/fd/N``,
+    ``/proc/self/fd/N``, or a link leading to one): written through it, at its offset (an
+    ``open()`` by name would truncate what the shell's ``>>`` had and write over it)."""
+    for _ in range(40):  # the kernel's own limit on a chain of links
+        a = os.path.abspath(path)
+        if re.fullmatch(rf"/dev/(stdout|stderr|fd/\d+)|/proc/(self|{os.getpid()})/fd/\d+", a):
+            return {"/dev/stdout": 1, "/dev/stderr": 2}.get(a) or int(a.rsplit("/", 1)[1])
+        if not os.path.islink(path):
+            return None
+        path = os.path.join(os.path.dirname(path), os.readlink(path))
+    return None
+
+
 def _write(path: str, page: str) -> None:
     """A file (or a link to one) is replaced whole, never left half written; anything else (a
     pipe, ``/dev/stdout``) is written as it is (a link is never replaced by a file)."""
+    fd = _descriptor(path)
+    if fd is not None:
+        sys.stdout.flush()
+        with open(fd, "w", encoding="utf-8", closefd=False) as f:
+            f.write(page)
+        return
     try:
         regular = stat.S_ISREG(os.stat(path).st_mode)
     except FileNotFoundError:

@@ -43,6 +43,7 @@ class Tail:
         # The partial last line (kept until its newline), how much of it already went
         # through (see tick) and since when; the output at a line boundary; an over-long line.
         self._buf, self._written, self._since, self._bol, self._skipping = b"", 0, 0, True, False
+        self._ended = False  # close() ran: no line boundary will come to wait for
 
     def note(self, text: str) -> None:
         """One line of the tail's own on the output, between passed-through lines."""
@@ -50,6 +51,9 @@ class Tail:
             self._note_to(text)
             return
         self._notes.append(f"[memra-obs] tail: {text}\n".encode("utf-8", "replace"))
+        if self._ended and not self._bol:  # the input ended mid-line: notes start their own
+            self._write(b"\n")
+            self._bol = True
         if self._bol:
             self._flush_notes()
 
@@ -108,11 +112,12 @@ class Tail:
         self._publish()
 
     def close(self, t: int) -> None:
-        """End of input: the partial line, then every open burst and session; notes still
-        held for a line boundary go out last (after a newline if the input lacked one)."""
+        """End of input: the partial line, then every open burst and session; notes, held or
+        still to come, go out last (after a newline if the input lacked one)."""
         self.settle(t)
         self.rebuilder.close()
         self._publish()
+        self._ended = True
         if self._notes and not self._bol:
             self._write(b"\n")
             self._bol = True
