@@ -635,6 +635,8 @@ def test_endpoint_rules():
         OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"}).endpoint
         == "http://c:4318/v1/traces"
     )
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://c/otlp/?tenant=a"}  # the path, not the query
+    assert OtlpConfig.from_env(env).endpoint == "https://c/otlp/v1/traces?tenant=a"
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318",
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://t/x",

@@ -13,7 +13,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from ..environment import ConfigError
 
@@ -173,7 +173,8 @@ def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
             raise ConfigError(f"{var}={url!r}: bad port")  # (gRPC would take it modulo 65536)
         return target, secure
     if var == _OTLP + "ENDPOINT":  # the general endpoint: the signal's path appended
-        url = url.rstrip("/") + "/v1/traces"
+        u = urlsplit(url)  # to the path, before any ?query
+        url = urlunsplit(u._replace(path=u.path.rstrip("/") + "/v1/traces"))
     url = url or "http://localhost:4318/v1/traces"
     u = urlsplit(url)
     try:
