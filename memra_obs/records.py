@@ -58,11 +58,12 @@ def _uint(name: str, v: object, top: int) -> int:
 def _added_ns(call: str, vals: tuple[Any, ...]) -> tuple[int, ...] | None:
     """What a loop adds to an accumulator, in ns: ints, floats rounded; else None, said once
     (the loop's instrumentation never raises into it)."""
-    try:
-        out = tuple([round(v) if isinstance(v, float) else operator.index(v) for v in vals])
+    try:  # ints (numpy's too) as they are; floats (numpy's float32 too) rounded; never a str
+        out = tuple([operator.index(v) if hasattr(v, "__index__") else round(v.__float__())
+                     for v in vals])  # fmt: skip
         if min(out) >= 0:
             return out
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, AttributeError):
         pass
     say_once(call, f"{call}{vals!r}: expected nanoseconds >= 0; that call is ignored")
     return None
