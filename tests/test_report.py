@@ -95,9 +95,10 @@ def test_a_span_file_gives_the_records_its_log_gives(runs):
     assert len(a.sessions) == len(b.sessions) == 8
     assert len(a.rounds) == len(b.rounds) and len(a.bursts) == len(b.bursts)
     assert [f.prof for f in a.first_tokens] == [f.prof for f in b.first_tokens]
-    for x, y in zip(a.bursts, b.bursts, strict=True):  # a log: the line's 0.01 ms precision
-        assert x.phases.rounds == y.phases.rounds and x.k == y.k
-        assert abs(x.phases.total() - y.phases.total()) <= 10_000
+    for x, y in zip(a.bursts, b.bursts, strict=True):  # a log: the line's 0.01 ms precision,
+        assert x.phases.rounds == y.phases.rounds and x.k == y.k  # each phase rounded apart
+        for f in ("draft", "verify", "accept", "roll", "maint"):  # (their total: up to 25 µs)
+            assert abs(getattr(x.phases, f) - getattr(y.phases, f)) <= 5_001, f
     printed = [r.line() for r in legacy(runs["log"]) if isinstance(r, SummaryLine)]
     assert [g.summary.line() for g in a.logs] == printed  # type: ignore[union-attr]
     assert [g.summary.line() for g in b.logs] == printed  # type: ignore[union-attr]
