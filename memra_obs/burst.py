@@ -56,19 +56,24 @@ class _NoOpBurst:
 _NOOP_BURST = _NoOpBurst()
 
 
+def _discard_walk(obs: Any, level2: bool) -> None:
+    """A round nothing records: what its walk added to SEQ_ROWS and (level 2) the verify
+    split goes with it, not to the next recorded round."""
+    obs.seq_rows.take()
+    if level2:
+        obs.verify_split.drain()
+
+
 class _DiscardingBurst(_NoOpBurst):
-    """A burst a live session cannot record: each round's level-2 split and seq rows are
-    discarded at ``end_round``, not left for the next recorded round."""
+    """A burst a live session cannot record: each round's walk is discarded at ``end_round``."""
 
-    __slots__ = ("_obs", "_split")
+    __slots__ = ("_level2", "_obs")
 
-    def __init__(self, obs: Any, split: bool) -> None:
-        self._obs, self._split = obs, split
+    def __init__(self, obs: Any, level2: bool) -> None:
+        self._obs, self._level2 = obs, level2
 
     def end_round(self, *args: object, **kw: object) -> None:
-        self._obs.seq_rows.take()
-        if self._split:
-            self._obs.verify_split.drain()
+        _discard_walk(self._obs, self._level2)
 
 
 class Burst:
@@ -316,11 +321,7 @@ class Burst:
                  "the round is dropped (memra_obs_dropped_total{signal=\"rounds\"})")  # fmt: skip
 
     def _discard(self) -> None:
-        """A dropped round's level-2 split and seq rows go with it, not to the next round."""
-        obs = self._s._obs
-        obs.seq_rows.take()
-        if self._split is not None:
-            obs.verify_split.drain()
+        _discard_walk(self._s._obs, self._split is not None)
 
 
 class _RangedBurst(Burst):

@@ -51,14 +51,14 @@ class Tail:
             self._note_to(text)
             return
         self._notes.append(f"[memra-obs] tail: {text}\n".encode("utf-8", "replace"))
-        if self._ended and not self._bol:  # the input ended mid-line: notes start their own
-            self._write(b"\n")
-            self._bol = True
-        if self._bol:
-            self._flush_notes()
+        self._flush_notes()
 
     def _flush_notes(self) -> None:
-        if self._notes:
+        """Held notes out, at a line boundary; after the end no boundary comes: make one."""
+        if self._notes and (self._bol or self._ended):
+            if not self._bol:  # the input ended mid-line
+                self._write(b"\n")
+                self._bol = True
             notes, self._notes = self._notes, []
             self._write(b"".join(notes))
 
@@ -118,9 +118,6 @@ class Tail:
         self.rebuilder.close()
         self._publish()
         self._ended = True
-        if self._notes and not self._bol:
-            self._write(b"\n")
-            self._bol = True
         self._flush_notes()
 
     def _skip_line(self) -> None:  # the end of an over-long line: another program's line
