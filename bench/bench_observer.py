@@ -49,6 +49,7 @@ from memra_obs.linewriter import LineWriter
 from memra_obs.observer import NOOP_OBSERVER, Observer
 from memra_obs.otel import build_span_exporter
 from memra_obs.sinks.stderr import StderrSink
+from memra_obs.timeline import RoundRecord, SessionEndRecord, SessionRecord, to_epoch_ns
 
 ROUNDS_PER_BURST = 16
 BURSTS_PER_SESSION = 16  # 256 rounds a session: every round gets spans (the default cap)
@@ -144,6 +145,19 @@ def loop_observed(
         s.end()
 
 
+def sdk_tracer(url: str, name: str) -> tuple[Any, Any]:
+    """The SDK's provider and a tracer: BatchSpanProcessor + its OTLP/HTTP exporter to ``url``,
+    with a queue big enough that nothing is dropped (dropping would flatter the SDK)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    exporter = OTLPSpanExporter(endpoint=url + "/v1/traces")
+    provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 16))
+    return provider, provider.get_tracer(name)
+
+
 class Naive:
     """(c): the SDK on the loop's thread, spans with explicit timestamps, plus 8
     prometheus_client observations with .labels() lookups per round."""
@@ -153,18 +167,8 @@ class Naive:
     def __init__(self, url: str) -> None:
         import prometheus_client as pc
         from opentelemetry import trace
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        self.provider = TracerProvider()
-        # A queue big enough that nothing is dropped (dropping would flatter (c)).
-        self.provider.add_span_processor(
-            BatchSpanProcessor(
-                OTLPSpanExporter(endpoint=url + "/v1/traces"), max_queue_size=1 << 16
-            )
-        )
-        self.tracer = self.provider.get_tracer("naive")
+        self.provider, self.tracer = sdk_tracer(url, "naive")
         self.trace = trace
         reg = pc.CollectorRegistry()
         self.round_h = pc.Histogram("naive_round_seconds", "r", ["family"], registry=reg)
@@ -223,32 +227,17 @@ class SdkSpans:
 
     def __init__(self, url: str) -> None:
         from opentelemetry import trace
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        from memra_obs.timeline import RoundRecord, SessionEndRecord, SessionRecord
-
-        self.provider = TracerProvider()
-        self.provider.add_span_processor(
-            BatchSpanProcessor(
-                OTLPSpanExporter(endpoint=url + "/v1/traces"), max_queue_size=1 << 16
-            )
-        )
-        self.tracer = self.provider.get_tracer("sdk-behind-queue")
+        self.provider, self.tracer = sdk_tracer(url, "sdk-behind-queue")
         self.set_in = trace.set_span_in_context
-        self.kinds = (SessionRecord, RoundRecord, SessionEndRecord)
         self.open: dict[int, tuple[Any, Any, Any]] = {}  # session -> (record, span, context)
         self.spans = 0
 
     def export(self, batch: Any) -> None:
-        from memra_obs.timeline import to_epoch_ns
-
-        session_t, round_t, end_t = self.kinds
         tracer = self.tracer
         for r in batch:
             t = type(r)
-            if t is round_t:
+            if t is RoundRecord:
                 s, _, ctx = self.open[r.session]
                 b = [to_epoch_ns(s, x) for x in r.t_ns_mono]
                 rs = tracer.start_span(
@@ -263,10 +252,10 @@ class SdkSpans:
                     sp.end(end_time=b[p + 1])
                 rs.end(end_time=b[5])
                 self.spans += 6
-            elif t is session_t:
+            elif t is SessionRecord:
                 sp = tracer.start_span("spec.session", start_time=to_epoch_ns(r, r.start_ns_mono))
                 self.open[r.session] = (r, sp, self.set_in(sp))
-            elif t is end_t:
+            elif t is SessionEndRecord:
                 s, sp, _ = self.open.pop(r.session)
                 sp.end(end_time=to_epoch_ns(s, r.end_ns_mono))
                 self.spans += 1
