@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -31,6 +32,7 @@ class Exporters:
     server: Any = None
     where: list[str] = field(default_factory=list)  #: one line per destination, for banners
     requests: Any = None
+    sampler: Any = None  #: OTEL_TRACES_SAMPLER's, with spans (None: parentbased_always_on)
 
     @property
     def all(self) -> list[RecordExporter]:
@@ -66,6 +68,7 @@ def build_exporters(
             from .otel import build_span_exporter
 
             out.spans = build_span_exporter(st, env=env)
+            out.sampler = _sampler(env)
             if out.spans is not None:
                 urls = [getattr(o.sender, "url", "?") for o in out.spans.outputs]
                 out.where.append("spans -> " + ", ".join(urls))
@@ -92,6 +95,13 @@ def build_exporters(
         out.close()
         raise
     return out
+
+
+def _sampler(env: Mapping[str, str] | None) -> Any:
+    """``OTEL_TRACES_SAMPLER``'s sampler; in agent mode the worker's (it makes the ids)."""
+    from .otel.config import traces_sampler
+
+    return traces_sampler(os.environ if env is None else env)
 
 
 def _serve(st: Settings, registry: Any, strict: bool) -> Any:
@@ -168,7 +178,8 @@ def build_observer(
     if not sinks:
         return NOOP_OBSERVER
     obs = Observer(sinks, level=lvl, prof=prf, clock=st.clock, memory=memory, worker=st.worker,
-                   settings=st, queue=qsink, closers=(built.close,), where=built.where)  # fmt: skip
+                   settings=st, queue=qsink, closers=(built.close,), where=built.where,
+                   sampler=built.sampler if here is st else _sampler(env))  # fmt: skip
     if built.prom is not None:
         built.prom.attach_queue(qsink)
         built.prom.watch("dropped", "rounds", lambda: obs.dropped_rounds)

@@ -8,6 +8,7 @@ import gzip
 import http.server
 import itertools
 import json
+import os
 import socket
 import statistics
 import threading
@@ -604,7 +605,6 @@ def test_spans_off(env):
         ({"OTEL_TRACES_EXPORTER": "jaeger-thrift-nope"}, "OTEL_TRACES_EXPORTER"),
         ({"OTEL_TRACES_EXPORTER": "nope"}, "OTEL_TRACES_EXPORTER='nope': .* known: .*file"),
         ({"OTEL_TRACES_EXPORTER": "none,otlp"}, "OTEL_TRACES_EXPORTER"),
-        ({"OTEL_SDK_DISABLED": "maybe"}, "OTEL_SDK_DISABLED"),
         ({"OTEL_RESOURCE_ATTRIBUTES": "a"}, "OTEL_RESOURCE_ATTRIBUTES"),
     ],
 )
@@ -612,6 +612,39 @@ def test_bad_values_fail_at_start_up_naming_the_variable(env, var):
     """A value we cannot use is a ConfigError that names its variable."""
     with pytest.raises(ConfigError, match=var):
         build_span_exporter(Settings(), env=env)
+
+
+@pytest.mark.parametrize(
+    ("value", "true", "warned"),
+    [("true", True, False), (" TRUE ", True, False), ("false", False, False),
+     ("", False, False), ("1", False, True), ("yes", False, True), ("maybe", False, True)],
+)  # fmt: skip
+def test_otel_booleans_are_true_only_for_true(value, true, warned, caplog):
+    """The specification's booleans: only "true" (any case); anything else is false, warned
+    of unless "false" or empty (OTEL_SDK_DISABLED=1 leaves spans on, as in every SDK)."""
+    from memra_obs import diagnostics
+    from memra_obs.otel.config import OtlpConfig, traces_exporters
+
+    diagnostics.reset()
+    assert (traces_exporters({"OTEL_SDK_DISABLED": value}) == []) is true
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "c:4317", "OTEL_EXPORTER_OTLP_INSECURE": value}
+    assert OtlpConfig.from_env(env, protocol="grpc").secure is not true
+    assert [r.getMessage() for r in caplog.records] == warned * [
+        f"OTEL_SDK_DISABLED={value!r}: not true or false; taken as false",
+        f"OTEL_EXPORTER_OTLP_INSECURE={value!r}: not true or false; taken as false",
+    ]
+
+
+def test_resource_keys_are_kept_as_written_and_values_decoded(monkeypatch):
+    """Keys are the baggage tokens as written (the SDK's own detector, which Resource.create
+    runs too, keeps them so: decoding them here gave one attribute twice); values decoded."""
+    from opentelemetry.sdk.resources import Resource
+
+    from memra_obs.otel.config import resource_attributes
+
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "k%3Dx=1,site=eu%2Cwest")
+    attrs = dict(Resource.create(resource_attributes(dict(os.environ))).attributes)
+    assert attrs["k%3Dx"] == "1" and "k=x" not in attrs and attrs["site"] == "eu,west"
 
 
 def test_a_spans_file_with_no_directory_fails_at_start_up(tmp_path):

@@ -194,6 +194,54 @@ def test_an_unsampled_caller_gets_no_spans_and_no_ids():
     assert build(keep.records) == []
 
 
+def test_otel_traces_sampler_decides_root_sessions_and_follows_a_sampled_caller():
+    """OTEL_TRACES_SAMPLER (an SDK sampler on the observer): always_off drops every session,
+    traceidratio keeps about its share (by trace id), parentbased_* follows the caller."""
+    from memra_obs.otel.config import traces_sampler
+
+    def ids(env, n=1, caller=None):
+        obs, keep = observer(prof=False)
+        obs.sampler = traces_sampler(env)
+        for _ in range(n):
+            if caller is None:
+                drive(obs, bursts=(1,), prof=False)
+            else:
+                with TracerProvider(sampler=caller).get_tracer("t").start_as_current_span("r"):
+                    drive(obs, bursts=(1,), prof=False)
+        return [r.trace_id for r in keep.records if type(r) is SessionRecord]
+
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+
+    assert ids({"OTEL_TRACES_SAMPLER": "always_off"}, 3) == [0, 0, 0]
+    assert all(ids({"OTEL_TRACES_SAMPLER": "ALWAYS_ON"}, 3, caller=ALWAYS_OFF))
+    kept = ids({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"}, 400)
+    assert 50 <= sum(map(bool, kept)) <= 150
+    ratio0 = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
+    assert ids(ratio0, 3) == [0, 0, 0] and all(ids(ratio0, 3, caller=ALWAYS_ON))
+    assert ids({"OTEL_TRACES_SAMPLER": "parentbased_always_off"}, 2) == [0, 0]
+    assert all(ids({}, 3)) and ids({}, 1, caller=ALWAYS_OFF) == [0]
+
+
+def test_otel_traces_sampler_values_it_cannot_use_are_warned_of_once(caplog):
+    """The specification: an unknown sampler or a bad ratio is a warning, and the default
+    (or a ratio of 1) is taken; the process starts all the same."""
+    from memra_obs import diagnostics
+    from memra_obs.otel.config import traces_sampler
+
+    diagnostics.reset()
+    assert traces_sampler({"OTEL_TRACES_SAMPLER": "jaeger_remote"}) is None
+    assert traces_sampler({"OTEL_TRACES_SAMPLER": "parentbased_always_on"}) is None
+    for bad in ("2", "nan", "-0.5", "1e-3"):
+        s = traces_sampler({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": bad})
+        assert s.rate == 1.0
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "OTEL_TRACES_SAMPLER='jaeger_remote': not one of always_on, always_off, traceidratio, "
+        "parentbased_always_on/_off/_traceidratio; parentbased_always_on taken",
+        "OTEL_TRACES_SAMPLER_ARG='2': not a ratio in 0..1; taken as 1",
+    ]
+
+
 def test_error_sets_status_and_unfinished_sessions_close_at_the_last_stamp():
     """An error ends the session span with status ERROR; a session with no end record (and
     an open burst) is closed by finish_open, every round keeping a parent."""

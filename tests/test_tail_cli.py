@@ -323,6 +323,21 @@ def test_spans_file_gets_the_worker_span_tree(tmp_path, sinks):
     }
 
 
+@pytest.mark.parametrize(
+    "sampler", [{"OTEL_TRACES_SAMPLER": "always_off"}, {"OTEL_TRACES_SAMPLER": "always_on"},
+                {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}],
+)  # fmt: skip
+def test_the_tail_samples_sessions_by_otel_traces_sampler(tmp_path, sampler):
+    """The tail's sessions are roots: OTEL_TRACES_SAMPLER decides which get spans (and so
+    exemplars); the metrics count every round all the same."""
+    spans = tmp_path / "spans.jsonl"
+    env = {"MEMRA_OBS_SINKS": "otel", "MEMRA_OBS_SPANS_FILE": str(spans), **sampler}
+    p = _tail("-", "--quiet", data=(PHASE + "\n" + VERIFY + "\n").encode(), env=env)
+    assert p.returncode == 0 and b"[memra-obs]" not in p.stderr, p.stderr
+    text = spans.read_text() if spans.exists() else ""
+    assert ('"spec.session"' in text) is (sampler["OTEL_TRACES_SAMPLER"] == "always_on")
+
+
 @pytest.mark.parametrize("sinks", ["prometheus", "otel,prometheus"])
 def test_exemplars_name_only_traces_that_are_sent(tmp_path, sinks):
     """Wired as the tail (build_exporters): metrics alone keep no exemplar (it would name a

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from ..diagnostics import say_once
 from ..environment import ConfigError
 
 OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
@@ -39,20 +40,23 @@ def _choice(env: Mapping[str, str], x: str, allowed: tuple[str, ...]) -> str:
 
 
 def parse_bool(var: str, value: str | None) -> bool:
+    """The specification's booleans: only ``true`` (any case) is true; another value than
+    ``false`` is false with a warning (every OTel SDK in the process reads it so)."""
     v = (value or "").strip().lower()
-    if v not in ("true", "1", "yes", "on", "false", "0", "no", "off", ""):
-        raise ConfigError(f"{var}={value!r}: expected true or false")
-    return v in ("true", "1", "yes", "on")
+    if v not in ("true", "false", ""):
+        say_once(f"bool:{var}", f"{var}={value!r}: not true or false; taken as false")
+    return v == "true"
 
 
-def parse_key_values(var: str, value: str) -> list[tuple[str, str]]:
-    """The specification's ``key1=value1,key2=value2`` lists (headers, resource attributes)."""
+def parse_key_values(var: str, value: str, keys: bool = True) -> list[tuple[str, str]]:
+    """The specification's ``key1=value1,key2=value2`` lists: values percent-decoded, and
+    ``keys`` too (headers; a resource's keys are left as written, as the SDK's detector does)."""
     out = []
     for item in filter(str.strip, value.split(",")):
         key, sep, val = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"{var}={value!r}: expected key=value pairs, got {item!r}")
-        out.append((unquote(key.strip()), unquote(val.strip())))
+        out.append((unquote(key.strip()) if keys else key.strip(), unquote(val.strip())))
     return out
 
 
@@ -74,10 +78,37 @@ def traces_exporters(env: Mapping[str, str]) -> list[str]:
 def resource_attributes(env: Mapping[str, str]) -> dict[str, Any]:
     """``OTEL_RESOURCE_ATTRIBUTES``; ``service.name``: OTEL_SERVICE_NAME, theirs or memra-obs."""
     var = "OTEL_RESOURCE_ATTRIBUTES"
-    attrs: dict[str, Any] = dict(parse_key_values(var, env.get(var, "")))
+    attrs: dict[str, Any] = dict(parse_key_values(var, env.get(var, ""), keys=False))
     svc = env.get("OTEL_SERVICE_NAME", "").strip()
     attrs["service.name"] = svc or attrs.get("service.name") or "memra-obs"
     return attrs
+
+
+def traces_sampler(env: Mapping[str, str]) -> Any:
+    """``OTEL_TRACES_SAMPLER`` (and ``_ARG``): the SDK's sampler of that name for sessions;
+    None for the default, parentbased_always_on. An unknown name or a bad ratio is warned of
+    and the default taken, as the specification asks."""
+    var, name = "OTEL_TRACES_SAMPLER", env.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if name in ("", "parentbased_always_on"):
+        return None
+    from opentelemetry.sdk.trace import sampling as sm
+
+    if name.endswith("traceidratio"):
+        raw = env.get(var + "_ARG", "").strip() or "1"
+        rate = float(raw) if _RATE(raw) else -1.0
+        if not 0.0 <= rate <= 1.0:
+            say_once(f"{var}_ARG", f"{var}_ARG={raw!r}: not a ratio in 0..1; taken as 1")
+            rate = 1.0
+        return (sm.ParentBasedTraceIdRatio if name[0] == "p" else sm.TraceIdRatioBased)(rate)
+    fixed = {"always_on": sm.ALWAYS_ON, "always_off": sm.ALWAYS_OFF,
+             "parentbased_always_off": sm.DEFAULT_OFF}  # fmt: skip
+    if name not in fixed:
+        known = "always_on, always_off, traceidratio, parentbased_always_on/_off/_traceidratio"
+        say_once(var, f"{var}={name!r}: not one of {known}; parentbased_always_on taken")
+    return fixed.get(name)
+
+
+_RATE = re.compile(r"[0-9]*\.?[0-9]+|[0-9]+\.").fullmatch
 
 
 def _file(env: Mapping[str, str], x: str) -> str | None:
