@@ -56,13 +56,13 @@ class ExporterSet:
         for ex in self.exporters:
             self._call(ex, ex.export, batch)
 
-    def each(self, hook: str) -> None:
-        """Each exporter's ``hook`` where it has one: ``tick`` (time-driven work),
-        ``after_fork`` (in a forked child: fresh locks and threads)."""
+    def each(self, hook: str, *args: Any) -> None:
+        """Each exporter's ``hook(*args)`` where it has one: ``tick`` (time-driven work),
+        ``after_fork`` (in a forked child: fresh locks and threads), ``forget`` (a worker)."""
         for ex in self.exporters:
             fn = getattr(ex, hook, None)
             if fn is not None:
-                self._call(ex, fn)
+                self._call(ex, fn, *args)
 
     def flush(self, deadline: float) -> bool:
         """Flush every exporter; True when all of them got everything out in time."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 from typing import TextIO
 
 __all__ = [
@@ -61,12 +62,20 @@ def spec_trace_level_from(
 
 
 # Read once, like the seed's OnceLock statics; `_reset` (tests, the demo) forgets them.
-@functools.cache
+_level: list[int] = []
+_level_lock = threading.Lock()  # functools.cache would let two threads print the override
+
+
 def spec_trace_level() -> int:
-    """Trace level (0, 1, 2), read once per process."""
-    return spec_trace_level_from(
-        os.environ.get(MEMRA_SPEC_TRACE), os.environ.get(MEMRA_GLM5_SPEC_TRACE)
-    )
+    """Trace level (0, 1, 2), read once per process (its override line said once)."""
+    if not _level:
+        with _level_lock:
+            if not _level:
+                env = os.environ
+                _level.append(
+                    spec_trace_level_from(env.get(MEMRA_SPEC_TRACE), env.get(MEMRA_GLM5_SPEC_TRACE))
+                )
+    return _level[0]
 
 
 def spec_trace_on() -> bool:
@@ -88,5 +97,6 @@ def first_token_eager() -> bool:
 
 def _reset() -> None:
     """Forget the read-once values."""
-    for f in (spec_trace_level, spec_prof_on, first_token_eager):
+    _level.clear()
+    for f in (spec_prof_on, first_token_eager):
         f.cache_clear()

@@ -155,11 +155,12 @@ def build_observer(
     prf = flags.spec_prof_on() if prof is None else prof
     sinks: list[Sink] = [StderrSink(lvl, prf)] if lvl >= 1 or prf else []
     built = Exporters()  # first: an address that cannot be served is the one line said
-    here = st  # what this process publishes itself (agent mode: only the requests file)
+    here, ring = st, None  # what this process publishes itself (agent mode: the requests file)
     if st.sinks & {"otel", "prometheus"} and st.agent:
         from .agent.ring import RingSink
 
-        sinks.append(RingSink.create(st.agent, worker=st.worker, slots=st.ring_slots))
+        ring = RingSink.create(st.agent, worker=st.worker, slots=st.ring_slots)
+        sinks.append(ring)
         here = replace(st, sinks=frozenset())
     if here.sinks & {"otel", "prometheus"} or st.requests_file:
         built = build_exporters(here, worker=st.worker, registry=registry, env=env, strict=strict)
@@ -183,4 +184,6 @@ def build_observer(
     if built.prom is not None:
         built.prom.attach_queue(qsink)
         built.prom.watch("dropped", "rounds", lambda: obs.dropped_rounds)
+    if ring is not None:  # the agent publishes it
+        ring.dropped_rounds = lambda: obs.dropped_rounds
     return obs

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections import Counter, defaultdict
 
 import pytest
@@ -323,8 +324,75 @@ def test_agent_self_metrics_are_the_in_process_ones(tmp_path):
     for mode in series:
         assert series[mode]['memra_obs_export_errors_total{signal="requests"}'] == 1.0, mode
     signals = {mode: {k.split('"')[1] for k in v} for mode, v in series.items()}
-    # The queue's drops and the loop's refused rounds are in-process only; the ring's the agent's.
-    assert signals["in-process"] - {"rounds"} == signals["agent"] - {"ring"}
+    # The ring's losses are the agent's only.
+    assert signals["in-process"] == signals["agent"] - {"ring"}
+
+
+def test_rounds_a_worker_dropped_reach_the_agents_metrics(tmp_path):
+    """A worker in agent mode that drops rounds for misuse: its ring carries the count and
+    the agent publishes it as memra_obs_dropped_total{signal="rounds"}, as in-process."""
+    from prometheus_client import CollectorRegistry
+
+    from memra_obs.prom import encode
+    from memra_obs.wiring import build_observer
+
+    env = {"MEMRA_OBS_AGENT": str(tmp_path), "MEMRA_OBS_WORKER": "bad",
+           "MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": ""}  # fmt: skip
+    obs = build_observer(env=env, level=0, prof=False)
+    with obs.session("glm5") as s:
+        b = s.burst(4)
+        for j in (1, 7, 2, 9, 3):  # j > k: dropped
+            b.begin_round()
+            for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+                end()
+            b.end_round(k=4, j=j)
+        b.end()
+    assert obs.dropped_rounds == 2
+    reg = CollectorRegistry()
+    agent, closers, _ = build_agent(str(tmp_path), env=env, registry=reg)
+    agent.drain(5)
+    text = encode(reg, "text/plain")[0].decode()
+    assert 'memra_obs_dropped_total{signal="rounds"} 2.0' in text
+    obs.shutdown()
+    agent.close()
+    for c in closers:
+        c()
+
+
+def test_a_finished_workers_series_go_after_the_grace_period(tmp_path):
+    """The series of a worker whose ring retired stay for ``forget_s`` (the last scrapes),
+    then go, the agent's per-worker counts with them; a live worker's and the totals stay."""
+    from prometheus_client import CollectorRegistry
+
+    from memra_obs.prom import encode
+
+    env = {"MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": ""}
+    reg = CollectorRegistry()
+    agent, closers, _ = build_agent(str(tmp_path), env=env, registry=reg, forget_s=1.0)
+    (o1, gone), (o2, live) = observer(tmp_path, "gone"), observer(tmp_path, "live")
+    for o in (o1, o2):
+        with o.session("glm5") as s:
+            rounds(s, 3)
+    gone.shutdown()
+    agent.drain(5)
+    assert agent.rings == 1
+
+    def scrape():
+        return encode(reg, "text/plain")[0].decode()
+
+    assert 'memra_spec_rounds_total{family="glm5",worker="gone"} 3.0' in scrape()
+    time.sleep(1.1)
+    agent.drain(5)
+    text = scrape()
+    assert 'worker="gone"' not in text
+    assert 'memra_spec_first_token_seconds_count{worker="live"} 1.0' in text
+    assert 'memra_spec_rounds_total{family="glm5",worker="live"} 3.0' in text
+    assert 'memra_obs_agent_records_total{worker="live"}' in text
+    assert agent.published == 2 * (1 + 3 + 1 + 1 + 1)
+    live.shutdown()
+    agent.close()
+    for c in closers:
+        c()
 
 
 def test_records_reach_exporters_in_batches_not_one_by_one(tmp_path):

@@ -286,8 +286,11 @@ def test_writer_gone_follows_the_process_and_shutdown(tmp_path):
 
 
 def test_a_forked_child_writes_its_own_ring(tmp_path):
-    """After fork the child gets a fresh ring; the parent's stays the parent's."""
+    """After fork the child gets a fresh ring; the parent's stays the parent's, and so do
+    the dropped rounds it counts (the child's from the fork on)."""
     sink = RingSink(str(tmp_path), worker="fork", slots=64)
+    dropped = [2]
+    sink.dropped_rounds = lambda: dropped[0]
     parent_path = sink.path
     sink.on_round(_round(1))
     pid = os.fork()
@@ -296,6 +299,7 @@ def test_a_forked_child_writes_its_own_ring(tmp_path):
         try:
             code = 0 if sink.path != parent_path else 3
             sink.on_round(_round(2))
+            dropped[0] += 1
             sink.shutdown()
         finally:
             os._exit(code)
@@ -306,8 +310,10 @@ def test_a_forked_child_writes_its_own_ring(tmp_path):
     assert [i.rec.index for i in _read_all(parent_path)] == [1]
     other = next(str(tmp_path / p) for p in rings if str(tmp_path / p) != parent_path)
     assert [i.rec.index for i in _read_all(other)] == [2]
+    assert RingReader(other).state().dropped_rounds == 1
     assert not RingReader(parent_path).writer_gone()
     sink.shutdown()
+    assert RingReader(parent_path).state().dropped_rounds == 2
 
 
 def test_a_forked_child_without_a_ring_of_its_own_says_so(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 
@@ -56,6 +57,36 @@ def test_level_is_read_once_per_process(monkeypatch, capsys):
     monkeypatch.setenv("MEMRA_SPEC_TRACE", "1")
     assert flags.spec_trace_level() == 2
     assert capsys.readouterr().err.count("overrides") == 1
+
+
+def test_the_override_line_is_said_once_under_threads(monkeypatch, capfd):
+    """Threads reading the level at once print one override line (the seed's OnceLock);
+    functools.cache let each thread that missed the cache print it."""
+    import threading
+
+    monkeypatch.setenv("MEMRA_SPEC_TRACE", "1")
+    monkeypatch.setenv("MEMRA_GLM5_SPEC_TRACE", "2")
+    slow = flags.spec_trace_level_from  # widen the window two threads race through
+
+    def level_from(*a):
+        time.sleep(0.01)
+        return slow(*a)
+
+    monkeypatch.setattr(flags, "spec_trace_level_from", level_from)
+
+    def read(go: threading.Barrier) -> None:
+        go.wait()
+        flags.spec_trace_level()
+
+    for _ in range(5):
+        flags._reset()
+        go = threading.Barrier(8)
+        ts = [threading.Thread(target=read, args=(go,)) for _ in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    assert capfd.readouterr().err.count("overrides") == 5
 
 
 def test_alias_alone_is_honored(monkeypatch):

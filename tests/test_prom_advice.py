@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -179,6 +180,30 @@ def test_scrapes_only_read_and_the_exporter_thread_recomputes_at_most_once_a_sec
     assert len(calls) == 2
     ex.flush()  # nothing new: nothing recomputed
     assert len(calls) == 2
+
+
+def test_gauges_catch_up_when_the_records_stop_coming(monkeypatch):
+    """Rounds that came within the second after the last fit are fitted at the worker's next
+    tick, idle too: a tail that read its backlog published the fit of part of it for good."""
+    from memra_obs.export import QueueSink
+
+    monkeypatch.setattr(exporter_mod, "ADVICE_EVERY_S", 0.3)
+    reg = CollectorRegistry()
+    ex = PrometheusExporter(reg)
+    q = QueueSink([ex], interval_ms=20)
+    rs = rounds(1200, kmax=8)
+    q.put_many([session(), *rs[:100]])  # fitted at once: on 100 rounds
+    time.sleep(0.1)
+    q.put_many(rs[100:])  # within the period: not fitted yet
+    first, want = advise(rs[:100], max_k=16, clock="event"), advise(rs, max_k=16, clock="event")
+    assert first is not None and want is not None
+    e = want.expected_tokens.value
+    assert e != pytest.approx(first.expected_tokens.value)
+    deadline = time.monotonic() + 5
+    while val(reg, "memra_spec_expected_tokens_per_round", family="glm5") != pytest.approx(e):
+        assert time.monotonic() < deadline, "the gauges kept the fit of the first rounds"
+        time.sleep(0.05)
+    q.shutdown(2)
 
 
 def test_window_zero_publishes_no_advice_but_keeps_the_position_counters():

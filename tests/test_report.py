@@ -369,6 +369,15 @@ def test_a_failed_render_or_write_leaves_no_temp_file(runs, tmp_path, monkeypatc
                        capture_output=True, text=True, env=_env())  # fmt: skip
     assert p.returncode == 2 and str(out) in p.stderr
     assert [x.name for x in tmp_path.iterdir()] == ["dir"]
+    log = tmp_path / "copy.log"  # -o naming an input: refused, the log left as it was
+    log.write_bytes(runs["log"].read_bytes())
+    for link in ("copy.log", "./copy.log"):
+        p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "report", "copy.log", "-o", link],
+                           capture_output=True, text=True, env=_env(), cwd=tmp_path)  # fmt: skip
+        assert (
+            p.returncode == 2 and p.stderr == f"memra-obs report: -o {link} is the input copy.log\n"
+        )
+    assert log.read_bytes() == runs["log"].read_bytes()
 
 
 def test_counts_no_worker_writes_refuse_their_session_and_the_page_is_written(runs, tmp_path):
@@ -546,5 +555,6 @@ def test_trace_only_logs_compare_burst_means_and_an_empty_input_still_reports(tm
     assert "bursts' per-round means" in html and keys(html)["rounds_own"] == ["0", "0"]
     assert html.count("no round with known k and j (a trace-only log") == 2  # says so, no estimate
     assert keys(html)["recommended_k"] == ["-", "-"]
+    assert keys(html)["wall_median_ms"] == ["-", "-"]  # no round of its own: no median (not nan)
     k = keys(report(e, out=tmp_path / "empty.html"))
-    assert k["sessions"] == ["0"] and k["lines"] == ["0"]
+    assert k["sessions"] == ["0"] and k["lines"] == ["0"] and k["ttft_median_ms"] == ["-"]

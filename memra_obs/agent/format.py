@@ -28,9 +28,10 @@ KIND_BURST, KIND_BURST_SPLIT, KIND_FIRST_TOKEN, KIND_SESSION_END = 4, 5, 6, 7
 #: pid, created (epoch ns), worker label (u8 length + 63 bytes).
 IDENT = struct.Struct("<8sIIIIIIIIQB63s")
 #: The writer's line at 192: positions published (``head``), records published (``rec_next``);
-#: its stats at 256: records refused, sessions not in the table, closed flag; both as one.
+#: its stats at 256: records refused, sessions not in the table, closed flag, and at 280 the
+#: loop's rounds dropped for misuse (zero in older writers: spare space); all as one.
 OFF_HEAD, HEAD, OFF_WSTAT, WSTAT = 192, struct.Struct("<QQ"), 256, struct.Struct("<QQI")
-STATE = struct.Struct("<QQ48xQQI")
+OFF_ROUNDS, STATE = 280, struct.Struct("<QQ48xQQI4xQ")
 #: The reader's line: the cursor (next position, next record), lost, agent pid.
 OFF_READER, READER = 320, struct.Struct("<QQQQ")
 U64, SLOT_HEAD = struct.Struct("<Q"), struct.Struct("<QQ")

@@ -37,6 +37,9 @@ __all__ = ["Agent", "AgentBusy", "AgentCollector", "build_agent", "default_direc
 
 #: How often to look for new rings and dead writers, and to tick the exporters.
 SCAN_S, TICK_S = 0.25, 0.2
+#: How long a finished worker's series stay (a few scrapes take their last values) before
+#: they are dropped: with pids for labels, each restart would add a set that never goes.
+FORGET_S = 300.0
 
 
 class AgentBusy(RuntimeError):
@@ -45,12 +48,14 @@ class AgentBusy(RuntimeError):
 
 class Agent:
     """Publishes every ring in ``directory`` to ``exporters``: ``batch_slots`` slots a ring a
-    pass, ``poll_s`` asleep after a pass that caught up; ``cleanup`` removes finished rings."""
+    pass, ``poll_s`` asleep after a pass that caught up; ``cleanup`` removes finished rings;
+    their workers' series go ``forget_s`` later."""
 
     def __init__(self, directory: str, exporters: Sequence[RecordExporter], *,
-                 batch_slots: int = 4096, poll_s: float = 0.02, cleanup: bool = True) -> None:  # fmt: skip
+                 batch_slots: int = 4096, poll_s: float = 0.02, cleanup: bool = True,
+                 forget_s: float = FORGET_S) -> None:  # fmt: skip
         self.directory, self.batch_slots = directory, batch_slots
-        self.poll_s, self.cleanup = poll_s, cleanup
+        self.poll_s, self.cleanup, self.forget_s = poll_s, cleanup, forget_s
         # Its thread never starts: each pass is one batch, driven by step().
         self.worker = ExportWorker(self, exporters, tick_s=TICK_S)
         self._streams: dict[str, RingStream] = {}
@@ -62,6 +67,10 @@ class Agent:
         self._done: list[RingStream] = []
         #: worker -> (records read, lost, written) over every ring so far (a scrape reads it).
         self.totals: dict[str, tuple[int, int, int]] = {}
+        #: Over every ring, forgotten workers' too: records published, lost; rounds the loops
+        #: dropped for misuse (as their rings say).
+        self.published = self._lost = self.dropped_rounds = 0
+        self._retired: list[tuple[float, set[str]]] = []  # (when to forget, worker labels)
         self.rings_removed = self.rings_retired = 0  # retired: read to the end, worker gone
         try:
             os.makedirs(directory, exist_ok=True)
@@ -87,17 +96,19 @@ class Agent:
 
     def lost_total(self) -> int:
         """Records that never reached the exporters, over every ring (the dropped counter)."""
-        return sum(t[1] for t in list(self.totals.values()))
+        return self._lost
 
     def counts(self) -> dict[str, tuple[int, int, int]]:
         """worker -> (read, lost, written); ``read + lost == written`` once a ring is read."""
         return dict(self.totals)
 
-    def _account(self, s: RingStream, now: tuple[int, int, int]) -> None:
+    def _account(self, s: RingStream, now: tuple[int, int, int, int]) -> None:
         r, lost, w = self.totals.get(s.worker, (0, 0, 0))
-        a = s.accounted
+        d = [x - y for x, y in zip(now, s.accounted, strict=True)]
         # One tuple swapped in: a scrape sees a worker's three counts from one moment.
-        self.totals[s.worker] = (r + now[0] - a[0], lost + now[1] - a[1], w + now[2] - a[2])
+        self.totals[s.worker] = (r + d[0], lost + d[1], w + d[2])
+        self.published, self._lost = self.published + d[0], self._lost + d[1]
+        self.dropped_rounds += d[3]
         s.accounted = now
 
     def _discover(self) -> None:
@@ -118,8 +129,8 @@ class Agent:
     def _drop(self, s: RingStream, exc: BaseException) -> None:
         say_once(f"agent-ring:{s.path}", f"agent: dropping {s.path} ({exc}); what it holds from "
                  "here on is neither published nor counted")  # fmt: skip
-        r, lost, written = s.accounted  # its records published count; nothing it claims does
-        self._account(s, (s.read, lost, written + s.read - r))
+        r, lost, written, rounds = s.accounted  # what it published counts; no claim of it does
+        self._account(s, (s.read, lost, written + s.read - r, rounds))
         del self._streams[s.path]
         self._skip.add(s.path)
         s.close()
@@ -134,6 +145,7 @@ class Agent:
         if scan:
             self._next_scan = now + SCAN_S
             self._discover()
+            self._forget(now)
         batch: list[Record] = []
         self._polled, self._done = [], []
         for s in list(self._streams.values()):
@@ -155,9 +167,10 @@ class Agent:
         for s in self._polled:
             s.commit()
             if not s.trouble:  # a ring in doubt is counted once it reads clean again
-                self._account(s, (s.read, s.lost, s.written))
+                self._account(s, (s.read, s.lost, s.written, s.last.dropped_rounds))
         for s in self._done:
             del self._streams[s.path]
+            self._retired.append((time.monotonic() + self.forget_s, s.workers))
             self.rings_retired += 1
             s.close(unlink=self.cleanup)
             if not self.cleanup or os.path.exists(s.path):
@@ -165,6 +178,14 @@ class Agent:
             else:
                 self.rings_removed += 1
         self._polled, self._done = [], []
+
+    def _forget(self, now: float) -> None:
+        """Drop the series of workers retired ``forget_s`` ago that no live ring carries."""
+        while self._retired and self._retired[0][0] <= now:
+            live = {w for s in self._streams.values() for w in s.workers}
+            for w in self._retired.pop(0)[1] - live:
+                self.totals.pop(w, None)
+                self.worker.set.each("forget", w)
 
     def pending(self) -> bool:
         """Some ring holds more than its last pass read (the batch limit was hit)."""
@@ -271,6 +292,7 @@ def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None =
         raise
     if built.prom is not None:  # the instrument's own health, as in-process
         built.prom.watch("dropped", "ring", agent.lost_total)
+        built.prom.watch("dropped", "rounds", lambda: agent.dropped_rounds)
         built.prom.attach_worker(agent.worker)
         registry.register(AgentCollector(agent))
     return agent, [built.close], built.server
@@ -333,8 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             agent.close()
             for close in closers:
                 close()
-        published = sum(c[0] for c in agent.counts().values())
-        print(f"[memra-obs agent] done: published={published} lost={agent.lost_total()} "
+        print(f"[memra-obs agent] done: published={agent.published} lost={agent.lost_total()} "
               f"rings_removed={agent.rings_removed}", file=sys.stderr, flush=True)  # fmt: skip
         return 0
     except AgentBusy as exc:

@@ -49,6 +49,7 @@ class State(NamedTuple):
     refused: int
     table_full: int
     closed: int
+    dropped_rounds: int
 
 
 class FormatError(ValueError):
@@ -94,7 +95,7 @@ class RingReader:
             raise FormatError(f"{self.path}: cursor {self.pos}/{self.rec} breaks the rules")
         #: Records read, and lost to overwrite, by this reader, from its first cursor.
         self.read, self.overwritten, self._rec0 = 0, 0, self.rec
-        self.last = State(self.pos, self.rec, 0, 0, 0)  # as last read (the cursor bounds it)
+        self.last = State(self.pos, self.rec, 0, 0, 0, 0)  # as last read (the cursor bounds it)
 
     def _pread(self, n: int, off: int) -> bytes:
         b = os.pread(self._fd, n, off)
@@ -271,8 +272,9 @@ class RingStream(RingReader):
         #: After a loss: (sessions in the table, head before reading it, head after).
         self._gc: tuple[set[int], int, int] | None = None
         self.replayed = self.synthesized = 0
-        #: What the agent's totals hold of this ring's (read, lost, written).
-        self.accounted = (0, 0, 0)
+        #: What the agent's totals hold of this ring's (read, lost, written, dropped rounds).
+        self.accounted = (0, 0, 0, 0)
+        self.workers = {self.worker}  #: worker labels of its series (the records' own)
 
     def publish(self, out: list[Record], max_slots: int) -> bool:
         """Append the next records (remapped, context first) to ``out``; True once the writer
@@ -310,6 +312,7 @@ class RingStream(RingReader):
             self._end(next(iter(self._open)), "RingOverrun", out)
         st = self._open[srec.session] = _Open(next(self._ids), pos, in_table, srec.start_ns_mono)
         out.append(srec._replace(session=st.gid, worker=srec.worker or self.worker))
+        self.workers.add(srec.worker or self.worker)
         return st
 
     def _recover(self, rec: Any, pos: int, out: list[Record]) -> _Open:

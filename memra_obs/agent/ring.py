@@ -19,6 +19,7 @@ import secrets
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from ..diagnostics import say_once
@@ -60,7 +61,9 @@ def fs_type(path: str) -> str:
 class RingSink(Sink):
     """Every exported record into this process's ring (ProfRows/ProfSummary only feed the
     legacy lines). Never raises: a record the format cannot hold, or a write the file refuses,
-    is counted in ``refused`` (and in the ring); ``written`` counts the records published."""
+    is counted in ``refused`` (and in the ring); ``written`` counts the records published.
+    ``dropped_rounds``: the loop's count of rounds dropped for misuse, copied into the ring at
+    each session end and at shutdown (the agent publishes it)."""
 
     wants_trace_ids = True
 
@@ -72,6 +75,7 @@ class RingSink(Sink):
         self._geo = F.Geometry(slots, table_entries)
         self._lock = threading.Lock()
         self._slot, self._head = bytearray(F.SLOT), bytearray(F.HEAD.size)
+        self.dropped_rounds: Callable[[], int] = lambda: 0
         self._open()
         after = weakref.WeakMethod(self._after_fork)  # the sink may go before the process
         os.register_at_fork(after_in_child=lambda: [m() for m in (after(),) if m is not None])
@@ -116,6 +120,7 @@ class RingSink(Sink):
         self._pos = self.written = self.refused = self.table_full = 0
         self._free = list(range(geo.table_entries - 1, -1, -1))
         self._entry: dict[int, int] = {}
+        self._rounds0, self._rounds = self.dropped_rounds(), 0  # from this ring on (a fork's too)
 
     # -- under the lock ----------------------------------------------------------------
 
@@ -131,6 +136,12 @@ class RingSink(Sink):
     def _count(self, refused: int = 0, table_full: int = 0) -> None:
         self.refused, self.table_full = self.refused + refused, self.table_full + table_full
         self._pwrite(F.WSTAT.pack(self.refused, self.table_full, 0), F.OFF_WSTAT)
+
+    def _note_rounds(self) -> None:
+        """The loop's dropped rounds since this ring began into its header, if they grew."""
+        n = self.dropped_rounds() - self._rounds0
+        if n > self._rounds and self._pwrite(F.U64.pack(n), F.OFF_ROUNDS):
+            self._rounds = n
 
     def _publish(self, data: Any, n: int) -> bool:
         """``n`` slots at the next position, then ``head``; False (counted) if the file refused."""
@@ -210,6 +221,7 @@ class RingSink(Sink):
     def on_session_end(self, rec: SessionEndRecord) -> None:
         self._put(rec)
         with self._lock:
+            self._note_rounds()
             entry = self._entry.pop(rec.session, -1)
             if entry >= 0:  # freed after the end's head: gone from the table = end published
                 self._pwrite(F.U64.pack(0), F.HEADER + entry * F.TABLE_ENTRY)
@@ -231,6 +243,7 @@ class RingSink(Sink):
         """Mark the ring closed and drop the liveness lock; the file stays for the agent."""
         with self._lock:
             if self._fd >= 0:
+                self._note_rounds()
                 self._pwrite(F.WSTAT.pack(self.refused, self.table_full, 1), F.OFF_WSTAT)
                 os.close(self._fd)
                 self._fd = -1

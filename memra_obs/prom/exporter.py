@@ -101,6 +101,11 @@ class PrometheusExporter:
                         handle(rec)
                     except Exception:
                         self.export_errors += 1
+        self.tick()
+
+    def tick(self) -> None:
+        """Advice at most once a second, idle too (its worker ticks): a tail that read its
+        backlog, or a loop between requests, publishes the fit of every round it has."""
         if time.monotonic() - self._advised >= ADVICE_EVERY_S:
             self.advise()
 
@@ -135,6 +140,21 @@ class PrometheusExporter:
 
     def unregister(self) -> None:
         self.collector.unregister(self.registry)
+
+    def forget(self, worker: str) -> None:
+        """Drop a ``worker`` label value's series and state: the agent's exited workers (with
+        pids for labels, each restart would add a set that never goes)."""
+        if not self.worker_label:
+            return
+        with self._lock:
+            for f in self.families.values():
+                if f.labelnames[:1] == ("worker",):
+                    for lv in [lv for lv in f.children if lv[0] == worker]:
+                        del f.children[lv]
+            for key in [key for key in self._loops if key[0] == worker]:
+                del self._loops[key]
+            for sid in [sid for sid, s in self._sessions.items() if s.w == (worker,)]:
+                del self._sessions[sid]
 
     def watch(self, kind: str, signal: str, read: Callable[[], float]) -> None:
         """Publish a monotonic count as ``memra_obs_{kind}_total{signal}`` (``kind``:

@@ -1,6 +1,7 @@
 """``memra-obs report INPUT... [-o report.html]``: read, compute, draw, write one file. Exit
-status 0 written; 2 a usage error, an unreadable input, an unwritable output, or matplotlib
-missing (the [report] extra). Nothing here imports numpy or matplotlib before the command runs."""
+status 0 written; 2 a usage error, an unreadable input, an unwritable output (or one that is
+an input), or matplotlib missing (the [report] extra). Nothing here imports numpy or
+matplotlib before the command runs."""
 
 from __future__ import annotations
 
@@ -61,6 +62,11 @@ def main(args: argparse.Namespace) -> int:
     if len(args.inputs) > 2 or args.inputs.count("-") > 1:
         sys.stderr.write("memra-obs report: one input, or two for A/B (at most one of them -)\n")
         return 2
+    for path in args.inputs:  # the page would replace the log it was made from
+        with contextlib.suppress(OSError):
+            if path != "-" and os.path.samefile(path, args.output):
+                print(f"memra-obs report: -o {args.output} is the input {path}", file=sys.stderr)
+                return 2
     from .inputs import read
     from .page import render
     from .stats import View, ab_table

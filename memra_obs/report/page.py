@@ -307,14 +307,20 @@ def totals(v: View) -> list[Row]:
         ("drafted", ("drafted tokens (sum of k)", kj), int(v.k[own].sum())),
         ("accepted", ("accepted tokens (sum of j)", kj), int(v.j[own].sum())),
         ("seq_rows", ("per-row-arm verify rows", kj), sum(x.seq_rows for x in r.rounds if x.k >= 0)),
-        ("wall_median_ms", ("median round wall, ms", "own"), f"{median(v.metric('wall')):.3f}"),
+        ("wall_median_ms", ("median round wall, ms", "own"), _med(v.metric("wall"))),
         ("ttft_n", ("first-token profiles", "sessions with [spec-prof]"), len(v.ttft_ms)),
-        ("ttft_median_ms", ("median TTFT, ms", "sessions with [spec-prof]"), f"{median(v.ttft_ms):.3f}"),
+        ("ttft_median_ms", ("median TTFT, ms", "sessions with [spec-prof]"), _med(v.ttft_ms)),
         ("round_logs", ("sessions with a round log", "their first 64 rounds"), len(r.logs)),
         ("slow_rounds", ("slow rounds (the summary's rule)", "per session"), sum(slow_rounds(r))),
         ("summaries", ("[spec-prof-summary] lines", "printed / recomputed"), len(printed)),
         ("slow_rounds_printed", ("slow rounds they print", ""), sum(x.slow_rounds or 0 for x in printed)),
     ]  # fmt: skip
+
+
+def _med(x: Any) -> str:
+    """A median, ``-`` when there is none (a trace-only log has no round of its own)."""
+    m = median(x)
+    return "-" if m != m else f"{m:.3f}"
 
 
 def _iv(x: Interval, f: str = ".3f") -> str:
