@@ -82,7 +82,7 @@ NOOP_OBSERVER = NoOpObserver()
 class Observer:
     """Per process: owns the sinks and hands out sessions. ``clock``: ``"sync"``, ``"event"``
     or a factory ``(e, eh) -> PhaseClock``; ``memory`` returns ``[(cuda_ordinal, free_mb)]``
-    (default: NVML); ``settings``, ``queue``, ``closers``, ``where`` and ``sampler`` come from
+    (default: NVML); ``settings``, ``queue``, ``closers``, ``where`` and ``sampled`` come from
     :func:`memra_obs.wiring.build_observer`."""
 
     enabled = True
@@ -102,7 +102,7 @@ class Observer:
         queue: Any = None,
         closers: Sequence[Callable[[], None]] = (),
         where: Sequence[str] = (),
-        sampler: Any = None,
+        sampled: Callable[[int], bool] | None = None,
     ) -> None:
         self.level = flags.spec_trace_level() if level is None else int(level)
         self.prof = flags.spec_prof_on() if prof is None else bool(prof)
@@ -127,7 +127,7 @@ class Observer:
         self.queue = queue
         self._closers = tuple(closers)
         self.where = tuple(where)
-        self.sampler = sampler  # an SDK sampler for root sessions (OTEL_TRACES_SAMPLER)
+        self.sampled = sampled  # OTEL_TRACES_SAMPLER's decision on a session's trace id
 
     @property
     def sinks(self) -> tuple[Sink, ...]:

@@ -10,6 +10,7 @@ import operator
 import random
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
@@ -37,20 +38,16 @@ _GEOMETRY = frozenset(("draft_prime_rows", "draft_prime_chunks", "draft_prime_ar
 _ROUND1 = ("first_draft", "first_verify", "first_accept", "first_roll", "first_maint")
 
 
-def _trace_ids(sampler: Any = None) -> tuple[int, int, int]:
+def _trace_ids(sampled: Callable[[int], bool] | None = None) -> tuple[int, int, int]:
     """(trace_id, span id, parent span id): under the caller's current span, or a fresh trace;
-    all 0 when not sampled: by the caller's sampler, else by ``sampler`` (``OTEL_TRACES_SAMPLER``,
-    an SDK sampler; None: parentbased_always_on) -- no spans, no exemplars."""
+    all 0 when not sampled (no spans, no exemplars): by ``sampled(trace_id)``
+    (``OTEL_TRACES_SAMPLER``), else as parentbased_always_on (the caller's decision)."""
     try:
         from opentelemetry import trace
 
         ctx = trace.get_current_span().get_span_context()
         tid = ctx.trace_id if ctx.is_valid else random.getrandbits(128) or 1
-        if sampler is not None:
-            sampled = sampler.should_sample(None, tid, "spec.session").decision.is_sampled()
-        else:
-            sampled = not ctx.is_valid or ctx.trace_flags.sampled
-        if not sampled:
+        if not (sampled(tid) if sampled else not ctx.is_valid or ctx.trace_flags.sampled):
             return 0, 0, 0
         return tid, random.getrandbits(64) or 1, ctx.span_id if ctx.is_valid else 0
     except Exception:
@@ -106,7 +103,7 @@ class Session:
         self._prime_end = 0
         self._open_burst: Burst | None = None
         fo = obs._fan
-        trace_id, span_id, parent = _trace_ids(obs.sampler) if fo.wants_trace_ids else (0, 0, 0)
+        trace_id, span_id, parent = _trace_ids(obs.sampled) if fo.wants_trace_ids else (0, 0, 0)
         # The profile's start (a drain) comes before the anchor pair: later stamps sit after it.
         start = clock(self.e, self.eh) if self.prof is not None else now_ns()
         self._last_ns = start

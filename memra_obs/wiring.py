@@ -32,7 +32,8 @@ class Exporters:
     server: Any = None
     where: list[str] = field(default_factory=list)  #: one line per destination, for banners
     requests: Any = None
-    sampler: Any = None  #: OTEL_TRACES_SAMPLER's, with spans (None: parentbased_always_on)
+    #: OTEL_TRACES_SAMPLER's decision, with spans (None: parentbased_always_on)
+    sampled: Callable[[int], bool] | None = None
 
     @property
     def all(self) -> list[RecordExporter]:
@@ -68,7 +69,7 @@ def build_exporters(
             from .otel import build_span_exporter
 
             out.spans = build_span_exporter(st, env=env)
-            out.sampler = _sampler(env)
+            out.sampled = _sampled(env)
             if out.spans is not None:
                 urls = [getattr(o.sender, "url", "?") for o in out.spans.outputs]
                 out.where.append("spans -> " + ", ".join(urls))
@@ -97,8 +98,8 @@ def build_exporters(
     return out
 
 
-def _sampler(env: Mapping[str, str] | None) -> Any:
-    """``OTEL_TRACES_SAMPLER``'s sampler; in agent mode the worker's (it makes the ids)."""
+def _sampled(env: Mapping[str, str] | None) -> Callable[[int], bool] | None:
+    """``OTEL_TRACES_SAMPLER``'s decision; in agent mode the worker's (it makes the ids)."""
     from .otel.config import traces_sampler
 
     return traces_sampler(os.environ if env is None else env)
@@ -180,7 +181,7 @@ def build_observer(
         return NOOP_OBSERVER
     obs = Observer(sinks, level=lvl, prof=prf, clock=st.clock, memory=memory, worker=st.worker,
                    settings=st, queue=qsink, closers=(built.close,), where=built.where,
-                   sampler=built.sampler if here is st else _sampler(env))  # fmt: skip
+                   sampled=_sampled(env))  # fmt: skip
     if built.prom is not None:
         built.prom.attach_queue(qsink)
         built.prom.watch("dropped", "rounds", lambda: obs.dropped_rounds)

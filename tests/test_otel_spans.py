@@ -4,7 +4,9 @@ ids, and sessions that never ended."""
 from __future__ import annotations
 
 import itertools
+import random
 
+import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -195,13 +197,13 @@ def test_an_unsampled_caller_gets_no_spans_and_no_ids():
 
 
 def test_otel_traces_sampler_decides_root_sessions_and_follows_a_sampled_caller():
-    """OTEL_TRACES_SAMPLER (an SDK sampler on the observer): always_off drops every session,
+    """OTEL_TRACES_SAMPLER (the SDK's sampler, on the observer): always_off drops every session,
     traceidratio keeps about its share (by trace id), parentbased_* follows the caller."""
     from memra_obs.otel.config import traces_sampler
 
     def ids(env, n=1, caller=None):
         obs, keep = observer(prof=False)
-        obs.sampler = traces_sampler(env)
+        obs.sampled = traces_sampler(env)
         for _ in range(n):
             if caller is None:
                 drive(obs, bursts=(1,), prof=False)
@@ -222,6 +224,25 @@ def test_otel_traces_sampler_decides_root_sessions_and_follows_a_sampled_caller(
     assert all(ids({}, 3)) and ids({}, 1, caller=ALWAYS_OFF) == [0]
 
 
+@pytest.mark.parametrize("agent", [False, True])
+def test_build_observer_hands_the_sampler_to_its_sessions(tmp_path, agent):
+    """Wired from the environment: in-process, and in agent mode, where the worker decides
+    (the ids it writes into its ring are the agent's spans)."""
+    from memra_obs.wiring import build_observer
+
+    env = {"MEMRA_OBS_SINKS": "otel", "MEMRA_OBS_SPANS_FILE": str(tmp_path / "s.jsonl"),
+           "OTEL_TRACES_SAMPLER": "always_off", "MEMRA_OBS_METRICS_ADDR": ""}  # fmt: skip
+    if agent:
+        env["MEMRA_OBS_AGENT"] = str(tmp_path / "rings")
+    keep = RecordingSink(wants_trace_ids=True)
+    obs = build_observer(level=0, prof=False, extra_sinks=[keep], env=env)
+    try:
+        drive(obs, bursts=(1,), prof=False)
+    finally:
+        obs.shutdown()
+    assert [r.trace_id for r in keep.records if type(r) is SessionRecord] == [0]
+
+
 def test_otel_traces_sampler_values_it_cannot_use_are_warned_of_once(caplog):
     """The specification: an unknown sampler or a bad ratio is a warning, and the default
     (or a ratio of 1) is taken; the process starts all the same."""
@@ -231,9 +252,10 @@ def test_otel_traces_sampler_values_it_cannot_use_are_warned_of_once(caplog):
     diagnostics.reset()
     assert traces_sampler({"OTEL_TRACES_SAMPLER": "jaeger_remote"}) is None
     assert traces_sampler({"OTEL_TRACES_SAMPLER": "parentbased_always_on"}) is None
+    ids = [random.getrandbits(128) for _ in range(200)]
     for bad in ("2", "nan", "-0.5", "1e-3"):
         s = traces_sampler({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": bad})
-        assert s.rate == 1.0
+        assert s is not None and all(map(s, ids))  # a ratio of 1
     said = [r.getMessage() for r in caplog.records]
     assert said == [
         "OTEL_TRACES_SAMPLER='jaeger_remote': not one of always_on, always_off, traceidratio, "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -84,10 +84,11 @@ def resource_attributes(env: Mapping[str, str]) -> dict[str, Any]:
     return attrs
 
 
-def traces_sampler(env: Mapping[str, str]) -> Any:
-    """``OTEL_TRACES_SAMPLER`` (and ``_ARG``): the SDK's sampler of that name for sessions;
-    None for the default, parentbased_always_on. An unknown name or a bad ratio is warned of
-    and the default taken, as the specification asks."""
+def traces_sampler(env: Mapping[str, str]) -> Callable[[int], bool] | None:
+    """``OTEL_TRACES_SAMPLER`` (and ``_ARG``): whether the SDK's sampler of that name samples
+    a session's trace id (under the caller's current span); None for the default,
+    parentbased_always_on. An unknown name or a bad ratio is warned of and the default taken,
+    as the specification asks."""
     var, name = "OTEL_TRACES_SAMPLER", env.get("OTEL_TRACES_SAMPLER", "").strip().lower()
     if name in ("", "parentbased_always_on"):
         return None
@@ -99,13 +100,17 @@ def traces_sampler(env: Mapping[str, str]) -> Any:
         if not 0.0 <= rate <= 1.0:
             say_once(f"{var}_ARG", f"{var}_ARG={raw!r}: not a ratio in 0..1; taken as 1")
             rate = 1.0
-        return (sm.ParentBasedTraceIdRatio if name[0] == "p" else sm.TraceIdRatioBased)(rate)
-    fixed = {"always_on": sm.ALWAYS_ON, "always_off": sm.ALWAYS_OFF,
-             "parentbased_always_off": sm.DEFAULT_OFF}  # fmt: skip
-    if name not in fixed:
-        known = "always_on, always_off, traceidratio, parentbased_always_on/_off/_traceidratio"
-        say_once(var, f"{var}={name!r}: not one of {known}; parentbased_always_on taken")
-    return fixed.get(name)
+        ratio = sm.ParentBasedTraceIdRatio if name[0] == "p" else sm.TraceIdRatioBased
+        sampler: sm.Sampler = ratio(rate)
+    else:
+        fixed = {"always_on": sm.ALWAYS_ON, "always_off": sm.ALWAYS_OFF,
+                 "parentbased_always_off": sm.DEFAULT_OFF}  # fmt: skip
+        if name not in fixed:
+            known = "always_on, always_off, traceidratio, parentbased_always_on/_off/_traceidratio"
+            say_once(var, f"{var}={name!r}: not one of {known}; parentbased_always_on taken")
+            return None
+        sampler = fixed[name]
+    return lambda tid: sampler.should_sample(None, tid, "spec.session").decision.is_sampled()
 
 
 _RATE = re.compile(r"[0-9]*\.?[0-9]+|[0-9]+\.").fullmatch

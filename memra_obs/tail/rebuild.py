@@ -91,9 +91,9 @@ class Rebuilder:
                  session_gap_ns: int = 1_000_000_000, max_bursts: int = 64,
                  rng: random.Random | None = None, epoch_ns: Callable[[], int] = time.time_ns,
                  mono_ns: Callable[[], int] = time.perf_counter_ns,
-                 sampler: Any = None) -> None:  # fmt: skip
+                 sampled: Callable[[int], bool] | None = None) -> None:  # fmt: skip
         self.worker, self.linger_ns, self.max_bursts = worker, linger_ns, max_bursts
-        self.sampler = sampler
+        self.sampled = sampled
         self.session_gap_ns = session_gap_ns
         self._rng, self._epoch, self._mono = rng or random.Random(), epoch_ns, mono_ns
         self._out: list[Any] = []
@@ -236,8 +236,7 @@ class Rebuilder:
         tag_v = v.tag if v is not None else (f"{tag}-v" if tag else "")
         rng, self.sessions = self._rng, self.sessions + 1
         tid, span = rng.getrandbits(128) or 1, rng.getrandbits(64) or 1
-        smp = self.sampler  # OTEL_TRACES_SAMPLER's: an unsampled session has no ids, no spans
-        if smp and not smp.should_sample(None, tid, "spec.session").decision.is_sampled():
+        if self.sampled and not self.sampled(tid):  # OTEL_TRACES_SAMPLER: no ids, no spans
             tid = span = 0
         rec = SessionRecord(sid, family_of(tag), tag, tag_v, self.worker, start, self._mono(),
                             self._epoch(), tid, span, 0, level, s.prof)  # fmt: skip
