@@ -20,7 +20,7 @@ from .observer import NOOP_OBSERVER, NoOpObserver, Observer
 from .sinks.base import Sink
 from .sinks.stderr import StderrSink
 
-__all__ = ["Exporters", "build_exporters", "build_observer"]
+__all__ = ["Exporters", "build_exporters", "build_observer", "sessions_sampled"]
 
 
 @dataclass
@@ -32,8 +32,6 @@ class Exporters:
     server: Any = None
     where: list[str] = field(default_factory=list)  #: one line per destination, for banners
     requests: Any = None
-    #: OTEL_TRACES_SAMPLER's decision, with spans (None: parentbased_always_on)
-    sampled: Callable[[int], bool] | None = None
 
     @property
     def all(self) -> list[RecordExporter]:
@@ -69,7 +67,6 @@ def build_exporters(
             from .otel import build_span_exporter
 
             out.spans = build_span_exporter(st, env=env)
-            out.sampled = _sampled(env)
             if out.spans is not None:
                 urls = [getattr(o.sender, "url", "?") for o in out.spans.outputs]
                 out.where.append("spans -> " + ", ".join(urls))
@@ -98,8 +95,9 @@ def build_exporters(
     return out
 
 
-def _sampled(env: Mapping[str, str] | None) -> Callable[[int], bool] | None:
-    """``OTEL_TRACES_SAMPLER``'s decision; in agent mode the worker's (it makes the ids)."""
+def sessions_sampled(env: Mapping[str, str] | None = None) -> Callable[[int], bool] | None:
+    """``OTEL_TRACES_SAMPLER``'s decision on a session's trace id, for whoever makes the ids:
+    a loop (in agent mode the worker, not the agent) or the tail's rebuild."""
     from .otel.config import traces_sampler
 
     return traces_sampler(os.environ if env is None else env)
@@ -181,7 +179,7 @@ def build_observer(
         return NOOP_OBSERVER
     obs = Observer(sinks, level=lvl, prof=prf, clock=st.clock, memory=memory, worker=st.worker,
                    settings=st, queue=qsink, closers=(built.close,), where=built.where,
-                   sampled=_sampled(env))  # fmt: skip
+                   sampled=sessions_sampled(env))  # fmt: skip
     if built.prom is not None:
         built.prom.attach_queue(qsink)
         built.prom.watch("dropped", "rounds", lambda: obs.dropped_rounds)

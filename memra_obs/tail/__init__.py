@@ -20,7 +20,7 @@ from typing import Any
 
 from ..environment import MEMRA_OBS_SINKS, MEMRA_OBS_WORKER, Settings
 from ..export import QueueSink
-from ..wiring import Exporters, build_exporters
+from ..wiring import Exporters, build_exporters, sessions_sampled
 from .passthrough import Tail
 from .rebuild import Rebuilder
 from .source import FollowSource, PipeSource
@@ -86,7 +86,7 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
         QueueSink(built.all, capacity=st.queue_size, pause_s=0, stretch_ms=0) if built.all else None
     )
     rb = Rebuilder(worker, linger_ns=int(opts.linger * 1e9), max_bursts=opts.max_bursts,
-                   session_gap_ns=int(opts.session_gap * 1e9), sampled=built.sampled)  # fmt: skip
+                   session_gap_ns=int(opts.session_gap * 1e9), sampled=sessions_sampled())  # fmt: skip
     tail = Tail(rb, queue.put_many if queue is not None else lambda batch: None, name=source.name,
                 max_devices=st.max_devices)  # fmt: skip
     if built.prom is not None:
