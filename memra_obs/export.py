@@ -10,6 +10,7 @@ sleep (``time.sleep(0)`` does not reliably hand the GIL over).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
 import time
@@ -334,10 +335,8 @@ def _shutdown_at_exit() -> None:
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        try:
+        with contextlib.suppress(Exception):
             qs.shutdown(left)
-        except Exception:
-            pass
 
 
 def _rearm_in_child() -> None:

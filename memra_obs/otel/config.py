@@ -159,7 +159,11 @@ class OtlpConfig:
         hvar, raw = _get(env, "HEADERS") or ("", "")
         headers = tuple(parse_key_values(hvar, raw))
         for key, val in headers:  # else every request fails in the sender
-            if not _sendable(protocol, key, val):
+            if protocol == "grpc":  # the sender lowercases keys
+                sendable = _GRPC_KEY(key.lower()) and _GRPC_VALUE(val)
+            else:
+                sendable = _HTTP_KEY(key) and _HTTP_VALUE(val)
+            if not sendable:
                 raise ConfigError(f"{hvar}: header {key!r} cannot be sent as given")
         compression = _choice(env, "COMPRESSION", ("none", "gzip"))
         pems = [_file(env, x) for x in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE")]
@@ -179,12 +183,6 @@ _HTTP_KEY = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+").fullmatch  # RFC 9110's t
 _HTTP_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*").fullmatch  # sent as Latin-1
 _GRPC_KEY = re.compile(r"(?!grpc-)[0-9a-z_.-]+(?<!-bin)").fullmatch  # -bin: bytes, not text
 _GRPC_VALUE = re.compile(r"[\x20-\x7e]*").fullmatch
-
-
-def _sendable(protocol: str, key: str, val: str) -> bool:
-    if protocol == "grpc":  # the sender lowercases keys
-        return bool(_GRPC_KEY(key.lower()) and _GRPC_VALUE(val))
-    return bool(_HTTP_KEY(key) and _HTTP_VALUE(val))
 
 
 def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
