@@ -168,16 +168,14 @@ class PrometheusExporter:
     def attach_queue(self, qsink: Any) -> None:
         """Publish the queue's drops and, through :meth:`attach_worker`, its worker's."""
         self.watch("dropped", "records", lambda: qsink.dropped)
-        worker = getattr(qsink, "worker", None)
-        if worker is not None:
-            self.attach_worker(worker)
+        self.attach_worker(qsink.worker)
 
     def attach_worker(self, worker: Any) -> None:
         """Publish an export worker's failures and each of its exporters' own counts (int
         ``dropped_spans`` / ``export_errors``, under its ``signal``, else ``spans``): the same
         self-metrics in-process, in the agent and in the tail."""
         self.watch("errors", "records", lambda: worker.errors)
-        for ex in getattr(worker, "exporters", ()):
+        for ex in worker.exporters:
             sig = ex.signal if isinstance(getattr(ex, "signal", None), str) else "spans"
             for attr, kind in (("dropped_spans", "dropped"), ("export_errors", "errors")):
                 if isinstance(getattr(ex, attr, None), int):
