@@ -149,12 +149,9 @@ class PrometheusExporter:
         with self._lock:
             for f in self.families.values():
                 if f.labelnames[:1] == ("worker",):
-                    for lv in [lv for lv in f.children if lv[0] == worker]:
-                        del f.children[lv]
-            for key in [key for key in self._loops if key[0] == worker]:
-                del self._loops[key]
-            for sid in [sid for sid, s in self._sessions.items() if s.w == (worker,)]:
-                del self._sessions[sid]
+                    f.children = {lv: c for lv, c in f.children.items() if lv[0] != worker}
+            self._loops = {key: L for key, L in self._loops.items() if key[0] != worker}
+            self._sessions = {i: s for i, s in self._sessions.items() if s.w != (worker,)}
 
     def watch(self, kind: str, signal: str, read: Callable[[], float]) -> None:
         """Publish a monotonic count as ``memra_obs_{kind}_total{signal}`` (``kind``:
