@@ -23,7 +23,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from ..diagnostics import say_once
 from ..environment import MEMRA_OBS_AGENT, MEMRA_OBS_SINKS, ConfigError, Settings
@@ -33,7 +32,7 @@ from ..wiring import build_exporters
 from .reader import RingStream
 from .ring import check_cpu, ring_directory
 
-__all__ = ["Agent", "AgentBusy", "AgentCollector", "build_agent", "default_directory", "main"]
+__all__ = ["Agent", "AgentBusy", "build_agent", "default_directory", "main"]
 
 #: How often to look for new rings and dead writers, and to tick the exporters.
 SCAN_S, TICK_S = 0.25, 0.2
@@ -72,13 +71,10 @@ class Agent:
         self.published = self._lost = self.dropped_rounds = 0
         self._retired: list[tuple[float, set[str]]] = []  # (when to forget, worker labels)
         self.rings_removed = self.rings_retired = 0  # retired: read to the end, worker gone
+        lock = os.path.join(directory, ".agent.lock")
         try:
             os.makedirs(directory, exist_ok=True)
-            fd = os.open(
-                os.path.join(directory, ".agent.lock"),
-                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
-                0o600,
-            )
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise ConfigError(
                 f"ring directory {directory!r} (--dir, {MEMRA_OBS_AGENT}): {exc.strerror}"
@@ -236,6 +232,21 @@ class Agent:
     def stats(self) -> list[dict[str, Any]]:
         return [s.stats() for s in self._streams.values()]
 
+    def collect(self) -> Iterator[Any]:
+        """The agent's own health, from its totals at scrape time (nothing counted twice): it
+        is a prometheus_client collector."""
+        yield GaugeMetricFamily(
+            "memra_obs_agent_rings",
+            "Worker rings the agent is reading (one per worker process).",
+            value=self.rings,
+        )
+        counts = sorted(self.counts().items())
+        for i, (name, doc) in enumerate(_COUNTERS):
+            c = CounterMetricFamily(name, doc, labels=["worker"])
+            for w, n in counts:
+                c.add_metric([w], n[i])
+            yield c
+
 
 _COUNTERS = (
     ("memra_obs_agent_records", "Records of a worker the agent read from its ring and published "
@@ -251,23 +262,6 @@ def default_directory() -> str:
     """In memory (like a k8s ``emptyDir: {medium: Memory}``) where there is /dev/shm."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     return os.path.join(base, "memra-obs")
-
-
-class AgentCollector(Collector):
-    """The agent's own health, from its totals at scrape time (nothing counted twice)."""
-
-    def __init__(self, agent: Agent) -> None:
-        self._agent = agent
-
-    def collect(self) -> Iterator[Any]:
-        yield GaugeMetricFamily("memra_obs_agent_rings", "Worker rings the agent is reading "
-                                "(one per worker process).", value=self._agent.rings)  # fmt: skip
-        counts = sorted(self._agent.counts().items())
-        for i, (name, doc) in enumerate(_COUNTERS):
-            c = CounterMetricFamily(name, doc, labels=["worker"])
-            for w, n in counts:
-                c.add_metric([w], n[i])
-            yield c
 
 
 def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None = None,
@@ -294,7 +288,7 @@ def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None =
         built.prom.watch("dropped", "ring", agent.lost_total)
         built.prom.watch("dropped", "rounds", lambda: agent.dropped_rounds)
         built.prom.attach_worker(agent.worker)
-        registry.register(AgentCollector(agent))
+        registry.register(agent)
     return agent, [built.close], built.server
 
 

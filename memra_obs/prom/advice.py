@@ -39,7 +39,7 @@ class LoopAdvisor:
         self.win: deque[RoundRecord] | None = deque(maxlen=window) if window else None
         self.dirty = False
         self.clock = ""  # the clock that timed this label set's phases ("" until a session says)
-        self.info: tuple[str, ...] | None = None  # the info series' label values
+        self.info: tuple[str, ...] = ()  # the info series' label values (none yet: ())
 
     def add(self, r: RoundRecord, n: int) -> None:
         """A round (``n``: a run of them) with known counts; under the exporter's lock."""
@@ -85,7 +85,6 @@ class LoopAdvisor:
         info = (*lv, self.clock or "unknown", a.plain_step_source)
         if info != self.info:
             infos = f["memra_spec_advice_info"]
-            if self.info is not None:
-                infos.children.pop(self.info, None)
+            infos.children.pop(self.info, None)
             infos.child(info).v = 1
             self.info = info

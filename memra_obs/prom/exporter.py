@@ -149,12 +149,9 @@ class PrometheusExporter:
         with self._lock:
             for f in self.families.values():
                 if f.labelnames[:1] == ("worker",):
-                    for lv in [lv for lv in f.children if lv[0] == worker]:
-                        del f.children[lv]
-            for key in [key for key in self._loops if key[0] == worker]:
-                del self._loops[key]
-            for sid in [sid for sid, s in self._sessions.items() if s.w == (worker,)]:
-                del self._sessions[sid]
+                    f.children = {lv: c for lv, c in f.children.items() if lv[0] != worker}
+            self._loops = {key: L for key, L in self._loops.items() if key[0] != worker}
+            self._sessions = {i: s for i, s in self._sessions.items() if s.w != (worker,)}
 
     def watch(self, kind: str, signal: str, read: Callable[[], float]) -> None:
         """Publish a monotonic count as ``memra_obs_{kind}_total{signal}`` (``kind``:
@@ -168,16 +165,14 @@ class PrometheusExporter:
     def attach_queue(self, qsink: Any) -> None:
         """Publish the queue's drops and, through :meth:`attach_worker`, its worker's."""
         self.watch("dropped", "records", lambda: qsink.dropped)
-        worker = getattr(qsink, "worker", None)
-        if worker is not None:
-            self.attach_worker(worker)
+        self.attach_worker(qsink.worker)
 
     def attach_worker(self, worker: Any) -> None:
         """Publish an export worker's failures and each of its exporters' own counts (int
         ``dropped_spans`` / ``export_errors``, under its ``signal``, else ``spans``): the same
         self-metrics in-process, in the agent and in the tail."""
         self.watch("errors", "records", lambda: worker.errors)
-        for ex in getattr(worker, "exporters", ()):
+        for ex in worker.exporters:
             sig = ex.signal if isinstance(getattr(ex, "signal", None), str) else "spans"
             for attr, kind in (("dropped_spans", "dropped"), ("export_errors", "errors")):
                 if isinstance(getattr(ex, attr, None), int):

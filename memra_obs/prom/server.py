@@ -199,9 +199,8 @@ def serve_metrics(
             tls = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
             srv.scheme, srv.socket = "https", tls
         srv.thread = threading.Thread(  # polls at 20 Hz: close() (and a shutdown) within ~50 ms
-            target=srv.serve_forever, args=(0.05,), name="memra-obs-metrics"
+            target=srv.serve_forever, args=(0.05,), name="memra-obs-metrics", daemon=True
         )
-        srv.thread.daemon = True
         srv.thread.start()
     except BaseException:
         srv.server_close()
