@@ -50,11 +50,6 @@ def _positional(s: str) -> str:
     return s
 
 
-def exact_f64(x: float) -> str:
-    """Shortest decimal that reads back to the same double, without an exponent."""
-    return _positional(repr(float(x)))
-
-
 def exact_f32(x: float) -> str:
     """A short decimal (the shortest, but for rare binade edges) that reads back to the same f32,
     no exponent. Most ms values need 7 digits: try 7 and 6, then bisect (monotonic in digits)."""
@@ -117,8 +112,8 @@ def prof_line(prof: SpecFirstTokenProf) -> str:
     parts = [f"[{PROF_TAG}]"]
     for name in FIRST_TOKEN_FIELDS:
         v = getattr(prof, name)
-        if name in _FT_FLOAT:
-            parts.append(f"{name}={exact_f64(v)}")
+        if name in _FT_FLOAT:  # the shortest decimal that reads back to the same double
+            parts.append(f"{name}={_positional(repr(float(v)))}")
         elif name in _FT_FREE:
             parts.append(f"{name}=[{','.join(f'{o}:{mb}' for o, mb in v)}]")
         else:

@@ -39,9 +39,7 @@ class LegacyParseError(ValueError):
 
     def __init__(self, line: str, reason: str, kind: str = PHASE) -> None:
         super().__init__(f"{reason}: {line[:200]!r}")
-        self.line = line
-        self.reason = reason
-        self.kind = kind
+        self.line, self.reason, self.kind = line, reason, kind
 
 
 _N = r"(0|[1-9][0-9]*+)"  # possessive (the shapes never give a digit back): fewer steps

@@ -31,20 +31,6 @@ _RANGES = (  # every range the observer opens (RANGE_NAMES): name, timeline colo
 RANGE_NAMES: dict[str, str] = {name: colour for name, colour, _ in _RANGES}
 
 
-class _DomainRanges:
-    """push/pop on an ``nvtx`` domain with attributes built once per name."""
-
-    __slots__ = ("_attrs", "_push", "pop")
-
-    def __init__(self, domain: Any) -> None:
-        mk = domain.get_event_attributes
-        self._attrs = {name: mk(message=name, color=argb) for name, _, argb in _RANGES}
-        self._push, self.pop = domain.push_range, domain.pop_range
-
-    def push(self, name: str) -> None:
-        self._push(self._attrs[name])
-
-
 class NvtxSink(Sink):
     """Phase / round / burst ranges for Nsight Systems; a no-op where NVTX is absent.
     ``domain``: an ``nvtx`` domain (or a fake) to use instead of looking one up."""
@@ -69,8 +55,10 @@ def _find(domain: Any) -> tuple[Any, str]:
         if type(domain).__name__ == "DummyDomain":
             why = "no profiler attached (run under Nsight Systems, `nsys profile`, to see ranges)"
             return _off("nvtx-notool", why + "; no NVTX ranges")
-    if domain is not None:
-        return _DomainRanges(domain), "nvtx"
+    if domain is not None:  # push/pop on the domain, with attributes built once per name
+        mk, push = domain.get_event_attributes, domain.push_range
+        attrs = {name: mk(message=name, color=argb) for name, _, argb in _RANGES}
+        return SimpleNamespace(push=lambda name: push(attrs[name]), pop=domain.pop_range), "nvtx"
     if _importable("torch"):
         import torch
 
