@@ -128,10 +128,9 @@ def phase_shares_per_burst(ax: Axes, v: View, views: Sequence[View]) -> None:
     need(len(v.burst_ms), "no bursts")
     groups = np.array_split(v.burst_ms, min(len(v.burst_ms), 120))  # bins of consecutive bursts
     share = np.stack([g.sum(axis=0) for g in groups]).T
-    share, bottom = share / np.maximum(share.sum(axis=0), 1e-12), np.zeros(share.shape[1])
-    for p, row in zip(PHASES, share, strict=True):  # one filled step path a phase
-        ax.stairs(bottom + row, baseline=bottom, fill=True, color=COLORS[p], label=p)  # edges 0..n
-        bottom = bottom + row
+    top = np.cumsum(share / np.maximum(share.sum(axis=0), 1e-12), axis=0)
+    for p, hi, lo in zip(PHASES, top, [np.zeros(top.shape[1]), *top[:-1]], strict=True):
+        ax.stairs(hi, baseline=lo, fill=True, color=COLORS[p], label=p)  # a filled path, edges 0..n
     per = -(-len(v.burst_ms) // len(groups))
     ax.set(xlabel=f"burst, in order ({per} a bar)" if per > 1 else "burst, in order", ylim=(0, 1))
 
