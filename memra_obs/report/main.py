@@ -118,24 +118,22 @@ def _write(path: str, page: str) -> None:
     """A file (or a link to one) is replaced whole, never left half written; anything else (a
     pipe, ``/dev/stdout``) is written as it is (a link is never replaced by a file)."""
     fd = _descriptor(path)
-    if fd is not None:
-        sys.stdout.flush()
-        with open(fd, "w", encoding="utf-8", closefd=False) as f:
-            f.write(page)
-        return
     try:
-        regular = stat.S_ISREG(os.stat(path).st_mode)
+        regular = fd is None and stat.S_ISREG(os.stat(path).st_mode)
     except FileNotFoundError:
         regular = True
-    real = os.path.realpath(path) if regular else path
-    tmp = f"{real}.tmp{os.getpid()}" if regular else path
+    if not regular:
+        sys.stdout.flush()
+        with open(path if fd is None else fd, "w", encoding="utf-8", closefd=fd is None) as f:
+            f.write(page)
+        return
+    real = os.path.realpath(path)
+    tmp = f"{real}.tmp{os.getpid()}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(page)
-        if regular:
-            os.replace(tmp, real)
+        os.replace(tmp, real)
     except OSError:
-        if regular:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
         raise

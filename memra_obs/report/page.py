@@ -128,10 +128,9 @@ def phase_shares_per_burst(ax: Axes, v: View, views: Sequence[View]) -> None:
     need(len(v.burst_ms), "no bursts")
     groups = np.array_split(v.burst_ms, min(len(v.burst_ms), 120))  # bins of consecutive bursts
     share = np.stack([g.sum(axis=0) for g in groups]).T
-    share, bottom = share / np.maximum(share.sum(axis=0), 1e-12), np.zeros(share.shape[1])
-    for p, row in zip(PHASES, share, strict=True):  # one filled step path a phase
-        ax.stairs(bottom + row, baseline=bottom, fill=True, color=COLORS[p], label=p)  # edges 0..n
-        bottom = bottom + row
+    top = np.cumsum(share / np.maximum(share.sum(axis=0), 1e-12), axis=0)
+    for p, hi, lo in zip(PHASES, top, [np.zeros(top.shape[1]), *top[:-1]], strict=True):
+        ax.stairs(hi, baseline=lo, fill=True, color=COLORS[p], label=p)  # a filled path, edges 0..n
     per = -(-len(v.burst_ms) // len(groups))
     ax.set(xlabel=f"burst, in order ({per} a bar)" if per > 1 else "burst, in order", ylim=(0, 1))
 
@@ -180,11 +179,10 @@ def first_token_waterfall_per_session(ax: Axes, v: View, views: Sequence[View]) 
             inner = name != "first_burst" and fb[1] <= a and b <= fb[2]  # round 1's buckets
             ax.barh(y, (b - a) / 1e6, left=(a - t0) / 1e6, height=0.4 if inner else 0.8,
                     zorder=3 if inner else 2, color=_tab(name), label=name)  # fmt: skip
-            shares = [(s, getattr(ft.prof, s + "_ms")) for s in SHARES.get(name, ())]
-            shares = [(s, w) for s, w in shares if w > 0]
-            x = (a - t0) / 1e6  # from the bucket's start; the hook at the burst's end
-            x = (b - t0) / 1e6 - sum(w for _, w in shares) if name == "first_burst" else x
-            for share, w in shares:
+            shares = {s: w for s in SHARES.get(name, ()) if (w := getattr(ft.prof, s + "_ms")) > 0}
+            # From the bucket's start; the hook at the burst's end.
+            x = (b - t0) / 1e6 - sum(shares.values()) if name == "first_burst" else (a - t0) / 1e6
+            for share, w in shares.items():
                 ax.barh(y - 0.3, w, left=x, height=0.2, color=_tab(share), hatch="//", label=share)
                 x += w
     ax.set_yticks(range(len(pick)), [f"TTFT {fts[i].prof.total_ms():.1f} ms" for i in pick])
