@@ -31,8 +31,7 @@ _index = operator.index
 _ENDED = -3  # Burst._at after end(): its boundaries are ignored (said once)
 
 
-def _nop(*args: object, **kw: object) -> None:
-    return None
+def _nop(*args: object, **kw: object) -> None: ...
 
 
 _NULL = nullcontext()  # reusable: one shared no-op hook

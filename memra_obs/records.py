@@ -133,10 +133,9 @@ class VerifySplit:
         return (out[0], out[1], out[2], out[3])
 
     def peek(self) -> tuple[int, int, int, int]:
-        """The current values, without zeroing."""
-        with self._lock:
-            v = self._v
-            return (v[0], v[1], v[2], v[3])
+        """The current values, without zeroing (the list is replaced, never edited: no lock)."""
+        v = self._v
+        return (v[0], v[1], v[2], v[3])
 
     def __repr__(self) -> str:
         return "VerifySplit(kda={}, kda_scan={}, mla={}, ffn={})".format(*self.peek())

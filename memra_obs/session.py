@@ -51,8 +51,7 @@ def _trace_ids(sampled: Callable[[int], bool] | None = None) -> tuple[int, int, 
             return 0, 0, 0
         return tid, random.getrandbits(64) or 1, ctx.span_id if ctx.is_valid else 0
     except Exception:
-        pass
-    return random.getrandbits(128) or 1, random.getrandbits(64) or 1, 0
+        return random.getrandbits(128) or 1, random.getrandbits(64) or 1, 0
 
 
 def _stream(name: str, v: Stream | None) -> Stream | None:
