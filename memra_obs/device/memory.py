@@ -290,13 +290,12 @@ class FreeMemory:
             except Exception as exc:
                 via = f"using cudaMemGetInfo via {cuda.name}" if cuda else "skipped"
                 self._say(f"nvml-read:{i}", f"NVML refused ordinal {i} ({exc}); {via}")
-                if cuda is None:
-                    return None
-                with self._lock:  # for good
-                    self._slots = [
-                        x._replace(nvml_index=None, source="cuda") if x is s else x
-                        for x in self._slots or []
-                    ]
+                if cuda is not None:
+                    with self._lock:  # for good
+                        self._slots = [
+                            x._replace(nvml_index=None, source="cuda") if x is s else x
+                            for x in self._slots or []
+                        ]
         if cuda is None:
             return None
         try:
