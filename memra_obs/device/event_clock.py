@@ -157,8 +157,7 @@ def _take_lane(stream: Any, ops: DuckEvents) -> _Lane:
     cuda = (framework(stream), stream_device(stream), h) if h is not None else id(stream)
     key = (cuda, type(ops))
     with _free_lock:
-        lanes = _free.get(key)
-        if lanes:
+        if lanes := _free.get(key):
             return lanes.pop()
     return _Lane(key, stream, ops)
 

@@ -8,7 +8,6 @@ ordinal. Nothing raises into the loop; each fallback is said once (README, "Free
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import sys
@@ -150,10 +149,9 @@ def torch_query() -> CudaQuery:
 def default_cuda() -> CudaQuery | None:
     """CuPy or torch, one the process already imported first; None when neither loads."""
     for n in sorted(("cupy", "torch"), key=lambda n: n not in sys.modules):
-        if n in sys.modules or _try(importlib.util.find_spec, n) is not None:
-            q: CudaQuery | None = _try(cupy_query if n == "cupy" else torch_query)
-            if q is not None:
-                return q
+        q: CudaQuery | None = _try(cupy_query if n == "cupy" else torch_query)  # import errors too
+        if q is not None:
+            return q
     return None
 
 
@@ -290,13 +288,12 @@ class FreeMemory:
             except Exception as exc:
                 via = f"using cudaMemGetInfo via {cuda.name}" if cuda else "skipped"
                 self._say(f"nvml-read:{i}", f"NVML refused ordinal {i} ({exc}); {via}")
-                if cuda is None:
-                    return None
-                with self._lock:  # for good
-                    self._slots = [
-                        x._replace(nvml_index=None, source="cuda") if x is s else x
-                        for x in self._slots or []
-                    ]
+                if cuda is not None:
+                    with self._lock:  # for good
+                        self._slots = [
+                            x._replace(nvml_index=None, source="cuda") if x is s else x
+                            for x in self._slots or []
+                        ]
         if cuda is None:
             return None
         try:
