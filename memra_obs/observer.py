@@ -176,8 +176,13 @@ class Observer:
         tag_v: str | None = None,
         e: Stream | None = None,
         eh: Stream | None = None,
+        **unknown: object,
     ) -> Session:
-        """One request's session; ``tag``/``tag_v`` default to ``{family}-phase``/``-phase-v``."""
+        """One request's session; ``tag``/``tag_v`` default to ``{family}-phase``/``-phase-v``.
+        An unknown keyword is said once and ignored, as the no-op observer takes any."""
+        for name in unknown:
+            say_once(f"session-kw:{name}", f"Observer.session({name}=...): not a keyword of "
+                     "session() (tag, tag_v, e, eh); ignored")  # fmt: skip
         return Session(self, family, tag or f"{family}-phase", tag_v or f"{family}-phase-v", e, eh)
 
     def memory_snapshot(self) -> list[tuple[int, int]]:

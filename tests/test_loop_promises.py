@@ -562,3 +562,24 @@ def test_shutdown_under_busy_loop_threads_counts_every_record():
         t.join()
     assert ex.late == 0 and not q.worker.alive and took < 0.4 + 0.1
     assert ex.got + q.dropped + len(q) == sum(puts) and len(q) == 0
+
+
+def test_what_the_noop_takes_the_real_one_takes_too(caplog):
+    """Code written with everything off: ``session(stream=...)`` (an unknown keyword) and
+    ``end_round(k=4)`` (j forgotten) raised TypeError into the loop once telemetry was on.
+    The keyword is said once and ignored; the round is dropped, counted and said once."""
+    with capture(level=1) as cap:
+        obs = cap.observer
+        for _ in range(2):
+            with obs.session("glm5", stream=None) as s, s.burst(4) as b:
+                one_round(b)
+                b.begin_round()
+                b.end_draft()
+                b.end_verify()
+                b.end_accept()
+                b.end_rollback()
+                b.end_round(k=4)
+    assert len(cap.rounds) == 2 and obs.dropped_rounds == 2
+    assert [b.phases.rounds for b in cap.bursts] == [1, 1]
+    assert caplog.text.count("Observer.session(stream=...): not a keyword") == 1
+    assert caplog.text.count("the round is dropped") == 1
