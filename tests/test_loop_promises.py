@@ -583,3 +583,33 @@ def test_what_the_noop_takes_the_real_one_takes_too(caplog):
     assert [b.phases.rounds for b in cap.bursts] == [1, 1]
     assert caplog.text.count("Observer.session(stream=...): not a keyword") == 1
     assert caplog.text.count("the round is dropped") == 1
+
+
+def test_a_session_on_a_replaced_observer_says_so(caplog, monkeypatch):
+    """The README's order: ``obs = get_observer()`` at import, ``configure(...)`` in main. The
+    old observer (shut down, or the no-op) recorded later sessions nowhere, silently: now
+    said once, naming get_observer(); the session stays a no-op."""
+    monkeypatch.delenv("MEMRA_OBS_SINKS", raising=False)
+    monkeypatch.setattr(memra_obs, "_observer", None)
+    try:
+        noop = memra_obs.get_observer()
+        assert noop is NOOP_OBSERVER
+        old = memra_obs.configure(level=1, metrics_addr="")
+        for _ in range(2):
+            with noop.session("glm5") as s:
+                one_round(s.burst(4))
+        assert caplog.text.count("replaced by configure()") == 1
+        memra_obs.configure(level=1, metrics_addr="")
+        assert isinstance(old, Observer) and old is not memra_obs.get_observer()
+        for _ in range(2):
+            with old.session("glm5") as s:
+                one_round(s.burst(4))
+        assert caplog.text.count("was shut down (by configure() or shutdown())") == 1
+        assert "get_observer() returns the current one" in caplog.text
+        assert old.dropped_rounds == 0
+    finally:
+        memra_obs.configure(env={})
+    caplog.clear()
+    with NOOP_OBSERVER.session("glm5"):  # the no-op is the current observer again: quiet
+        pass
+    assert caplog.text == ""
