@@ -613,3 +613,27 @@ def test_a_session_on_a_replaced_observer_says_so(caplog, monkeypatch):
     with NOOP_OBSERVER.session("glm5"):  # the no-op is the current observer again: quiet
         pass
     assert caplog.text == ""
+
+
+def test_profile_calls_after_the_first_burst_are_said_not_dropped_silently(caplog):
+    """The first-token profile is published when the first burst returns: a later ``lap``,
+    ``add``, ``set`` or ``free_memory`` changed nothing published (lap even returned ms).
+    Each is said once per kind of call and ignored; the published profile is untouched."""
+    with (
+        capture(level=0, prof=True, memory=lambda: [(0, 7)]) as cap,
+        cap.observer.session("g") as s,
+    ):
+        s.lap("prime")
+        with s.burst(4) as b:
+            one_round(b)
+        for _ in range(2):
+            assert s.lap("prime") == 0.0
+            s.add(prime_tap_dtoh_ms=1.0)
+            s.set(draft_prime_rows=3)
+            assert s.free_memory("after") == []
+        assert s.spec_decode()["first_token"]["free_mb_after"] == []
+    (ft,) = cap.sink.of(FirstTokenRecord)
+    assert ft.prof.draft_prime_rows == 0 and ft.prof.prime_tap_dtoh_ms == 0.0
+    for call in ("lap", "add", "set", "free_memory"):
+        said = f"Session.{call}(...) after the first burst: the first-token profile is closed"
+        assert caplog.text.count(said) == 1, call
