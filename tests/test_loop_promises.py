@@ -637,3 +637,18 @@ def test_profile_calls_after_the_first_burst_are_said_not_dropped_silently(caplo
     for call in ("lap", "add", "set", "free_memory"):
         said = f"Session.{call}(...) after the first burst: the first-token profile is closed"
         assert caplog.text.count(said) == 1, call
+
+
+def test_legacy_lines_hold_no_tags_of_sessions_never_ended(caplog):
+    """Sessions never ended (no ``with``, a client gone): the stderr sink kept each one's tags
+    forever (~120 B a session); it now keeps at most ``max_sessions``, as the span builder
+    and the Prometheus exporter bound theirs."""
+    with capture(level=1) as cap:
+        stderr = cap.observer.sinks[0]
+        for _ in range(stderr.max_sessions + 100):
+            one_round(cap.observer.session("glm5").burst(4))
+        assert len(stderr._tags) == stderr.max_sessions
+        with cap.observer.session("glm5") as s, s.burst(4) as b:
+            one_round(b)
+    assert cap.lines[-1].startswith("[glm5-phase] rounds=1")
+    assert caplog.text.count("over 4096 sessions not ended") == 1
