@@ -110,8 +110,11 @@ def configure(
     returns. Each argument is the knob of the same name (``None``: the environment's, else the
     default); ``level`` (0, 1, 2) and ``prof`` override the seed's flags; ``env`` replaces
     ``os.environ``. A value no loop can use raises :class:`ConfigError` naming the argument.
+    The observer it replaces is shut down (its sessions record nothing, said once): take
+    :func:`get_observer` after it.
     """
     global _observer
+    from .observer import NOOP_OBSERVER
     from .wiring import build_observer
 
     if level is not None and (type(level) is not int or level not in (0, 1, 2)):
@@ -130,6 +133,8 @@ def configure(
             level=level, prof=prof, extra_sinks=extra_sinks, exporters=exporters,
             registry=registry, memory=memory, env=env, **knobs,
         )  # fmt: skip
+        if old is NOOP_OBSERVER or _observer is NOOP_OBSERVER:  # a loop may still hold it
+            NOOP_OBSERVER._replaced = _observer is not NOOP_OBSERVER
         return _observer
 
 

@@ -139,9 +139,12 @@ class Burst:
     def end_rollback(self) -> None:
         self._step(4)
 
-    def end_round(self, k: int, j: int, ctx: int = 0, seq_rows: int | None = None) -> None:
+    def end_round(
+        self, k: int | None = None, j: int | None = None, ctx: int = 0, seq_rows: int | None = None
+    ) -> None:
         """Close the round: ``k`` drafted, ``j`` accepted (0 <= j <= k), ``ctx`` trunk rows at
-        entry; ``seq_rows`` defaults to what the walk added to ``SEQ_ROWS``."""
+        entry; ``seq_rows`` defaults to what the walk added to ``SEQ_ROWS``. A count left out
+        is None (as with the no-op burst, it never raises): the round is dropped, said once."""
         if self._at != 4:
             if self._at == _ENDED:
                 self._discard()
@@ -158,7 +161,7 @@ class Burst:
         try:
             obs = self._s._obs
             seq = obs.seq_rows.take() if seq_rows is None else _index(seq_rows)
-            k, j, ctx = _index(k), _index(j), _index(ctx)
+            k, j, ctx = _index(k), _index(j), _index(ctx)  # type: ignore[arg-type]  # None: drop
             if not (0 <= j <= k <= U16_MAX and 0 <= ctx <= U32_MAX and 0 <= seq <= U32_MAX):
                 raise ValueError
         except (TypeError, ValueError):
@@ -368,7 +371,9 @@ class _RangedBurst(Burst):
             self._pop_to(2)
             self._push(self._NEXT[at - 1])
 
-    def end_round(self, k: int, j: int, ctx: int = 0, seq_rows: int | None = None) -> None:
+    def end_round(
+        self, k: int | None = None, j: int | None = None, ctx: int = 0, seq_rows: int | None = None
+    ) -> None:
         super().end_round(k, j, ctx, seq_rows)
         self._pop_to(1)
 

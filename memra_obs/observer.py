@@ -63,7 +63,12 @@ class NoOpObserver:
     where: tuple[str, ...] = ()
     shutdown = remove_sink = staticmethod(_nop)
 
+    #: Set by configure() while another observer is the process's: a session here goes nowhere.
+    _replaced = False
+
     def session(self, family: str = "spec", **kw: object) -> _NoOpSession:
+        if self._replaced:
+            _say_replaced("this no-op observer was replaced by configure()")
         return _NOOP_SESSION
 
     def add_sink(self, sink: Sink) -> None:
@@ -176,8 +181,17 @@ class Observer:
         tag_v: str | None = None,
         e: Stream | None = None,
         eh: Stream | None = None,
-    ) -> Session:
-        """One request's session; ``tag``/``tag_v`` default to ``{family}-phase``/``-phase-v``."""
+        **unknown: object,
+    ) -> Session | _NoOpSession:
+        """One request's session; ``tag``/``tag_v`` default to ``{family}-phase``/``-phase-v``.
+        An unknown keyword is said once and ignored, as the no-op observer takes any; after
+        :meth:`shutdown` the session is a no-op, said once."""
+        if self._closed:
+            _say_replaced("this observer was shut down (by configure() or shutdown())")
+            return _NOOP_SESSION
+        for name in unknown:
+            say_once(f"session-kw:{name}", f"Observer.session({name}=...): not a keyword of "
+                     "session() (tag, tag_v, e, eh); ignored")  # fmt: skip
         return Session(self, family, tag or f"{family}-phase", tag_v or f"{family}-phase-v", e, eh)
 
     def memory_snapshot(self) -> list[tuple[int, int]]:
@@ -186,6 +200,12 @@ class Observer:
         except Exception as exc:
             say_once("memory", f"free-memory snapshot raised {exc!r}; recording none")
             return []
+
+
+def _say_replaced(what: str) -> None:
+    say_once(f"session-on:{what}", f"Observer.session(): {what}, so its sessions record "
+             "nothing; memra_obs.get_observer() returns the current one (take it after "
+             "configure())")  # fmt: skip
 
 
 def _clock_factory(clock: str | _ClockFactory) -> _ClockFactory:

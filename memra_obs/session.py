@@ -115,8 +115,9 @@ class Session:
 
     def lap(self, bucket: str) -> float:
         """Close a first-token bucket (``cache_alloc``, ``prime``, ...): drain, and add the ms
-        since the previous boundary to ``prof.<bucket>_ms``; returns them (0.0: profile off)."""
-        if self.prof is None:
+        since the previous boundary to ``prof.<bucket>_ms``; returns them (0.0: profile off, or
+        closed by the first burst)."""
+        if self.prof is None or self._closed("lap"):
             return 0.0
         if bucket not in LAP_BUCKETS:
             say_once(
@@ -153,7 +154,7 @@ class Session:
             self._put("set", name, _GEOMETRY, lambda p, x=v: x)
 
     def _put(self, call: str, name: str, allowed: frozenset[str], value: Any) -> None:
-        if self.prof is None:
+        if self.prof is None or self._closed(call):
             return
         if name not in allowed:
             say_once(f"{call}:{name}", f"Session.{call}({name}=...): not one of {sorted(allowed)}")
@@ -166,7 +167,7 @@ class Session:
     def free_memory(self, point: str) -> list[tuple[int, int]]:
         """Free device memory per CUDA ordinal into ``free_mb_<point>`` (``before`` the trunk
         cache, ``after`` the drafter KV); its own time lands in no bucket."""
-        if self.prof is None:
+        if self.prof is None or self._closed("free_memory"):
             return []
         if point not in ("before", "after"):
             say_once(f"mem:{point}", f"Session.free_memory({point!r}): use 'before' or 'after'")
@@ -178,6 +179,13 @@ class Session:
         except (TypeError, ValueError) as exc:
             say_once("mem:bad", f"free-memory snapshot refused ({exc}); recording none")
         return snap
+
+    def _closed(self, call: str) -> bool:
+        """The first burst has returned: the profile is published, a later change is lost."""
+        if self._first_token_sent:
+            say_once(f"closed:{call}", f"Session.{call}(...) after the first burst: the "
+                     "first-token profile is closed; ignored")  # fmt: skip
+        return self._first_token_sent
 
     def burst(self, k: int) -> Burst | _NoOpBurst:
         """Enter a burst drafting ``k`` per round; one still open is ended first (said once).

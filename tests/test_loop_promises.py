@@ -562,3 +562,93 @@ def test_shutdown_under_busy_loop_threads_counts_every_record():
         t.join()
     assert ex.late == 0 and not q.worker.alive and took < 0.4 + 0.1
     assert ex.got + q.dropped + len(q) == sum(puts) and len(q) == 0
+
+
+def test_what_the_noop_takes_the_real_one_takes_too(caplog):
+    """Code written with everything off: ``session(stream=...)`` (an unknown keyword) and
+    ``end_round(k=4)`` (j forgotten) raised TypeError into the loop once telemetry was on.
+    The keyword is said once and ignored; the round is dropped, counted and said once."""
+    with capture(level=1) as cap:
+        obs = cap.observer
+        for _ in range(2):
+            with obs.session("glm5", stream=None) as s, s.burst(4) as b:
+                one_round(b)
+                b.begin_round()
+                b.end_draft()
+                b.end_verify()
+                b.end_accept()
+                b.end_rollback()
+                b.end_round(k=4)
+    assert len(cap.rounds) == 2 and obs.dropped_rounds == 2
+    assert [b.phases.rounds for b in cap.bursts] == [1, 1]
+    assert caplog.text.count("Observer.session(stream=...): not a keyword") == 1
+    assert caplog.text.count("the round is dropped") == 1
+
+
+def test_a_session_on_a_replaced_observer_says_so(caplog, monkeypatch):
+    """The README's order: ``obs = get_observer()`` at import, ``configure(...)`` in main. The
+    old observer (shut down, or the no-op) recorded later sessions nowhere, silently: now
+    said once, naming get_observer(); the session stays a no-op."""
+    monkeypatch.delenv("MEMRA_OBS_SINKS", raising=False)
+    monkeypatch.setattr(memra_obs, "_observer", None)
+    try:
+        noop = memra_obs.get_observer()
+        assert noop is NOOP_OBSERVER
+        old = memra_obs.configure(level=1, metrics_addr="")
+        for _ in range(2):
+            with noop.session("glm5") as s:
+                one_round(s.burst(4))
+        assert caplog.text.count("replaced by configure()") == 1
+        memra_obs.configure(level=1, metrics_addr="")
+        assert isinstance(old, Observer) and old is not memra_obs.get_observer()
+        for _ in range(2):
+            with old.session("glm5") as s:
+                one_round(s.burst(4))
+        assert caplog.text.count("was shut down (by configure() or shutdown())") == 1
+        assert "get_observer() returns the current one" in caplog.text
+        assert old.dropped_rounds == 0
+    finally:
+        memra_obs.configure(env={})
+    caplog.clear()
+    with NOOP_OBSERVER.session("glm5"):  # the no-op is the current observer again: quiet
+        pass
+    assert caplog.text == ""
+
+
+def test_profile_calls_after_the_first_burst_are_said_not_dropped_silently(caplog):
+    """The first-token profile is published when the first burst returns: a later ``lap``,
+    ``add``, ``set`` or ``free_memory`` changed nothing published (lap even returned ms).
+    Each is said once per kind of call and ignored; the published profile is untouched."""
+    with (
+        capture(level=0, prof=True, memory=lambda: [(0, 7)]) as cap,
+        cap.observer.session("g") as s,
+    ):
+        s.lap("prime")
+        with s.burst(4) as b:
+            one_round(b)
+        for _ in range(2):
+            assert s.lap("prime") == 0.0
+            s.add(prime_tap_dtoh_ms=1.0)
+            s.set(draft_prime_rows=3)
+            assert s.free_memory("after") == []
+        assert s.spec_decode()["first_token"]["free_mb_after"] == []
+    (ft,) = cap.sink.of(FirstTokenRecord)
+    assert ft.prof.draft_prime_rows == 0 and ft.prof.prime_tap_dtoh_ms == 0.0
+    for call in ("lap", "add", "set", "free_memory"):
+        said = f"Session.{call}(...) after the first burst: the first-token profile is closed"
+        assert caplog.text.count(said) == 1, call
+
+
+def test_legacy_lines_hold_no_tags_of_sessions_never_ended(caplog):
+    """Sessions never ended (no ``with``, a client gone): the stderr sink kept each one's tags
+    forever (~120 B a session); it now keeps at most ``max_sessions``, as the span builder
+    and the Prometheus exporter bound theirs."""
+    with capture(level=1) as cap:
+        stderr = cap.observer.sinks[0]
+        for _ in range(stderr.max_sessions + 100):
+            one_round(cap.observer.session("glm5").burst(4))
+        assert len(stderr._tags) == stderr.max_sessions
+        with cap.observer.session("glm5") as s, s.burst(4) as b:
+            one_round(b)
+    assert cap.lines[-1].startswith("[glm5-phase] rounds=1")
+    assert caplog.text.count("over 4096 sessions not ended") == 1

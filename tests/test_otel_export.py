@@ -653,7 +653,9 @@ def test_a_spans_file_with_no_directory_fails_at_start_up(tmp_path):
         with pytest.raises(
             ConfigError, match=r"MEMRA_OBS_SPANS_FILE=.*: not a file in a directory"
         ):
-            build_span_exporter(Settings(spans_file=str(path)), env={})
+            build_span_exporter(
+                Settings(spans_file=str(path)), env={"MEMRA_OBS_SPANS_FILE": str(path)}
+            )
     ex = build_span_exporter(Settings(spans_file=str(tmp_path / "s.jsonl")), env={})
     assert ex is not None
     ex.shutdown(1)
@@ -771,3 +773,22 @@ def test_malformed_records_and_values_are_skipped_and_counted(receiver):
     assert ex.export_errors == 1  # the record that raised
     assert ex.dropped_spans == 6  # the bad round and its five phases
     assert ex.exported_spans == len(receiver.spans) == 1 + 1 + 6 * (len(recs) - 5)
+
+
+def test_a_spans_file_argument_with_no_directory_names_the_argument(tmp_path, monkeypatch):
+    """``configure(spans_file=...)``: the refusal names the argument, as every other one does
+    (it named MEMRA_OBS_SPANS_FILE, which was not set)."""
+    import memra_obs
+
+    for var in ("MEMRA_OBS_SPANS_FILE", "OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(memra_obs, "_observer", None)
+    bad = str(tmp_path / "nope" / "x.jsonl")
+    try:
+        with pytest.raises(ConfigError, match=r"^argument spans_file='.*': not a file in a dir"):
+            memra_obs.configure(sinks="otel", spans_file=bad, metrics_addr="")
+        monkeypatch.setenv("MEMRA_OBS_SPANS_FILE", bad)
+        with pytest.raises(ConfigError, match=r"^MEMRA_OBS_SPANS_FILE='.*': not a file in a dir"):
+            memra_obs.configure(sinks="otel", metrics_addr="")
+    finally:
+        memra_obs.configure(env={})

@@ -60,7 +60,11 @@ def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> 
     if name == "file":  # lines well under the Collector file receivers' 1 MiB line limit
         path = settings.spans_file  # else every span is dropped, said once, at the first write
         if os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise ConfigError(f"{MEMRA_OBS_SPANS_FILE}={path!r}: not a file in a directory")
+            # neither the variable's value nor the default: configure(spans_file=...) set it
+            var = MEMRA_OBS_SPANS_FILE
+            if path not in (env.get(var), Settings.spans_file):
+                var = "argument spans_file"
+            raise ConfigError(f"{var}={path!r}: not a file in a directory")
         sender = FileSender(path, settings.spans_file_max_bytes)
         return Output(name, enc(JsonEncoder), sender, max_bytes=256 << 10)
     if name not in _FORCED:

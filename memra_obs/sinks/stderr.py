@@ -6,6 +6,7 @@ go out in one locked write, so threads never interleave a line.
 from __future__ import annotations
 
 from .. import timeline as tl
+from ..diagnostics import say_once
 from ..legacy import PROF_SUMMARY_TAG, phase_lines, prof_line, prof_rounds_lines
 from ..linewriter import LineWriter, stderr_writer
 from ..records import VerifySplit
@@ -15,7 +16,11 @@ __all__ = ["StderrSink"]
 
 
 class StderrSink(Sink):
-    """Writes the legacy lines for the records it is given."""
+    """Writes the legacy lines for the records it is given. At most ``max_sessions`` sessions'
+    tags are kept (sessions never ended must not leak, as in the span builder): past it the
+    oldest is forgotten, said once, and its lines say ``spec-phase``."""
+
+    max_sessions = 4096
 
     def __init__(self, level: int = 1, prof: bool = False, writer: LineWriter | None = None):
         self.level, self.prof = level, prof
@@ -28,7 +33,12 @@ class StderrSink(Sink):
             setattr(self, name, getattr(Sink, name).__get__(self))
 
     def on_session(self, rec: tl.SessionRecord) -> None:
-        self._tags[rec.session] = (rec.tag, rec.tag_v)
+        tags = self._tags
+        if len(tags) >= self.max_sessions:
+            del tags[next(iter(tags))]
+            say_once("stderr-tags", f"legacy lines: over {self.max_sessions} sessions not "
+                     "ended; the oldest one's lines now say spec-phase")  # fmt: skip
+        tags[rec.session] = (rec.tag, rec.tag_v)
 
     def on_session_end(self, rec: tl.SessionEndRecord) -> None:
         self._tags.pop(rec.session, None)
