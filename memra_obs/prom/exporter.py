@@ -135,8 +135,17 @@ class PrometheusExporter:
         """The series stay for a last scrape (:meth:`unregister` frees the names now)."""
 
     def after_fork(self) -> None:
-        """In a forked child: a fresh lock (the parent's export thread may have held it)."""
+        """In a forked child: a fresh lock (the parent's export thread may have held it), and
+        series from zero: the parent's rounds are the parent's to publish (else N workers
+        forked from a master each count its warm-up again). The self-metrics keep their
+        readers."""
         self._lock = self.collector._lock = threading.Lock()
+        for f in self.families.values():
+            if not f.name.startswith("memra_obs_"):
+                f.children.clear()
+        self._loops.clear()
+        self._sessions.clear()
+        self.export_errors, self._advised = 0, -ADVICE_EVERY_S
 
     def unregister(self) -> None:
         self.collector.unregister(self.registry)
