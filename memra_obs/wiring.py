@@ -87,6 +87,12 @@ def build_exporters(
                 out.server = _serve(st, out.prom.registry, strict)
                 if out.server is not None:
                     out.where.append(f"/metrics on {out.server.url}")
+                    out.prom.fork_note = (
+                        f"{MEMRA_OBS_METRICS_ADDR}={st.metrics_addr[0]}:{out.server.port}: a "
+                        "forked process cannot serve /metrics there (its parent does); several "
+                        f"workers on one host: agent mode ({MEMRA_OBS_AGENT}) or one port per "
+                        "rank; carrying on without /metrics"
+                    )
     except BaseException:
         if out.spans is not None:
             out.spans.shutdown(0.5)
