@@ -10,11 +10,12 @@ import errno
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from . import flags
 from .diagnostics import say_once
-from .environment import MEMRA_OBS_AGENT, MEMRA_OBS_METRICS_ADDR, ConfigError, Settings
+from .environment import MEMRA_OBS_AGENT, MEMRA_OBS_METRICS_ADDR, ConfigError, Settings, pid_label
 from .export import QueueSink, RecordExporter
 from .observer import NOOP_OBSERVER, NoOpObserver, Observer
 from .sinks.base import Sink
@@ -191,4 +192,5 @@ def build_observer(
         built.prom.watch("dropped", "rounds", lambda: obs.dropped_rounds)
     if ring is not None:  # the agent publishes it
         ring.dropped_rounds = lambda: obs.dropped_rounds
+        ring.relabel = partial(setattr, obs, "worker") if pid_label(env, **knobs) else None
     return obs

@@ -11,6 +11,7 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
+from forked import in_child
 
 from memra_obs.agent.main import Agent, AgentBusy, build_agent
 from memra_obs.agent.ring import RingSink
@@ -357,6 +358,40 @@ def test_rounds_a_worker_dropped_reach_the_agents_metrics(tmp_path):
     agent.close()
     for c in closers:
         c()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_worker_is_labelled_with_its_own_pid(tmp_path):
+    """Workers forked from a master that built the observer: a label defaulted from the pid
+    is each child's own pid (not the master's, shared by every ring); an explicit one stays."""
+    from prometheus_client import CollectorRegistry
+
+    from memra_obs.prom import encode
+    from memra_obs.wiring import build_observer
+
+    for extra in ({}, {"MEMRA_OBS_WORKER": "rank0"}):
+        d = tmp_path / str(len(extra))
+        env = {"MEMRA_OBS_AGENT": str(d), "MEMRA_OBS_SINKS": "prometheus",
+               "MEMRA_OBS_METRICS_ADDR": "", **extra}  # fmt: skip
+        obs = build_observer(env=env, level=0, prof=False)
+
+        def child(obs=obs) -> bytes:
+            with obs.session("glm5") as s:
+                rounds(s, 2)
+            return str(os.getpid()).encode()
+
+        pid = in_child(child).decode()
+        obs.shutdown()
+        reg = CollectorRegistry()
+        agent, closers, _ = build_agent(str(d), env=env, registry=reg)
+        agent.drain(5)
+        text = encode(reg, "text/plain")[0].decode()
+        agent.close()
+        for c in closers:
+            c()
+        label = extra.get("MEMRA_OBS_WORKER", pid)
+        assert f'memra_spec_rounds_total{{family="glm5",worker="{label}"}} 2.0' in text, text
+        assert f'worker="{os.getpid()}"}} 2.0' not in text  # not the master's
 
 
 def test_a_finished_workers_series_go_after_the_grace_period(tmp_path):
