@@ -394,6 +394,26 @@ def test_a_forked_worker_is_labelled_with_its_own_pid(tmp_path):
         assert f'worker="{os.getpid()}"}} 2.0' not in text  # not the master's
 
 
+def test_a_registry_given_in_agent_mode_is_said_unused(tmp_path, caplog):
+    """In agent mode the agent publishes: a registry argument is not used, and that is said
+    once (not silently dropped)."""
+    import logging
+
+    from prometheus_client import CollectorRegistry
+
+    from memra_obs import diagnostics
+    from memra_obs.wiring import build_observer
+
+    diagnostics.reset()
+    env = {"MEMRA_OBS_AGENT": str(tmp_path), "MEMRA_OBS_SINKS": "prometheus",
+           "MEMRA_OBS_METRICS_ADDR": ""}  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="memra_obs"):
+        for _ in range(2):
+            build_observer(env=env, registry=CollectorRegistry(), level=0, prof=False).shutdown()
+    said = [r.getMessage() for r in caplog.records if "registry argument" in r.getMessage()]
+    assert len(said) == 1 and "MEMRA_OBS_AGENT" in said[0] and "not used" in said[0], said
+
+
 def test_a_finished_workers_series_go_after_the_grace_period(tmp_path):
     """The series of a worker whose ring retired stay for ``forget_s`` (the last scrapes),
     then go, the agent's per-worker counts with them; a live worker's and the totals stay."""
