@@ -10,15 +10,19 @@ import errno
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from . import flags
 from .diagnostics import say_once
-from .environment import MEMRA_OBS_AGENT, MEMRA_OBS_METRICS_ADDR, ConfigError, Settings
+from .environment import MEMRA_OBS_AGENT, MEMRA_OBS_METRICS_ADDR, ConfigError, Settings, pid_label
 from .export import QueueSink, RecordExporter
 from .observer import NOOP_OBSERVER, NoOpObserver, Observer
 from .sinks.base import Sink
 from .sinks.stderr import StderrSink
+
+if TYPE_CHECKING:
+    from .agent.ring import RingSink
 
 __all__ = ["Exporters", "build_exporters", "build_observer", "sessions_sampled"]
 
@@ -87,6 +91,12 @@ def build_exporters(
                 out.server = _serve(st, out.prom.registry, strict)
                 if out.server is not None:
                     out.where.append(f"/metrics on {out.server.url}")
+                    out.prom.fork_note = (
+                        f"{MEMRA_OBS_METRICS_ADDR}={st.metrics_addr[0]}:{out.server.port}: a "
+                        "forked process cannot serve /metrics there (its parent does); several "
+                        f"workers on one host: agent mode ({MEMRA_OBS_AGENT}) or one port per "
+                        "rank; carrying on without /metrics"
+                    )
     except BaseException:
         if out.spans is not None:
             out.spans.shutdown(0.5)
@@ -127,6 +137,16 @@ def _serve(st: Settings, registry: Any, strict: bool) -> Any:
         return None
 
 
+def _ring(st: Settings, registry: Any) -> RingSink:
+    """This process's ring (agent mode): the agent publishes, so a ``registry`` goes unused."""
+    from .agent.ring import RingSink
+
+    if registry is not None and "prometheus" in st.sinks:
+        say_once("agent-registry", f"{MEMRA_OBS_AGENT}={st.agent}: the registry argument is "
+                 "not used: in agent mode memra-obs agent publishes the metrics")  # fmt: skip
+    return RingSink.create(st.agent, worker=st.worker, slots=st.ring_slots)  # type: ignore[arg-type]
+
+
 def build_observer(
     *,
     level: int | None = None,
@@ -156,10 +176,7 @@ def build_observer(
     built = Exporters()  # first: an address that cannot be served is the one line said
     here, ring = st, None  # what this process publishes itself (agent mode: the requests file)
     if st.sinks & {"otel", "prometheus"} and st.agent:
-        from .agent.ring import RingSink
-
-        ring = RingSink.create(st.agent, worker=st.worker, slots=st.ring_slots)
-        sinks.append(ring)
+        sinks.append(ring := _ring(st, registry))
         here = replace(st, sinks=frozenset())
     if here.sinks & {"otel", "prometheus"} or st.requests_file:
         built = build_exporters(here, worker=st.worker, registry=registry, env=env, strict=strict)
@@ -185,4 +202,5 @@ def build_observer(
         built.prom.watch("dropped", "rounds", lambda: obs.dropped_rounds)
     if ring is not None:  # the agent publishes it
         ring.dropped_rounds = lambda: obs.dropped_rounds
+        ring.relabel = partial(setattr, obs, "worker") if pid_label(env, **knobs) else None
     return obs

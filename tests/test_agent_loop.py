@@ -11,6 +11,7 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
+from forked import in_child
 
 from memra_obs.agent.main import Agent, AgentBusy, build_agent
 from memra_obs.agent.ring import RingSink
@@ -357,6 +358,60 @@ def test_rounds_a_worker_dropped_reach_the_agents_metrics(tmp_path):
     agent.close()
     for c in closers:
         c()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_worker_is_labelled_with_its_own_pid(tmp_path):
+    """Workers forked from a master that built the observer: a label defaulted from the pid
+    is each child's own pid (not the master's, shared by every ring); an explicit one stays."""
+    from prometheus_client import CollectorRegistry
+
+    from memra_obs.prom import encode
+    from memra_obs.wiring import build_observer
+
+    for extra in ({}, {"MEMRA_OBS_WORKER": "rank0"}):
+        d = tmp_path / str(len(extra))
+        env = {"MEMRA_OBS_AGENT": str(d), "MEMRA_OBS_SINKS": "prometheus",
+               "MEMRA_OBS_METRICS_ADDR": "", **extra}  # fmt: skip
+        obs = build_observer(env=env, level=0, prof=False)
+
+        def child(obs=obs) -> bytes:
+            with obs.session("glm5") as s:
+                rounds(s, 2)
+            return str(os.getpid()).encode()
+
+        pid = in_child(child).decode()
+        obs.shutdown()
+        reg = CollectorRegistry()
+        agent, closers, _ = build_agent(str(d), env=env, registry=reg)
+        agent.drain(5)
+        text = encode(reg, "text/plain")[0].decode()
+        agent.close()
+        for c in closers:
+            c()
+        label = extra.get("MEMRA_OBS_WORKER", pid)
+        assert f'memra_spec_rounds_total{{family="glm5",worker="{label}"}} 2.0' in text, text
+        assert f'worker="{os.getpid()}"}} 2.0' not in text  # not the master's
+
+
+def test_a_registry_given_in_agent_mode_is_said_unused(tmp_path, caplog):
+    """In agent mode the agent publishes: a registry argument is not used, and that is said
+    once (not silently dropped)."""
+    import logging
+
+    from prometheus_client import CollectorRegistry
+
+    from memra_obs import diagnostics
+    from memra_obs.wiring import build_observer
+
+    diagnostics.reset()
+    env = {"MEMRA_OBS_AGENT": str(tmp_path), "MEMRA_OBS_SINKS": "prometheus",
+           "MEMRA_OBS_METRICS_ADDR": ""}  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="memra_obs"):
+        for _ in range(2):
+            build_observer(env=env, registry=CollectorRegistry(), level=0, prof=False).shutdown()
+    said = [r.getMessage() for r in caplog.records if "registry argument" in r.getMessage()]
+    assert len(said) == 1 and "MEMRA_OBS_AGENT" in said[0] and "not used" in said[0], said
 
 
 def test_a_finished_workers_series_go_after_the_grace_period(tmp_path):

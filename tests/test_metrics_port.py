@@ -12,8 +12,11 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+from forked import in_child
 from prometheus_client import CollectorRegistry
 
+from memra_obs.prom import exporter as prom_exporter
 from memra_obs.wiring import build_observer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,3 +69,30 @@ def test_the_cli_exits_2_with_one_line():
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in p.stderr
     assert f"127.0.0.1:{port}" in lines[0] and "MEMRA_OBS_METRICS_ADDR" in lines[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_of_a_serving_observer_says_it_once(monkeypatch):
+    """A child forked from a process that serves /metrics (gunicorn --preload, multiprocessing
+    'fork') publishes into an exporter nobody serves: it says so once, pointing to agent mode;
+    a parent that serves nothing gives its children nothing to say."""
+    said: list[str] = []
+    monkeypatch.setattr(prom_exporter, "say_once", lambda key, msg: said.append(msg))
+    for addr in ("127.0.0.1:0", ""):
+        obs = build_observer(
+            level=0, prof=False, env={}, registry=CollectorRegistry(), sinks="prometheus",
+            metrics_addr=addr,
+        )  # fmt: skip
+        try:
+            got = in_child(lambda: "\n".join(said).encode()).decode()
+        finally:
+            obs.shutdown()
+        if addr:
+            url = next(w for w in obs.where if w.startswith("/metrics on "))
+            port = url.rsplit(":", 1)[1].split("/")[0]
+            assert got.count("\n") == 0 and "cannot serve /metrics" in got
+            assert f"MEMRA_OBS_METRICS_ADDR=127.0.0.1:{port}" in got
+            assert "MEMRA_OBS_AGENT" in got and "one port per rank" in got
+        else:
+            assert got == ""
+    assert said == []  # the parent says nothing

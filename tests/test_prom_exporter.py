@@ -3,7 +3,10 @@ fresh registry per test)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from forked import in_child
 from prometheus_client import CollectorRegistry
 
 from memra_obs.export import QueueSink
@@ -279,6 +282,35 @@ def test_self_metrics_read_the_queue_and_its_exporters(reg):
     assert val(reg, "memra_obs_export_errors_total", signal="metrics") == 4
     ex.watch("dropped", "ring", lambda: 7)
     assert val(reg, "memra_obs_dropped_total", signal="ring") == 7
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_counts_only_its_own_rounds(reg):
+    """After fork() the child's series start from zero (the master's warm-up rounds are the
+    master's: N workers would each count them again), and its self-metrics still read its
+    own queue."""
+    ex = PrometheusExporter(reg)
+    q = QueueSink([ex])
+    ex.attach_queue(q)
+    q.put_many([session(), *(rnd(1, i, (1, 1, 0, 0, 0)) for i in range(3))])
+    assert q.flush(5)
+    q.dropped = 2
+    names = ("memra_spec_rounds_total", "memra_spec_round_seconds_count",
+             "memra_spec_accepted_tokens_by_position_total")  # fmt: skip
+
+    def child() -> bytes:
+        q.put_many([session(2), rnd(2, 0, (1, 1, 0, 0, 0))])
+        q.flush(5)
+        mine = [val(reg, n, family="glm5", **({"position": "0"} if "pos" in n else {}))
+                for n in names]  # fmt: skip
+        mine.append(val(reg, "memra_obs_dropped_total", signal="records"))
+        return repr([float(v) for v in mine]).encode()
+
+    try:
+        assert in_child(child) == b"[1.0, 1.0, 1.0, 0.0]"
+        assert val(reg, "memra_spec_rounds_total", family="glm5") == 3  # the parent's stay
+    finally:
+        q.shutdown(1)
 
 
 def test_a_new_exporter_takes_over_the_registry(reg):

@@ -76,6 +76,9 @@ class RingSink(Sink):
         self._lock = threading.Lock()
         self._slot, self._head = bytearray(F.SLOT), bytearray(F.HEAD.size)
         self.dropped_rounds: Callable[[], int] = lambda: 0
+        #: Set where the label is the pid by default: a forked child takes its own pid for
+        #: its ring and hands it here (for its records' label), so no two rings share one.
+        self.relabel: Callable[[str], None] | None = None
         self._open()
         after = weakref.WeakMethod(self._after_fork)  # the sink may go before the process
         os.register_at_fork(after_in_child=lambda: [m() for m in (after(),) if m is not None])
@@ -230,6 +233,9 @@ class RingSink(Sink):
     def _after_fork(self) -> None:
         """A forked child must not write into its parent's ring: it gets its own."""
         self._lock = threading.Lock()
+        if self.relabel is not None:
+            self.worker = str(os.getpid())
+            self.relabel(self.worker)
         if self._fd >= 0:
             os.close(self._fd)  # the parent's lock stays: it holds its own descriptor
             self._fd = -1

@@ -78,6 +78,8 @@ class PrometheusExporter:
         self._advice_window, self._plain_step_ns = advice_window, plain_step_ns
         self._advised = -ADVICE_EVERY_S  # monotonic time of the last advice
         self._lock = threading.Lock()
+        #: Said once by a forked child, whose parent serves this /metrics (set where it is).
+        self.fork_note = ""
         self.families = spec_families(worker_label)
         self._readers: dict[tuple[str, str], list[Callable[[], float]]] = {}
         self._loops: dict[tuple[str, ...], LoopChildren] = {}
@@ -135,8 +137,20 @@ class PrometheusExporter:
         """The series stay for a last scrape (:meth:`unregister` frees the names now)."""
 
     def after_fork(self) -> None:
-        """In a forked child: a fresh lock (the parent's export thread may have held it)."""
+        """In a forked child: a fresh lock (the parent's export thread may have held it), and
+        series from zero: the parent's rounds are the parent's to publish (else N workers
+        forked from a master each count its warm-up again). The self-metrics keep their
+        readers."""
         self._lock = self.collector._lock = threading.Lock()
+        for f in self.families.values():
+            if not f.name.startswith("memra_obs_"):
+                f.children.clear()
+        self._loops.clear()
+        self._sessions.clear()
+        self.export_errors, self._advised = 0, -ADVICE_EVERY_S
+        if self.fork_note:  # the parent's server thread (and its port) did not come along
+            say_once(f"fork-metrics:{id(self)}", self.fork_note)
+            self.fork_note = ""  # a child of this child forks from a process that serves none
 
     def unregister(self) -> None:
         self.collector.unregister(self.registry)
