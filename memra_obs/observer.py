@@ -9,7 +9,9 @@ and sink failures are said once, :mod:`memra_obs.diagnostics`).
 from __future__ import annotations
 
 import itertools
+import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -128,6 +130,7 @@ class Observer:
         self._closed = False
         #: Rounds dropped for misuse (memra_obs_dropped_total{signal="rounds"}).
         self.dropped_rounds = 0
+        _LIVE.add(self)
         self.settings = settings
         self.queue = queue
         self._closers = tuple(closers)
@@ -200,6 +203,20 @@ class Observer:
         except Exception as exc:
             say_once("memory", f"free-memory snapshot raised {exc!r}; recording none")
             return []
+
+
+_LIVE: weakref.WeakSet[Observer] = weakref.WeakSet()
+
+
+def _own_counts_in_child() -> None:
+    """A forked child counts its own dropped rounds, as its queue its own drops (this hook runs
+    before any ring's: a child's ring starts from zero too)."""
+    for obs in list(_LIVE):
+        obs.dropped_rounds = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_own_counts_in_child)
 
 
 def _say_replaced(what: str) -> None:

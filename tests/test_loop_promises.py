@@ -459,7 +459,8 @@ def test_level2_splits_of_concurrent_sessions_do_not_mix():
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_a_forked_child_exports_its_own_records():
-    """After fork() the child's export worker runs again: its records reach its exporters."""
+    """After fork() the child's export worker runs again: its records reach its exporters, and
+    it counts its own dropped rounds (not its parent's too)."""
 
     class Count:
         def __init__(self):
@@ -479,17 +480,19 @@ def test_a_forked_child_exports_its_own_records():
     ex = Count()
     q = QueueSink([ex], interval_ms=10)
     obs = Observer([q], level=0, prof=False)
+    obs.dropped_rounds = 7  # the parent's: the child counts its own
 
     def child() -> bytes:
         with obs.session("glm5") as s, s.burst(4) as b:
             for _ in range(103):
                 one_round(b)
+            b.end_round(k=4, j=9)  # j > k: dropped, the child's one
         q.flush(5.0)
-        return str(ex.rounds).encode()
+        return f"{ex.rounds} {obs.dropped_rounds}".encode()
 
     got = in_child(child)
     q.shutdown(1.0)
-    assert got == b"103"
+    assert got == b"103 1"
 
 
 def test_a_forked_child_takes_no_lock_a_parent_thread_held(monkeypatch):
