@@ -22,7 +22,6 @@ __all__ = [
     "MEMRA_OBS_QUEUE_SIZE", "MEMRA_OBS_REQUESTS_DETAIL", "MEMRA_OBS_REQUESTS_FILE",
     "MEMRA_OBS_RING_SLOTS", "MEMRA_OBS_ROUND_SPANS", "MEMRA_OBS_SINKS", "MEMRA_OBS_SPANS_FILE",
     "MEMRA_OBS_SPANS_FILE_MAX_BYTES", "MEMRA_OBS_WORKER", "ConfigError", "Settings", "parse_addr",
-    "pid_label",
 ]  # fmt: skip
 
 
@@ -50,13 +49,6 @@ MEMRA_OBS_REQUESTS_DETAIL = "MEMRA_OBS_REQUESTS_DETAIL"
 MEMRA_OBS_ADVICE_WINDOW = "MEMRA_OBS_ADVICE_WINDOW"
 MEMRA_OBS_PLAIN_STEP_MS = "MEMRA_OBS_PLAIN_STEP_MS"
 MEMRA_OBS_METRICS_BASIC_AUTH_FILE = "MEMRA_OBS_METRICS_BASIC_AUTH_FILE"
-
-
-def pid_label(env: Mapping[str, str] | None, worker: object = None, **_: object) -> bool:
-    """With :meth:`Settings.resolve`'s arguments: the ``worker`` label is the pid's (no
-    argument, no ``MEMRA_OBS_WORKER``, no ``RANK``), so a forked child takes its own."""
-    env = os.environ if env is None else env
-    return worker is None and MEMRA_OBS_WORKER not in env and not env.get("RANK")
 
 
 def parse_addr(var: str, value: str, check: bool = True) -> tuple[str, int] | None:

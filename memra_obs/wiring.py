@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import flags
 from .diagnostics import say_once
-from .environment import MEMRA_OBS_AGENT, MEMRA_OBS_METRICS_ADDR, ConfigError, Settings, pid_label
+from .environment import MEMRA_OBS_AGENT, MEMRA_OBS_METRICS_ADDR, ConfigError, Settings
 from .export import QueueSink, RecordExporter
 from .observer import NOOP_OBSERVER, NoOpObserver, Observer
 from .sinks.base import Sink
@@ -202,5 +202,6 @@ def build_observer(
         built.prom.watch("dropped", "rounds", lambda: obs.dropped_rounds)
     if ring is not None:  # the agent publishes it
         ring.dropped_rounds = lambda: obs.dropped_rounds
-        ring.relabel = partial(setattr, obs, "worker") if pid_label(env, **knobs) else None
+        # The label defaulted to the pid: a forked child's is its own (an explicit one stays).
+        ring.relabel = partial(setattr, obs, "worker") if st.worker == str(os.getpid()) else None
     return obs
