@@ -114,6 +114,7 @@ class Observer:
         self.level = flags.spec_trace_level() if level is None else int(level)
         self.prof = flags.spec_prof_on() if prof is None else bool(prof)
         self.worker = worker
+        self._pid_worker = worker == str(os.getpid())  # a forked child's is its own pid
         self.verify_split = VERIFY_SPLIT if verify_split is None else verify_split
         self.seq_rows = SEQ_ROWS if seq_rows is None else seq_rows
         self._clock_factory = _clock_factory(clock)
@@ -210,9 +211,12 @@ _LIVE: weakref.WeakSet[Observer] = weakref.WeakSet()
 
 def _own_counts_in_child() -> None:
     """A forked child counts its own dropped rounds, as its queue its own drops (this hook runs
-    before any ring's: a child's ring starts from zero too)."""
+    before any ring's: a child's ring starts from zero too), under its own pid where the worker
+    label was the pid by default."""
     for obs in list(_LIVE):
         obs.dropped_rounds = 0
+        if obs._pid_worker:
+            obs.worker = str(os.getpid())
 
 
 if hasattr(os, "register_at_fork"):

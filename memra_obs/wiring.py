@@ -10,7 +10,6 @@ import errno
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from . import flags
@@ -202,6 +201,4 @@ def build_observer(
         built.prom.watch("dropped", "rounds", lambda: obs.dropped_rounds)
     if ring is not None:  # the agent publishes it
         ring.dropped_rounds = lambda: obs.dropped_rounds
-        # The label defaulted to the pid: a forked child's is its own (an explicit one stays).
-        ring.relabel = partial(setattr, obs, "worker") if st.worker == str(os.getpid()) else None
     return obs

@@ -495,6 +495,26 @@ def test_a_forked_child_exports_its_own_records():
     assert got == b"103 1"
 
 
+def test_a_forked_child_records_under_its_own_pid():
+    """A worker label defaulted to the pid is the forked child's own pid in its records (its
+    spans and requests file are told apart from its siblings'); an explicit label stays."""
+    from memra_obs.timeline import SessionRecord
+
+    sink = RecordingSink()
+    observers = [Observer([sink], level=0, prof=False, worker=w) for w in (str(os.getpid()), "rank0")]
+
+    def child() -> bytes:
+        for obs in observers:
+            with obs.session("glm5") as s, s.burst(4) as b:
+                one_round(b)
+        workers = [r.worker for r in sink.of(SessionRecord)]
+        return " ".join([str(os.getpid()), *workers]).encode()
+
+    pid, *workers = in_child(child).decode().split()
+    assert workers == [pid, "rank0"]
+    assert [o.worker for o in observers] == [str(os.getpid()), "rank0"]  # the parent's stay
+
+
 def test_a_forked_child_takes_no_lock_a_parent_thread_held(monkeypatch):
     """fork() while another thread holds the stderr writer's lock, is inside configure() or is
     saying something: the child writes its lines, says its own and gets its observer (it

@@ -72,13 +72,11 @@ class RingSink(Sink):
     def __init__(self, directory: str, *, worker: str = "", slots: int = 1 << 16,
                  table_entries: int = 1024) -> None:  # fmt: skip
         self.directory, self.worker = directory, worker
+        self._pid_worker = worker == str(os.getpid())  # a forked child's ring takes its own
         self._geo = F.Geometry(slots, table_entries)
         self._lock = threading.Lock()
         self._slot, self._head = bytearray(F.SLOT), bytearray(F.HEAD.size)
         self.dropped_rounds: Callable[[], int] = lambda: 0
-        #: Set where the label is the pid by default: a forked child takes its own pid for
-        #: its ring and hands it here (for its records' label), so no two rings share one.
-        self.relabel: Callable[[str], None] | None = None
         self._open()
         after = weakref.WeakMethod(self._after_fork)  # the sink may go before the process
         os.register_at_fork(after_in_child=lambda: [m() for m in (after(),) if m is not None])
@@ -233,9 +231,8 @@ class RingSink(Sink):
     def _after_fork(self) -> None:
         """A forked child must not write into its parent's ring: it gets its own."""
         self._lock = threading.Lock()
-        if self.relabel is not None:
+        if self._pid_worker:  # no two rings share a label (the observer's follows too)
             self.worker = str(os.getpid())
-            self.relabel(self.worker)
         if self._fd >= 0:
             os.close(self._fd)  # the parent's lock stays: it holds its own descriptor
             self._fd = -1
