@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .clock import now_ns
 from .diagnostics import say_once
 from .fanout import fan
-from .records import SPEC_PROF_ROUNDS, U16_MAX, U32_MAX, SpecPhaseNs, round_prof_from_ns
+from .records import SPEC_PROF_ROUNDS, U16_MAX, U32_MAX, U64_MAX, SpecPhaseNs, round_prof_from_ns
 from .timeline import BurstRecord, ProfRowsRecord, RoundRecord
 
 if TYPE_CHECKING:
@@ -248,7 +248,8 @@ class Burst:
             tokens = self._tokens + (1 if first else 0)
         s._tokens += tokens
         fo = s._obs._fan
-        split = tuple(self._split) if self._split is not None else None
+        # u64 sums wrap, as the seed's fetch_add: a split past 2**64 is not a refused record
+        split = tuple(x & U64_MAX for x in self._split) if self._split is not None else None
         rec = BurstRecord(s.id, self.index, self.k, self.start_ns_mono, end, self._phases,
                           split, tokens, self._hook_ns, self.first_round)  # type: ignore[arg-type]  # fmt: skip
         fan(fo.on_burst, "on_burst", rec)

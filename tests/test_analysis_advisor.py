@@ -287,3 +287,12 @@ def test_window_cost_does_not_grow_with_its_size():
     stop.set()
     t.join()
     assert not errors and len(w) == 1024
+
+
+def test_an_interval_past_floats_range_is_unbounded_not_an_error():
+    """Costs no fit explains (a damaged input's) give a log-variance past exp's range: the
+    upper bound is inf, as an interval without data is, never an OverflowError."""
+    from memra_obs.analysis import Interval, _ratio
+
+    iv = _ratio(Interval(2.0, 1.5, 2.5), 1e300, 1.96, 1.0)
+    assert iv.value == 2.0 and iv.lo == 0.0 and iv.hi == math.inf

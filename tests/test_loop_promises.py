@@ -457,6 +457,24 @@ def test_level2_splits_of_concurrent_sessions_do_not_mix():
     assert sorted(set(seq.values())) == [10, 1000]
 
 
+def test_a_burst_split_past_u64_wraps_as_the_seeds_fetch_add():
+    """Level-2 sums past 2**64 over a burst wrap (the seed's AtomicU64 fetch_add): the phase
+    line and its level-2 line are printed, not lost to a refused record."""
+    with capture(level=2) as cap, cap.observer.session("glm5") as s, s.burst(4) as b:
+        for _ in range(2):
+            b.begin_round()
+            b.end_draft()
+            VERIFY_SPLIT.add(kda=1 << 63, mla=3)
+            b.end_verify()
+            b.end_accept()
+            b.end_rollback()
+            b.end_round(k=4, j=2)
+    (burst,) = cap.bursts
+    assert burst.split_ns[:3] == (0, 0, 6)
+    assert [x.split(" ", 1)[0] for x in cap.lines] == ["[glm5-phase]", "[glm5-phase-v]"]
+    assert "vkda=0.000 (scan=0.000) vmla=0.000" in cap.lines[1]
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_a_forked_child_exports_its_own_records():
     """After fork() the child's export worker runs again: its records reach its exporters, and

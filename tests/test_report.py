@@ -23,10 +23,10 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from memra_obs.analysis import advise
-from memra_obs.legacy import FirstTokenLine, RoundsLine, SummaryLine, parse_line
+from memra_obs.legacy import AdviceLine, FirstTokenLine, RoundsLine, SummaryLine, parse_line
 from memra_obs.report.inputs import read
 from memra_obs.report.main import Progress
-from memra_obs.report.stats import bootstrap, median, slow_rounds
+from memra_obs.report.stats import View, ab_table, bootstrap, median, slow_rounds
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -130,6 +130,8 @@ def test_the_page_table_matches_the_lines(runs):
     assert k["ttft_n"] == [str(sum(isinstance(r, FirstTokenLine) for r in recs))]
     assert k["drafted"] == [str(sum(r.prof.k for r in recs if isinstance(r, RoundsLine)))]
     assert k["refused"] == ["0"]
+    advice = sum(isinstance(r, AdviceLine) for r in recs)
+    assert advice and k["lines_advice"] == [str(advice)]  # the worker's own advice is counted
 
 
 def _sample_sum(text: str, name: str, **labels: str) -> float:
@@ -222,6 +224,50 @@ def test_ab_flags_a_planted_verify_regression(tmp_path):
 def test_ab_two_runs_of_one_configuration_are_not_flagged(tmp_path):
     """Same configuration, different seeds: nothing is flagged."""
     assert set(_ab(tmp_path, {"seed": 1}, {"seed": 3}).values()) == {"0"}
+
+
+def test_a_log_against_its_own_span_file_compares_one_population(runs):
+    """A log's rounds of their own are each session's first 64 (and its rollback and maint a
+    split of one rest_ms); a span file has them all: A/B of one run in both forms compares the
+    same rounds, rollback + maint together, and flags nothing."""
+    a, b = read(str(runs["log"])), read(str(runs["spans"]))
+    assert any(r.index >= 64 and r.k >= 0 for r in b.rounds)  # more than a log has
+    rows = ab_table(View("A", a), View("B", b))
+    assert [r.metric for r in rows] == ["wall", "draft", "verify", "accept", "rollback+maint"]
+    assert all(r.n_a == r.n_b == sum(x.k >= 0 for x in a.rounds) for r in rows)
+    assert not any(r.flagged for r in rows) and "the first 64 of each session" in rows[0].population
+    same = ab_table(View("A", b), View("B", b))  # one kind: every round, each phase
+    assert [r.metric for r in same][-2:] == ["rollback", "maint"] and same[0].n_a > rows[0].n_a
+
+
+def test_ab_against_an_input_without_rounds_exits_2(runs, tmp_path):
+    """No A/B comparison can be made: said, exit 2 and no page (not "flagged: nothing")."""
+    (empty := tmp_path / "empty.log").write_text("")
+    out = tmp_path / "ab.html"
+    p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "report", str(runs["log"]), str(empty),
+                        "-o", str(out)], capture_output=True, text=True, env=_env(), timeout=120)  # fmt: skip
+    assert p.returncode == 2 and not out.exists()
+    assert p.stderr == "memra-obs report: no A/B comparison: B: empty.log has no rounds\n"
+
+
+def test_gzipped_inputs_are_read(runs, tmp_path):
+    """Logs and span files banked compressed read as they are; one cut short is refused."""
+    import gzip
+
+    for name in ("log", "spans"):
+        gz = tmp_path / f"{name}.gz"
+        gz.write_bytes(gzip.compress(runs[name].read_bytes()))
+        plain, packed = read(str(runs[name])), read(str(gz))
+        assert (packed.kind, len(packed.rounds), packed.lines) == (
+            plain.kind,
+            len(plain.rounds),
+            plain.lines,
+        )
+    cut = tmp_path / "cut.gz"
+    cut.write_bytes((tmp_path / "log.gz").read_bytes()[:-100])
+    p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "report", str(cut), "-o",
+                        str(tmp_path / "c.html")], capture_output=True, text=True, env=_env())  # fmt: skip
+    assert p.returncode == 2 and p.stderr.startswith(f"memra-obs report: {cut}: ")
 
 
 def test_rounds_past_the_span_cap_are_rebuilt_and_said(runs):
@@ -333,6 +379,24 @@ def test_a_refused_round_span_keeps_its_burst_whole_a_refused_session_adds_nothi
     assert len(run.rounds) == sum(r.session != gone for r in good.rounds)
     assert len(run.bursts) == sum(b.session != gone for b in good.bursts)
     assert len(run.first_tokens) == 7 and len(run.logs) == len(good.logs) - 1
+
+
+def test_a_round_whose_phase_spans_run_backwards_is_refused(runs, tmp_path):
+    """A damaged span file (a draft span ending at 0, a rollback ending a second late): that
+    round is refused and carries its burst's means; no crash, no negative phase time."""
+
+    def damage(s: dict) -> bool:
+        s["endTimeUnixNano"] = "0"
+        return True
+
+    spans = spans_edited(runs["spans"], tmp_path / "back.jsonl", _first("spec.draft", damage))
+    good, run = read(str(runs["spans"])), read(str(spans))
+    assert len(run.refused) == 1 and "end before they start" in run.refused[0][1]
+    assert len(run.rounds) == len(good.rounds) and sum(r.k < 0 for r in run.rounds) == 1 + sum(
+        r.k < 0 for r in good.rounds
+    )
+    assert min(min(r.phase_ns()) for r in run.rounds) >= 0
+    assert keys(report(spans, out=tmp_path / "back.html"))["refused"] == ["1"]
 
 
 def test_a_first_token_span_without_buckets_is_left_out_of_the_waterfall(runs, tmp_path):

@@ -137,6 +137,28 @@ def test_bad_options_and_knobs_fail_loudly():
     assert p.returncode == 2 and b"MEMRA_OBS_METRICS_ADDR" in p.stderr
 
 
+def test_an_empty_worker_label_is_refused_under_its_own_name():
+    """``--worker ''`` or ``MEMRA_OBS_WORKER=''`` is refused naming it, as every knob (it was
+    replaced by the file's name); a set label is taken, an unset one is the input's name."""
+    p = _tail("-", "--worker", "", data=b"")
+    assert p.returncode == 2 and b"argument worker='': must not be empty" in p.stderr
+    p = _tail("-", data=b"", env={"MEMRA_OBS_WORKER": ""})
+    assert p.returncode == 2 and b"MEMRA_OBS_WORKER='': must not be empty" in p.stderr
+    for env, label in (({"MEMRA_OBS_WORKER": "r7"}, b"'r7'"), ({}, b"'stdin'")):
+        p = _tail("-", data=b"", env=env)
+        assert p.returncode == 0 and b"reading stdin as worker " + label in p.stderr
+
+
+def test_a_closed_standard_input_ends_the_tail_with_one_line():
+    """``memra-obs tail - <&-`` (a supervisor that closed fd 0): exit 2 with the reason, no
+    traceback."""
+    p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "tail", "-"], stdin=subprocess.DEVNULL,
+                       capture_output=True, env={**_env(), "MEMRA_OBS_SINKS": ""}, timeout=60,
+                       preexec_fn=lambda: os.close(0))  # fmt: skip
+    assert p.returncode == 2 and b"Traceback" not in p.stderr, p.stderr
+    assert p.stderr.endswith(b"memra-obs tail: -: Bad file descriptor\n")
+
+
 def test_seconds_past_a_day_or_not_finite_are_refused():
     """``--linger inf`` (or 1e300, or --session-gap / --poll so) is a usage error, not a crash."""
     for opt in ("--linger", "--session-gap", "--poll"):

@@ -344,6 +344,26 @@ def test_a_profile_without_its_phase_line_is_placed_and_remarked_not_unplaced():
     ]
 
 
+def test_a_profile_after_its_burst_was_laid_out_does_not_count_its_rounds_twice(fake_clock):
+    """A [spec-prof] (and its rows) arriving past --linger after its first burst's phase line:
+    that burst is already published; the late lines are reported unplaced, never a second
+    burst of the same rounds."""
+    with capture(level=2, prof=True) as cap:
+        drive(cap.observer, [6])
+    lines = [x for x in cap.lines if not x.startswith(("[spec-prof-summary]", "[spec-advice]"))]
+    assert [x.split(" ", 1)[0] for x in lines[:3]] == ["[glm5-phase]", "[glm5-phase-v]", "[spec-prof]"]
+    for gap_s, unplaced in ((0.0, 0), (0.6, 1 + 6)):  # the profile and its six rows
+        out: list[Any] = []
+        tail = Tail(Rebuilder("w"), out.extend, out=None, notes=lambda _: None)
+        t0 = 10**15
+        tail.feed(("\n".join(lines[:2]) + "\n").encode(), t0)
+        tail.tick(t0 + int(gap_s * 1e9))
+        tail.feed(("\n".join(lines[2:]) + "\n").encode(), t0 + int(gap_s * 1e9))
+        tail.close(t0 + int(gap_s * 1e9) + 1)
+        assert len(of(out, RoundRecord)) == 6 and len(of(out, BurstRecord)) == 1, gap_s
+        assert tail.stats.total_orphans == unplaced
+
+
 def test_notes_never_land_inside_a_line():
     """A partial line is passed through after a pause; a report about it waits for the
     line's end, so the output still splits into the input's lines plus whole notes."""

@@ -332,7 +332,10 @@ def _ratio(e: Interval, log_var: float, z: float, scale: float) -> Interval:
     if not v > 0 or not e.lo > 0:
         return Interval(v, 0.0, math.inf)
     lo, hi, c = math.log(e.value / e.lo), math.log(e.hi / e.value), z * z * log_var
-    return Interval(v, v * math.exp(-math.sqrt(lo * lo + c)), v * math.exp(math.sqrt(hi * hi + c)))
+    up = math.sqrt(hi * hi + c)  # past exp's range (costs no fit explains): no upper bound
+    return Interval(
+        v, v * math.exp(-math.sqrt(lo * lo + c)), v * math.exp(up) if up < 709 else math.inf
+    )
 
 
 def advise(rounds: Iterable[RoundLike] | Stats, *, max_k: int = 16,

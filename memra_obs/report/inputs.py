@@ -6,6 +6,7 @@ span cap have none: they get their burst's remainder spread evenly, k and j unkn
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import os
@@ -60,9 +61,11 @@ class Run:
 
 def read(path: str, progress: Progress | None = None) -> Run:
     """Read one input (``-``: standard input). Raises OSError when it cannot be opened."""
-    with open(0 if path == "-" else path, "rb", closefd=path != "-") as f:
-        run = Run("stdin" if path == "-" else path)
-        run.size, first = (0 if path == "-" else os.fstat(f.fileno()).st_size), f.readline()
+    with open(0 if path == "-" else path, "rb", closefd=path != "-") as raw:
+        run, gz = Run("stdin" if path == "-" else path), raw.peek(2)[:2] == b"\x1f\x8b"
+        f: Any = gzip.open(raw) if gz else raw  # noqa: SIM115  (a banked log, compressed)
+        run.size = 0 if path == "-" or gz else os.fstat(raw.fileno()).st_size
+        first = f.readline()
         if first.lstrip()[:1] == b"{" and b'"resourceSpans"' in first[:65536]:
             run.kind = "spans"
         (_read_spans if run.kind == "spans" else _read_log)(_lines(f, first, run, progress), run)
@@ -209,12 +212,14 @@ def _burst(sid: int, b: Span, kids: Kids, run: Run) -> list[RoundRecord]:
         why = "lacks a phase span" if not all(p in ph for p in PHASES) else ""
         if kj[0] >= 0 and not 0 <= kj[1] <= kj[0]:
             why = f"has k={kj[0]}, j={kj[1]}: j must be in 0..k"
+        t = (ph["draft"][3], *(ph[p][4] for p in PHASES)) if not why else ()
+        if any(x > y for x, y in itertools.pairwise(t)):
+            why = "has phase spans that end before they start or out of order"
         if why:
             run.refused.append((0, f"spec.round span {r[1]:016x} {why}", ""))
             bad.append(r)
             continue
         split = tuple(ph["verify"][5][a] for a in SPLIT) if SPLIT[0] in ph["verify"][5] else None
-        t = (ph["draft"][3], *(ph[p][4] for p in PHASES))
         rounds.append(RoundRecord._make((sid, idx, ra.get(A + "round", 0), t, *kj, split, 1)))
     n, u = at.get(A + "rounds", len(rounds) + len(bad)), at.get(A + "rounds_unsampled", 0)
     ints = [n, u, at.get(A + "first_round", 0), *(r.index for r in rounds)]

@@ -77,10 +77,19 @@ def main(args: argparse.Namespace) -> int:
         label = ("AB"[i] + ": " if len(args.inputs) == 2 else "") + name
         try:
             views.append(View(label, read(path, bar.reading(label))))
-        except OSError as exc:
+        except (OSError, EOFError) as exc:  # EOFError: a gzip'd input cut short
             bar.step("")
-            print(f"memra-obs report: {path}: {exc.strerror or exc}", file=sys.stderr)
+            print(
+                f"memra-obs report: {path}: {getattr(exc, 'strerror', None) or exc}",
+                file=sys.stderr,
+            )
             return 2
+    if len(views) == 2 and (empty := [v.label for v in views if not v.run.rounds]):
+        bar.step("")
+        sys.stderr.write(
+            f"memra-obs report: no A/B comparison: {' and '.join(empty)} has no rounds\n"
+        )
+        return 2
     bar.step("A/B table" if len(views) == 2 else "figures")
     ab = ab_table(*views) if len(views) == 2 else None
     page = render(views, ab, bar.step)

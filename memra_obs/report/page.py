@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from ..analysis import MIN_ROUNDS, Advice, Interval
-from ..legacy import SummaryLine
+from ..legacy import KIND, SummaryLine
 from ..records import FIRST_TOKEN_FIELDS, f32
 from ..timeline import PHASES
 from ..version import __version__
@@ -294,7 +294,7 @@ def totals(v: View) -> list[Row]:
         ("bytes", ("bytes", ""), r.size),
         ("lines", ("lines", ""), r.lines),
         *((f"lines_{k}", (f"{k} lines", lines), r.kinds[k])
-          for k in ("phase", "verify", "prof", "prof_rounds", "prof_summary", "spans")),
+          for k in (*KIND.values(), "spans")),
         ("refused", ("lines the parser refused", lines), len(r.refused)),
         ("unplaced", ("valid lines the rebuild could not place", "the log's lines"), len(r.unplaced)),
         ("sessions", ("sessions", "all"), len(r.sessions)),

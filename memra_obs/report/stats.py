@@ -12,7 +12,7 @@ import numpy as np
 from ..analysis import advise, estimate_acceptance
 from ..records import SpecRoundsLog
 from ..timeline import PHASES
-from .inputs import Run
+from .inputs import LOGGED, Run
 
 AB_METRICS = ("wall", *PHASES)  # the A/B table's rows, per round
 #: Flagged: the CI excludes 0 and |B - A| is at least this share of A's median (rounds of one
@@ -51,9 +51,12 @@ class View:
         self.advice = advise(rs, clock=CLOCK)
         self.acceptance = self.advice.acceptance if self.advice else estimate_acceptance(rs)
 
-    def metric(self, name: str) -> np.ndarray:
-        """Per-round ms of ``name`` (``wall`` or a phase) over the rounds with their own."""
-        return (self.wall_ms if name == "wall" else self.phase_ms[:, PHASES.index(name)])[self.own]
+    def metric(self, name: str, first: int | None = None) -> np.ndarray:
+        """Per-round ms of ``name`` (``wall``, a phase, ``rollback+maint``) over the rounds with
+        their own (``first``: of those, the first ``first`` rounds of each session)."""
+        ms = self.phase_ms[:, 3] + self.phase_ms[:, 4] if name == "rollback+maint" else (
+            self.wall_ms if name == "wall" else self.phase_ms[:, PHASES.index(name)])  # fmt: skip
+        return ms[self.own if first is None else self.own & (self.index < first)]
 
 
 def slow_rounds(run: Run) -> list[int]:
@@ -100,13 +103,19 @@ class ABRow(NamedTuple):
 
 def ab_table(a: View, b: View) -> list[ABRow]:
     """Per metric: the medians, B - A and its bootstrap CI. Population: the rounds with their
-    own measurement when both runs have some, else one per-round mean a burst (trace only)."""
+    own measurement when both runs have some, else one per-round mean a burst (trace only).
+    A log against a span file: a log's rounds of their own are each session's first LOGGED
+    (context grows after them), its rollback and maint a split of one ``rest_ms``: both runs are
+    compared on those rounds, on rollback + maint."""
     own = bool(a.own.any() and b.own.any())
     pop, rows = "rounds with their own times" if own else "bursts' per-round means", []
+    first = LOGGED if own and a.run.kind != b.run.kind else None
+    metrics = AB_METRICS if first is None else (*AB_METRICS[:4], "rollback+maint")
+    pop += "" if first is None else f", the first {LOGGED} of each session"
     per = [v.burst_ms[v.burst_n > 0] / v.burst_n[v.burst_n > 0, None] for v in (a, b)]
-    for i, m in enumerate(AB_METRICS):
+    for i, m in enumerate(metrics):
         means = (t.sum(axis=1) if i == 0 else t[:, i - 1] for t in per)  # a trace-only log
-        xa, xb = (a.metric(m), b.metric(m)) if own else means
+        xa, xb = (a.metric(m, first), b.metric(m, first)) if own else means
         if len(xa) and len(xb):
             rows.append(ABRow(m, median(xa), median(xb), *bootstrap(xa, xb), len(xa), len(xb), pop))
     return rows

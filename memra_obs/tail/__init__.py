@@ -64,12 +64,15 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     opts, path = _options(rest, args), args.path
     # argument > environment > default, as every knob: --worker, MEMRA_OBS_WORKER (the
     # worker's own label when the tail shares its environment), the file's name / stdin.
+    # An empty one is refused under its own name, never replaced.
     name = "stdin" if path == "-" else os.path.basename(path) or path
-    worker = args.worker or os.environ.get(MEMRA_OBS_WORKER) or name
-    knobs: dict[str, Any] = {"worker": worker}
+    knobs: dict[str, Any] = {}
+    if args.worker is not None or MEMRA_OBS_WORKER not in os.environ:
+        knobs["worker"] = name if args.worker is None else args.worker
     if MEMRA_OBS_SINKS not in os.environ:
         knobs["sinks"] = "otel,prometheus"
     st = Settings.resolve(None, **knobs)
+    worker = st.worker
     early: list[str] = []
     try:
         source = _source(path, args.follow, opts, early.append)
@@ -120,7 +123,7 @@ def _source(
     path: str, follow: bool, opts: argparse.Namespace, on_wait: Callable[[str], None]
 ) -> PipeSource | FollowSource:
     if path == "-":
-        return PipeSource(sys.stdin.fileno(), "stdin")
+        return PipeSource(0, "stdin")  # sys.stdin is None when fd 0 was closed: EBADF on read
     if os.path.isdir(path):  # open() takes one; its reads would fail
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
     if follow and (os.path.isfile(path) or not os.path.exists(path)):

@@ -100,6 +100,7 @@ class Rebuilder:
         self._pending: _Burst | None = None
         self._session: _Session | None = None
         self._fresh: _Burst | None = None  # the pending burst while its phase line is the last
+        self._first: _Burst | None = None  # a session's first burst, laid out without a profile
         self._last_end = 0  # end of the latest burst laid out, over all sessions
         self._seen_phase = False
         self._roll_share = 0.5  # rollback's share of rest_ms: the latest phase line's
@@ -198,6 +199,8 @@ class Rebuilder:
         if b is not None and b.prof is None and not b.rows and b.phase and b.rounds == n:
             b.prof, b.last = prof, t  # the session's first burst: the phase line just before
             return None
+        if b is None and (f := self._first) is not None and f.rounds == n:  # its rounds are out
+            return "[spec-prof] after its first burst was laid out (--linger): not counted twice"
         if b is not None:
             self._finish(b)
         # No phase line for it (a profile-only stream, or lost): the profile and the rows
@@ -248,7 +251,7 @@ class Rebuilder:
         return sid
 
     def _end(self, s: _Session) -> None:
-        self._session = None
+        self._session = self._first = None
         self._out.append(SessionEndRecord(s.id, s.last_end, s.rounds, s.bursts, s.tokens, ""))
 
     def _finish(self, b: _Burst) -> None:
@@ -299,6 +302,7 @@ class Rebuilder:
         self.rounds_from_means += n - len(b.rows)
         s.rounds, s.bursts, s.tokens = s.rounds + n, s.bursts + 1, s.tokens + tokens
         s.last_end, s.last_line = end, (b.last if b.last > s.last_line else s.last_line)
+        self._first = b if s.bursts == 1 and prof is None and b.phase is not None else None
 
     def _lay(self, b: _Burst, key: Key, t: int, r0: tuple[int, ...]) -> tuple[int, int, SpecPhaseNs, int]:  # fmt: skip
         """The burst's rounds back to back from ``t``: round 0 from the profile, the rows, then
