@@ -519,7 +519,9 @@ def test_a_forked_child_records_under_its_own_pid():
     from memra_obs.timeline import SessionRecord
 
     sink = RecordingSink()
-    observers = [Observer([sink], level=0, prof=False, worker=w) for w in (str(os.getpid()), "rank0")]
+    observers = [
+        Observer([sink], level=0, prof=False, worker=w) for w in (str(os.getpid()), "rank0")
+    ]
 
     def child() -> bytes:
         for obs in observers:

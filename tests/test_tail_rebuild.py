@@ -351,7 +351,11 @@ def test_a_profile_after_its_burst_was_laid_out_does_not_count_its_rounds_twice(
     with capture(level=2, prof=True) as cap:
         drive(cap.observer, [6])
     lines = [x for x in cap.lines if not x.startswith(("[spec-prof-summary]", "[spec-advice]"))]
-    assert [x.split(" ", 1)[0] for x in lines[:3]] == ["[glm5-phase]", "[glm5-phase-v]", "[spec-prof]"]
+    assert [x.split(" ", 1)[0] for x in lines[:3]] == [
+        "[glm5-phase]",
+        "[glm5-phase-v]",
+        "[spec-prof]",
+    ]
     for gap_s, unplaced in ((0.0, 0), (0.6, 1 + 6)):  # the profile and its six rows
         out: list[Any] = []
         tail = Tail(Rebuilder("w"), out.extend, out=None, notes=lambda _: None)
