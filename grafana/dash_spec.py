@@ -111,8 +111,9 @@ def overview(ids: Ids) -> Section:
             ids,
             "Tokens / s",
             "Committed tokens per second: accepted drafts plus the one bonus "
-            "token every round commits.",
-            target(f"{sum_rate(acc)} + {sum_rate(rd)}"),
+            "token every round commits (mean j of the rounds whose counts are known, "
+            "times every round: a tailed log has rounds without).",
+            target(f"(1 + {mean('memra_spec_accepted_tokens_per_round')}) * {sum_rate(rd)}"),
             unit="ops",
         ),
         stat_panel(
@@ -199,7 +200,12 @@ def phases(ids: Ids) -> Section:
             ids,
             "Phase share of round wall",
             "Where the round's time goes: draft / verify / accept / rollback / maint, stacked to 100%.",
-            [target(sum_rate(f"{h}_sum", ("phase",)), "{{phase}}")],
+            [
+                target(
+                    f"{sum_rate(f'{h}_sum', ('phase',))} / ignoring(phase) group_left {sum_rate(f'{h}_sum')}",
+                    "{{phase}}",
+                )
+            ],
             unit="percentunit",
             stacking=common.StackingMode.PERCENT,
             fill=60,
@@ -438,7 +444,8 @@ def slow_rounds(ids: Ids) -> Section:
             "batched one (seq_rows): the usual cause of a slow round at depth.",
             [
                 target(
-                    f"{sum_rate('memra_spec_verify_seq_rows_total', ('family',))} / {sum_rate(rd, ('family',))}",
+                    f"{sum_rate('memra_spec_verify_seq_rows_total', ('family',))} / "
+                    f"{sum_rate('memra_spec_drafted_tokens_per_round_count', ('family',))}",
                     "{{family}}",
                 )
             ],

@@ -399,6 +399,23 @@ def test_every_dashboard_expression_returns_data(stack: Stack):
     converge(stack, checks)
 
 
+def test_share_panels_are_shares(stack: Stack):
+    """A panel with a percent unit shows a share (Grafana's legend and tooltip print the
+    value, not the stacked axis): the phase shares of round wall add up to 1, with every
+    variable on "All" (several processes, two families)."""
+    path = ROOT / "grafana" / "dashboards" / "memra-spec.json"
+    variables = _wait("the variables to list values", lambda: resolve_variables(stack, path, True),
+                      CONVERGE_S, every_s=1)  # fmt: skip
+    (t,) = (t for b, title, t in dashboard_targets() if title == "Phase share of round wall")
+
+    def adds_up() -> bool:
+        expr = substitute(t["expr"], variables, max(int(time.time() - stack.t0), 2))
+        got = run(stack, expr, True)["result"]
+        return len(got) == 5 and abs(sum(float(s["value"][1]) for s in got) - 1.0) < 1e-6
+
+    converge(stack, {"the five phase shares add up to 1": adds_up})
+
+
 def test_every_rule_is_healthy_and_returns_data(stack: Stack):
     """Prometheus loaded every rule, evaluates it without error, and each recording rule's
     series has data; an alert's expression runs and every series it reads has data (the
