@@ -86,7 +86,9 @@ def build_exporters(
                 plain_step_ns=None if st.plain_step_ms is None else st.plain_step_ms * 1e6,
                 traced=out.spans is not None,
             )
-            if st.metrics_addr is not None:
+            if st.metrics_addr is None:
+                out.where.append(f"metrics -> the registry only ({MEMRA_OBS_METRICS_ADDR} empty)")
+            else:
                 out.server = _serve(st, out.prom.registry, strict)
                 if out.server is not None:
                     out.where.append(f"/metrics on {out.server.url}")

@@ -333,6 +333,51 @@ def test_a_restarted_agent_resumes_without_double_counting(tmp_path, procs):
     assert t1 & t2
 
 
+def _sum(url: str, name: str) -> float:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(name))
+
+
+def test_spans_an_agent_had_not_delivered_survive_its_sigkill(tmp_path, procs):
+    """At-least-once is about delivery (README, "Delivery semantics"): an agent SIGKILLed
+    while its spans wait on a receiver that never answers has committed no cursor past them
+    and removed no ring, so the next agent publishes every round."""
+    hole = socket.socket()  # accepts connections (the backlog), never answers
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)
+    rings = tmp_path / "rings"
+    env = clean_env(MEMRA_OBS_SINKS="otel,prometheus", MEMRA_OBS_METRICS_ADDR="127.0.0.1:0",
+                    OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+                    OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{hole.getsockname()[1]}",
+                    OTEL_EXPORTER_OTLP_TIMEOUT="120000")  # fmt: skip
+    argv = [sys.executable, "-m", "memra_obs.cli", "agent", "--dir", str(rings), "--priority", "low"]  # fmt: skip
+    try:
+        a1 = procs.start("agent1", argv, env)
+        url = wait_for("agent 1's /metrics", lambda: AGENT_URL.search(procs.log(a1))[1])
+        totals = [procs.totals(p) for p in [procs.demo(rings, i, requests=4) for i in range(2)]]
+
+        def read_all() -> bool:  # every ring read to its end and no longer attached
+            w = _sum(url, "memra_obs_agent_written_records_total")
+            n = _sum(url, "memra_obs_agent_records_total")
+            return w > 0 and n == w and _sum(url, "memra_obs_agent_rings ") == 0
+
+        wait_for("agent 1 to read both rings to their end", read_all)
+        a1.kill()
+        a1.wait(10)
+        assert len(_rings(rings)) == 2, "the rings' spans were never delivered: they must stay"
+    finally:
+        hole.close()
+    spans = tmp_path / "spans.jsonl"
+    a2 = _agent(procs, "agent2", rings, spans)
+    wait_for("rings retired", lambda: not _rings(rings))
+    a2.send_signal(signal.SIGTERM)
+    assert a2.wait(30) == 0, procs.log(a2)
+    rounds = [s for s in _spans(spans) if s["name"] == "spec.round"]
+    assert len(rounds) == sum(t[1] for t in totals), procs.log(a2)
+    assert "lost=0" in procs.log(a2)
+
+
 def test_a_tiny_ring_reports_exactly_what_it_lost(tmp_path, procs):
     """A worker on a 64-slot ring with no agent running: the late agent counts as lost
     exactly what it could not deliver."""

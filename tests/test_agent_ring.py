@@ -253,7 +253,7 @@ def test_cursor_persists_and_a_new_reader_resumes(tmp_path):
         sink.on_round(_round(i))
     r1 = RingReader(sink.path)
     assert [it.rec.index for it in r1.poll(5)] == [0, 1, 2, 3, 4]
-    r1.commit()
+    r1.commit(r1.cursor())
     r1.close()
     for i in range(10, 12):
         sink.on_round(_round(i))
@@ -383,7 +383,7 @@ def test_a_ring_not_ours_to_write_is_read_without_persisting(tmp_path, monkeypat
     monkeypatch.setattr(os, "open", real_open)
     assert not r.writable
     assert [i.rec.index for i in r.poll()] == [3]
-    r.commit()
+    r.commit(r.cursor())
     assert RingReader(sink.path).pos == 0
     assert not r.writer_gone()
     sink.shutdown()

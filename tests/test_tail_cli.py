@@ -82,6 +82,12 @@ def test_start_and_end_lines_say_what_happened():
     text = p.stderr.decode()
     assert "reading stdin as worker 'r3'; publishing nothing (MEMRA_OBS_SINKS)" in text
     assert "end of input: 2 lines (2 legacy, 0 malformed, 0 unplaced), 1 sessions, 6 rounds" in text
+    # metrics on, but no address to serve them: said as such, not "publishing nothing"
+    env = {"MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": ""}
+    p = _tail("-", "--worker", "r3", data=b"", env=env)
+    assert "as worker 'r3'; metrics -> the registry only (MEMRA_OBS_METRICS_ADDR empty)\n" in (
+        p.stderr.decode()
+    )
 
 
 def test_the_end_line_comes_when_the_input_ends_mid_line():
@@ -166,6 +172,7 @@ def test_seconds_past_a_day_or_not_finite_are_refused():
             p = _tail("-", opt, v, data=b"")
             assert p.returncode == 2 and b"Traceback" not in p.stderr, p.stderr
             assert f"{opt} must be positive and at most 86400 (a day)".encode() in p.stderr
+            assert p.stderr.startswith(b"usage: memra-obs tail [--follow] FILE|- "), p.stderr
 
 
 def test_a_directory_or_a_read_error_ends_the_tail_with_one_line(tmp_path, monkeypatch, capfd):

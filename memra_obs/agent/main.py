@@ -1,6 +1,6 @@
 """``memra-obs agent``: the :class:`Agent` that reads a directory's rings in passes, each pass
-one batch to the exporters, each cursor persisted once its batch is out (at-least-once; exactly
-once across a graceful restart), as the RecordSource of the ExportWorker that drains in-process
+one batch to the exporters, each cursor persisted once its batch is delivered (at-least-once;
+exactly once across a graceful restart), as the RecordSource of the ExportWorker that drains in-process
 queues; the exporters the environment asks for around it (:func:`build_agent`), its own health
 on its ``/metrics``, and the command. Each ring is attached, read and counted on its own: one
 breaking a rule is dropped."""
@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -64,6 +65,8 @@ class Agent:
         self._next_scan = 0.0
         self._polled: list[RingStream] = []
         self._done: list[RingStream] = []
+        #: Passes out but not yet delivered: (the span exporters' marks, cursors, finished rings).
+        self._unsettled: deque[tuple[list[Any], dict[RingStream, Any], list[RingStream]]] = deque()
         #: worker -> (records read, lost, written) over every ring so far (a scrape reads it).
         self.totals: dict[str, tuple[int, int, int]] = {}
         #: Over every ring, forgotten workers' too: records published, lost; rounds the loops
@@ -159,21 +162,42 @@ class Agent:
         return batch
 
     def taken(self) -> None:
-        """The pass is exported: count it, persist each cursor, retire finished rings."""
+        """The pass is exported: count it. Its cursors are persisted, and finished rings
+        retired, once the span exporters have delivered it (sent, or dropped and counted):
+        spans still queued when an agent is killed are read again by the next one."""
+        late: list[Any] = [x for x in self.worker.exporters if hasattr(x, "settled")]
+        marks = [(x, x.mark()) for x in late]  # span exporters: a thread of theirs sends
+        cursors = {s: s.cursor() for s in self._polled}
         for s in self._polled:
-            s.commit()
             if not s.trouble:  # a ring in doubt is counted once it reads clean again
                 self._account(s, (s.read, s.lost, s.written, s.last.dropped_rounds))
-        for s in self._done:
+        for s in self._done:  # read no more, retired below
             del self._streams[s.path]
-            self._retired.append((time.monotonic() + self.forget_s, s.workers))
-            self.rings_retired += 1
-            s.close(unlink=self.cleanup)
-            if not self.cleanup or os.path.exists(s.path):
-                self._skip.add(s.path)
-            else:
-                self.rings_removed += 1
+            self._skip.add(s.path)
+        last = self._unsettled[-1] if self._unsettled else None
+        if last is not None and last[0] == marks:  # nothing exported since: one pass
+            last[1].update(cursors)
+            last[2].extend(self._done)
+        else:
+            self._unsettled.append((marks, cursors, self._done))
         self._polled, self._done = [], []
+        self._settle()
+
+    def _settle(self, all_of_it: bool = False) -> None:
+        """Persist the cursors and retire the rings of each pass now delivered, in order."""
+        while self._unsettled and (
+            all_of_it or all(x.settled(m) for x, m in self._unsettled[0][0])
+        ):
+            _, cursors, done = self._unsettled.popleft()
+            for s, cursor in cursors.items():
+                s.commit(cursor)
+            for s in done:
+                self._retired.append((time.monotonic() + self.forget_s, s.workers))
+                self.rings_retired += 1
+                s.close(unlink=self.cleanup)
+                if self.cleanup and not os.path.exists(s.path):
+                    self._skip.discard(s.path)
+                    self.rings_removed += 1
 
     def _forget(self, now: float) -> None:
         """Drop the series of workers retired ``forget_s`` ago that no live ring carries."""
@@ -223,6 +247,7 @@ class Agent:
         self.worker.set.flush(max(deadline, time.monotonic() + 0.1))
         self.worker.set.each("forget_open")
         self.worker.set.shutdown(deadline, floor_s=0.1)
+        self._settle(all_of_it=True)  # shut down: every span is sent or counted dropped
         for s in self._streams.values():
             s.close()
         self._streams.clear()

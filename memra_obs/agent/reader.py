@@ -201,12 +201,15 @@ class RingReader:
             self.trouble = True
         return out
 
-    def commit(self) -> None:
-        """Persist the cursor: a restarted agent resumes after what was published."""
+    def cursor(self) -> tuple[int, int, int]:
+        """Where reading stands now, for :meth:`commit` once what was read is delivered."""
+        return self.pos, self.rec, self.lost
+
+    def commit(self, cursor: tuple[int, int, int]) -> None:
+        """Persist ``cursor``: a restarted agent resumes after what was delivered."""
         if self.writable:
             with contextlib.suppress(OSError):  # a read-only file system: it lives here only
-                os.pwrite(self._fd, F.READER.pack(self.pos, self.rec, self.lost, os.getpid()),
-                          F.OFF_READER)  # fmt: skip
+                os.pwrite(self._fd, F.READER.pack(*cursor, os.getpid()), F.OFF_READER)
 
     def open_sessions(self) -> Sessions:
         """The writer's table of open sessions (entries that change while read, or do not
@@ -236,6 +239,7 @@ class RingReader:
 
     def close(self, unlink: bool = False) -> None:
         os.close(self._fd)
+        self.writable = False  # a commit still pending must not reach a reused descriptor
         if unlink:
             with contextlib.suppress(OSError):  # gone already, or not ours to remove
                 os.unlink(self.path)

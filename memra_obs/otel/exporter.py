@@ -52,9 +52,12 @@ class Output:
         self._qmax = queue_requests
         self._frags: list[Any] = []
         self._size = self._qbytes = 0
-        self._q: deque[tuple[int, Any, int]] = deque()
+        self._q: deque[tuple[int, Any, int, int]] = deque()
         self._cv = threading.Condition()  # guards the queue, _flying and the deadlines
         self._flying = 0  # spans in flight; who zeroes it (sender or shutdown) counts them
+        # Delivery marks, in spans added: every span up to _sealed is in a request; one up to
+        # _done is sent or counted dropped (requests go in order). See :meth:`settled`.
+        self.added = self._sealed = self._done = 0
         self._stop_at = math.inf  # shutdown's deadline (time.monotonic), once it began
         self._closed = False
         name = f"memra-obs-spans-{name}"
@@ -65,6 +68,7 @@ class Output:
         """On the export worker, under the exporter's lock (as :meth:`seal`)."""
         enc, step, by = self.encoder, self.max_spans, min(self.max_spans, _CHUNK)
         for chunk in (spans[i : i + by] for i in range(0, len(spans), by)):
+            self.added += len(chunk)
             if enc is None:
                 self._frags += chunk
             else:
@@ -78,15 +82,18 @@ class Output:
     def seal(self) -> None:
         frags, n, enc = self._frags, len(self._frags), self.encoder
         if not n:
+            with self._cv:
+                self._sealed = self.added  # (spans an encoder refused are counted)
             return
         payload = frags if enc is None else enc.request(frags, self._size)
         size = self._size if enc is not None else 256 * n
         self._frags, self._size = [], 0
         with self._cv:
+            self._sealed = upto = self.added
             late = self._stop_at < math.inf
             full = len(self._q) >= self._qmax or self._qbytes + size > _QUEUE_BYTES
             if not (late or full):
-                self._q.append((n, payload, size))
+                self._q.append((n, payload, size, upto))
                 self._qbytes += size
                 self._cv.notify_all()
                 return
@@ -100,7 +107,7 @@ class Output:
                     self._cv.wait()
                 if not self._q:  # shutdown began and the queue is done (or cut off)
                     return
-                n, payload, size = self._q.popleft()
+                n, payload, size, upto = self._q.popleft()
                 self._qbytes -= size
                 self._flying = n
             try:
@@ -111,10 +118,16 @@ class Output:
             except Exception as exc:  # a sender bug must not kill the thread
                 got = (0, n, 1, "bug", f"sender raised {exc!r}")
             with self._cv:
-                mine, self._flying = self._flying, 0
+                mine, self._flying, self._done = self._flying, 0, upto
                 self._cv.notify_all()
             if mine:  # else shutdown cut it off and counted it
                 self._count(*got)
+
+    def settled(self) -> int:
+        """Spans added so far that are sent or counted dropped (a mark of :attr:`added`): what
+        the agent may commit its cursors past (the rest would go with a killed process)."""
+        with self._cv:
+            return self._done if self._q or self._flying else self._sealed
 
     def _deliver(self, payload: Any) -> int:
         """Send, retrying what is retryable after the receiver's wait (at least
@@ -140,6 +153,7 @@ class Output:
     def after_fork(self) -> None:
         """In a forked child: an empty queue, a fresh lock and thread, no parent's connection."""
         self._frags, self._size, self._qbytes, self._flying = [], 0, 0, 0
+        self.added = self._sealed = self._done = 0
         self._q.clear()
         self._cv = threading.Condition()
         getattr(self.sender, "after_fork", lambda: None)()
@@ -168,7 +182,7 @@ class Output:
         with self._cv:
             self._closed = True
             flying, self._flying = self._flying, 0
-            left = flying + sum(n for n, _, _ in self._q)
+            left = flying + sum(n for n, _, _, _ in self._q)
             self._q.clear()
             self._cv.notify_all()
         if left:
@@ -227,6 +241,14 @@ class SpanExporter:
                 self._count(errors=b.bad_records - bad)
             for o in self.outputs if spans else ():
                 o.add(spans)
+
+    def mark(self) -> tuple[int, ...]:
+        """Where each output's spans end now; :meth:`settled` says when all before it are
+        sent or counted dropped (on the export worker's thread, as :meth:`export`)."""
+        return tuple(o.added for o in self.outputs)
+
+    def settled(self, mark: tuple[int, ...]) -> bool:
+        return all(o.settled() >= m for o, m in zip(self.outputs, mark, strict=True))
 
     def tick(self) -> None:
         """After each drain: what is pending becomes a request (latency = the worker's wake)."""

@@ -47,8 +47,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 def _options(rest: Sequence[str], ns: argparse.Namespace) -> argparse.Namespace:
     """The options, checked: the CLI parsed them (``add_options``); ``rest`` it did not know."""
-    p = argparse.ArgumentParser(prog="memra-obs tail", add_help=False)
-    add_options(p)
+    usage = "memra-obs tail [--follow] FILE|- [--worker W] [options] (--help lists them)"
+    p = argparse.ArgumentParser(prog="memra-obs tail", usage=usage, add_help=False)
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     for name in ("poll", "linger", "session_gap"):
