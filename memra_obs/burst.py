@@ -198,12 +198,12 @@ class Burst:
             s._open_burst = None
         given = tokens
         try:
-            tokens = None if tokens is None else _index(tokens) if tokens >= 0 else -1
+            tokens = None if tokens is None else _index(tokens) if 0 <= tokens <= U64_MAX else -1
         except Exception:  # a float, an array: anything the loop passes, never raised
             tokens = -1
         if tokens == -1:
-            say_once("burst-tokens", f"Burst.end(tokens={given!r}): expected an int >= 0; "
-                     "counting the rounds' tokens instead")  # fmt: skip
+            say_once("burst-tokens", f"Burst.end(tokens={given!r}): expected an int in 0.."
+                     f"{U64_MAX} (the seed's usize); counting the rounds' tokens instead")  # fmt: skip
             tokens = None
         try:
             if self._at >= 0:
@@ -213,7 +213,7 @@ class Burst:
             end = max(end, self._settle())
             self._publish(end, tokens)
         except Exception as exc:
-            say_once("burst-end-error", f"Burst.end failed ({exc!r}); the burst is dropped")
+            say_once("burst-end-error", f"Burst.end failed ({exc!r}); what it had not published is dropped")
 
     def __enter__(self) -> Burst:
         return self

@@ -181,11 +181,14 @@ class Session:
         return snap
 
     def _closed(self, call: str) -> bool:
-        """The first burst has returned: the profile is published, a later change is lost."""
-        if self._first_token_sent:
-            say_once(f"closed:{call}", f"Session.{call}(...) after the first burst: the "
-                     "first-token profile is closed; ignored")  # fmt: skip
-        return self._first_token_sent
+        """The first burst has returned (the profile is published) or the session has ended
+        without one (it never will be): a later change is lost."""
+        if self._first_token_sent or self._ended:
+            when = "the first burst" if self._first_token_sent else "the session ended"
+            say_once(f"closed:{call}", f"Session.{call}(...) after {when}: the first-token "
+                     "profile is closed; ignored")  # fmt: skip
+            return True
+        return False
 
     def burst(self, k: int) -> Burst | _NoOpBurst:
         """Enter a burst drafting ``k`` per round; one still open is ended first (said once).

@@ -379,6 +379,19 @@ def test_burst_end_with_tokens_that_raise_on_compare_is_said_not_raised(caplog):
     assert "Burst.end(tokens=" in caplog.text
 
 
+def test_burst_end_with_tokens_past_the_seeds_usize_is_said_and_the_profile_kept(caplog):
+    """``b.end(tokens=2**70)`` is refused up front, as a negative count is: the burst and the
+    first-token profile carry the rounds' tokens (it half-published, then lost the profile)."""
+    with capture(level=1, prof=True) as cap, cap.observer.session("glm5") as s:
+        b = s.burst(4)
+        one_round(b)
+        b.end(tokens=2**70)
+    assert [x.tokens for x in cap.bursts] == [4]
+    assert [f.prof.first_burst_tokens for f in cap.first_tokens] == [4]
+    assert "Burst.end(tokens=1180591620717411303424): expected an int in 0.." in caplog.text
+    assert "failed" not in caplog.text
+
+
 def test_shutdown_counts_the_records_a_stuck_exporter_call_still_holds():
     """An exporter call that outlasts ``shutdown(t)``: the exporters after it are closed by
     then and never see that batch; its records are counted in ``QueueSink.dropped``, not
@@ -679,6 +692,24 @@ def test_profile_calls_after_the_first_burst_are_said_not_dropped_silently(caplo
     assert ft.prof.draft_prime_rows == 0 and ft.prof.prime_tap_dtoh_ms == 0.0
     for call in ("lap", "add", "set", "free_memory"):
         said = f"Session.{call}(...) after the first burst: the first-token profile is closed"
+        assert caplog.text.count(said) == 1, call
+
+
+def test_profile_calls_after_a_session_ended_without_a_burst_are_said(caplog):
+    """A session ended before any burst publishes no profile: a later ``lap`` (which
+    returned ms), ``add``, ``set`` or ``free_memory`` is said once each and ignored, and the
+    session's record is untouched."""
+    with capture(level=0, prof=True, memory=lambda: [(0, 7)]) as cap:
+        s = cap.observer.session("g")
+        s.end()
+        assert s.lap("prime") == 0.0
+        s.add(prime_tap_dtoh_ms=1.0)
+        s.set(draft_prime_rows=3)
+        assert s.free_memory("after") == []
+    ft = s.spec_decode()["first_token"]
+    assert (ft["prime_ms"], ft["prime_tap_dtoh_ms"], ft["draft_prime_rows"]) == (0.0, 0.0, 0)
+    for call in ("lap", "add", "set", "free_memory"):
+        said = f"Session.{call}(...) after the session ended: the first-token profile is closed"
         assert caplog.text.count(said) == 1, call
 
 
