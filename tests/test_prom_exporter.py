@@ -314,7 +314,8 @@ def test_a_forked_child_counts_only_its_own_rounds(reg):
 
 
 def test_a_new_exporter_takes_over_the_registry(reg):
-    """configure() builds the new observer before shutting the old one: names move over."""
+    """A new exporter on the registry takes the names over from the old one, and the old
+    one's shutdown leaves them with the new."""
     old = PrometheusExporter(reg)
     old.export([session(), rnd(1, 0, (1, 1, 0, 0, 0))])
     new = PrometheusExporter(reg)
@@ -327,6 +328,20 @@ def test_a_new_exporter_takes_over_the_registry(reg):
     new.unregister()
     assert val(reg, "memra_spec_rounds_total", family="glm5") is None
     PrometheusExporter(reg)  # the names are free again
+
+
+def test_taking_over_from_an_exporter_still_live_is_said(reg, caplog):
+    """Two live observers on one registry (two models, say): the second takes the names
+    over and the first's series stop; that is said once, not left to be noticed. Replacing a
+    shut-down one (configure()) says nothing."""
+    said = "the first one's series are no longer published"
+    first = PrometheusExporter(reg)
+    first.shutdown()
+    PrometheusExporter(reg)
+    assert said not in caplog.text
+    PrometheusExporter(reg)
+    PrometheusExporter(reg)
+    assert caplog.text.count(said) == 1
 
 
 def test_a_foreign_name_clash_still_raises(reg):

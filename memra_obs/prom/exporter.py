@@ -135,6 +135,7 @@ class PrometheusExporter:
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """The series stay for a last scrape (:meth:`unregister` frees the names now)."""
+        self.collector.live = False
 
     def after_fork(self) -> None:
         """In a forked child: a fresh lock (the parent's export thread may have held it), and

@@ -22,6 +22,8 @@ from prometheus_client import core
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
+from ..diagnostics import say_once
+
 #: (exemplar labels, observed value in the family's unit, epoch seconds or None)
 ExState = tuple[dict[str, str], float, "float | None"]
 Snapshot = list[tuple[tuple[str, ...], Any, Any]]
@@ -167,6 +169,7 @@ class SpecCollector:
 
     def __init__(self, families: Iterable[Family], lock: threading.Lock) -> None:
         self._families, self._lock = tuple(families), lock
+        self.live = True  #: until its exporter is shut down (a successor then takes over)
 
     def _snapshot(self) -> list[tuple[Family, Snapshot]]:
         with self._lock:
@@ -189,9 +192,15 @@ class SpecCollector:
 
     def register(self, registry: Any) -> None:
         """Join ``registry``, taking the names over from an exporter's collector already
-        there (an observer being replaced); any other clash raises ValueError."""
+        there (an observer being replaced; said once if it was not shut down, as its series
+        stop there); any other clash raises ValueError."""
         with _owner_lock:
             old = _owner.pop(registry, None)
+            if old is not None and old.live:
+                say_once("prom-takeover", "a second PrometheusExporter on one registry takes its "
+                         "names over: the first one's series are no longer published (one "
+                         "observer a process, its family label tells models apart; or one "
+                         "registry each)")  # fmt: skip
             if old is not None:
                 with suppress(KeyError):  # its exporter unregistered it meanwhile
                     registry.unregister(old)
