@@ -213,7 +213,7 @@ class Burst:
             end = max(end, self._settle())
             self._publish(end, tokens)
         except Exception as exc:
-            say_once("burst-end-error", f"Burst.end failed ({exc!r}); what it had not published is dropped")
+            say_once("burst-end-error", f"Burst.end failed ({exc!r}); the rest is dropped")
 
     def __enter__(self) -> Burst:
         return self
