@@ -350,3 +350,23 @@ def test_module_warm_runs_on_a_thread_and_the_first_snapshot_waits_for_it(
     assert time.perf_counter() - t0 < 0.1
     assert started.wait(5.0)
     assert memory.free_mb_snapshot() == [(0, 1000)] and loads == [1]
+
+
+def test_warm_imports_pynvml_on_the_callers_thread() -> None:
+    """The import is Python under the GIL (~17 ms): on the warm-up thread it ran beside the
+    first request's loop and landed in its buckets (draft_prime 5 ms read 8-10 ms). It is
+    done where the observer is built; only NVML's start (ctypes, the GIL let go) is on the
+    thread — here a thread that never runs."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("pynvml")
+    code = (
+        "import sys, threading\n"
+        "threading.Thread.start = lambda self: None\n"
+        "from memra_obs.testing import capture\n"
+        "with capture(level=0, prof=True):\n"
+        "    print('pynvml' in sys.modules)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.stdout == "True\n", p.stderr

@@ -337,5 +337,8 @@ def warm(wait: bool = False) -> None:
         return
     if wait:
         fm.warm()
-    else:
-        threading.Thread(target=fm.warm, name="memra-obs-nvml", daemon=True).start()
+        return
+    if fm._load_nvml is load_pynvml:  # the import is Python, under the GIL (~17 ms): here, at
+        with suppress(Exception):  # start-up, not on a thread the first request's loop waits on
+            import pynvml  # noqa: F401
+    threading.Thread(target=fm.warm, name="memra-obs-nvml", daemon=True).start()
