@@ -196,6 +196,10 @@ class Observer:
         for name in unknown:
             say_once(f"session-kw:{name}", f"Observer.session({name}=...): not a keyword of "
                      "session() (tag, tag_v, e, eh); ignored")  # fmt: skip
+        if not (isinstance(family, str) and family):
+            say_once("session-family", f"Observer.session(family={family!r}): expected a "
+                     "non-empty str; recording under the default family 'spec'")  # fmt: skip
+            family = "spec"
         return Session(self, family, tag or f"{family}-phase", tag_v or f"{family}-phase-v", e, eh)
 
     def memory_snapshot(self) -> list[tuple[int, int]]:

@@ -713,6 +713,28 @@ def test_profile_calls_after_a_session_ended_without_a_burst_are_said(caplog):
         assert caplog.text.count(said) == 1, call
 
 
+def test_a_family_that_is_not_a_name_is_said_and_recorded_under_the_default(caplog):
+    """``session(None)`` (or 7, or ""): said once, and the request recorded under the default
+    family ``spec``, lines and metrics alike (its rounds went to family="unknown" and
+    counted an export error, silently)."""
+    from prometheus_client import CollectorRegistry
+
+    from memra_obs.prom import PrometheusExporter
+
+    with capture(level=1) as cap:
+        for bad in (None, 7, ""):
+            with cap.observer.session(bad) as s, s.burst(4) as b:  # type: ignore[arg-type]
+                one_round(b)
+    assert {x.family for x in cap.sessions} == {"spec"}
+    assert sum(x.startswith("[spec-phase] rounds=1 ") for x in cap.lines) == 3
+    reg = CollectorRegistry()
+    ex = PrometheusExporter(reg)
+    ex.export(cap.sink.records)
+    assert reg.get_sample_value("memra_spec_rounds_total", {"family": "spec"}) == 3
+    assert ex.export_errors == 0
+    assert caplog.text.count("Observer.session(family=None): expected a non-empty str") == 1
+
+
 def test_legacy_lines_hold_no_tags_of_sessions_never_ended(caplog):
     """Sessions never ended (no ``with``, a client gone): the stderr sink kept each one's tags
     forever (~120 B a session); it now keeps at most ``max_sessions``, as the span builder
