@@ -71,3 +71,25 @@ def test_an_agent_mode_worker_still_writes_its_requests_file(tmp_path):
     (line,) = path.read_text().splitlines()
     assert json.loads(line)["num_spec_steps"] == sum(1 for k, _ in truth if k > 0)
     assert obs.where == (f"requests -> {path}", f"records -> agent rings in {tmp_path / 'rings'}")
+
+
+def test_the_record_so_far_mid_burst_counts_the_open_bursts_rounds_whole():
+    """``spec_decode()`` before ``b.end()``: the finished rounds' phases are in ``phase_ms``
+    as their counts are in ``num_spec_steps`` (they read 3 steps and 0.0 ms)."""
+    import time
+
+    from memra_obs.testing import capture
+
+    with capture(level=0) as cap, cap.observer.session("glm5") as s, s.burst(4) as b:
+        for _ in range(3):
+            b.begin_round()
+            time.sleep(0.002)
+            b.end_draft()
+            b.end_verify()
+            b.end_accept()
+            b.end_rollback()
+            b.end_round(k=4, j=2)
+        mid = s.spec_decode()
+    end = s.spec_decode()
+    assert mid["num_spec_steps"] == end["num_spec_steps"] == 3
+    assert mid["phase_ms"] == end["phase_ms"] and mid["phase_ms"]["draft"] >= 6.0
