@@ -235,7 +235,10 @@ class Session:
             ns, b = self._phase_ns, self._open_burst  # an open burst's rounds count so far
             if b is not None:
                 p = b._phases
-                ns = [x + y for x, y in zip(ns, (p.draft, p.verify, p.accept, p.roll, p.maint))]
+                ns = [
+                    x + y
+                    for x, y in zip(ns, (p.draft, p.verify, p.accept, p.roll, p.maint), strict=True)
+                ]
             out = request_record(self._ks, self._js, ns, detailed)
             out["first_token"] = asdict(self.prof) if self.prof is not None else None
             return out
