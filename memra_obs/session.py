@@ -232,13 +232,10 @@ class Session:
         """This request's record so far, for a server's response: vLLM's spec-decode fields,
         the per-step lists with ``detailed``, the phase totals (ms), the first-token profile."""
         try:
-            ns, b = self._phase_ns, self._open_burst  # an open burst's rounds count so far
-            if b is not None:
+            ns, b = self._phase_ns, self._open_burst
+            if b is not None:  # an open burst's finished rounds count, as their ks and js do
                 p = b._phases
-                ns = [
-                    x + y
-                    for x, y in zip(ns, (p.draft, p.verify, p.accept, p.roll, p.maint), strict=True)
-                ]
+                ns = list(map(operator.add, ns, (p.draft, p.verify, p.accept, p.roll, p.maint)))
             out = request_record(self._ks, self._js, ns, detailed)
             out["first_token"] = asdict(self.prof) if self.prof is not None else None
             return out
