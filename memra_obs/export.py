@@ -49,8 +49,9 @@ class ExporterSet:
 
     __slots__ = ("errors", "exporters")
 
-    def __init__(self, exporters: Sequence[RecordExporter]) -> None:
-        self.exporters = tuple(exporters)
+    def __init__(self, exporters: Sequence[RecordExporter | None]) -> None:
+        # None: build_span_exporter's "spans are off" (OTEL_SDK_DISABLED): no exporter
+        self.exporters = tuple(ex for ex in exporters if ex is not None)
         self.errors = 0
 
     def export(self, batch: Sequence[Record]) -> None:
@@ -97,7 +98,7 @@ class ExportWorker:
     def __init__(
         self,
         source: RecordSource,
-        exporters: Sequence[RecordExporter],
+        exporters: Sequence[RecordExporter | None],
         *,
         interval_ms: float = 200,
         pause_s: float = 0.0002,
@@ -243,7 +244,7 @@ class QueueSink(Sink):
 
     def __init__(
         self,
-        exporters: Sequence[RecordExporter],
+        exporters: Sequence[RecordExporter | None],
         *,
         capacity: int = 8192,
         start: bool = True,
