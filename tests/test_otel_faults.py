@@ -429,3 +429,37 @@ def test_a_forked_child_sends_its_own_spans():
     finally:
         q.shutdown(2.0)
         rx.close()
+
+
+def test_a_certificate_the_exporter_does_not_trust_is_not_retried(tmp_path):
+    """An https endpoint whose certificate fails verification (no OTEL_EXPORTER_OTLP_CERTIFICATE
+    for a self-signed one): retrying cannot fix it, so the request is dropped at once and said
+    (it was retried for the whole export timeout, holding shutdown as long)."""
+    import shutil
+    import subprocess
+
+    from prometheus_client import CollectorRegistry
+
+    from memra_obs.otel.transport import SendError
+    from memra_obs.prom import serve_metrics
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not found: cannot make a self-signed certificate")
+    crt, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True,
+                   timeout=60)  # fmt: skip
+    with serve_metrics(("127.0.0.1", 0), registry=CollectorRegistry(), certfile=str(crt),
+                       keyfile=str(key)) as srv:  # fmt: skip
+        env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"https://127.0.0.1:{srv.port}/v1/traces",
+               "OTEL_EXPORTER_OTLP_TIMEOUT": "20000"}  # fmt: skip
+        ex = build_span_exporter(Settings(), env=env)
+        assert ex is not None
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(SendError, match="CERTIFICATE_VERIFY_FAILED"):
+                ex.outputs[0].sender.send(b"", 20.0)
+            assert time.monotonic() - t0 < 5
+        finally:
+            ex.shutdown(1.0)

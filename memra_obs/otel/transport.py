@@ -104,6 +104,11 @@ def retry_after_s(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+#: TLS errors that are a connection cut short (retried, as a reset is); any other (a certificate
+#: not trusted, a protocol the receiver does not speak) is the configuration's.
+_TLS_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
+
+
 class HttpSender:
     """OTLP/HTTP on one keep-alive ``http.client`` connection (protobuf or JSON bodies)."""
 
@@ -139,6 +144,8 @@ class HttpSender:
             data = r.read()
         except BaseException as exc:
             self.close()
+            if isinstance(exc, ssl.SSLError) and not isinstance(exc, _TLS_CUT):  # a certificate
+                raise SendError(f"{self.url}: {exc!r}") from None
             if isinstance(exc, (OSError, http.client.HTTPException)):  # refused, reset, closed
                 raise Retry(f"{self.url}: {exc!r}") from None
             raise
