@@ -94,6 +94,28 @@ def test_agent_sidecar_shares_the_memory_ring():
     assert env(worker)["MEMRA_OBS_METRICS_ADDR"] == "", "the sidecar serves the pod's /metrics"
 
 
+def test_metrics_leave_the_pod_only_over_tls_with_basic_auth():
+    """The sidecar listens on the pod network, so it does what README "Serving /metrics" asks
+    there: HTTPS and basic auth, from files of one mounted Secret, which the PodMonitor's
+    https scrape and basicAuth read too (the port was open to the whole pod network)."""
+    dep = find("Deployment", "memra-worker")
+    spec = dep["spec"]["template"]["spec"]
+    agent = next(c for c in spec["initContainers"] if c.get("args") == ["agent"])
+    e = env(agent)
+    assert e["MEMRA_OBS_METRICS_ADDR"].startswith("0.0.0.0:")
+    files = [e[f"MEMRA_OBS_METRICS_{k}"] for k in ("TLS_CERT", "TLS_KEY", "BASIC_AUTH_FILE")]
+    secret = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+    mounts = [m for m in agent["volumeMounts"] if m["name"] in secret]
+    assert len(mounts) == 1 and mounts[0].get("readOnly") is True
+    (name,) = {secret[m["name"]] for m in mounts}
+    assert all(f.startswith(mounts[0]["mountPath"].rstrip("/") + "/") for f in files), files
+    assert "tcpSocket" in agent["readinessProbe"], "an httpGet probe would get 401"
+    (ep,) = find("PodMonitor", "memra-worker")["spec"]["podMetricsEndpoints"]
+    assert ep["scheme"] == "https"
+    assert ep["tlsConfig"]["ca"]["secret"]["name"] == name and ep["tlsConfig"]["serverName"]
+    assert {ep["basicAuth"][k]["name"] for k in ("username", "password")} == {name}
+
+
 def test_podmonitor_scrapes_the_agent_port():
     """The PodMonitor selects the worker pods and names a port the agent serves /metrics on."""
     pm = find("PodMonitor", "memra-worker")
