@@ -245,6 +245,26 @@ def test_an_unusable_directory_or_poll_is_one_line_and_status_2(tmp_path):
     assert [f for f in os.listdir(tmp_path / "r") if f.endswith(".ring")]
 
 
+def test_an_agent_with_nothing_to_publish_refuses_to_start(tmp_path):
+    """``MEMRA_OBS_SINKS=nvtx`` (or spans only, turned off by OTEL_*): status 2 with one line
+    naming the variable, and the rings stay (it read them, removed them and said published)."""
+    obs, sink = observer(str(tmp_path / "r"), "w")
+    with obs.session("glm5") as s:
+        rounds(s, 1)
+    sink.shutdown()
+    for extra in (
+        {"MEMRA_OBS_SINKS": "nvtx"},
+        {"MEMRA_OBS_SINKS": "otel", "OTEL_SDK_DISABLED": "true"},
+    ):
+        env = {**os.environ, "MEMRA_OBS_METRICS_ADDR": "", **extra}
+        p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "agent", "--dir",
+                            str(tmp_path / "r"), "--once", "--priority", "normal"],
+                           capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert "MEMRA_OBS_SINKS=" in p.stderr and "nothing for the agent to publish" in p.stderr
+        assert [f for f in os.listdir(tmp_path / "r") if f.endswith(".ring")]
+
+
 def test_agent_metrics_carry_worker_labels_and_ring_drops(tmp_path):
     """build_agent: one registry with the spec metrics labelled by worker, the agent's own
     health and memra_obs_dropped_total{signal="ring"}; promtool finds nothing to report."""

@@ -302,6 +302,10 @@ def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None =
     directory = ring_directory(directory or st.agent or default_directory())
     registry = CollectorRegistry() if registry is None else registry
     built = build_exporters(st, worker_label=True, registry=registry, env=env)
+    if not (built.all or exporters):  # it would read the rings, remove them, and publish nothing
+        raise ConfigError(f"{MEMRA_OBS_SINKS}={','.join(sorted(st.sinks)) or '(none)'}: nothing "
+                          "for the agent to publish (it publishes otel and prometheus; OTEL_* "
+                          "may have turned spans off); the rings are left as they are")  # fmt: skip
     try:
         agent = Agent(directory, [*exporters, *built.all], **agent_kw)
     except BaseException:
