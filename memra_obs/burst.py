@@ -315,8 +315,8 @@ class Burst:
         self._discard()
         if bad:
             say_once("round-counts", f"Burst.end_round({bad}): expected integers with "
-                     "0 <= j <= k <= 65535, ctx and seq_rows >= 0; the round is dropped "
-                     "(memra_obs_dropped_total{signal=\"rounds\"})")  # fmt: skip
+                     "0 <= j <= k <= 65535, ctx and seq_rows in 0..4294967295; the round is "
+                     "dropped (memra_obs_dropped_total{signal=\"rounds\"})")  # fmt: skip
             return
         after = "no open round" if at < 0 else f"{_ORDER[at]}()"
         want = "begin_round()" if at < 0 else f"{_ORDER[at + 1]}()"

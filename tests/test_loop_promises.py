@@ -41,8 +41,9 @@ def test_a_stream_without_synchronize_is_said_not_raised(caplog):
 
 @pytest.mark.parametrize(
     "kw",
-    [{"j": None}, {"j": 5}, {"j": -1}, {"k": -2, "j": 0}, {"k": 4.5}, {"ctx": -1}, {"k": 70_000}],
-)
+    [{"j": None}, {"j": 5}, {"j": -1}, {"k": -2, "j": 0}, {"k": 4.5}, {"ctx": -1}, {"k": 70_000},
+     {"ctx": 2**33}],
+)  # fmt: skip
 def test_bad_counts_drop_the_round_whole(caplog, kw):
     """``end_round(k=4, j=None)`` and counts no loop produces (j > k, negatives, floats): no
     error, the round is dropped and counted, the burst's totals hold only the good round."""
@@ -55,6 +56,7 @@ def test_bad_counts_drop_the_round_whole(caplog, kw):
     assert burst.phases.rounds == 1 and len(cap.rounds) == 1
     assert obs.dropped_rounds == 1
     assert "the round is dropped" in caplog.text
+    assert "ctx and seq_rows in 0..4294967295" in caplog.text  # the limits, as checked
     line = parse_line(next(x for x in cap.lines if x.startswith("[glm5-phase]")))
     assert isinstance(line, PhaseLine) and line.rounds == 1
 
