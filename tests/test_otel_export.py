@@ -796,8 +796,9 @@ def test_a_spans_file_argument_with_no_directory_names_the_argument(tmp_path, mo
 
 def test_the_readmes_using_it_directly_example_runs_as_written(tmp_path):
     """README "Using it directly", as printed there (the loop for its ``...``): it reads the
-    MEMRA_OBS_* knobs (it built Settings bare: spans went to ./memra-obs-spans.jsonl), and
-    with spans turned off it carries on (a None exporter killed the export thread)."""
+    MEMRA_OBS_* knobs (it built Settings bare: spans went to ./memra-obs-spans.jsonl), keeps
+    OTEL_TRACES_SAMPLER's decision, and with spans turned off carries on (a None exporter
+    killed the export thread)."""
     import re
     import subprocess
     import sys
@@ -810,10 +811,15 @@ def test_the_readmes_using_it_directly_example_runs_as_written(tmp_path):
     ) + "    b.end_round(k=4, j=2)\n"  # fmt: skip
     script = "\n".join(x[4:] for x in block.splitlines()).replace("...\n", loop)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_", "OTEL_"))}
-    path = tmp_path / "knob.jsonl"
-    for extra in ({"MEMRA_OBS_SPANS_FILE": str(path)}, {"OTEL_SDK_DISABLED": "true"}):
+    path, off = tmp_path / "knob.jsonl", tmp_path / "off.jsonl"
+    for extra in (
+        {"MEMRA_OBS_SPANS_FILE": str(path)},
+        {"OTEL_SDK_DISABLED": "true"},
+        {"MEMRA_OBS_SPANS_FILE": str(off), "OTEL_TRACES_SAMPLER": "always_off"},
+    ):
         p = subprocess.run([sys.executable, "-c", script], env={**env, **extra}, cwd=tmp_path,
                            capture_output=True, text=True, timeout=60)  # fmt: skip
         assert p.returncode == 0 and "Error" not in p.stderr, p.stderr
     assert '"name":"spec.round"' in path.read_text().replace(" ", "")
     assert not (tmp_path / "memra-obs-spans.jsonl").exists()
+    assert not off.exists() or "spec.round" not in off.read_text()  # the sampler said no
