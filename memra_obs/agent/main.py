@@ -1,7 +1,7 @@
 """``memra-obs agent``: the :class:`Agent` that reads a directory's rings in passes, each pass
 one batch to the exporters, each cursor persisted once its batch is delivered (at-least-once;
-exactly once across a graceful restart), as the RecordSource of the ExportWorker that drains in-process
-queues; the exporters the environment asks for around it (:func:`build_agent`), its own health
+exactly once across a graceful restart), as the RecordSource of the ExportWorker that drains
+in-process queues; the exporters the environment asks for around it (:func:`build_agent`), its own health
 on its ``/metrics``, and the command. Each ring is attached, read and counted on its own: one
 breaking a rule is dropped."""
 
