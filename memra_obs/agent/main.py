@@ -65,6 +65,8 @@ class Agent:
         self._next_scan = 0.0
         self._polled: list[RingStream] = []
         self._done: list[RingStream] = []
+        #: Exporters that deliver later, on a thread of theirs (spans): marks say when.
+        self._late: list[Any] = [x for x in self.worker.exporters if hasattr(x, "settled")]
         #: Passes out but not yet delivered: (the span exporters' marks, cursors, finished rings).
         self._unsettled: deque[tuple[list[Any], dict[RingStream, Any], list[RingStream]]] = deque()
         #: worker -> (records read, lost, written) over every ring so far (a scrape reads it).
@@ -165,8 +167,7 @@ class Agent:
         """The pass is exported: count it. Its cursors are persisted, and finished rings
         retired, once the span exporters have delivered it (sent, or dropped and counted):
         spans still queued when an agent is killed are read again by the next one."""
-        late: list[Any] = [x for x in self.worker.exporters if hasattr(x, "settled")]
-        marks = [(x, x.mark()) for x in late]  # span exporters: a thread of theirs sends
+        marks = [(x, x.mark()) for x in self._late]
         cursors = {s: s.cursor() for s in self._polled}
         for s in self._polled:
             if not s.trouble:  # a ring in doubt is counted once it reads clean again
