@@ -241,7 +241,7 @@ class Burst:
     def _publish(self, end: int, tokens: int | None) -> None:
         s = self._s
         p, tot = self._phases, s._phase_ns
-        for i, ns in enumerate((p.draft, p.verify, p.accept, p.roll, p.maint)):
+        for i, ns in enumerate(p.phases()):
             tot[i] += ns
         first = not s._first_token_sent
         if tokens is None:

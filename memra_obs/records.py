@@ -101,6 +101,10 @@ class SpecPhaseNs:
         for f in _PHASE_NS_FIELDS:
             setattr(self, f, (getattr(self, f) + getattr(o, f)) & U64_MAX)
 
+    def phases(self) -> tuple[int, int, int, int, int]:
+        """(draft, verify, accept, roll, maint): the order of ``PHASES`` and the lines."""
+        return self.draft, self.verify, self.accept, self.roll, self.maint
+
     def total(self) -> int:
         """draft + verify + accept + roll + maint, wrapping like the seed's u64 sum."""
         return (self.draft + self.verify + self.accept + self.roll + self.maint) & U64_MAX

@@ -234,8 +234,7 @@ class Session:
         try:
             ns, b = self._phase_ns, self._open_burst
             if b is not None:  # an open burst's finished rounds count, as their ks and js do
-                p = b._phases
-                ns = list(map(operator.add, ns, (p.draft, p.verify, p.accept, p.roll, p.maint)))
+                ns = list(map(operator.add, ns, b._phases.phases()))
             out = request_record(self._ks, self._js, ns, detailed)
             out["first_token"] = asdict(self.prof) if self.prof is not None else None
             return out

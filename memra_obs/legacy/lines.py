@@ -81,8 +81,8 @@ def phase_lines(
         return []
     r = float(n)
     total = p.total()
-    ms = [float(x) / 1e6 for x in (total, p.draft, p.verify, p.accept, p.roll, p.maint)]
-    per = [float(x) / 1e6 / r for x in (p.draft, p.verify, p.accept, p.roll, p.maint, total)]
+    ms = [float(x) / 1e6 for x in (total, *p.phases())]
+    per = [float(x) / 1e6 / r for x in (*p.phases(), total)]
     out = [_phase_text(tag, n, k, *ms, *per)]
     if level >= 2:
         vkda, scan, vmla, vffn = split.drain() if split is not None else (0, 0, 0, 0)

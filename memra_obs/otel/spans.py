@@ -197,7 +197,7 @@ class SpanBuilder:
         ph, first, cap = rec.phases, rec.first_round, self.round_spans
         u = max(first + ph.rounds - max(cap, first), 0)  # rounds_unsampled
         v: tuple[Any, ...] = (rec.index, ph.rounds, rec.k, s.rec.family, rec.tokens, first, u)
-        v += (ph.draft, ph.verify, ph.accept, ph.roll, ph.maint, rec.hook_ns)
+        v += (*ph.phases(), rec.hook_ns)
         attrs: tuple[tuple[str, Any], ...] = tuple(zip(_BURST_KEYS, v, strict=True))
         if rec.split_ns is not None:
             attrs += _split_attrs(ph.verify, rec.split_ns)
