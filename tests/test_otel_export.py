@@ -691,7 +691,7 @@ def test_endpoint_rules():
     g = OtlpConfig.from_env(env)
     assert (g.protocol, g.endpoint, g.secure) == ("grpc", "c:4317", False)
     assert OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_TIMEOUT": "2500"}).timeout_s == 2.5
-    for target in ("unix:/tmp/otel.sock", "unix-abstract:otel"):  # grpcio's socket targets
+    for target in ("unix:/tmp/otel.sock", "unix:///tmp/otel.sock", "unix-abstract:otel"):
         env = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": target}
         assert OtlpConfig.from_env(env).endpoint == target
 
@@ -718,6 +718,44 @@ def test_sdk_exporter_by_entry_point_gets_readable_spans(capfd):
     assert ex.exported_spans == 1 + 1 + 6 and ex.export_errors == 0
     assert '"name": "spec.round"' in out and '"memra.spec.k": 4' in out
     assert '"service.name": "memra-obs"' in out
+
+
+def test_an_sdk_exporter_that_fails_now_and_then_is_counted_span_for_span(monkeypatch):
+    """An entry-point exporter whose every second export() fails: each call's spans are counted
+    by its own result, and every span is handed over once (a failed chunk dropped its whole
+    request, delivered chunks included, and the chunks after it were never tried)."""
+    import importlib.metadata
+
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    calls: list[tuple[int, bool]] = []
+
+    class Flaky:
+        def export(self, spans):
+            ok = len(calls) % 2 == 0
+            calls.append((len(spans), ok))
+            return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+        def shutdown(self):
+            pass
+
+    class EntryPoint:
+        name = "flaky"
+
+        def load(self):
+            return Flaky
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [EntryPoint()])
+    obs, q, ex = make({"OTEL_TRACES_EXPORTER": "flaky"}, prof=False)
+    for _ in range(2):
+        run_session(obs, bursts=(100,), prof=False)
+    assert q.flush(10.0) and ex.flush(10.0)
+    obs.shutdown(5)
+    delivered = sum(n for n, ok in calls if ok)
+    failed = sum(n for n, ok in calls if not ok)
+    assert delivered + failed == 2 * (1 + 1 + 100 * 6)  # every span handed over, once
+    assert (ex.exported_spans, ex.dropped_spans) == (delivered, failed)
+    assert max(n for n, _ in calls) <= 64 and ex.export_errors == len(calls) // 2
 
 
 def test_process_exit_without_shutdown_still_writes_the_open_session(tmp_path):

@@ -463,3 +463,52 @@ def test_a_certificate_the_exporter_does_not_trust_is_not_retried(tmp_path):
             assert time.monotonic() - t0 < 5
         finally:
             ex.shutdown(1.0)
+
+
+def test_a_grpc_tls_handshake_that_fails_is_not_retried(tmp_path):
+    """OTLP/gRPC to a server whose certificate is not trusted, and TLS to a plaintext port:
+    grpcio calls both UNAVAILABLE (retryable), but retrying cannot fix a handshake, so the
+    request is dropped at once, as over HTTP (it was retried for the whole export timeout)."""
+    import shutil
+    import subprocess
+    from concurrent import futures
+
+    grpc = pytest.importorskip("grpc")
+    from memra_obs.otel.config import OtlpConfig
+    from memra_obs.otel.transport import GrpcSender, SendError
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not found: cannot make a self-signed certificate")
+    crt, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True,
+                   timeout=60)  # fmt: skip
+    handler = grpc.method_handlers_generic_handler(
+        "opentelemetry.proto.collector.trace.v1.TraceService",
+        {"Export": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"")},
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((handler,))
+    tls = server.add_secure_port(
+        "127.0.0.1:0", grpc.ssl_server_credentials([(key.read_bytes(), crt.read_bytes())])
+    )
+    plain = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        for port, ca, why in ((tls, {}, "CERTIFICATE_VERIFY_FAILED"),
+                              (plain, {"OTEL_EXPORTER_OTLP_CERTIFICATE": str(crt)}, "SSL_ERROR_SSL"),
+                              (tls, {"OTEL_EXPORTER_OTLP_CERTIFICATE": str(crt)}, "")):  # fmt: skip
+            env = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                   "OTEL_EXPORTER_OTLP_ENDPOINT": f"https://127.0.0.1:{port}", **ca}  # fmt: skip
+            sender = GrpcSender(OtlpConfig.from_env(env))
+            try:
+                if not why:  # the same server, trusted: delivered
+                    assert sender.send(b"", 10.0) == 0
+                    continue
+                with pytest.raises(SendError, match=why):
+                    sender.send(b"", 10.0)
+            finally:
+                sender.close()
+    finally:
+        server.stop(0)

@@ -253,9 +253,13 @@ def test_otel_traces_sampler_values_it_cannot_use_are_warned_of_once(caplog):
     assert traces_sampler({"OTEL_TRACES_SAMPLER": "jaeger_remote"}) is None
     assert traces_sampler({"OTEL_TRACES_SAMPLER": "parentbased_always_on"}) is None
     ids = [random.getrandbits(128) for _ in range(200)]
-    for bad in ("2", "nan", "-0.5", "1e-3"):
+    for bad in ("2", "nan", "-0.5", "inf", "1_0", "0x1", "1e", ".", "2e-0"):
         s = traces_sampler({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": bad})
         assert s is not None and all(map(s, ids))  # a ratio of 1
+    # Numbers as the SDKs read them, exponents included (1e-3 was refused: every session kept).
+    for arg in ("1e-3", "1E-3", "+.001", "0.001", "1.e-3", "-0"):
+        s = traces_sampler({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": arg})
+        assert s is not None and sum(map(s, ids)) <= 5, arg
     said = [r.getMessage() for r in caplog.records]
     assert said == [
         "OTEL_TRACES_SAMPLER='jaeger_remote': not one of always_on, always_off, traceidratio, "

@@ -81,9 +81,9 @@ def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> 
             exporter = eps[name].load()()
         except Exception as exc:
             raise ConfigError(f"{var}: the exporter failed to start: {exc!r}") from exc
-        # The SDK path hands over whole span lists; keep its requests modest.
+        # A request is one export() call: what it returns is that request's fate, whole.
         sdk = SdkSender(exporter, res, InstrumentationScope(SCOPE_NAME, __version__))
-        return Output(name, None, sdk, max_spans=256)
+        return Output(name, None, sdk, max_spans=SdkSender.chunk, queue_requests=256)
     cfg = OtlpConfig.from_env(env, protocol=_FORCED[name])
     if cfg.protocol != "grpc":
         json = cfg.protocol == "http/json"

@@ -113,7 +113,8 @@ def traces_sampler(env: Mapping[str, str]) -> Callable[[int], bool] | None:
     return lambda tid: sampler.should_sample(None, tid, "spec.session").decision.is_sampled()
 
 
-_RATE = re.compile(r"[0-9]*\.?[0-9]+|[0-9]+\.").fullmatch
+# A decimal number as the SDKs read it (exponents too: 1e-3); not float()'s nan, inf or 1_0.
+_RATE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?").fullmatch
 
 
 def _file(env: Mapping[str, str], x: str) -> str | None:
@@ -190,7 +191,7 @@ def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
     var, url = _get(env, "ENDPOINT") or ("(default)", "")
     if protocol == "grpc":
         url = url or "http://localhost:4317"
-        if "://" not in url:  # host:port, TLS unless told otherwise
+        if "://" not in url or url.startswith("unix://"):  # host:port, TLS unless told otherwise
             insecure = _get(env, "INSECURE")
             secure, target = not (insecure and parse_bool(*insecure)), url.rstrip("/")
         else:

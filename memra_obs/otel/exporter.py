@@ -66,8 +66,10 @@ class Output:
 
     def add(self, spans: list[Span]) -> None:
         """On the export worker, under the exporter's lock (as :meth:`seal`)."""
-        enc, step, by = self.encoder, self.max_spans, min(self.max_spans, _CHUNK)
-        for chunk in (spans[i : i + by] for i in range(0, len(spans), by)):
+        enc, step, i = self.encoder, self.max_spans, 0
+        while i < len(spans):  # unencoded: requests of max_spans at most (SdkSender's chunks)
+            by = min(step, _CHUNK) if enc is not None else step - len(self._frags)
+            chunk, i = spans[i : i + by], i + by
             self.added += len(chunk)
             if enc is None:
                 self._frags += chunk

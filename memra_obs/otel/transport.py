@@ -209,6 +209,8 @@ class GrpcSender:
             trailers = dict(exc.trailing_metadata() or ())
             after = retry_info_s(trailers.get("grpc-status-details-bin", b""))
             msg = f"grpc {self.url}: {code} {exc.details()}"
+            if "SSL_ERROR_SSL" in msg:  # UNAVAILABLE to grpcio; to OTLP a failed TLS handshake
+                raise SendError(msg + " (a TLS handshake: not retried)") from None
             if code.name in RETRY_GRPC or (code.name == "RESOURCE_EXHAUSTED" and after is not None):
                 raise Retry(msg, after or None) from None  # RetryInfo 0: no advice, back off
             raise SendError(msg) from None
@@ -269,14 +271,17 @@ class FileSender(_Local):
 
 class SdkSender(_Local):
     """The slow, universal path: ReadableSpans handed to an SDK ``SpanExporter`` (its own
-    retries), built on the sender thread in chunks with a short sleep between (the GIL)."""
+    retries), built on the sender thread, one ``export()`` a request of at most :attr:`chunk`
+    spans after a short sleep (the loop's GIL): its result is that request's, whole."""
 
-    def __init__(self, exporter: Any, resource: Any, scope: Any, *, chunk: int = 64) -> None:
+    chunk = 64
+
+    def __init__(self, exporter: Any, resource: Any, scope: Any) -> None:
         from opentelemetry.sdk.trace import ReadableSpan
         from opentelemetry.sdk.trace.export import SpanExportResult
         from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-        self.url, self.exporter, self._chunk = type(exporter).__name__, exporter, chunk
+        self.url, self.exporter = type(exporter).__name__, exporter
         flags = TraceFlags(TraceFlags.SAMPLED)
         same = {"resource": resource, "kind": SpanKind.INTERNAL, "instrumentation_scope": scope}
 
@@ -296,12 +301,10 @@ class SdkSender(_Local):
         self.readable, self._ok = readable, SpanExportResult.SUCCESS
 
     def send(self, payload: Sequence[Span], timeout_s: float = 0.0) -> int:
-        for i in range(0, len(payload), self._chunk):
-            if i:
-                time.sleep(0.0005)
-            res = self.exporter.export([self.readable(sp) for sp in payload[i : i + self._chunk]])
-            if res != self._ok:
-                raise SendError(f"{self.url}.export returned {res}")
+        time.sleep(0.0005)
+        res = self.exporter.export([self.readable(sp) for sp in payload])
+        if res != self._ok:
+            raise SendError(f"{self.url}.export returned {res}")
         return 0
 
     def close(self) -> None:
