@@ -246,8 +246,9 @@ def test_an_unusable_directory_or_poll_is_one_line_and_status_2(tmp_path):
 
 
 def test_an_agent_with_nothing_to_publish_refuses_to_start(tmp_path):
-    """``MEMRA_OBS_SINKS=nvtx`` (or spans only, turned off by OTEL_*): status 2 with one line
-    naming the variable, and the rings stay (it read them, removed them and said published)."""
+    """``MEMRA_OBS_SINKS=nvtx``, spans only turned off by OTEL_*, or metrics with no /metrics
+    (``MEMRA_OBS_METRICS_ADDR=``): status 2 with one line naming the variable, and the rings
+    stay (it read them, removed them and said published)."""
     obs, sink = observer(str(tmp_path / "r"), "w")
     with obs.session("glm5") as s:
         rounds(s, 1)
@@ -255,6 +256,8 @@ def test_an_agent_with_nothing_to_publish_refuses_to_start(tmp_path):
     for extra in (
         {"MEMRA_OBS_SINKS": "nvtx"},
         {"MEMRA_OBS_SINKS": "otel", "OTEL_SDK_DISABLED": "true"},
+        {"MEMRA_OBS_SINKS": "prometheus"},  # into a registry nobody serves (no /metrics)
+        {"OTEL_TRACES_EXPORTER": "none"},  # the default sinks, neither readable
     ):
         env = {**os.environ, "MEMRA_OBS_METRICS_ADDR": "", **extra}
         p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "agent", "--dir",

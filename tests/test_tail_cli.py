@@ -155,14 +155,45 @@ def test_an_empty_worker_label_is_refused_under_its_own_name():
         assert p.returncode == 0 and b"reading stdin as worker " + label in p.stderr
 
 
-def test_a_closed_standard_input_ends_the_tail_with_one_line():
+@pytest.mark.parametrize("sinks", ["", None])
+def test_a_closed_standard_input_ends_the_tail_with_one_line(tmp_path, sinks):
     """``memra-obs tail - <&-`` (a supervisor that closed fd 0): exit 2 with the reason, no
-    traceback."""
+    traceback -- with the default sinks too (/metrics's listening socket took fd 0 and the tail
+    waited on it as its input, for ever)."""
+    env = {**_env(), "MEMRA_OBS_METRICS_ADDR": "127.0.0.1:0",
+           "MEMRA_OBS_SPANS_FILE": str(tmp_path / "s.jsonl")}  # fmt: skip
+    if sinks is not None:
+        env["MEMRA_OBS_SINKS"] = sinks
     p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "tail", "-"], stdin=subprocess.DEVNULL,
-                       capture_output=True, env={**_env(), "MEMRA_OBS_SINKS": ""}, timeout=60,
+                       capture_output=True, env=env, timeout=60,
                        preexec_fn=lambda: os.close(0))  # fmt: skip
     assert p.returncode == 2 and b"Traceback" not in p.stderr, p.stderr
-    assert p.stderr.endswith(b"memra-obs tail: -: Bad file descriptor\n")
+    assert p.stderr == b"memra-obs tail: -: Bad file descriptor\n"
+
+
+def test_a_signal_during_the_final_flush_waits_for_it(tmp_path):
+    """SIGTERM after the input is read, while the exporters flush to a collector that never
+    answers: the flush goes on (bounded by the export timeout) and the end line comes, status 0
+    (the default handlers were back: the signal killed it mid-flush, spans and line lost)."""
+    import signal
+    import socket
+
+    log = tmp_path / "w.err"
+    log.write_text((PHASE + "\n") * 50)
+    with socket.socket() as hole:  # accepts (the kernel's backlog) and never answers
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)
+        env = {**_env(), "MEMRA_OBS_SINKS": "otel", "OTEL_EXPORTER_OTLP_TIMEOUT": "3000",
+               "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{hole.getsockname()[1]}"}  # fmt: skip
+        p = subprocess.Popen([sys.executable, "-m", "memra_obs.cli", "tail", str(log)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)  # fmt: skip
+        assert p.stderr is not None
+        assert b"reading" in p.stderr.readline()
+        time.sleep(1.0)  # the 50 lines are read in ms; the flush waits up to 3 s
+        p.send_signal(signal.SIGTERM)
+        err = p.communicate(timeout=30)[1]
+    assert p.returncode == 0, err
+    assert b"end of input: 50 lines" in err
 
 
 def test_seconds_past_a_day_or_not_finite_are_refused():

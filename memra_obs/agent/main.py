@@ -26,7 +26,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..diagnostics import say_once
-from ..environment import MEMRA_OBS_AGENT, MEMRA_OBS_SINKS, ConfigError, Settings
+from ..environment import (
+    MEMRA_OBS_AGENT,
+    MEMRA_OBS_METRICS_ADDR,
+    MEMRA_OBS_SINKS,
+    ConfigError,
+    Settings,
+)
 from ..export import ExportWorker, RecordExporter
 from ..timeline import Record
 from ..wiring import build_exporters
@@ -301,12 +307,17 @@ def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None =
     knobs = {} if env.get(MEMRA_OBS_SINKS, "").strip() else {"sinks": "otel,prometheus"}
     st = Settings.resolve(env, **knobs)
     directory = ring_directory(directory or st.agent or default_directory())
+    unread = registry is None  # a registry of its own, read only through /metrics
     registry = CollectorRegistry() if registry is None else registry
     built = build_exporters(st, worker_label=True, registry=registry, env=env)
-    if not (built.all or exporters):  # it would read the rings, remove them, and publish nothing
+    read = [x for x in built.all if not (x is built.prom and unread and built.server is None)]
+    if not (read or exporters):  # it would read the rings, remove them, and publish nothing
+        for c in built.all:
+            c.shutdown(1.0)
         raise ConfigError(f"{MEMRA_OBS_SINKS}={','.join(sorted(st.sinks)) or '(none)'}: nothing "
-                          "for the agent to publish (it publishes otel and prometheus; OTEL_* "
-                          "may have turned spans off); the rings are left as they are")  # fmt: skip
+                          "for the agent to publish (it publishes otel, and prometheus on "
+                          f"/metrics; OTEL_* may have turned spans off, {MEMRA_OBS_METRICS_ADDR}= "
+                          "serves no /metrics); the rings are left as they are")  # fmt: skip
     try:
         agent = Agent(directory, [*exporters, *built.all], **agent_kw)
     except BaseException:

@@ -122,8 +122,9 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
 def _source(
     path: str, follow: bool, opts: argparse.Namespace, on_wait: Callable[[str], None]
 ) -> PipeSource | FollowSource:
-    if path == "-":
-        return PipeSource(0, "stdin")  # sys.stdin is None when fd 0 was closed: EBADF on read
+    if path == "-":  # fd 0 closed (tail - <&-): EBADF now, before /metrics's socket takes fd 0
+        os.fstat(0)
+        return PipeSource(0, "stdin")
     if os.path.isdir(path):  # open() takes one; its reads would fail
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
     if follow and (os.path.isfile(path) or not os.path.exists(path)):
@@ -144,13 +145,16 @@ def _run(
     try:
         pump(tail, source, stop=lambda: bool(stop))
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        if queue is not None:
-            queue.shutdown(10.0)
-        built.close()
-        source.close()
-    return bool(stop)
+        stopped = bool(stop)
+        try:  # a signal during the flush waits for it (bounded), as one before it does
+            if queue is not None:
+                queue.shutdown(10.0)
+            built.close()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            source.close()
+    return stopped
 
 
 def pump(
