@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -27,6 +28,8 @@ from .sinks.base import Sink
 __all__ = ["NOOP_OBSERVER", "Burst", "NoOpObserver", "Observer", "Session"]
 
 _ClockFactory = Callable[[Stream | None, Stream | None], PhaseClock]
+# What a legacy tag cannot hold: legacy.parse reads ``[tag] `` as ``\[([^\]\s]+)\] ``.
+_UNTAGGABLE = re.compile(r"[\]\s\x00-\x1f\x7f]")
 
 
 # Everything off (like the OTel API's NoOpTracer): one call per boundary to a no-op.
@@ -200,6 +203,8 @@ class Observer:
             say_once("session-family", f"Observer.session(family={family!r}): expected a "
                      "non-empty str; recording under the default family 'spec'")  # fmt: skip
             family = "spec"
+        family, tag = _taggable("family", family), _taggable("tag", tag)
+        tag_v = _taggable("tag_v", tag_v)
         return Session(self, family, tag or f"{family}-phase", tag_v or f"{family}-phase-v", e, eh)
 
     def memory_snapshot(self) -> list[tuple[int, int]]:
@@ -208,6 +213,17 @@ class Observer:
         except Exception as exc:
             say_once("memory", f"free-memory snapshot raised {exc!r}; recording none")
             return []
+
+
+def _taggable(name: str, t: Any) -> Any:
+    """A family or tag its own lines can carry: ``[tag] `` parses back (legacy.parse)."""
+    if isinstance(t, str) and _UNTAGGABLE.search(t):
+        fixed = _UNTAGGABLE.sub("_", t)
+        say_once(f"session-{name}", f"Observer.session({name}={t!r}): a legacy tag holds no "
+                 f"space, control character or ']' (its lines would not parse back); recorded "
+                 f"as {fixed!r}")  # fmt: skip
+        return fixed
+    return t
 
 
 _LIVE: weakref.WeakSet[Observer] = weakref.WeakSet()

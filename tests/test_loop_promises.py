@@ -737,6 +737,24 @@ def test_a_family_that_is_not_a_name_is_said_and_recorded_under_the_default(capl
     assert caplog.text.count("Observer.session(family=None): expected a non-empty str") == 1
 
 
+def test_a_family_its_own_lines_could_not_carry_is_said_and_made_taggable(caplog):
+    """``session("a b")`` (or ``"x]"``, a tab, a custom tag with a space): the lines
+    ``[a b-phase] ...`` did not parse back, so the tail and the report passed them off as
+    another program's output. Said once; the request is recorded as ``a_b`` everywhere, and
+    its lines parse back."""
+    from memra_obs.legacy import parse_line
+
+    with capture(level=2) as cap:
+        for fam, tag in (("a b", None), ("x]", None), ("t\tab", None), ("ok", "my tag")):
+            with cap.observer.session(fam, tag=tag) as s, s.burst(4) as b:
+                one_round(b)
+    assert [x.family for x in cap.sessions] == ["a_b", "x_", "t_ab", "ok"]
+    tags = [parse_line(x).tag for x in cap.lines if x.startswith("[")]  # every line parses
+    assert {"a_b-phase", "x_-phase", "t_ab-phase", "my_tag", "ok-phase-v"} <= set(tags)
+    assert caplog.text.count("Observer.session(family='a b'): a legacy tag holds") == 1
+    assert caplog.text.count("Observer.session(tag='my tag'): a legacy tag holds") == 1
+
+
 def test_legacy_lines_hold_no_tags_of_sessions_never_ended(caplog):
     """Sessions never ended (no ``with``, a client gone): the stderr sink kept each one's tags
     forever (~120 B a session); it now keeps at most ``max_sessions``, as the span builder
