@@ -52,7 +52,8 @@ class RequestsExporter:
     max_open = 4096
 
     def __init__(self, path: str, *, detailed: bool = False) -> None:
-        self.path, self.detailed, self.export_errors = path, detailed, 0
+        with open(path, "a", encoding="utf-8"):  # OSError now, not every line lost later
+            self.path, self.detailed, self.export_errors = path, detailed, 0
         self._open: dict[int, _Counts] = {}
         self._f: Any = None
 

@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from . import flags
 from .diagnostics import say_once
-from .environment import MEMRA_OBS_AGENT, MEMRA_OBS_METRICS_ADDR, ConfigError, Settings
+from .environment import (
+    MEMRA_OBS_AGENT,
+    MEMRA_OBS_METRICS_ADDR,
+    MEMRA_OBS_REQUESTS_FILE,
+    ConfigError,
+    Settings,
+)
 from .export import QueueSink, RecordExporter
 from .observer import NOOP_OBSERVER, NoOpObserver, Observer
 from .sinks.base import Sink
@@ -64,7 +70,13 @@ def build_exporters(
         if st.requests_file:
             from .requests import RequestsExporter
 
-            out.requests = RequestsExporter(st.requests_file, detailed=st.requests_detail)
+            try:
+                out.requests = RequestsExporter(st.requests_file, detailed=st.requests_detail)
+            except OSError as exc:  # a missing directory, a directory, no permission
+                var = MEMRA_OBS_REQUESTS_FILE  # else configure(requests_file=...) set it
+                if (os.environ if env is None else env).get(var) != st.requests_file:
+                    var = "argument requests_file"
+                raise ConfigError(f"{var}={st.requests_file!r}: {exc.strerror}") from None
             out.where.append(f"requests -> {st.requests_file}")
         if "otel" in st.sinks:
             from .otel import build_span_exporter

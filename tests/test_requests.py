@@ -4,8 +4,14 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 
+import pytest
+
+from memra_obs.environment import ConfigError
 from memra_obs.wiring import build_observer
 
 VLLM_KEYS = [
@@ -93,3 +99,22 @@ def test_the_record_so_far_mid_burst_counts_the_open_bursts_rounds_whole():
     end = s.spec_decode()
     assert mid["num_spec_steps"] == end["num_spec_steps"] == 3
     assert mid["phase_ms"] == end["phase_ms"] and mid["phase_ms"]["draft"] >= 6.0
+
+
+def test_a_requests_file_that_cannot_be_written_fails_at_start_up(tmp_path):
+    """A missing directory or a directory: start-up stops naming the variable (it started, and
+    every record was lost, said at the first session's end without the variable's name)."""
+    for path in (tmp_path / "nope" / "r.jsonl", tmp_path):
+        env = {
+            "MEMRA_OBS_REQUESTS_FILE": str(path),
+            "MEMRA_OBS_SINKS": "",
+            "MEMRA_OBS_METRICS_ADDR": "",
+        }
+        with pytest.raises(ConfigError, match=r"^MEMRA_OBS_REQUESTS_FILE='.*': (No such|Is a)"):
+            build_observer(env=env, level=0, prof=False)
+        with pytest.raises(ConfigError, match=r"^argument requests_file="):
+            build_observer(env={}, requests_file=str(path), sinks="", metrics_addr="")
+        p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "demo", "--requests", "1"],
+                           env={**os.environ, **env}, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert p.returncode == 2 and "MEMRA_OBS_REQUESTS_FILE=" in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr
