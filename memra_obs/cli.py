@@ -7,11 +7,13 @@ everything; nothing imports it.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .device.workload import GpuUnavailable
 from .environment import MEMRA_OBS_SINKS, ConfigError
@@ -19,18 +21,21 @@ from .environment import MEMRA_OBS_SINKS, ConfigError
 __all__ = ["main"]
 
 
-def _positive_float(v: str) -> float:
-    x = float(v)
-    if not x > 0:
-        raise argparse.ArgumentTypeError(f"{v!r} is not a positive number")
-    return x
+def _positive(kind: Callable[[str], float], top: float = math.inf) -> Callable[[str], Any]:
+    """An argparse type: ``kind(v)`` in (0, top], else a usage error that says so."""
+    what = "integer" if kind is int else "number"
+    what += f" up to {top:g}" if top < math.inf else ""
 
+    def parse(v: str) -> float:
+        try:
+            x = kind(v)
+        except ValueError:
+            x = math.nan
+        if not 0 < x <= top:
+            raise argparse.ArgumentTypeError(f"{v!r} is not a positive {what}")
+        return x
 
-def _positive_int(v: str) -> int:
-    n = int(v)
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"{v!r} is not a positive integer")
-    return n
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,18 +52,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     g = d.add_mutually_exclusive_group()
     g.add_argument(
-        "--duration", type=_positive_float, metavar="SECONDS", help="stop after this long"
+        "--duration", type=_positive(float), metavar="SECONDS", help="stop after this long"
     )
-    g.add_argument("--requests", type=_positive_int, metavar="N", help="stop after N requests")
+    g.add_argument("--requests", type=_positive(int), metavar="N", help="stop after N requests")
     d.add_argument("--gpu", action="store_true", help="real kernels on the GPU (cupy or torch)")
     d.add_argument("--families", default="glm5", help="comma list of spec families (default glm5)")
     d.add_argument(
-        "--k", type=_positive_int, default=4, help="drafted tokens per round (default 4)"
+        "--k", type=_positive(int, 64), default=4, help="drafted tokens per round (default 4)"
     )
-    d.add_argument("--concurrency", type=_positive_int, default=1, help="loop threads (default 1)")
+    d.add_argument("--concurrency", type=_positive(int, 256), default=1, help="loop threads")
     d.add_argument("--seed", type=int, default=None, help="random seed for a repeatable run")
     d.add_argument(
-        "--speed", type=_positive_float, default=1.0, help="scale simulated times (default 1.0)"
+        "--speed",
+        type=_positive(float, 100),
+        default=1.0,
+        help="scale simulated times (default 1.0)",
     )
 
     t = sub.add_parser("tail", help="turn legacy stderr lines into metrics and spans")

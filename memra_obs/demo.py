@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import random
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from threading import Event, Lock, Thread
 from typing import Any
@@ -177,9 +179,17 @@ class DemoStats:
 
 
 def serve_one(
-    obs: Any, w: Any, rng: random.Random, cfg: DemoConfig, family: str, st: DemoStats, eager: bool
+    obs: Any,
+    w: Any,
+    rng: random.Random,
+    cfg: DemoConfig,
+    family: str,
+    st: DemoStats,
+    eager: bool,
+    done: Callable[[], bool] = lambda: False,
 ) -> None:
-    """One request through the instrumented loop, the way a spec worker runs it."""
+    """One request through the instrumented loop, the way a spec worker runs it; ``done()``
+    (a stop, the deadline) ends it after the burst in flight."""
     prompt = int(min(32_768, max(32, rng.lognormvariate(math.log(1500), 0.9))))  # chat + long docs
     ctx = prompt + cfg.max_tokens + 64
     want = rng.randint(max(8, cfg.max_tokens // 4), cfg.max_tokens)
@@ -199,7 +209,7 @@ def serve_one(
         s.free_memory("after")
         s.set(draft_prime_rows=prompt, draft_prime_chunks=-(-prompt // 256))
         s.set(draft_prime_arm="eager", draft_kv_mb=round(ctx * 0.0625, 3))
-        while n["tokens"] < want:
+        while n["tokens"] < want and not done():
             b = s.burst(cfg.k)
             for _ in range(cfg.burst_rounds):
                 b.begin_round()
@@ -243,13 +253,16 @@ def run_demo(
     tickets = iter(range(cfg.requests)) if cfg.requests is not None else itertools.count()
     eager = flags.first_token_eager()
 
+    def done() -> bool:
+        return stop.is_set() or time.monotonic() >= deadline
+
     def loop(i: int) -> None:
         rng = random.Random(seeds[i])
         w = gpus[i] if cfg.gpu else SimWorkload(rng, dev, cfg.speed)
         for n in itertools.count():
-            if stop.is_set() or time.monotonic() >= deadline or next(tickets, -1) < 0:
+            if done() or next(tickets, -1) < 0:
                 return
-            serve_one(obs, w, rng, cfg, cfg.families[n % len(cfg.families)], st, eager)
+            serve_one(obs, w, rng, cfg, cfg.families[n % len(cfg.families)], st, eager, done)
 
     threads = [Thread(target=loop, args=(i,), daemon=True) for i in range(cfg.concurrency)]
     for t in threads:
@@ -261,5 +274,13 @@ def run_demo(
 
 
 def install_stop_handlers(stop: Event) -> dict[int, Any]:
-    """Ctrl-C / SIGTERM end the demo after the requests in flight; returns the old handlers."""
-    return {s: signal.signal(s, lambda n, f: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    """Ctrl-C / SIGTERM end the demo after the bursts in flight (then the flush); a second one
+    ends it at once, as its default would. Returns the old handlers."""
+
+    def on(n: int, frame: Any) -> None:
+        if stop.is_set():
+            signal.signal(n, signal.SIG_DFL)
+            os.kill(os.getpid(), n)
+        stop.set()
+
+    return {s: signal.signal(s, on) for s in (signal.SIGINT, signal.SIGTERM)}

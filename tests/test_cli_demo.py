@@ -144,3 +144,36 @@ def test_demo_in_process_leaves_handlers_and_environment_and_scales_the_split(
     assert phases and len(splits) == len(phases)
     for p, v in zip(phases, splits, strict=True):
         assert v.vkda_ms + v.vmla_ms <= p.per_verify_ms * 1.01 + 0.002
+
+
+def _demo(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_", "OTEL_"))}
+    env.update(MEMRA_OBS_METRICS_ADDR="", MEMRA_OBS_SINKS="otel")
+    return subprocess.Popen([sys.executable, "-m", "memra_obs.cli", "demo", "--seed", "1", *args],
+                            cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def test_demo_arguments_are_bounded_and_its_stops_are_kept(tmp_path):
+    """``--k 100000`` (refused by the loop: a demo that recorded nothing and could not be
+    stopped) is a usage error, as is junk; ``--duration`` ends the request in flight after its
+    burst (``--speed 50 --duration 1`` ran 6+ s); a second SIGTERM ends it at once."""
+    import signal
+
+    for bad, says in (("--k=100000", "positive integer up to 64"), ("--speed=abc", "positive")):
+        p = _demo(tmp_path, bad)
+        err = p.communicate(timeout=60)[1]
+        assert p.returncode == 2 and f"argument {bad.split('=')[0]}: " in err and says in err
+    t0 = time.monotonic()
+    p = _demo(tmp_path, "--speed", "50", "--duration", "1")
+    err = p.communicate(timeout=60)[1]
+    assert p.returncode == 0 and "demo done: sessions=1 " in err, err
+    assert time.monotonic() - t0 < 5.5
+    p = _demo(tmp_path, "--speed", "100")  # a burst: 6 rounds of ~0.45 s
+    assert p.stderr is not None and "[memra-obs] demo:" in p.stderr.readline()
+    time.sleep(2.0)
+    p.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=30)
+    assert p.returncode == -signal.SIGTERM and time.monotonic() - t0 < 1.0
