@@ -193,8 +193,8 @@ def build_observer(
         here = replace(st, sinks=frozenset())
     if here.sinks & {"otel", "prometheus"} or st.requests_file:
         built = build_exporters(here, worker=st.worker, registry=registry, env=env, strict=strict)
-    if here is not st:
-        built.where.append(f"records -> agent rings in {st.agent}")
+    if ring is not None:
+        built.where.append(f"records -> agent rings in {ring.directory}")
     if "nvtx" in st.sinks:
         from .sinks.nvtx import NvtxSink
 

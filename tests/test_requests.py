@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 
@@ -77,6 +78,13 @@ def test_an_agent_mode_worker_still_writes_its_requests_file(tmp_path):
     (line,) = path.read_text().splitlines()
     assert json.loads(line)["num_spec_steps"] == sum(1 for k, _ in truth if k > 0)
     assert obs.where == (f"requests -> {path}", f"records -> agent rings in {tmp_path / 'rings'}")
+    if os.path.isdir("/dev/shm"):  # a bare name is a directory there, and the banner says so
+        name = f"memra-obs-test-{os.getpid()}"
+        env = {**env, "MEMRA_OBS_AGENT": name, "MEMRA_OBS_REQUESTS_FILE": ""}
+        obs = build_observer(env=env, level=0, prof=False)
+        obs.shutdown(5.0)
+        assert obs.where == (f"records -> agent rings in /dev/shm/{name}",)
+        shutil.rmtree(f"/dev/shm/{name}")
 
 
 def test_the_record_so_far_mid_burst_counts_the_open_bursts_rounds_whole():
