@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import sys
 import threading
 import time
 import weakref
@@ -259,6 +260,7 @@ class QueueSink(Sink):
         if start:
             self.worker.start()
             _LIVE.add(self)
+            _exit_with_multiprocessing()
 
     def _put(self, rec: Record) -> None:
         q = self._q
@@ -340,12 +342,27 @@ def _shutdown_at_exit() -> None:
             qs.shutdown(left)
 
 
+_MP_HOOKED = [0]  # the pid whose multiprocessing exit runs _shutdown_at_exit
+
+
+def _exit_with_multiprocessing(_: object = None) -> None:
+    """multiprocessing's children (fork, forkserver, Pool workers) end in ``os._exit``, past
+    atexit: its own exit function runs its finalizers, so the flush joins them."""
+    mpu = sys.modules.get("multiprocessing.util")
+    if mpu is not None and _MP_HOOKED[0] != os.getpid():
+        _MP_HOOKED[0] = os.getpid()
+        mpu.Finalize(None, _shutdown_at_exit, exitpriority=10)
+
+
 def _rearm_in_child() -> None:
     for qs in list(_LIVE):
         try:
             qs._after_fork()
         except Exception as exc:
             say_once("fork", f"re-arming the export queue after fork failed: {exc!r}")
+    if _LIVE and (mpu := sys.modules.get("multiprocessing.util")) is not None:
+        # A multiprocessing child clears its finalizers after this hook, then runs these.
+        mpu.register_after_fork(_shutdown_at_exit, _exit_with_multiprocessing)
 
 
 if hasattr(os, "register_at_fork"):

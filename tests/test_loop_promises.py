@@ -768,3 +768,55 @@ def test_legacy_lines_hold_no_tags_of_sessions_never_ended(caplog):
             one_round(b)
     assert cap.lines[-1].startswith("[glm5-phase] rounds=1")
     assert caplog.text.count("over 4096 sessions not ended") == 1
+
+
+MP_SCRIPT = """
+import multiprocessing as mp, sys, memra_obs
+
+def serve(fam):
+    obs = memra_obs.get_observer()
+    for _ in range(5):
+        with obs.session(fam) as s, s.burst(2) as b:
+            b.begin_round(); b.end_draft(); b.end_verify(); b.end_accept(); b.end_rollback()
+            b.end_round(k=2, j=1)
+
+if __name__ == "__main__":
+    ctx = mp.get_context(sys.argv[1])
+    memra_obs.get_observer()  # the parent's, before its children start
+    procs = [ctx.Process(target=serve, args=(f"child{i}",)) for i in range(2)]
+    for p in procs:
+        p.start()
+    pool = ctx.Pool(1)  # close + join: its worker exits (a with block terminates it)
+    pool.map(serve, ["pool"])
+    pool.close()
+    pool.join()
+    for p in procs:
+        p.join()
+    serve("parent")
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_multiprocessing_children_publish_what_they_recorded(tmp_path, method):
+    """multiprocessing's fork and forkserver children end in ``os._exit``, past atexit: they
+    published nothing of what was still queued (a short-lived worker: everything), and
+    counted none of it. Their exit now flushes, as a process's exit does."""
+    import collections
+    import json
+    import subprocess
+    import sys
+
+    script, spans = tmp_path / "mp.py", tmp_path / "spans.jsonl"
+    script.write_text(MP_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_", "OTEL_"))}
+    env.update(MEMRA_OBS_SINKS="otel", MEMRA_OBS_SPANS_FILE=str(spans), MEMRA_OBS_METRICS_ADDR="")
+    env["MEMRA_OBS_EXPORT_INTERVAL_MS"] = "60000"  # nothing leaves before the exit's flush
+    subprocess.run([sys.executable, str(script), method], env=env, check=True, timeout=120,
+                   cwd=tmp_path)  # fmt: skip
+    families: collections.Counter[str] = collections.Counter()
+    for line in spans.read_text().splitlines():
+        for sp in json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+            if sp["name"] == "spec.session":
+                attrs = {a["key"]: a["value"] for a in sp["attributes"]}
+                families[attrs["memra.spec.family"]["stringValue"]] += 1
+    assert families == {"child0": 5, "child1": 5, "pool": 5, "parent": 5}
