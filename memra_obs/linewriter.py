@@ -1,11 +1,13 @@
-"""Whole lines to a text stream, one lock per stream, so threads never interleave a line.
-
-Every legacy line goes out through here. Writing never raises into the caller: a broken pipe
-or a closed stderr is counted in ``errors`` and the loop carries on.
+"""Whole lines, never interleaved: to a text stream under one lock per stream (every legacy
+line goes out through :class:`LineWriter`, which never raises: a broken pipe or a closed stderr
+is counted in ``errors``), and appended to a file that processes share (:class:`AppendFile`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
 import sys
 import threading
@@ -13,7 +15,57 @@ import weakref
 from collections.abc import Sequence
 from typing import TextIO
 
-__all__ = ["LineWriter", "stderr_writer"]
+__all__ = ["AppendFile", "LineWriter", "stderr_writer"]
+
+
+class AppendFile:
+    """Appends to a file that other processes may share (workers started in one directory,
+    forked children): one ``write`` on an ``O_APPEND`` descriptor under ``flock``, so appends
+    never interleave, and no user-space buffer, so no lock a fork could leave held. With
+    ``max_bytes``, an append that would take the file past it first moves the file to
+    ``<path>.1``; whoever appends next, in any process, follows the move to the new file. At
+    most two files, each within the limit (a single longer append excepted)."""
+
+    def __init__(self, path: str, max_bytes: int = 0) -> None:
+        self.path, self.max_bytes, self._fd = path, max_bytes, -1
+        _FILES.add(self)
+
+    def append(self, data: bytes) -> None:
+        """Raises OSError (a missing directory, no permission, a full disk)."""
+        for _ in range(8):  # another process moved it between our open and our lock: again
+            if self._fd < 0:
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                self._fd = os.open(self.path, flags, 0o644)
+            fd = self._fd
+            with contextlib.suppress(OSError):  # a filesystem without locks: appends still go
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                mine = os.fstat(fd)
+                try:
+                    here = os.path.samestat(os.stat(self.path), mine)
+                except FileNotFoundError:
+                    here = False  # moved or removed: a new file at the path
+                full = mine.st_size > 0 and mine.st_size + len(data) > self.max_bytes > 0
+                if here and full:
+                    os.replace(self.path, self.path + ".1")
+                elif here:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    return
+            finally:
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            self.close()
+        raise OSError(errno.EAGAIN, f"{self.path} kept moving under the append")
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+_FILES: weakref.WeakSet[AppendFile] = weakref.WeakSet()
 
 
 class LineWriter:
@@ -47,6 +99,8 @@ _WRITERS: weakref.WeakSet[LineWriter] = weakref.WeakSet()
 def _unlock_in_child() -> None:  # another thread of the parent may have held one at fork()
     for w in list(_WRITERS):
         w._lock = threading.Lock()
+    for f in list(_FILES):  # flock belongs to the open file, which the parent shares: our own
+        f.close()
 
 
 if hasattr(os, "register_at_fork"):

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from .analysis import spec_decode_record
 from .diagnostics import say_once
+from .linewriter import AppendFile
 from .timeline import PHASES, FirstTokenRecord, Record, RoundRecord, SessionEndRecord, SessionRecord
 
 __all__ = ["RequestsExporter", "request_record"]
@@ -52,10 +53,10 @@ class RequestsExporter:
     max_open = 4096
 
     def __init__(self, path: str, *, detailed: bool = False) -> None:
-        with open(path, "a", encoding="utf-8"):  # OSError now, not every line lost later
-            self.path, self.detailed, self.export_errors = path, detailed, 0
+        self.path, self.detailed, self.export_errors = path, detailed, 0
+        self._file = AppendFile(path)
+        self._file.append(b"")  # OSError now, not every line lost later
         self._open: dict[int, _Counts] = {}
-        self._f: Any = None
 
     def export(self, batch: Sequence[Record]) -> None:
         lines = []
@@ -97,10 +98,7 @@ class RequestsExporter:
 
     def _write(self, lines: list[str]) -> None:
         try:
-            if self._f is None:
-                self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
-            self._f.write("\n".join(lines) + "\n")
-            self._f.flush()
+            self._file.append(("\n".join(lines) + "\n").encode())
         except OSError as exc:
             self.export_errors += len(lines)
             say_once("requests-write", f"requests file {self.path}: {exc.strerror}; lines lost")
@@ -109,6 +107,4 @@ class RequestsExporter:
         return True
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        self._file.close()

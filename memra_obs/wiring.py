@@ -68,15 +68,7 @@ def build_exporters(
     out = Exporters()
     try:
         if st.requests_file:
-            from .requests import RequestsExporter
-
-            try:
-                out.requests = RequestsExporter(st.requests_file, detailed=st.requests_detail)
-            except OSError as exc:  # a missing directory, a directory, no permission
-                var = MEMRA_OBS_REQUESTS_FILE  # else configure(requests_file=...) set it
-                if (os.environ if env is None else env).get(var) != st.requests_file:
-                    var = "argument requests_file"
-                raise ConfigError(f"{var}={st.requests_file!r}: {exc.strerror}") from None
+            out.requests = _requests(st, os.environ if env is None else env)
             out.where.append(f"requests -> {st.requests_file}")
         if "otel" in st.sinks:
             from .otel import build_span_exporter
@@ -116,6 +108,18 @@ def build_exporters(
         out.close()
         raise
     return out
+
+
+def _requests(st: Settings, env: Mapping[str, str]) -> RecordExporter:
+    from .requests import RequestsExporter
+
+    try:
+        return RequestsExporter(st.requests_file or "", detailed=st.requests_detail)
+    except OSError as exc:  # a missing directory, a directory, no permission
+        var = MEMRA_OBS_REQUESTS_FILE  # else configure(requests_file=...) set it
+        if env.get(var) != st.requests_file:
+            var = "argument requests_file"
+        raise ConfigError(f"{var}={st.requests_file!r}: {exc.strerror}") from None
 
 
 def sessions_sampled(env: Mapping[str, str] | None = None) -> Callable[[int], bool] | None:

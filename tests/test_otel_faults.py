@@ -10,6 +10,7 @@ import http.server
 import itertools
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -375,6 +376,67 @@ def test_span_file_rotates_at_its_limit_keeping_one_previous_file(tmp_path):
     kept = _spans_in(old) + _spans_in(path)
     assert 0 < len(kept) < ex.exported_spans == 40 * SPANS + 1  # older files rotated away
     assert _spans_in(path)[-1]["name"] == "spec.session"
+
+
+def test_workers_sharing_a_span_file_follow_each_others_rotations(tmp_path):
+    """Workers started in one directory share the default span file. Each kept its own size
+    and, after another rotated the file, appended to the moved FILE.1, which the next rotation
+    replaced: spans counted exported were in neither file. Two senders (two open files, as two
+    processes have) taking turns: FILE.1 + FILE hold an unbroken run of the newest lines."""
+    from memra_obs.otel.transport import FileSender
+
+    path = tmp_path / "spans.jsonl"
+    a, b = FileSender(str(path), 1000), FileSender(str(path), 1000)
+    for i in range(100):
+        (a, b)[i % 2].send(b"%03d" % i + b"." * 95)
+    a.close()
+    b.close()
+    old, new = (p.read_bytes().splitlines() for p in (tmp_path / "spans.jsonl.1", path))
+    got = [int(line[:3]) for line in old + new]
+    assert got == list(range(100 - len(got), 100)) and len(got) >= 11  # 10 a file at least
+    assert max(len(x) for x in (old, new)) == 10 and path.stat().st_size <= 1000
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_child_forked_mid_append_still_appends(tmp_path):
+    """A parent's sender thread mid-write at fork() (here: blocked on a FIFO nobody reads yet):
+    the child appends through an open file of its own once that write ends, and the parent's
+    write lands whole. (The sender wrote through a buffered file, whose lock a fork taken
+    mid-write left held in the child for ever: 1 child in 40-150 never wrote a span again.)"""
+    import threading
+
+    from memra_obs.otel.transport import FileSender
+
+    fifo = tmp_path / "spans.fifo"
+    os.mkfifo(fifo)
+    keep = os.open(fifo, os.O_RDWR)  # a reader end, so opening for writing does not block
+    sender = FileSender(str(fifo))
+    big = b"p" * (1 << 20)  # past the FIFO's 64 KiB: the write blocks until it is read
+    t = threading.Thread(target=sender.send, args=(big,), daemon=True)
+    t.start()
+    time.sleep(0.2)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one line of its own, or a timeout
+        os.close(r)
+        signal.alarm(10)
+        sender.send(b"child")
+        os.write(w, b"ok")
+        os._exit(0)
+    os.close(w)
+    import select
+
+    got, deadline = bytearray(), time.monotonic() + 12
+    while len(got) < len(big) + 2 + len(b"child") and time.monotonic() < deadline:
+        if select.select([keep], [], [], 0.5)[0]:  # drain: the parent's write, the child's
+            got += os.read(keep, 1 << 16)
+    os.waitpid(pid, 0)
+    assert os.read(r, 2) == b"ok"
+    t.join(5)
+    assert bytes(got).endswith(b"child\n") and got.count(b"p") == len(big)
+    sender.close()
+    os.close(keep)
+    os.close(r)
 
 
 def test_span_file_limit_knob(tmp_path):

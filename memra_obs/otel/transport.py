@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..diagnostics import say_once
+from ..linewriter import AppendFile
 from .config import OtlpConfig
 from .spans import Span
 
@@ -234,39 +235,25 @@ class _Local:
 
 
 class FileSender(_Local):
-    """Appends each request as one line to a file, kept open. With ``max_bytes``, a line that
-    would take the file past it first moves the file to ``<path>.1`` and starts a new one: at
-    most two files, each within the limit (a single longer line excepted)."""
+    """Appends each request as one line to a file (:class:`memra_obs.linewriter.AppendFile`:
+    shared by workers, rotated at ``max_bytes`` to ``<path>.1``, one previous file kept)."""
 
     def __init__(self, path: str, max_bytes: int = 0) -> None:
         self.path, self.max_bytes = os.path.abspath(path), max_bytes
         mib = f"{max_bytes >> 20} MiB" if max_bytes % (1 << 20) == 0 else f"{max_bytes} bytes"
         rotates = f" (rotates at {mib}, keeps one previous file)" if max_bytes else ""
         self.url = self.path + rotates
-        self._f: Any = None
-        self._size = 0
+        self._file = AppendFile(self.path, max_bytes)
 
     def send(self, payload: bytes, timeout_s: float = 0.0) -> int:
-        line = payload + b"\n"
         try:
-            if self._f is None:
-                self._f = open(self.path, "ab")  # noqa: SIM115  (kept open)
-                self._size = self._f.tell()
-            if self.max_bytes and self._size and self._size + len(line) > self.max_bytes:
-                self.close()
-                os.replace(self.path, self.path + ".1")
-                self._f, self._size = open(self.path, "ab"), 0  # noqa: SIM115
-            self._f.write(line)
-            self._f.flush()
-            self._size += len(line)
+            self._file.append(payload + b"\n")
         except OSError as exc:
             raise SendError(f"{self.path}: {exc!r}") from None
         return 0
 
     def close(self) -> None:
-        f, self._f = self._f, None
-        if f is not None:
-            f.close()
+        self._file.close()
 
 
 class SdkSender(_Local):
