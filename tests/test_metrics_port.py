@@ -96,3 +96,33 @@ def test_a_forked_child_of_a_serving_observer_says_it_once(monkeypatch):
         else:
             assert got == ""
     assert said == []  # the parent says nothing
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_leaves_the_port_to_its_parent():
+    """The child kept the parent's listening socket open: once the parent closed its server (a
+    configure(), its end), scrapes hung instead of being refused, and the parent could not
+    serve on its port again until every child had exited."""
+    import socket
+    import time
+
+    from memra_obs.prom import serve_metrics
+
+    srv = serve_metrics(("127.0.0.1", 0), registry=CollectorRegistry())
+    port = srv.port
+    pid = os.fork()
+    if pid == 0:  # a worker that lives on
+        time.sleep(5)
+        os._exit(0)
+    try:
+        srv.close()
+        with (
+            pytest.raises(ConnectionRefusedError),
+            socket.create_connection(("127.0.0.1", port), 2),
+        ):
+            pass
+        with serve_metrics(("127.0.0.1", port), registry=CollectorRegistry()) as again:
+            assert again.port == port
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)

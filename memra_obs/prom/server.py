@@ -10,10 +10,12 @@ from __future__ import annotations
 import base64
 import errno
 import hmac
+import os
 import socket
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from typing import Any, cast
@@ -95,6 +97,18 @@ class MetricsServer(ThreadingWSGIServer):
         self.open: dict[Any, float] = {}  # connection -> deadline (monotonic), oldest first
         self.open_lock = threading.Lock()
         super().server_activate()
+        _SERVERS.add(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: the port and the connections are the parent's. Our copies are
+        closed (a scrape then reaches no one once the parent is gone), never shut down (which
+        would cut the parent's)."""
+        for conn in list(self.open):
+            with suppress(OSError):
+                conn.close()
+        self.open, self.open_lock, self.thread = {}, threading.Lock(), None
+        with suppress(OSError):
+            self.socket.close()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self.open_lock:
@@ -141,6 +155,18 @@ class MetricsServer(ThreadingWSGIServer):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_SERVERS: weakref.WeakSet[MetricsServer] = weakref.WeakSet()
+
+
+def _drop_in_child() -> None:
+    for srv in list(_SERVERS):
+        srv.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_in_child)
 
 
 def _hang_up(conn: Any) -> None:
