@@ -126,7 +126,8 @@ def configure(
     knobs = {k: v for k, v in locals().items() if k in _KNOBS and v is not None}
     with _lock:
         # The old observer goes first: it holds resources the new one takes (the /metrics port).
-        old, _observer = _observer, None
+        # Meanwhile get_observer() hands it out, shut down (a no-op, said once): never a wait.
+        old = _observer
         if old is not None:
             old.shutdown()
         _observer = build_observer(

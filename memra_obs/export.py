@@ -266,9 +266,13 @@ class QueueSink(Sink):
         q = self._q
         if len(q) < self._cap and not self._closed:
             q.append(rec)
-        else:
-            with self._room:
-                self.dropped += 1
+            return
+        with self._room:
+            self.dropped += 1
+        if self._closed:
+            say_once(f"queue-closed:{id(self)}", "records of a session still open when its "
+                     "observer was shut down (by configure() or shutdown()): dropped, counted "
+                     "in that observer's queue only; end sessions before replacing it")  # fmt: skip
 
     on_session = on_round = on_burst = on_first_token = on_session_end = _put
 

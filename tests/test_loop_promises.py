@@ -643,6 +643,45 @@ def test_what_the_noop_takes_the_real_one_takes_too(caplog):
     assert caplog.text.count("the round is dropped") == 1
 
 
+def test_configure_at_run_time_never_holds_up_a_loop(caplog, monkeypatch, tmp_path):
+    """A loop thread calling get_observer() while another thread's configure() shuts the old
+    observer down (5 s with a collector that never answers) waited on configure()'s lock all
+    that time. Now it gets the old observer, shut down: its request is a no-op, said once. A
+    session still open across configure() has its later records dropped: said once too."""
+    import socket
+    import threading
+
+    monkeypatch.setattr(memra_obs, "_observer", None)
+    with socket.socket() as hole:  # accepts (the kernel's backlog), never answers
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)
+        env = {"MEMRA_OBS_SINKS": "otel", "MEMRA_OBS_METRICS_ADDR": "",
+               "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{hole.getsockname()[1]}"}  # fmt: skip
+        try:
+            obs = memra_obs.configure(level=0, prof=False, env=env)
+            open_one = obs.session("glm5")  # in flight across configure()
+            one_round(open_one.burst(4))
+            with obs.session("glm5") as s:
+                one_round(s.burst(4))
+            t = threading.Thread(target=memra_obs.configure, kwargs={"env": {}})
+            t.start()
+            time.sleep(0.2)  # configure() is in the old observer's shutdown now
+            worst = 0.0
+            while t.is_alive():
+                t0 = time.monotonic()
+                with memra_obs.get_observer().session("glm5") as s:
+                    one_round(s.burst(4))
+                worst = max(worst, time.monotonic() - t0)
+                time.sleep(0.01)
+            assert worst < 0.5
+            one_round(open_one.burst(4))
+            open_one.end()
+        finally:
+            t.join(10)
+            memra_obs.configure(env={})
+    assert caplog.text.count("still open when its observer was shut down") == 1
+
+
 def test_a_session_on_a_replaced_observer_says_so(caplog, monkeypatch):
     """The README's order: ``obs = get_observer()`` at import, ``configure(...)`` in main. The
     old observer (shut down, or the no-op) recorded later sessions nowhere, silently: now
