@@ -8,6 +8,7 @@ and sink failures are said once, :mod:`memra_obs.diagnostics`).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
@@ -128,6 +129,10 @@ class Observer:
             if self.prof:  # NVML's start-up ahead of the first profile
                 warm()
         self._memory = memory
+        # session() reads the caller's span with opentelemetry.trace: imported here, not in a
+        # loop's first session, where a fork() from another thread could leave its lock held.
+        with contextlib.suppress(ImportError):
+            import opentelemetry.trace  # noqa: F401
         self._lock = threading.Lock()
         self._fan = Fanout(sinks)
         self._ids = itertools.count(1)

@@ -859,3 +859,25 @@ def test_multiprocessing_children_publish_what_they_recorded(tmp_path, method):
                 attrs = {a["key"]: a["value"] for a in sp["attributes"]}
                 families[attrs["memra.spec.family"]["stringValue"]] += 1
     assert families == {"child0": 5, "child1": 5, "pool": 5, "parent": 5}
+
+
+def test_the_observer_imports_what_a_first_session_needs_when_it_is_built():
+    """The first session() imported opentelemetry.trace: a fork() from another thread while it
+    did left the module's import lock held in the child, whose sessions then blocked for ever.
+    Built, the observer has imported it; the loop's first session imports nothing."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, memra_obs\n"
+        "assert 'opentelemetry.trace' not in sys.modules\n"
+        "obs = memra_obs.configure(level=0, prof=False, sinks='prometheus', metrics_addr='')\n"
+        "assert 'opentelemetry.trace' in sys.modules\n"
+        "before = set(sys.modules)\n"
+        "obs.session('glm5').end()\n"
+        "assert set(sys.modules) == before, sorted(set(sys.modules) - before)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_", "OTEL_"))}
+    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                       timeout=60)  # fmt: skip
+    assert p.returncode == 0, p.stderr
