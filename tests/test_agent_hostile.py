@@ -307,7 +307,7 @@ def test_a_ring_truncated_under_the_agent_and_its_worker_kills_neither(tmp_path)
     """SIGBUS, both sides: `memra-obs agent` keeps publishing the other worker, drops the
     shrunk ring with one report and exits 0 on SIGTERM; the shrunk ring's worker lives on."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_", "OTEL_"))}
-    env.update(MEMRA_OBS_SINKS="prometheus", MEMRA_OBS_METRICS_ADDR="", PYTHONPATH=SRC)
+    env.update(MEMRA_OBS_SINKS="prometheus", MEMRA_OBS_METRICS_ADDR="127.0.0.1:0", PYTHONPATH=SRC)
     agent = subprocess.Popen([sys.executable, "-m", "memra_obs.cli", "agent", "--dir", str(tmp_path), "--priority", "normal"],
                              env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:

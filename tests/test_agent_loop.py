@@ -307,7 +307,10 @@ def test_agent_metrics_carry_worker_labels_and_ring_drops(tmp_path):
 
 def test_agent_self_metrics_are_the_in_process_ones(tmp_path):
     """Every exporter's own counts reach /metrics in agent mode as in-process (one wiring):
-    a requests file that cannot be written counts under export_errors{signal="requests"}."""
+    a requests file that cannot be written (its directory gone after start-up) counts under
+    export_errors{signal="requests"}."""
+    import shutil
+
     from prometheus_client import CollectorRegistry
 
     from memra_obs.prom import encode
@@ -317,16 +320,18 @@ def test_agent_self_metrics_are_the_in_process_ones(tmp_path):
         "MEMRA_OBS_SINKS": "otel,prometheus",
         "MEMRA_OBS_METRICS_ADDR": "",
         "OTEL_TRACES_EXPORTER": "none",
-        "MEMRA_OBS_REQUESTS_FILE": str(tmp_path / "missing" / "requests.jsonl"),
+        "MEMRA_OBS_REQUESTS_FILE": str(tmp_path / "gone" / "requests.jsonl"),
     }
     series = {}
     for mode in ("in-process", "agent"):
         reg = CollectorRegistry()
+        (tmp_path / "gone").mkdir()
         if mode == "agent":
             obs, sink = observer(tmp_path, "rank0")
             agent, closers, _ = build_agent(str(tmp_path), env=env, registry=reg)
         else:
             obs = build_observer(env=env, registry=reg, level=0, prof=False)
+        shutil.rmtree(tmp_path / "gone")
         with obs.session("glm5") as s:
             rounds(s, 3)
         if mode == "agent":
