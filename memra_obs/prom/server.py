@@ -32,7 +32,7 @@ WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 #: Seconds a connection may stay open, all told (TLS handshake, request, response).
 TIMEOUT_S = 10.0
 #: Connections open at once.
-MAX_CONNECTIONS = 16
+MAX_CONNECTIONS = 64
 
 
 class MetricsAddressError(ConfigError, OSError):
@@ -91,6 +91,7 @@ class MetricsServer(ThreadingWSGIServer):
     loop hangs up connections past their deadline every ``poll_interval`` (0.05 s)."""
 
     timeout_s, max_connections, scheme, host = TIMEOUT_S, MAX_CONNECTIONS, "http", ""
+    request_queue_size = 128  # the listen backlog (socketserver's 5 dropped scrapes' SYNs)
     thread: threading.Thread | None = None
 
     def server_activate(self) -> None:
