@@ -103,6 +103,8 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
         tail.note(f"{mode} {source.name} as worker {worker!r}; {where}")
     for msg in early:
         tail.note(msg)
+    if isinstance(source, FollowSource):
+        source.on_wait = tail.note  # later waits (a directory or FIFO rotated in) said there
     try:
         stop = _run(tail, source, queue, built)
     except OSError as exc:  # a read error (EIO, ...): what was read is published, then this
@@ -167,7 +169,7 @@ def pump(
 
         def rotated(style: str) -> None:
             tail.stats.rotations[style] += 1
-            tail.settle(time.perf_counter_ns())
+            tail.settle(time.perf_counter_ns(), end_line=True)
             tail.note(f"{source.path} rotated ({style}); reading the new content from its start")
 
         source.on_rotate = rotated

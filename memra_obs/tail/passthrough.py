@@ -100,11 +100,16 @@ class Tail:
         self.rebuilder.tick(t)
         self._publish()
 
-    def settle(self, t: int) -> None:
-        """The input rotated or ended: a partial last line is a whole line now."""
+    def settle(self, t: int, end_line: bool = False) -> None:
+        """The input rotated or ended: a partial last line is a whole line now. ``end_line``
+        (a rotation): the output gets the newline it lacked, or the next file's first line
+        would be glued to it (an input's own end keeps its bytes as they came)."""
         buf, self._buf = self._buf, b""
         self._write(buf[self._written :])
         self._written, self._bol = 0, self._bol and not buf
+        if end_line and not self._bol:
+            self._write(b"\n")
+            self._bol = True
         if self._skipping:  # the over-long line ends here, with or without a last piece
             self._skip_line()
         elif buf:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import stat
 import time
 from collections.abc import Callable
 
@@ -56,13 +57,14 @@ class FollowSource:
         self.path = self.name = path
         self.poll_s = poll_s
         self.on_rotate: Callable[[str], None] = lambda style: None  # set by the caller
-        self._fd, self._ident, self._pos = -1, (0, 0), 0
-        if not self._open(first=True, at_end=not from_start) and on_wait is not None:
-            on_wait(f"{path} does not exist yet; waiting for it")
+        self._fd, self._ident, self._pos, self._waiting = -1, (0, 0), 0, False
+        self.on_wait: Callable[[str], None] = on_wait or (lambda msg: None)
+        if not self._open(first=True, at_end=not from_start):
+            self.on_wait(f"{path} does not exist yet; waiting for it")
 
     def _open(self, first: bool = False, at_end: bool = False) -> bool:
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
+        try:  # O_NONBLOCK: a FIFO put at the path must not block the open (and the signals)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             return False
         except OSError:
@@ -70,7 +72,13 @@ class FollowSource:
                 raise  # unreadable at start: the caller says so and stops
             return False  # the rotated-in file is not readable (yet): keep polling
         st = os.fstat(fd)
-        self._fd, self._ident = fd, (st.st_dev, st.st_ino)
+        if not stat.S_ISREG(st.st_mode) and not first:  # a directory or FIFO rotated in
+            os.close(fd)
+            if not self._waiting:  # once, until a file is open again
+                self._waiting = True
+                self.on_wait(f"{self.path} is not a regular file now; waiting for one")
+            return False
+        self._fd, self._ident, self._waiting = fd, (st.st_dev, st.st_ino), False
         self._pos = os.lseek(fd, 0, os.SEEK_END) if at_end else 0
         return True
 
