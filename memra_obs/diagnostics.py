@@ -14,7 +14,7 @@ import threading
 
 from .linewriter import stderr_writer
 
-__all__ = ["LOGGER_NAME", "PREFIX", "logger", "reset", "say_once"]
+__all__ = ["LOGGER_NAME", "MAX_SAID", "PREFIX", "logger", "reset", "say_once"]
 
 LOGGER_NAME = "memra_obs"
 #: What a message carries in front when it goes to stderr by the fallback.
@@ -50,6 +50,10 @@ def _routed(level: int) -> bool:
 _FALLBACK = _Fallback()
 logger.addHandler(_FALLBACK)
 _said: set[str] = set()
+#: Distinct keys said at most (one more says the bound was reached): a loop that misuses a
+#: call with a new value each time must not grow memory, or stderr, without end.
+MAX_SAID = 1024
+_FULL = "said-full"
 _said_lock = threading.Lock()
 
 
@@ -70,6 +74,12 @@ def say_once(key: str, msg: str) -> None:
             with _said_lock:
                 if key in _said:
                     return
+                if len(_said) >= MAX_SAID:  # keys made of callers' values: a bound, said
+                    if _FULL in _said:
+                        return
+                    key, msg = _FULL, (f"{MAX_SAID} different things said; new ones are not from "
+                                       "now on (a call misused with a new name each time, as "
+                                       "lap(f'step_{i}'), or observers replaced over and over)")  # fmt: skip
                 _said.add(key)
             logger.warning(msg, extra={"memra_key": key})
     except Exception:

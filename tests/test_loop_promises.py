@@ -881,3 +881,18 @@ def test_the_observer_imports_what_a_first_session_needs_when_it_is_built():
     p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                        timeout=60)  # fmt: skip
     assert p.returncode == 0, p.stderr
+
+
+def test_misuse_with_a_new_name_each_time_is_bounded(caplog):
+    """``s.lap(f"step_{i}")`` in a loop: each new name was said, and kept as a key, for ever
+    (200,000 lines and +21 MB). Distinct reports stop at MAX_SAID, the bound said once."""
+    from memra_obs import diagnostics
+
+    with capture(level=0, prof=True) as cap:
+        s = cap.observer.session("glm5")
+        for i in range(diagnostics.MAX_SAID + 500):
+            s.lap(f"step_{i}")
+        s.end()
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == diagnostics.MAX_SAID + 1 and len(diagnostics._said) == len(said)
+    assert sum("different things said; new ones are not" in m for m in said) == 1

@@ -78,8 +78,7 @@ class RingSink(Sink):
         self._slot, self._head = bytearray(F.SLOT), bytearray(F.HEAD.size)
         self.dropped_rounds: Callable[[], int] = lambda: 0
         self._open()
-        after = weakref.WeakMethod(self._after_fork)  # the sink may go before the process
-        os.register_at_fork(after_in_child=lambda: [m() for m in (after(),) if m is not None])
+        _RINGS.add(self)  # one fork hook for all (a hook a sink registered could never go)
 
     @classmethod
     def create(cls, directory: str, *, worker: str = "", slots: int = 1 << 16) -> RingSink:
@@ -250,3 +249,15 @@ class RingSink(Sink):
                 self._pwrite(F.WSTAT.pack(self.refused, self.table_full, 1), F.OFF_WSTAT)
                 os.close(self._fd)
                 self._fd = -1
+
+
+_RINGS: weakref.WeakSet[RingSink] = weakref.WeakSet()
+
+
+def _rings_in_child() -> None:
+    for ring in list(_RINGS):
+        ring._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_rings_in_child)
