@@ -493,17 +493,10 @@ def test_a_forked_child_sends_its_own_spans():
         rx.close()
 
 
-def test_a_certificate_the_exporter_does_not_trust_is_not_retried(tmp_path):
-    """An https endpoint whose certificate fails verification (no OTEL_EXPORTER_OTLP_CERTIFICATE
-    for a self-signed one): retrying cannot fix it, so the request is dropped at once and said
-    (it was retried for the whole export timeout, holding shutdown as long)."""
+def self_signed(tmp_path):
+    """(certificate, key) for 127.0.0.1, self-signed, one day; skips without the openssl CLI."""
     import shutil
     import subprocess
-
-    from prometheus_client import CollectorRegistry
-
-    from memra_obs.otel.transport import SendError
-    from memra_obs.prom import serve_metrics
 
     if shutil.which("openssl") is None:
         pytest.skip("openssl CLI not found: cannot make a self-signed certificate")
@@ -512,6 +505,19 @@ def test_a_certificate_the_exporter_does_not_trust_is_not_retried(tmp_path):
                     "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
                     "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True,
                    timeout=60)  # fmt: skip
+    return crt, key
+
+
+def test_a_certificate_the_exporter_does_not_trust_is_not_retried(tmp_path):
+    """An https endpoint whose certificate fails verification (no OTEL_EXPORTER_OTLP_CERTIFICATE
+    for a self-signed one): retrying cannot fix it, so the request is dropped at once and said
+    (it was retried for the whole export timeout, holding shutdown as long)."""
+    from prometheus_client import CollectorRegistry
+
+    from memra_obs.otel.transport import SendError
+    from memra_obs.prom import serve_metrics
+
+    crt, key = self_signed(tmp_path)
     with serve_metrics(("127.0.0.1", 0), registry=CollectorRegistry(), certfile=str(crt),
                        keyfile=str(key)) as srv:  # fmt: skip
         env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"https://127.0.0.1:{srv.port}/v1/traces",
@@ -531,21 +537,13 @@ def test_a_grpc_tls_handshake_that_fails_is_not_retried(tmp_path):
     """OTLP/gRPC to a server whose certificate is not trusted, and TLS to a plaintext port:
     grpcio calls both UNAVAILABLE (retryable), but retrying cannot fix a handshake, so the
     request is dropped at once, as over HTTP (it was retried for the whole export timeout)."""
-    import shutil
-    import subprocess
     from concurrent import futures
 
     grpc = pytest.importorskip("grpc")
     from memra_obs.otel.config import OtlpConfig
     from memra_obs.otel.transport import GrpcSender, SendError
 
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl CLI not found: cannot make a self-signed certificate")
-    crt, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True,
-                   timeout=60)  # fmt: skip
+    crt, key = self_signed(tmp_path)
     handler = grpc.method_handlers_generic_handler(
         "opentelemetry.proto.collector.trace.v1.TraceService",
         {"Export": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"")},
