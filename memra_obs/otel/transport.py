@@ -239,7 +239,7 @@ class FileSender(_Local):
     shared by workers, rotated at ``max_bytes`` to ``<path>.1``, one previous file kept)."""
 
     def __init__(self, path: str, max_bytes: int = 0) -> None:
-        self.path, self.max_bytes = os.path.abspath(path), max_bytes
+        self.path = os.path.abspath(path)
         mib = f"{max_bytes >> 20} MiB" if max_bytes % (1 << 20) == 0 else f"{max_bytes} bytes"
         rotates = f" (rotates at {mib}, keeps one previous file)" if max_bytes else ""
         self.url = self.path + rotates
