@@ -7,39 +7,22 @@ everything; nothing imports it.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from .device.workload import GpuUnavailable
-from .environment import MEMRA_OBS_SINKS, ConfigError
+from .environment import MEMRA_OBS_SINKS, ConfigError, positive
 
 __all__ = ["main"]
 
 
-def _positive(kind: Callable[[str], float], top: float = math.inf) -> Callable[[str], Any]:
-    """An argparse type: ``kind(v)`` in (0, top], else a usage error that says so."""
-    what = "integer" if kind is int else "number"
-    what += f" up to {top:g}" if top < math.inf else ""
-
-    def parse(v: str) -> float:
-        try:
-            x = kind(v)
-        except ValueError:
-            x = math.nan
-        if not 0 < x <= top:
-            raise argparse.ArgumentTypeError(f"{v!r} is not a positive {what}")
-        return x
-
-    return parse
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="memra-obs", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="memra-obs", description=__doc__.split("\n\n")[0].replace("``", "")
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser(
@@ -51,23 +34,20 @@ def _parser() -> argparse.ArgumentParser:
         "MEMRA_OBS_SPANS_FILE or the OTEL_* exporter. Runs until Ctrl-C unless bounded.",
     )
     g = d.add_mutually_exclusive_group()
-    g.add_argument(
-        "--duration", type=_positive(float), metavar="SECONDS", help="stop after this long"
-    )
-    g.add_argument("--requests", type=_positive(int), metavar="N", help="stop after N requests")
+    # fmt: off
+    g.add_argument("--duration", type=positive(float), metavar="SECONDS", help="stop after this long")
+    g.add_argument("--requests", type=positive(int), metavar="N", help="stop after N requests")
     d.add_argument("--gpu", action="store_true", help="real kernels on the GPU (cupy or torch)")
     d.add_argument("--families", default="glm5", help="comma list of spec families (default glm5)")
-    d.add_argument(
-        "--k", type=_positive(int, 64), default=4, help="drafted tokens per round (default 4)"
-    )
-    d.add_argument("--concurrency", type=_positive(int, 256), default=1, help="loop threads")
+    d.add_argument("--k", type=positive(int, 64), default=4,
+                   help="drafted tokens per round, 1..64 (default 4)")
+    d.add_argument("--concurrency", type=positive(int, 256), default=1,
+                   help="loop threads, 1..256 (default 1)")
     d.add_argument("--seed", type=int, default=None, help="random seed for a repeatable run")
-    d.add_argument(
-        "--speed",
-        type=_positive(float, 100),
-        default=1.0,
-        help="scale simulated times (default 1.0)",
-    )
+    d.add_argument("--speed", type=positive(float, 100, least=0.01), default=1.0,
+                   help="how fast the simulated model runs: 2 = twice as fast, 0.5 = half as fast; "
+                   "0.01..100 (default 1)")
+    # fmt: on
 
     t = sub.add_parser("tail", help="turn legacy stderr lines into metrics and spans")
     t.add_argument(

@@ -89,7 +89,7 @@ class SimWorkload:
 
     def _dev(self, ms: float, host: bool = False) -> None:
         """``ms`` of device work queued on the stream (``host``: of host work, done here)."""
-        (time.sleep if host else self.stream.enqueue)(max(ms, 0.0) * self.speed / 1000.0)
+        (time.sleep if host else self.stream.enqueue)(max(ms, 0.0) / self.speed / 1000.0)
 
     def cache_alloc(self, ctx: int) -> None:
         self._held_mb += self.dev.take(max(64, ctx // 16))
@@ -122,7 +122,7 @@ class SimWorkload:
         slow = self.rng.random() < 0.03
         ms = base * (self.rng.uniform(2.2, 3.0) if slow else self.rng.uniform(0.92, 1.12))
         self._dev(ms)
-        ns = int(ms * self.speed * 1e6)  # the device time it stands for, as _dev queues it
+        ns = int(ms / self.speed * 1e6)  # the device time it stands for, as _dev queues it
         kda = int(ns * 0.34)  # level-2 shares: the mixer classes, the FFN inside vrest
         VERIFY_SPLIT.add(kda=kda, kda_scan=int(kda * 0.4), mla=int(ns * 0.21), ffn=int(ns * 0.30))
         if slow:

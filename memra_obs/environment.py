@@ -7,6 +7,8 @@ off on junk, by the seed's law; ``OTEL_*`` settings are read where they are used
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import re
 import socket
@@ -22,6 +24,7 @@ __all__ = [
     "MEMRA_OBS_QUEUE_SIZE", "MEMRA_OBS_REQUESTS_DETAIL", "MEMRA_OBS_REQUESTS_FILE",
     "MEMRA_OBS_RING_SLOTS", "MEMRA_OBS_ROUND_SPANS", "MEMRA_OBS_SINKS", "MEMRA_OBS_SPANS_FILE",
     "MEMRA_OBS_SPANS_FILE_MAX_BYTES", "MEMRA_OBS_WORKER", "ConfigError", "Settings", "parse_addr",
+    "positive",
 ]  # fmt: skip
 
 
@@ -100,16 +103,44 @@ def _parse_clock(var: str, value: str) -> str:
     return v
 
 
+_DECIMAL = re.compile(r"[0-9]+\.?[0-9]*|\.[0-9]+").fullmatch
+
+
+def _number(value: str, integer: bool = False) -> float | None:
+    """ASCII digits (and, unless ``integer``, one optional point), else None: int() and float()
+    would also take "1_024", other scripts' digits, "1e3", "nan" or "inf"."""
+    v = value.strip()
+    if integer:
+        return int(v) if v.isascii() and v.isdigit() else None
+    return float(v) if _DECIMAL(v) else None
+
+
+def positive(kind: type, top: float = math.inf, least: float = 0.0) -> Callable[[str], Any]:
+    """An argparse type for a command's number option, read as the knobs are: ``kind`` in
+    (0, top] (with ``least``: in [least, top]), else a usage error that says so."""
+    what = "integer" if kind is int else "number"
+    if least:
+        what = f"{what} from {least:g} to {top:g}"
+    else:
+        what = f"positive {what}" + (f" up to {top:g}" if top < math.inf else "")
+
+    def parse(value: str) -> Any:
+        x = _number(value, kind is int)
+        if x is None or not (least <= x <= top if least else 0 < x <= top) or x == math.inf:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a {what}")
+        return x
+
+    return parse
+
+
 def _int_in(lo: int, hi: int) -> Callable[[str, str], int]:
     def parse(var: str, value: str) -> int:
-        v = value.strip()
-        # ASCII digits only: int() would also take "1_024" and other scripts' digits.
-        if not (v.isascii() and v.isdigit()):
+        n = _number(value, integer=True)
+        if n is None:
             raise ConfigError(f"{var}={value!r}: expected an integer (digits 0-9 only)")
-        n = int(v)
         if not lo <= n <= hi:
             raise ConfigError(f"{var}={value!r}: expected {lo}..{hi}")
-        return n
+        return int(n)
 
     return parse
 
@@ -121,13 +152,8 @@ def _ring_slots(var: str, value: str) -> int:
     return n
 
 
-_DECIMAL = re.compile(r"[0-9]+\.?[0-9]*|\.[0-9]+")
-
-
 def _positive_ms(var: str, value: str) -> float:
-    v = value.strip()
-    # ASCII digits and one optional point: float() would also take "6_8", "1e3" or "nan".
-    x = float(v) if _DECIMAL.fullmatch(v) else 0.0
+    x = _number(value) or 0.0
     if not 0 < x < 1e6:
         raise ConfigError(f"{var}={value!r}: expected a positive number of milliseconds")
     return x
@@ -156,7 +182,7 @@ def _basic_auth_file(var: str, value: str) -> tuple[str, str] | None:
     if path is None:
         return None
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a BOM (Windows editors) is not the user
             line = f.readline().rstrip("\r\n")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{var}={value!r}: cannot read it ({exc})") from None
@@ -226,7 +252,7 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     ("metrics_addr", MEMRA_OBS_METRICS_ADDR, parse_addr),
     ("spans_file", MEMRA_OBS_SPANS_FILE, _nonblank),
     ("spans_file_max_bytes", MEMRA_OBS_SPANS_FILE_MAX_BYTES, _int_in(0, 1 << 50)),
-    ("agent", MEMRA_OBS_AGENT, lambda _, v: v or None),
+    ("agent", MEMRA_OBS_AGENT, lambda _, v: v.strip() or None),
     ("clock", MEMRA_OBS_CLOCK, _parse_clock),
     ("round_spans", MEMRA_OBS_ROUND_SPANS, _int_in(0, 1 << 20)),
     ("queue_size", MEMRA_OBS_QUEUE_SIZE, _int_in(16, 1 << 24)),
@@ -237,7 +263,7 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     ("metrics_tls_key", MEMRA_OBS_METRICS_TLS_KEY, _readable_file),
     ("metrics_basic_auth", MEMRA_OBS_METRICS_BASIC_AUTH_FILE, _basic_auth_file),
     ("max_devices", MEMRA_OBS_MAX_DEVICES, _int_in(1, 4096)),
-    ("requests_file", MEMRA_OBS_REQUESTS_FILE, lambda _, v: v or None),
+    ("requests_file", MEMRA_OBS_REQUESTS_FILE, lambda _, v: v.strip() or None),
     ("requests_detail", MEMRA_OBS_REQUESTS_DETAIL, lambda n, v: _int_in(0, 1)(n, v) == 1),
     ("advice_window", MEMRA_OBS_ADVICE_WINDOW, _int_in(0, 1 << 20)),
     ("plain_step_ms", MEMRA_OBS_PLAIN_STEP_MS, _positive_ms),

@@ -34,8 +34,9 @@ class AppendFile:
         """Raises OSError (a missing directory, no permission, a full disk)."""
         for _ in range(8):  # another process moved it between our open and our lock: again
             if self._fd < 0:
-                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-                self._fd = os.open(self.path, flags, 0o644)
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
+                self._fd = os.open(self.path, flags, 0o644)  # a FIFO with no reader: ENXIO
+                os.set_blocking(self._fd, True)
             fd = self._fd
             with contextlib.suppress(OSError):  # a filesystem without locks: appends still go
                 fcntl.flock(fd, fcntl.LOCK_EX)

@@ -117,7 +117,7 @@ def _requests(st: Settings, env: Mapping[str, str]) -> RecordExporter:
         return RequestsExporter(st.requests_file or "", detailed=st.requests_detail)
     except OSError as exc:  # a missing directory, a directory, no permission
         var = MEMRA_OBS_REQUESTS_FILE  # else configure(requests_file=...) set it
-        if env.get(var) != st.requests_file:
+        if env.get(var, "").strip() != st.requests_file:
             var = "argument requests_file"
         raise ConfigError(f"{var}={st.requests_file!r}: {exc.strerror}") from None
 

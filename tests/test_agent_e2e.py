@@ -95,7 +95,7 @@ class Procs:
         return self.logs[p.pid].read_text(errors="replace")
 
     def demo(
-        self, ring_dir: Path, i: int, requests: int, speed: float = 0.05, **env: str
+        self, ring_dir: Path, i: int, requests: int, speed: float = 20, **env: str
     ) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", "memra_obs.cli", "demo", "--requests", str(requests), "--seed", str(i),
                 "--speed", str(speed)]  # fmt: skip
@@ -209,7 +209,7 @@ def test_a_worker_killed_mid_burst_loses_nothing_it_wrote(tmp_path, procs):
     at = AgentThread(rings, [cap], cleanup=False)
     try:
         other = procs.demo(rings, 1, requests=4)
-        victim = procs.demo(rings, 0, requests=10_000, speed=0.2)
+        victim = procs.demo(rings, 0, requests=10_000, speed=5)
         path = wait_for(
             "the victim's ring",
             lambda: next(
@@ -296,9 +296,9 @@ def test_a_restarted_agent_resumes_without_double_counting(tmp_path, procs):
     rings = tmp_path / "rings"
     a1 = _agent(procs, "agent1", rings, tmp_path / "spans1.jsonl")
     wait_for("agent 1 up", lambda: "publishing" in procs.log(a1))
-    # speed 0.3: the same records over more wall time, so the workers outlive agent 1 even
+    # speed 3: the same records over more wall time, so the workers outlive agent 1 even
     # when a loaded machine makes its drain and flush take seconds
-    workers = [procs.demo(rings, i, requests=25, speed=0.3) for i in range(3)]
+    workers = [procs.demo(rings, i, requests=25, speed=3) for i in range(3)]
     paths = wait_for("3 rings", lambda: _rings(rings) if len(_rings(rings)) == 3 else None)
 
     def committed() -> bool:  # agent 1 has published part of every ring

@@ -222,22 +222,28 @@ def test_one_agent_per_directory(tmp_path):
 
 
 def test_an_unusable_directory_or_poll_is_one_line_and_status_2(tmp_path):
-    """A ring directory under a file, ``--poll-ms nan`` (it spun) or ``inf`` (a traceback):
-    one line naming it, status 2; ``--keep`` reports no ring removed."""
+    """A ring directory under a file: one line naming it, status 2. ``--poll-ms nan`` (it
+    spun), ``inf`` (a traceback), ``0`` and ``--dir ''`` (it read $MEMRA_OBS_AGENT or the
+    default): a usage error naming the option as typed. ``--keep`` reports no ring removed."""
     (tmp_path / "f").write_text("")
     for args, said in (
         (["--dir", str(tmp_path / "f" / "sub")], "ring directory"),
-        (["--dir", str(tmp_path), "--poll-ms", "nan"], "--poll-ms=nan"),
-        (["--dir", str(tmp_path), "--poll-ms", "inf"], "--poll-ms=inf"),
+        (["--dir", str(tmp_path), "--poll-ms", "nan"], "--poll-ms: 'nan' is not"),
+        (["--dir", str(tmp_path), "--poll-ms", "inf"], "--poll-ms: 'inf' is not"),
+        (["--dir", str(tmp_path), "--poll-ms", "0"], "--poll-ms: '0' is not a positive number"),
+        (["--dir", " "], "--dir: must not be empty"),
     ):
         p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "agent", *args],
                            capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert p.returncode == 2 and p.stderr.count("\n") == 1 and said in p.stderr, p.stderr
+        assert p.returncode == 2 and "Traceback" not in p.stderr and said in p.stderr, p.stderr
+        assert p.stderr.count("\n") == 1 or p.stderr.startswith("usage: memra-obs agent")
     obs, sink = observer(str(tmp_path / "r"), "w")
     with obs.session("glm5") as s:
         rounds(s, 1)
     sink.shutdown()
-    env = {**os.environ, "MEMRA_OBS_SINKS": "", "MEMRA_OBS_METRICS_ADDR": ""}
+    env = {**os.environ, "MEMRA_OBS_SPANS_FILE": str(tmp_path / "s.jsonl"),
+           "MEMRA_OBS_METRICS_ADDR": ""}  # fmt: skip
+    env.pop("MEMRA_OBS_SINKS", None)
     p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "agent", "--dir",
                         str(tmp_path / "r"), "--once", "--keep", "--priority", "normal"],
                        capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
@@ -246,8 +252,8 @@ def test_an_unusable_directory_or_poll_is_one_line_and_status_2(tmp_path):
 
 
 def test_an_agent_with_nothing_to_publish_refuses_to_start(tmp_path):
-    """``MEMRA_OBS_SINKS=nvtx``, spans only turned off by OTEL_*, or metrics with no /metrics
-    (``MEMRA_OBS_METRICS_ADDR=``): status 2 with one line naming the variable, and the rings
+    """``MEMRA_OBS_SINKS=nvtx`` or ``=``, spans only turned off by OTEL_*, or metrics with no
+    /metrics (``MEMRA_OBS_METRICS_ADDR=``): status 2 with one line naming the variable, and the rings
     stay (it read them, removed them and said published)."""
     obs, sink = observer(str(tmp_path / "r"), "w")
     with obs.session("glm5") as s:
@@ -258,6 +264,7 @@ def test_an_agent_with_nothing_to_publish_refuses_to_start(tmp_path):
         {"MEMRA_OBS_SINKS": "otel", "OTEL_SDK_DISABLED": "true"},
         {"MEMRA_OBS_SINKS": "prometheus"},  # into a registry nobody serves (no /metrics)
         {"OTEL_TRACES_EXPORTER": "none"},  # the default sinks, neither readable
+        {"MEMRA_OBS_SINKS": " "},  # set and empty: none, as for the tail (it was the default)
     ):
         env = {**os.environ, "MEMRA_OBS_METRICS_ADDR": "", **extra}
         p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "agent", "--dir",

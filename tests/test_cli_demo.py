@@ -135,7 +135,7 @@ def test_demo_in_process_leaves_handlers_and_environment_and_scales_the_split(
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("MEMRA_OBS_SINKS", "")
     before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), dict(os.environ))
-    assert main(["demo", "--requests", "2", "--speed", "0.25", "--seed", "1"]) == 0
+    assert main(["demo", "--requests", "2", "--speed", "4", "--seed", "1"]) == 0
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before[:2]
     assert dict(os.environ) == before[2]
     lines = [parse_line(x) for x in capfd.readouterr().err.splitlines() if "-phase" in x]
@@ -156,19 +156,26 @@ def _demo(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
 def test_demo_arguments_are_bounded_and_its_stops_are_kept(tmp_path):
     """``--k 100000`` (refused by the loop: a demo that recorded nothing and could not be
     stopped) is a usage error, as is junk; ``--duration`` ends the request in flight after its
-    burst (``--speed 50 --duration 1`` ran 6+ s); a second SIGTERM ends it at once."""
+    burst (``--speed 0.02 --duration 1`` ran 6+ s); a second SIGTERM ends it at once."""
     import signal
 
-    for bad, says in (("--k=100000", "positive integer up to 64"), ("--speed=abc", "positive")):
+    for bad, says in (
+        ("--k=100000", "positive integer up to 64"),
+        ("--speed=abc", "number from 0.01 to 100"),
+        ("--speed=0.001", "number from 0.01 to 100"),
+        ("--duration=inf", "positive number"),  # it ran for ever, as "infs"
+        ("--k=١٢", "positive integer"),  # int() reads other scripts' digits
+        ("--requests=1_0", "positive integer"),
+    ):
         p = _demo(tmp_path, bad)
         err = p.communicate(timeout=60)[1]
         assert p.returncode == 2 and f"argument {bad.split('=')[0]}: " in err and says in err
     t0 = time.monotonic()
-    p = _demo(tmp_path, "--speed", "50", "--duration", "1")
+    p = _demo(tmp_path, "--speed", "0.02", "--duration", "1")
     err = p.communicate(timeout=60)[1]
     assert p.returncode == 0 and "demo done: sessions=1 " in err, err
     assert time.monotonic() - t0 < 5.5
-    p = _demo(tmp_path, "--speed", "100")  # a burst: 6 rounds of ~0.45 s
+    p = _demo(tmp_path, "--speed", "0.01")  # a burst: 6 rounds of ~0.45 s
     assert p.stderr is not None and "[memra-obs] demo:" in p.stderr.readline()
     time.sleep(2.0)
     p.send_signal(signal.SIGTERM)
@@ -177,3 +184,17 @@ def test_demo_arguments_are_bounded_and_its_stops_are_kept(tmp_path):
     p.send_signal(signal.SIGTERM)
     p.communicate(timeout=30)
     assert p.returncode == -signal.SIGTERM and time.monotonic() - t0 < 1.0
+
+
+def test_speed_is_how_fast_the_simulated_model_runs():
+    """``--speed 4``: four times as fast (it multiplied the simulated times, so 4 ran slower)."""
+    import random
+    import types
+
+    from memra_obs.demo import SimDevice, SimWorkload
+
+    w = SimWorkload(random.Random(1), SimDevice(), speed=4)
+    queued: list[float] = []
+    w.stream = types.SimpleNamespace(enqueue=queued.append)
+    w._dev(8.0)
+    assert queued == [0.002]

@@ -127,11 +127,18 @@ def test_basic_auth_needs_a_user_and_a_password(tmp_path):
         f.write_text(bad)
         with pytest.raises(ConfigError, match="MEMRA_OBS_METRICS_BASIC_AUTH_FILE"):
             Settings.resolve({"MEMRA_OBS_METRICS_BASIC_AUTH_FILE": str(f)})
-    f.write_text("user:pw\n")
-    assert Settings.resolve({"MEMRA_OBS_METRICS_BASIC_AUTH_FILE": str(f)}).metrics_basic_auth == (
-        "user",
-        "pw",
-    )
+    for good in (b"user:pw\n", b"\xef\xbb\xbfuser:pw\r\n"):  # a BOM was part of the user: 401s
+        f.write_bytes(good)
+        auth = Settings.resolve({"MEMRA_OBS_METRICS_BASIC_AUTH_FILE": str(f)}).metrics_basic_auth
+        assert auth == ("user", "pw")
+
+
+def test_blank_paths_are_unset_and_padded_ones_trimmed():
+    """``MEMRA_OBS_AGENT=' '`` made a ring in ``/dev/shm/ /`` and ``MEMRA_OBS_REQUESTS_FILE=' '``
+    a file named ``' '``: blank is unset (as empty is), and a path is trimmed, as the TLS ones."""
+    for var, name in (("MEMRA_OBS_AGENT", "agent"), ("MEMRA_OBS_REQUESTS_FILE", "requests_file")):
+        assert getattr(Settings.resolve({var: " "}), name) is None
+        assert getattr(Settings.resolve({var: " /x/y "}), name) == "/x/y"
 
 
 def test_the_cli_exits_2_with_one_line_on_a_bad_knob():

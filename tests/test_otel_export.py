@@ -521,6 +521,11 @@ def test_spans_off(env):
             {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "soon"},
             "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
         ),
+        (  # float() reads other scripts' digits and 1_000
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TIMEOUT": "\u0661\u0662"},
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ),
+        ({"OTEL_TRACES_EXPORTER": " , "}, "OTEL_TRACES_EXPORTER"),  # it turned spans off
         (
             {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_COMPRESSION": "br"},
             "OTEL_EXPORTER_OTLP_COMPRESSION",
@@ -647,15 +652,23 @@ def test_resource_keys_are_kept_as_written_and_values_decoded(monkeypatch):
     assert attrs["k%3Dx"] == "1" and "k=x" not in attrs and attrs["site"] == "eu,west"
 
 
-def test_a_spans_file_with_no_directory_fails_at_start_up(tmp_path):
-    """It used to start, then drop every span (said once at the first write)."""
-    for path in (tmp_path / "nope" / "spans.jsonl", tmp_path):
-        with pytest.raises(
-            ConfigError, match=r"MEMRA_OBS_SPANS_FILE=.*: not a file in a directory"
-        ):
+def test_a_spans_file_it_cannot_write_fails_at_start_up(tmp_path):
+    """It used to start, then drop every span (said once at the first write): a missing
+    directory, a directory (``new/`` too: it wrote a file ``new``), a file it may not create,
+    a FIFO nobody reads (it blocked start-up)."""
+    os.mkfifo(tmp_path / "fifo")
+    for path, why in (
+        (tmp_path / "nope" / "spans.jsonl", "No such file"),
+        (tmp_path, "Is a directory"),
+        (f"{tmp_path}/new/", "Is a directory"),
+        ("/proc/spans.jsonl", "No such file"),
+        (tmp_path / "fifo", "No such device"),
+    ):
+        with pytest.raises(ConfigError, match=rf"MEMRA_OBS_SPANS_FILE=.*: {why}"):
             build_span_exporter(
                 Settings(spans_file=str(path)), env={"MEMRA_OBS_SPANS_FILE": str(path)}
             )
+    assert not (tmp_path / "new").exists()
     ex = build_span_exporter(Settings(spans_file=str(tmp_path / "s.jsonl")), env={})
     assert ex is not None
     ex.shutdown(1)
@@ -823,10 +836,10 @@ def test_a_spans_file_argument_with_no_directory_names_the_argument(tmp_path, mo
     monkeypatch.setattr(memra_obs, "_observer", None)
     bad = str(tmp_path / "nope" / "x.jsonl")
     try:
-        with pytest.raises(ConfigError, match=r"^argument spans_file='.*': not a file in a dir"):
+        with pytest.raises(ConfigError, match=r"^argument spans_file='.*': No such file or dir"):
             memra_obs.configure(sinks="otel", spans_file=bad, metrics_addr="")
         monkeypatch.setenv("MEMRA_OBS_SPANS_FILE", bad)
-        with pytest.raises(ConfigError, match=r"^MEMRA_OBS_SPANS_FILE='.*': not a file in a dir"):
+        with pytest.raises(ConfigError, match=r"^MEMRA_OBS_SPANS_FILE='.*': No such file or dir"):
             memra_obs.configure(sinks="otel", metrics_addr="")
     finally:
         memra_obs.configure(env={})

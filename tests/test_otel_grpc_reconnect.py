@@ -78,7 +78,7 @@ def test_grpc_exports_resume_soon_after_a_long_outage(tmp_path):
         MEMRA_OBS_SINKS="otel",
     )
     demo = subprocess.Popen(
-        [sys.executable, "-m", "memra_obs.cli", "demo", "--duration", "60", "--speed", "0.5"],
+        [sys.executable, "-m", "memra_obs.cli", "demo", "--duration", "60", "--speed", "2"],
         env=env,
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,

@@ -81,8 +81,8 @@ def legacy(path: Path) -> list:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Two demo runs: the default span cap, and a cap of 16 rounds a session."""
     tmp = tmp_path_factory.mktemp("report")
-    log, spans = demo(tmp, "demo", "--requests", "8", "--seed", "11", "--speed", "0.2")
-    clog, cspans = demo(tmp, "capped", "--requests", "4", "--seed", "12", "--speed", "0.2",
+    log, spans = demo(tmp, "demo", "--requests", "8", "--seed", "11", "--speed", "5")
+    clog, cspans = demo(tmp, "capped", "--requests", "4", "--seed", "12", "--speed", "5",
                         MEMRA_OBS_ROUND_SPANS="16")  # fmt: skip
     return {"tmp": tmp, "log": log, "spans": spans, "clog": clog, "cspans": cspans}
 
@@ -442,6 +442,14 @@ def test_a_failed_render_or_write_leaves_no_temp_file(runs, tmp_path, monkeypatc
             p.returncode == 2 and p.stderr == f"memra-obs report: -o {link} is the input copy.log\n"
         )
     assert log.read_bytes() == runs["log"].read_bytes()
+    for blank in ("", " "):  # "": ": Is a directory"; " ": a file named " ", status 0
+        p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "report", "copy.log", "-o", blank],
+                           capture_output=True, text=True, env=_env(), cwd=tmp_path)  # fmt: skip
+        assert (
+            p.returncode == 2
+            and p.stderr == f"memra-obs report: -o {blank!r}: name a file (or /dev/stdout)\n"
+        )
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["copy.log", "dir"]
 
 
 def test_counts_no_worker_writes_refuse_their_session_and_the_page_is_written(runs, tmp_path):

@@ -53,8 +53,8 @@ def browser(tmp_path_factory: pytest.TempPathFactory):
 def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Reports of a demo's log, of its span file, and A/B of two demo logs."""
     tmp = tmp_path_factory.mktemp("pages")
-    log, spans = demo(tmp, "a", "--requests", "6", "--seed", "21", "--speed", "0.2")
-    log2, _ = demo(tmp, "b", "--requests", "6", "--seed", "22", "--speed", "0.2")
+    log, spans = demo(tmp, "a", "--requests", "6", "--seed", "21", "--speed", "5")
+    log2, _ = demo(tmp, "b", "--requests", "6", "--seed", "22", "--speed", "5")
     out = {"log": tmp / "log.html", "spans": tmp / "spans.html", "ab": tmp / "ab.html"}
     report(log, out=out["log"])
     report(spans, out=out["spans"])

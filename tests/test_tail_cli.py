@@ -147,7 +147,7 @@ def test_an_empty_worker_label_is_refused_under_its_own_name():
     """``--worker ''`` or ``MEMRA_OBS_WORKER=''`` is refused naming it, as every knob (it was
     replaced by the file's name); a set label is taken, an unset one is the input's name."""
     p = _tail("-", "--worker", "", data=b"")
-    assert p.returncode == 2 and b"argument worker='': must not be empty" in p.stderr
+    assert p.returncode == 2 and b"argument --worker: must not be empty" in p.stderr
     p = _tail("-", data=b"", env={"MEMRA_OBS_WORKER": ""})
     assert p.returncode == 2 and b"MEMRA_OBS_WORKER='': must not be empty" in p.stderr
     for env, label in (({"MEMRA_OBS_WORKER": "r7"}, b"'r7'"), ({}, b"'stdin'")):
@@ -197,13 +197,17 @@ def test_a_signal_during_the_final_flush_waits_for_it(tmp_path):
 
 
 def test_seconds_past_a_day_or_not_finite_are_refused():
-    """``--linger inf`` (or 1e300, or --session-gap / --poll so) is a usage error, not a crash."""
-    for opt in ("--linger", "--session-gap", "--poll"):
-        for v in ("inf", "1e300", "nan", "86401"):
+    """``--linger inf`` (or 1e300, or --session-gap / --poll so) is a usage error, not a crash;
+    so are 0 and other scripts' digits (float() reads them), for --max-bursts too."""
+    for opt in ("--linger", "--session-gap", "--poll", "--max-bursts"):
+        top = "" if opt == "--max-bursts" else " up to 86400"
+        for v in ("inf", "1e300", "nan", "86401", "0", "\u0669"):
+            if opt == "--max-bursts" and v == "86401":
+                continue
             p = _tail("-", opt, v, data=b"")
             assert p.returncode == 2 and b"Traceback" not in p.stderr, p.stderr
-            assert f"{opt} must be positive and at most 86400 (a day)".encode() in p.stderr
-            assert p.stderr.startswith(b"usage: memra-obs tail [--follow] FILE|- "), p.stderr
+            said = f"argument {opt}: {v!r} is not a positive {'integer' if top == '' else 'number'}"
+            assert f"{said}{top}".encode() in p.stderr, p.stderr
 
 
 def test_a_directory_or_a_read_error_ends_the_tail_with_one_line(tmp_path, monkeypatch, capfd):

@@ -40,7 +40,7 @@ def demo_vs_tail() -> tuple[Any, Any, list[Any], list[str]]:
     q = QueueSink([PrometheusExporter(registry=reg_demo)])
     dev = SimDevice()
     with capture(level=2, prof=True, sinks=[q], memory=dev.snapshot, wants_trace_ids=True) as cap:
-        run_demo(DemoConfig(requests=4, seed=11, speed=0.2), cap.observer, device=dev)
+        run_demo(DemoConfig(requests=4, seed=11, speed=5), cap.observer, device=dev)
         assert q.flush(10.0)
         records = list(cap.records)
         lines = cap.lines
@@ -184,7 +184,7 @@ def test_demo_stderr_piped_through_the_cli(tmp_path):
                 "--seed",
                 "5",
                 "--speed",
-                "0.3",
+                "3",
             ],
             stdin=subprocess.DEVNULL,
             capture_output=True,

@@ -32,6 +32,7 @@ from ..environment import (
     MEMRA_OBS_SINKS,
     ConfigError,
     Settings,
+    positive,
 )
 from ..export import ExportWorker, RecordExporter
 from ..timeline import Record
@@ -304,7 +305,7 @@ def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None =
     them, metrics labelled ``worker`` to a fresh registry served on ``MEMRA_OBS_METRICS_ADDR``."""
     check_cpu()
     env = os.environ if env is None else env
-    knobs = {} if env.get(MEMRA_OBS_SINKS, "").strip() else {"sinks": "otel,prometheus"}
+    knobs = {} if MEMRA_OBS_SINKS in env else {"sinks": "otel,prometheus"}  # set "": none
     st = Settings.resolve(env, **knobs)
     directory = ring_directory(directory or st.agent or default_directory())
     unread = registry is None  # a registry of its own, read only through /metrics
@@ -355,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # fmt: off
     p.add_argument("--dir", default=None,
                    help=f"ring directory (default ${MEMRA_OBS_AGENT}, else {default_directory()})")
-    p.add_argument("--poll-ms", type=float, default=20.0,
+    p.add_argument("--poll-ms", type=positive(float, 60_000), default=20.0,
                    help="sleep between passes once every ring is read (default 20)")
     p.add_argument("--priority", choices=("idle", "low", "normal"), default="idle",
                    help="CPU priority of this process: idle = SCHED_IDLE (runs only on cycles the "
@@ -363,9 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--once", action="store_true", help="publish what the rings hold now, then exit")
     p.add_argument("--keep", action="store_true", help="do not remove rings of exited workers")
     # fmt: on
-    args = p.parse_args(argv)
-    if not 0 < args.poll_ms <= 60_000:  # (nan too: it spun, inf: a traceback)
-        raise ConfigError(f"--poll-ms={args.poll_ms}: expected a number of ms in (0, 60000]")
+    args = p.parse_args(argv)  # --poll-ms nan spun, inf was a traceback
+    if args.dir is not None and not args.dir.strip():  # "" was $MEMRA_OBS_AGENT or the default
+        p.error("argument --dir: must not be empty (leave it out for the default)")
     stop = threading.Event()  # handlers first: a SIGTERM during start-up still drains
 
     # set from a thread: the handler may interrupt this thread inside stop.wait(), holding

@@ -10,6 +10,7 @@ opentelemetry-proto are never imported here.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -58,14 +59,17 @@ def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> 
         return cls(dict(res.attributes), SCOPE_NAME, __version__, schema_url=res.schema_url)
 
     if name == "file":  # lines well under the Collector file receivers' 1 MiB line limit
-        path = settings.spans_file  # else every span is dropped, said once, at the first write
-        if os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        path = settings.spans_file
+        try:  # opened now: else every span is dropped, said once, at the first write
+            if path.endswith(os.sep):  # abspath() would drop the slash and create a file
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+            sender = FileSender(path, settings.spans_file_max_bytes)
+        except OSError as exc:
             # neither the variable's value nor the default: configure(spans_file=...) set it
             var = MEMRA_OBS_SPANS_FILE
             if path not in (env.get(var), Settings.spans_file):
                 var = "argument spans_file"
-            raise ConfigError(f"{var}={path!r}: not a file in a directory")
-        sender = FileSender(path, settings.spans_file_max_bytes)
+            raise ConfigError(f"{var}={path!r}: {exc.strerror}") from None
         return Output(name, enc(JsonEncoder), sender, max_bytes=256 << 10)
     if name not in _FORCED:
         from importlib.metadata import entry_points

@@ -68,6 +68,8 @@ def traces_exporters(env: Mapping[str, str]) -> list[str]:
     if not raw:
         return ["otlp"] if _get(env, "ENDPOINT") else ["file"]
     names = [n.strip().lower() for n in raw.split(",") if n.strip()]
+    if not names:  # "," turned spans off, unsaid
+        raise ConfigError(f"{OTEL_TRACES_EXPORTER}={raw!r}: no exporter named (none: off)")
     if "none" in names and len(names) > 1:
         raise ConfigError(f"{OTEL_TRACES_EXPORTER}={raw!r}: 'none' cannot be combined with others")
     if len(set(names)) != len(names):
@@ -151,10 +153,7 @@ class OtlpConfig:
         """Read the OTLP variables; ``protocol`` forces one (``otlp_proto_grpc`` etc.)."""
         protocol = protocol or _choice(env, "PROTOCOL", ("http/protobuf", "http/json", "grpc"))
         var, ms = _get(env, "TIMEOUT") or ("", "10000")  # 10 s
-        try:
-            timeout_s = float(ms) / 1000.0
-        except ValueError:
-            timeout_s = 0.0  # refused below
+        timeout_s = float(ms) / 1000.0 if _RATE(ms.strip()) else 0.0  # not "١٢" or "1_000"
         if not 0 < timeout_s < 1e6:
             raise ConfigError(f"{var}={ms!r}: expected a number of milliseconds > 0")
         hvar, raw = _get(env, "HEADERS") or ("", "")

@@ -62,6 +62,9 @@ def main(args: argparse.Namespace) -> int:
     if len(args.inputs) > 2 or args.inputs.count("-") > 1:
         sys.stderr.write("memra-obs report: one input, or two for A/B (at most one of them -)\n")
         return 2
+    if not args.output.strip():  # "" was ": Is a directory", " " a file named " "
+        sys.stderr.write(f"memra-obs report: -o {args.output!r}: name a file (or /dev/stdout)\n")
+        return 2
     for path in args.inputs:  # the page would replace the log it was made from
         with contextlib.suppress(OSError):
             if path != "-" and os.path.samefile(path, args.output):

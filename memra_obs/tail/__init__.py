@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..environment import MEMRA_OBS_SINKS, MEMRA_OBS_WORKER, Settings
+from ..environment import MEMRA_OBS_SINKS, MEMRA_OBS_WORKER, Settings, positive
 from ..export import QueueSink
 from ..wiring import Exporters, build_exporters, sessions_sampled
 from .passthrough import Tail
@@ -28,11 +28,12 @@ from .stats import TailCollector, TailStats
 
 __all__ = ["Rebuilder", "Tail", "TailCollector", "TailStats", "main", "pump"]
 
-_OPTIONS: tuple[tuple[str, type, Any, str, str], ...] = (
-    ("--poll", float, 0.1, "S", "--follow: seconds between checks of a file at its end (default 0.1)"),
-    ("--linger", float, 0.5, "S", "seconds a burst waits for its level-2 line, profile and rows (0.5)"),
-    ("--session-gap", float, 1.0, "S", "seconds without a line that end a session (default 1.0)"),
-    ("--max-bursts", int, 64, "N", "bursts per session when no [spec-prof] line marks requests (64)"),
+_SECONDS = positive(float, 86400)  # past a day (inf, 1e300): a typo, not a wait
+_OPTIONS: tuple[tuple[str, Any, Any, str, str], ...] = (
+    ("--poll", _SECONDS, 0.1, "S", "--follow: seconds between checks of a file at its end (default 0.1)"),
+    ("--linger", _SECONDS, 0.5, "S", "seconds a burst waits for its level-2 line, profile and rows (0.5)"),
+    ("--session-gap", _SECONDS, 1.0, "S", "seconds without a line that end a session (default 1.0)"),
+    ("--max-bursts", positive(int), 64, "N", "bursts per session when no [spec-prof] line marks requests (64)"),
 )  # fmt: skip
 
 
@@ -51,11 +52,8 @@ def _options(rest: Sequence[str], ns: argparse.Namespace) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="memra-obs tail", usage=usage, add_help=False)
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
-    for name in ("poll", "linger", "session_gap"):
-        if not 0 < getattr(ns, name) <= 86400:  # past a day (inf, 1e300): a typo, not a wait
-            p.error(f"--{name.replace('_', '-')} must be positive and at most 86400 (a day)")
-    if ns.max_bursts < 1:
-        p.error("--max-bursts must be at least 1")
+    if ns.worker is not None and not ns.worker.strip():  # never replaced by the file's name
+        p.error("argument --worker: must not be empty (leave it out for the file's name)")
     return ns
 
 

@@ -48,7 +48,7 @@ def test_agent_publishes_every_workers_spans_to_jaeger(
     workers = [
         procs.start(
             f"demo-{w}",
-            memra_obs("demo", "--requests", "3", "--seed", str(i), "--speed", "0.2"),
+            memra_obs("demo", "--requests", "3", "--seed", str(i), "--speed", "5"),
             clean_env(
                 MEMRA_OBS_AGENT=str(rings),
                 MEMRA_OBS_SINKS="otel,prometheus",

@@ -35,7 +35,7 @@ def start_workers(mode: str, procs: Procs, jaeger: Jaeger, tmp: Path, addr: str)
     """The demo in-process (serving /metrics itself), or two agent-mode workers with one
     `memra-obs agent` serving the host's /metrics; spans over OTLP/HTTP to Jaeger."""
     otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_http, "OTEL_SERVICE_NAME": "peer-ex"}
-    demo = memra_obs("demo", "--duration", "120", "--speed", "0.5")
+    demo = memra_obs("demo", "--duration", "120", "--speed", "2")
     if mode == "in-process":
         return [procs.start("demo", demo, clean_env(MEMRA_OBS_METRICS_ADDR=addr, **otlp))]
     rings = tmp / "rings"

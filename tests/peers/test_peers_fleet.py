@@ -108,7 +108,7 @@ def test_fleet_tail_sampling_keeps_and_drops_what_each_policy_says(
     demos = [
         procs.start(
             f"demo-{i}",
-            memra_obs("demo", "--requests", "15", "--seed", str(20 + i), "--speed", "0.05"),
+            memra_obs("demo", "--requests", "15", "--seed", str(20 + i), "--speed", "20"),
             clean_env(OTEL_SERVICE_NAME=f"peer-fleet-demo{i}", **to_agent),
         )
         for i in range(2)

@@ -41,7 +41,7 @@ def test_single_host_collector_forwards_whole_traces_and_span_metrics(
     endpoint = col.otlp_http if protocol.startswith("http") else f"http://{col.otlp_grpc}"
     p = procs.start(
         "demo",
-        memra_obs("demo", "--requests", "4", "--seed", "3", "--speed", "0.2"),
+        memra_obs("demo", "--requests", "4", "--seed", "3", "--speed", "5"),
         clean_env(
             MEMRA_OBS_METRICS_ADDR="127.0.0.1:0",
             OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,

@@ -25,7 +25,7 @@ def run_demo(procs: Procs, env: dict[str, str], requests: int = REQUESTS, seed: 
     """A bounded demo run (a fifth of real time); returns what it said."""
     p = procs.start(
         "demo",
-        memra_obs("demo", "--requests", str(requests), "--seed", str(seed), "--speed", "0.2"),
+        memra_obs("demo", "--requests", str(requests), "--seed", str(seed), "--speed", "5"),
         clean_env(MEMRA_OBS_METRICS_ADDR="127.0.0.1:0", **env),
     )
     assert procs.wait(p, 120) == 0, procs.tail(p)

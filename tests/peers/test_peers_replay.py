@@ -28,7 +28,7 @@ def file_demo(procs: Procs, cwd: Path, service: str, requests: int, seed: int, *
     memra-obs-spans.jsonl in its working directory)."""
     p = procs.start(
         f"demo-{service}",
-        memra_obs("demo", "--requests", str(requests), "--seed", str(seed), "--speed", "0.2"),
+        memra_obs("demo", "--requests", str(requests), "--seed", str(seed), "--speed", "5"),
         clean_env(MEMRA_OBS_METRICS_ADDR="127.0.0.1:0", OTEL_SERVICE_NAME=service, **env),
         cwd=cwd,
     )
@@ -133,7 +133,7 @@ def test_agent_backlog_file_replays_within_the_default_line_limit(
     ring_env = {"MEMRA_OBS_AGENT": str(rings), "MEMRA_OBS_METRICS_ADDR": ""}
     worker = procs.start(
         "demo-backlog",
-        memra_obs("demo", "--requests", "30", "--seed", "14", "--speed", "0.05"),
+        memra_obs("demo", "--requests", "30", "--seed", "14", "--speed", "20"),
         clean_env(MEMRA_OBS_SINKS="otel,prometheus", MEMRA_OBS_WORKER="w0", **ring_env),
     )
     assert procs.wait(worker, 120) == 0, procs.tail(worker)
