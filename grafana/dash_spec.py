@@ -308,8 +308,9 @@ ADVISOR_IDS = 100
 
 def _throughput_vs_k(ids: Ids):
     est = f"avg by (family, k) ({EST_TPS}{{{SPEC}}})"
-    # count_values turns the recommended k into a `k` label: the bar at the advised k.
-    rec = f'count_values by (family) ("k", max by (family) ({REC_K}{{{SPEC}}}))'
+    # count_values turns each recommended k into a `k` label: the bar of every k a worker
+    # advises (agent mode: workers may disagree, and max marked one the others did not advise).
+    rec = f'count_values by (family) ("k", {REC_K}{{{SPEC}}})'
     # Two instant tables (every k; the advised k) merged on (family, k), k made a number so
     # the bars sort 1, 2, ..., 16 rather than as strings.
     transformations = [
@@ -335,8 +336,9 @@ def _throughput_vs_k(ids: Ids):
         "Throughput vs k (estimate)",
         "The advisor's estimated tokens/s at each draft length k, E(k) / t_round(k), from the "
         "acceptance curve and the phase costs of the window's recent rounds (an estimate, not "
-        "a measurement); the second bar marks the recommended k. Pick one family: the bars of "
-        "several families share each k.",
+        "a measurement); the second bar marks the recommended k (every k some worker "
+        "recommends, when workers disagree: the bars average the workers' curves, each worker "
+        "advises from its own). Pick one family: the bars of several families share each k.",
         [
             target(est, "{{family}}", instant=True, fmt="table"),
             target(

@@ -504,3 +504,27 @@ def test_records_reach_exporters_in_batches_not_one_by_one(tmp_path):
     s1.shutdown()
     s2.shutdown()
     a.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling policies")
+def test_only_the_reading_thread_runs_idle(tmp_path):
+    """``--priority idle`` (the default) is the ring reader's alone: /metrics' and the span
+    senders' threads keep ordinary scheduling. They inherited SCHED_IDLE, and a scrape then
+    waited seconds for a turn on a host whose cores were busy (Prometheus saw ``up == 0``)."""
+    env = {**os.environ, "MEMRA_OBS_METRICS_ADDR": "127.0.0.1:0",
+           "MEMRA_OBS_SPANS_FILE": str(tmp_path / "s.jsonl")}  # fmt: skip
+    env.pop("MEMRA_OBS_SINKS", None)
+    p = subprocess.Popen([sys.executable, "-m", "memra_obs.cli", "agent", "--dir",
+                          str(tmp_path / "r")], env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert p.stderr is not None and "publishing rings" in p.stderr.readline()
+        time.sleep(0.3)  # past set_priority, which follows the banner's exporters
+        policy = {}  # /proc/PID/task/TID/stat field 41: 0 SCHED_OTHER, 5 SCHED_IDLE
+        for tid in os.listdir(f"/proc/{p.pid}/task"):
+            with open(f"/proc/{p.pid}/task/{tid}/stat") as f:
+                policy[int(tid)] = int(f.read().rsplit(")", 1)[1].split()[38])
+        assert policy.pop(p.pid) == os.SCHED_IDLE
+        assert policy and set(policy.values()) == {os.SCHED_OTHER}, policy
+    finally:
+        p.terminate()
+        p.wait(30)

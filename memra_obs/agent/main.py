@@ -376,10 +376,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        set_priority(args.priority)
         agent, closers, server = build_agent(
             args.dir, poll_s=args.poll_ms / 1e3, cleanup=not args.keep
         )
+        # This thread only (Linux: per thread), after /metrics' and the senders' threads
+        # started: an idle server thread made a scrape wait seconds on a busy host.
+        set_priority(args.priority)
         metrics = "" if server is None else f"; /metrics on {server.url}"
         print(f"[memra-obs agent] publishing rings in {agent.directory}{metrics}", file=sys.stderr)
         try:
