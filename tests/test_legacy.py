@@ -182,12 +182,32 @@ def test_phase_and_verify_lines_round_trip(ns, rounds, k, split):
         "[glm5] loaded 61 layers",
         "",
         "[x]",
-        "INFO [glm5-phase] rounds=1",
+        "[pod/w-0/worker] [glm5] loaded",
+        '{"log":"hello\\n","stream":"stderr"}',
     ],
 )
 def test_other_programs_lines_are_not_ours(line):
     """Untagged or foreign-tagged lines parse to None."""
     assert parse_line(line) is None
+
+
+def test_a_line_behind_a_log_collectors_prefix_is_ours():
+    """What collectors put first -- a timestamp, ``kubectl logs --prefix``, the CRI log format
+    of /var/log/pods, Docker's json-file -- is read past (each golden line behind each). A
+    pod's logs read through them gave an empty report, said nowhere."""
+    import json
+
+    for line in GOLDEN.read_text().splitlines():
+        want = parse_line(line)
+        for wrapped in (
+            f"2026-12-04T23:30:04.123456Z {line}",
+            f"2026-12-04T23:30:04.123456789Z stderr F {line}",
+            f"[pod/worker-0/spec] {line}",
+            json.dumps({"log": line + "\n", "stream": "stderr", "time": "2026-12-04T23:30:04Z"}),
+        ):
+            assert parse_line(wrapped) == want, wrapped
+    with pytest.raises(LegacyParseError, match="no known shape"):  # damaged behind one: said
+        parse_line("INFO [glm5-phase] rounds=1")
 
 
 @pytest.mark.parametrize(

@@ -630,3 +630,33 @@ def test_trace_only_logs_compare_burst_means_and_an_empty_input_still_reports(tm
     assert keys(html)["wall_median_ms"] == ["-", "-"]  # no round of its own: no median (not nan)
     k = keys(report(e, out=tmp_path / "empty.html"))
     assert k["sessions"] == ["0"] and k["lines"] == ["0"] and k["ttft_median_ms"] == ["-"]
+
+
+def test_a_pods_log_as_its_collector_wrote_it_reads_as_the_workers(runs, tmp_path):
+    """The log as /var/log/pods holds it (CRI: ``<time> stderr F ``) or Docker's json-file:
+    the records of the plain log (it was an empty page, exit 0, "a trace-only log"). A log with
+    no tagged line at all says so in the closing line."""
+    import json
+
+    plain = read(str(runs["log"]))
+    lines = runs["log"].read_text().splitlines()
+    cri, dock = tmp_path / "cri.log", tmp_path / "docker.log"
+    cri.write_text(
+        "".join(f"2026-12-04T23:30:04.{i:09d}Z stderr F {x}\n" for i, x in enumerate(lines))
+    )
+    dock.write_text(
+        "".join(json.dumps({"log": x + "\n", "stream": "stderr"}) + "\n" for x in lines)
+    )
+
+    def seen(run):  # rebuilt boundaries are drawn anew each read: the counts and costs
+        return len(run.sessions), run.kinds, [(r.k, r.j, r.ctx, r.split_ns) for r in run.rounds]
+
+    for path in (cri, dock):
+        assert seen(read(str(path))) == seen(plain)
+    (other := tmp_path / "other.log").write_text("INFO started\nINFO serving\n")
+    p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "report", str(other), "-o", str(tmp_path / "o.html")],
+                       capture_output=True, text=True, env=_env(), timeout=120)  # fmt: skip
+    assert (
+        p.returncode == 0
+        and "0 lines refused, 0 not placed (no tagged line among its 2 lines)" in p.stderr
+    )

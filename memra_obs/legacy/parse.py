@@ -3,6 +3,7 @@ through :func:`parse_line`. A regex per shape, then the record."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -90,11 +91,15 @@ _ADVICE = re.compile(
 ).fullmatch
 
 
+#: Where a legacy line starts behind a log collector's prefix (see _behind_prefix).
+_WRAPPED = re.compile(r"\[spec-[a-z-]+\] |\[[^\]\s]+\] rounds=").search
+
+
 def parse_line(line: str) -> LegacyLine | None:
     """A record for a legacy line, ``None`` for anyone else's line; :class:`LegacyParseError`
     for a line with a legacy tag or shape that is malformed or truncated."""
-    if line[:1] != "[":  # the common case for other programs' lines: one slice, no regex
-        return None
+    if line[:1] != "[":  # the common case for other programs' lines: one slice, one search
+        return _behind_prefix(line)
     text = line.rstrip("\r\n")
     try:
         if text.startswith(_ROW_HEAD):  # most legacy lines are rows
@@ -111,7 +116,7 @@ def parse_line(line: str) -> LegacyLine | None:
         if tag.startswith(("spec-prof", "spec-trace", "spec-advice")):
             raise LegacyParseError(line, f"unknown tag [{tag}]", _claimed(text))
         if not text.startswith("rounds=", at):
-            return None  # some other program's tagged line
+            return _behind_prefix(text[at:])  # another program's tag, or kubectl's [pod/p/c]
         if " total=" in text:  # as in the body: the head's one space precedes "rounds="
             p = _PHASE(text, at)
             if p is None:
@@ -129,6 +134,19 @@ def parse_line(line: str) -> LegacyLine | None:
         if isinstance(exc, LegacyParseError):
             raise
         raise LegacyParseError(line, str(exc), _claimed(text)) from None
+
+
+def _behind_prefix(line: str) -> LegacyLine | None:
+    """The legacy line behind what a log collector puts first: a timestamp, ``kubectl logs
+    --prefix``'s ``[pod/p/c] ``, CRI's ``<time> stderr F ``, Docker's ``{"log": "..."}``
+    (they read as no line at all: a week of a pod's logs made an empty report)."""
+    if line.startswith('{"log":'):
+        try:
+            line = str(json.loads(line)["log"])
+        except (ValueError, KeyError, TypeError):
+            return None
+    m = _WRAPPED(line)
+    return None if m is None else parse_line(line[m.start() :])
 
 
 def _durations(line: str, values: Sequence[str], kind: str) -> tuple[float, ...]:

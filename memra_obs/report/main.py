@@ -13,7 +13,7 @@ import stat
 import sys
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 LARGE = 8 << 20  # inputs this large (or of unknown size: a pipe) get a progress bar
 
@@ -103,13 +103,20 @@ def main(args: argparse.Namespace) -> int:
         print(f"memra-obs report: {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     if not args.quiet:
-        what = "; ".join(f"{v.label}: {len(v.run.sessions)} sessions, {len(v.run.rounds)} rounds, "
-                         f"{len(v.run.refused)} lines refused" for v in views)  # fmt: skip
+        what = "; ".join(_summary(v.label, v.run) for v in views)
         if ab is not None:
             what += f"; flagged: {', '.join(r.metric for r in ab if r.flagged) or 'nothing'}"
         mb = len(page.encode()) / 1e6
         print(f"memra-obs report: wrote {args.output} ({mb:.2f} MB): {what}", file=sys.stderr)
     return 0
+
+
+def _summary(label: str, run: Any) -> str:
+    out = f"{label}: {len(run.sessions)} sessions, {len(run.rounds)} rounds, "
+    out += f"{len(run.refused)} lines refused, {len(run.unplaced)} not placed"
+    if run.kind == "log" and run.lines and not (run.kinds or run.refused):  # (it read "trace-only")
+        out += f" (no tagged line among its {run.lines} lines)"
+    return out
 
 
 def _descriptor(path: str) -> int | None:
