@@ -191,13 +191,16 @@ def test_constant_k_draft_line_is_through_zero_exactly_without_a_note():
 
 
 def test_too_little_data_gives_no_advice():
-    """Fewer than MIN_ROUNDS rounds that drafted: None (unknown and k = 0 rounds do not count)."""
+    """Fewer than MIN_ROUNDS rounds that drafted, or rounds that took no time: None (unknown
+    and k = 0 rounds do not count)."""
     c = COSTS["launch-bound"]
     few = rounds(CURVES["flat"], MIN_ROUNDS - 1, random.Random(1), uniform(1, 4), c)
     assert advise([]) is None
     assert advise(few) is None
     assert advise(few + [Round(-1, -1)] * 100 + [Round(0, 0, (1, 5, 1, 1, 1))] * 100) is None
     assert advise(few + few[:1]) is not None
+    # rounds that took no time (a clock never started): no advice, not billions of tokens/s
+    assert advise([Round(r.k, r.j) for r in few + few[:1]]) is None
 
 
 def test_fully_accepting_loop_recommends_the_bound():

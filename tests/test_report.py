@@ -660,3 +660,24 @@ def test_a_pods_log_as_its_collector_wrote_it_reads_as_the_workers(runs, tmp_pat
         p.returncode == 0
         and "0 lines refused, 0 not placed (no tagged line among its 2 lines)" in p.stderr
     )
+
+
+def test_each_family_is_advised_on_its_own(tmp_path):
+    """A log of two families: acceptance and the advice per family, each ``advise`` over that
+    family's rounds alone (one over both told a family whose drafts were all refused to draft
+    6). One family's page is unchanged: no family heading."""
+    from memra_obs.analysis import advise
+
+    log, _ = demo(tmp_path, "fam", "--requests", "8", "--seed", "13", "--speed", "5",
+                  "--families", "glm5,qwen")  # fmt: skip
+    run = read(str(log))
+    fam = {s.session: s.family for s in run.sessions}
+    names = sorted(set(fam.values()))
+    assert names == ["glm5", "qwen"]
+    html = report(log, out=tmp_path / "f.html")
+    want = []
+    for name in names:
+        a = advise([r for r in run.rounds if fam[r.session] == name], clock="host")
+        want.append("-" if a is None else str(a.recommended_k))
+        assert f"<h3>family {name}</h3>" in html
+    assert keys(html)["recommended_k"] == want and want != ["-", "-"]

@@ -341,12 +341,15 @@ def _ratio(e: Interval, log_var: float, z: float, scale: float) -> Interval:
 def advise(rounds: Iterable[RoundLike] | Stats, *, max_k: int = 16,
            plain_step_ns: float | None = None, clock: str = "event", level: float = 0.95,
            explore: int = EXPLORE) -> Advice | None:  # fmt: skip
-    """Advice over ``rounds`` (or their :class:`Stats`), None below MIN_ROUNDS drafting rounds.
+    """Advice over ``rounds`` (or their :class:`Stats`), None below MIN_ROUNDS drafting rounds
+    or when they took no time.
     ``plain_step_ns``: a measured plain one-token step; else the verify fit at one row. The
     recommendation stays within ``explore`` of the longest draft seen; the curve is 1..max_k."""
     z, st = z_of(level, clock), rounds if isinstance(rounds, Stats) else Stats(rounds)
     acc = estimate_acceptance(st, level=level)
     if not acc.positions or acc.positions[0].at_risk < MIN_ROUNDS or max_k < 1:
+        return None
+    if st.s(ONE, WALL) <= 0:  # rounds that took no time: billions of tokens/s, a nan speedup
         return None
     c = fit_costs(st, clock=clock, level=level)
     curve = []

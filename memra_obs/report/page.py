@@ -26,7 +26,7 @@ from ..legacy import KIND, SummaryLine
 from ..records import FIRST_TOKEN_FIELDS, f32
 from ..timeline import PHASES
 from ..version import __version__
-from .stats import CAP, CLOCK, N_BOOT, REL_THRESHOLD, ABRow, View, median, slow_rounds
+from .stats import CAP, CLOCK, N_BOOT, REL_THRESHOLD, ABRow, View, by_family, median, slow_rounds
 
 COLORS = dict(zip(PHASES, ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2"), strict=True))
 # Names are text: an input called "w$_$.log" is no formula (text.parse_math).
@@ -235,7 +235,7 @@ def throughput_vs_k(ax: Axes, v: View, views: Sequence[View]) -> None:
     with the recommended k (the best within 2 past the longest draft seen, dotted) and the
     throughput the rounds measured."""
     if (a := v.advice) is None:
-        raise Empty(f"no advice: fewer than {MIN_ROUNDS} rounds with known k >= 1")
+        raise Empty(f"no advice: fewer than {MIN_ROUNDS} rounds with known k >= 1, or no time")
     _band(ax, range(1, 17), [p.tokens_per_s for p in a.curve], COLORS["rollback"], "model")
     ax.axvline(a.recommended_k, color="k", lw=1, label=f"recommended k = {a.recommended_k}")
     ax.axvline(a.observed_k + 0.5, color="#999", ls=":", lw=1)
@@ -243,18 +243,21 @@ def throughput_vs_k(ax: Axes, v: View, views: Sequence[View]) -> None:
     ax.set_xlabel("draft length k")
 
 
-@panels("free MB", fmt=lambda vs: "png" if max(len(v.ttft_ms) for v in vs) > 2000 else "svg")
+@panels("free MB", fmt=lambda vs: "png" if max(len(v.ttft_ms) for v in vs) > 2000 else "svg",
+        legend="right")  # fmt: skip
 def free_device_memory(ax: Axes, v: View, views: Sequence[View]) -> None:
-    """Free device memory per CUDA ordinal, before the trunk cache alloc and after the drafter
-    KV (PNG past 2000 sessions a run: the lines turn dense)."""
+    """Free device memory per CUDA ordinal (a colour each), before the trunk cache alloc (solid)
+    and after the drafter KV (dashed) (PNG past 2000 sessions a run: the lines turn dense)."""
     ax.set_xlabel("session, in order")
     fts = v.run.first_tokens
     devs = sorted({d for f in fts for d, _ in f.prof.free_mb_before + f.prof.free_mb_after})
     need(devs, "no free-memory snapshot in this input")
-    for d in devs:
+    colors = matplotlib.colormaps["tab20" if len(devs) > 10 else "tab10"].colors  # type: ignore[attr-defined]
+    for i, d in enumerate(devs):
         for point, ls in (("before", "-"), ("after", "--")):
             y = [dict(getattr(f.prof, "free_mb_" + point)).get(d, np.nan) for f in fts]
-            ax.plot(np.arange(len(y)), y, ls, lw=0.9, label=f"device {d} {point}")
+            ax.plot(np.arange(len(y)), y, ls, marker="o" if len(y) < 50 else "", ms=2.5, lw=0.9,
+                    color=colors[i % len(colors)], label=f"device {d} {point}")  # fmt: skip
 
 
 SECTIONS = ("ab", "totals", "round-wall", "phases", "first-token", "acceptance", "memory",
@@ -385,14 +388,23 @@ def _ab(rows: Sequence[ABRow]) -> str:
 
 
 def acceptance(views: Sequence[View]) -> str:
-    """The acceptance section (issue 16): the estimator's output, labelled as estimates."""
+    """The acceptance section (issue 16): the estimator's output, labelled as estimates, one
+    family at a time."""
     out = ["<p class=note><b>Estimates</b> from <code>memra_obs.analysis</code> over the rounds whose"
-           " k and j are known, with 95% intervals. Which clock timed the phases is unknown (neither"
-           f" the legacy lines nor the spans say): the costs are fitted as <code>clock={CLOCK!r}</code>"
-           ". Positions no round reached are extrapolated (a flat tail).</p>"]  # fmt: skip
-    out += [f"<p>{escape(v.label)}: no round with known k and j (a trace-only log: its lines carry"
-            " no per-round counts), so no acceptance estimate.</p>"
-            for v in views if not v.acceptance.positions]  # fmt: skip
+           " k and j are known, with 95% intervals, each family on its own. Which clock timed the"
+           " phases is unknown (neither the legacy lines nor the spans say): the costs are fitted as"
+           f" <code>clock={CLOCK!r}</code>. Positions no round reached are extrapolated (a flat"
+           " tail).</p>"]  # fmt: skip
+    for name, vs in by_family(list(views)):
+        out.append(f"<h3>family {escape(name)}</h3>" * bool(name) + _acceptance(vs))
+    return "".join(out)
+
+
+def _acceptance(views: Sequence[View]) -> str:
+    out = [f"<p>{escape(v.label)}: no round drafted (k = 0 throughout), so no acceptance estimate.</p>"
+           if v.acceptance.rounds else f"<p>{escape(v.label)}: no round with known k and j (a "
+           "trace-only log: its lines carry no per-round counts), so no acceptance estimate.</p>"
+           for v in views if not v.acceptance.positions]  # fmt: skip
     out += [f(views) for f in (acceptance_by_position, expected_tokens_per_round, throughput_vs_k)]
     out.append(by_run(views, ["estimate, 95% interval"], advice) + "<div class=cols>")
     for v in (v for v in views if v.acceptance.positions):

@@ -4,12 +4,14 @@ rows; medians ``sorted[n // 2]``; estimates: ``analysis``)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import cached_property
 from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
 
-from ..analysis import advise, estimate_acceptance
+from ..analysis import AcceptanceEstimate, Advice, advise, estimate_acceptance
 from ..records import SpecRoundsLog
 from ..timeline import PHASES
 from .inputs import LOGGED, Run
@@ -48,8 +50,14 @@ class View:
                                  dtype=float).reshape(-1, 5) / 1e6  # fmt: skip
         self.burst_n = np.array([p.rounds for p in ph], dtype=float)
         self.ttft_ms = np.array([f.prof.total_ms() for f in run.first_tokens])
-        self.advice = advise(rs, clock=CLOCK)
-        self.acceptance = self.advice.acceptance if self.advice else estimate_acceptance(rs)
+
+    @cached_property  # a run of several families is advised per family only (by_family)
+    def advice(self) -> Advice | None:
+        return advise(self.run.rounds, clock=CLOCK)
+
+    @cached_property
+    def acceptance(self) -> AcceptanceEstimate:
+        return self.advice.acceptance if self.advice else estimate_acceptance(self.run.rounds)
 
     def metric(self, name: str, first: int | None = None) -> np.ndarray:
         """Per-round ms of ``name`` (``wall``, a phase, ``rollback+maint``) over the rounds with
@@ -57,6 +65,25 @@ class View:
         ms = self.phase_ms[:, 3] + self.phase_ms[:, 4] if name == "rollback+maint" else (
             self.wall_ms if name == "wall" else self.phase_ms[:, PHASES.index(name)])  # fmt: skip
         return ms[self.own if first is None else self.own & (self.index < first)]
+
+
+def by_family(views: list[View]) -> list[tuple[str, list[View]]]:
+    """``[(family, the runs' views of its rounds)]``, or ``[("", views)]`` when every run has one
+    family: acceptance and the advice are a family's, as the live advisor's window is (one over
+    two families told a family whose drafts were all refused to draft 6)."""
+    fams = [{s.session: s.family for s in v.run.sessions} for v in views]
+    names = sorted(
+        {f.get(r.session, "?") for v, f in zip(views, fams, strict=True) for r in v.run.rounds}
+    )
+    if len(names) < 2:
+        return [("", views)]
+    out = []
+    for name in names:
+        pairs = zip(views, fams, strict=True)
+        vs = [View(f"{v.label} · {name}", replace(v.run, rounds=rs)) for v, f in pairs
+              if (rs := [r for r in v.run.rounds if f.get(r.session, "?") == name])]  # fmt: skip
+        out.append((name, vs))
+    return out
 
 
 def slow_rounds(run: Run) -> list[int]:
