@@ -59,8 +59,7 @@ def _unlock_in_child() -> None:  # a configure() on another thread at fork() hel
     _lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_unlock_in_child)
+os.register_at_fork(after_in_child=_unlock_in_child)
 
 
 def get_observer() -> Observer | NoOpObserver:

@@ -12,9 +12,9 @@ import logging
 import os
 import threading
 
-from .linewriter import stderr_writer
+from .linewriter import forked_set, stderr_writer
 
-__all__ = ["LOGGER_NAME", "MAX_SAID", "PREFIX", "logger", "reset", "say_once"]
+__all__ = ["LOGGER_NAME", "MAX_SAID", "PREFIX", "forked_set", "logger", "reset", "say_once"]
 
 LOGGER_NAME = "memra_obs"
 #: What a message carries in front when it goes to stderr by the fallback.
@@ -62,8 +62,7 @@ def _unlock_in_child() -> None:  # a thread saying something at fork() held it
     _said_lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_unlock_in_child)
+os.register_at_fork(after_in_child=_unlock_in_child)
 
 
 def say_once(key: str, msg: str) -> None:

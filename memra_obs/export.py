@@ -369,5 +369,4 @@ def _rearm_in_child() -> None:
         mpu.register_after_fork(_shutdown_at_exit, _exit_with_multiprocessing)
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_rearm_in_child)
+os.register_at_fork(after_in_child=_rearm_in_child)

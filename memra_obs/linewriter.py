@@ -12,10 +12,10 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
 
-__all__ = ["AppendFile", "LineWriter", "stderr_writer"]
+__all__ = ["AppendFile", "LineWriter", "forked_set", "stderr_writer"]
 
 
 class AppendFile:
@@ -66,7 +66,16 @@ class AppendFile:
             os.close(fd)
 
 
-_FILES: weakref.WeakSet[AppendFile] = weakref.WeakSet()
+def forked_set(hook: Callable[[Any], object]) -> weakref.WeakSet[Any]:
+    """A set of live objects; in a forked child, ``hook(obj)`` runs on each (another thread of
+    the parent may have held their locks at ``fork()``; threads and ports are the parent's)."""
+    live: weakref.WeakSet[Any] = weakref.WeakSet()
+    os.register_at_fork(after_in_child=lambda: [hook(x) for x in list(live)])
+    return live
+
+
+# flock belongs to the open file, which the parent shares: the child closes its copy
+_FILES = forked_set(AppendFile.close)
 
 
 class LineWriter:
@@ -94,18 +103,7 @@ class LineWriter:
                 self.errors += 1
 
 
-_WRITERS: weakref.WeakSet[LineWriter] = weakref.WeakSet()
-
-
-def _unlock_in_child() -> None:  # another thread of the parent may have held one at fork()
-    for w in list(_WRITERS):
-        w._lock = threading.Lock()
-    for f in list(_FILES):  # flock belongs to the open file, which the parent shares: our own
-        f.close()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_unlock_in_child)
+_WRITERS = forked_set(lambda w: setattr(w, "_lock", threading.Lock()))
 
 _STDERR = LineWriter(None)
 

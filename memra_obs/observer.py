@@ -13,14 +13,13 @@ import itertools
 import os
 import re
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import flags
 from .burst import _NOOP_BURST, Burst, _NoOpBurst, _nop
 from .clock import PhaseClock, Stream, SyncClock
-from .diagnostics import say_once
+from .diagnostics import forked_set, say_once
 from .fanout import Fanout
 from .records import SEQ_ROWS, VERIFY_SPLIT, SeqRows, VerifySplit
 from .session import Session
@@ -231,21 +230,16 @@ def _taggable(name: str, t: Any) -> Any:
     return t
 
 
-_LIVE: weakref.WeakSet[Observer] = weakref.WeakSet()
-
-
-def _own_counts_in_child() -> None:
+def _own_counts_in_child(obs: Observer) -> None:
     """A forked child counts its own dropped rounds, as its queue its own drops (this hook runs
     before any ring's: a child's ring starts from zero too), under its own pid where the worker
     label was the pid by default."""
-    for obs in list(_LIVE):
-        obs.dropped_rounds = 0
-        if obs._pid_worker:
-            obs.worker = str(os.getpid())
+    obs.dropped_rounds = 0
+    if obs._pid_worker:
+        obs.worker = str(os.getpid())
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_own_counts_in_child)
+_LIVE = forked_set(_own_counts_in_child)
 
 
 def _say_replaced(what: str) -> None:

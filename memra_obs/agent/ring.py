@@ -18,11 +18,10 @@ import re
 import secrets
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..diagnostics import say_once
+from ..diagnostics import forked_set, say_once
 from ..environment import MEMRA_OBS_AGENT, ConfigError
 from ..sinks.base import Sink
 from ..timeline import RoundRecord, SessionEndRecord, SessionRecord
@@ -251,13 +250,4 @@ class RingSink(Sink):
                 self._fd = -1
 
 
-_RINGS: weakref.WeakSet[RingSink] = weakref.WeakSet()
-
-
-def _rings_in_child() -> None:
-    for ring in list(_RINGS):
-        ring._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_rings_in_child)
+_RINGS = forked_set(RingSink._after_fork)

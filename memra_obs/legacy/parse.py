@@ -99,7 +99,7 @@ def parse_line(line: str) -> LegacyLine | None:
     """A record for a legacy line, ``None`` for anyone else's line; :class:`LegacyParseError`
     for a line with a legacy tag or shape that is malformed or truncated."""
     if line[:1] != "[":  # the common case for other programs' lines: one slice, one search
-        return _behind_prefix(line)
+        return _behind_prefix(line, line)
     text = line.rstrip("\r\n")
     try:
         if text.startswith(_ROW_HEAD):  # most legacy lines are rows
@@ -116,7 +116,7 @@ def parse_line(line: str) -> LegacyLine | None:
         if tag.startswith(("spec-prof", "spec-trace", "spec-advice")):
             raise LegacyParseError(line, f"unknown tag [{tag}]", _claimed(text))
         if not text.startswith("rounds=", at):
-            return _behind_prefix(text[at:])  # another program's tag, or kubectl's [pod/p/c]
+            return _behind_prefix(line, text[at:])  # another program's tag, kubectl's [pod/p/c]
         if " total=" in text:  # as in the body: the head's one space precedes "rounds="
             p = _PHASE(text, at)
             if p is None:
@@ -136,17 +136,21 @@ def parse_line(line: str) -> LegacyLine | None:
         raise LegacyParseError(line, str(exc), _claimed(text)) from None
 
 
-def _behind_prefix(line: str) -> LegacyLine | None:
-    """The legacy line behind what a log collector puts first: a timestamp, ``kubectl logs
-    --prefix``'s ``[pod/p/c] ``, CRI's ``<time> stderr F ``, Docker's ``{"log": "..."}``
-    (they read as no line at all: a week of a pod's logs made an empty report)."""
-    if line.startswith('{"log":'):
+def _behind_prefix(line: str, rest: str) -> LegacyLine | None:
+    """The legacy line in ``rest`` (of ``line``) behind what a log collector puts first: a
+    timestamp, ``kubectl logs --prefix``'s ``[pod/p/c] ``, CRI's ``<time> stderr F ``, Docker's
+    ``{"log": "..."}`` (they read as no line at all: a pod's logs made an empty report)."""
+    if rest.startswith('{"log":'):
         try:
-            line = str(json.loads(line)["log"])
+            rest = str(json.loads(rest)["log"])
         except (ValueError, KeyError, TypeError):
             return None
-    m = _WRAPPED(line)
-    return None if m is None else parse_line(line[m.start() :])
+    if (m := _WRAPPED(rest)) is None:
+        return None
+    try:
+        return parse_line(rest[m.start() :])
+    except LegacyParseError as exc:  # said of the line as read
+        raise LegacyParseError(line, exc.reason, exc.kind) from None
 
 
 def _durations(line: str, values: Sequence[str], kind: str) -> tuple[float, ...]:

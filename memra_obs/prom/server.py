@@ -10,12 +10,10 @@ from __future__ import annotations
 import base64
 import errno
 import hmac
-import os
 import socket
 import ssl
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from typing import Any, cast
@@ -25,6 +23,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import ThreadingWSGIServer, gzip_accepted
 
+from ..diagnostics import forked_set
 from ..environment import MEMRA_OBS_METRICS_ADDR, ConfigError, parse_addr
 from .model import encode
 
@@ -158,16 +157,7 @@ class MetricsServer(ThreadingWSGIServer):
         self.close()
 
 
-_SERVERS: weakref.WeakSet[MetricsServer] = weakref.WeakSet()
-
-
-def _drop_in_child() -> None:
-    for srv in list(_SERVERS):
-        srv.after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_drop_in_child)
+_SERVERS = forked_set(MetricsServer.after_fork)
 
 
 def _hang_up(conn: Any) -> None:
