@@ -231,9 +231,8 @@ def _taggable(name: str, t: Any) -> Any:
 
 
 def _own_counts_in_child(obs: Observer) -> None:
-    """A forked child counts its own dropped rounds, as its queue its own drops (this hook runs
-    before any ring's: a child's ring starts from zero too), under its own pid where the worker
-    label was the pid by default."""
+    """A forked child counts its own dropped rounds, as its queue its own drops (and its ring,
+    which starts from zero), under its own pid where the worker label was the pid by default."""
     obs.dropped_rounds = 0
     if obs._pid_worker:
         obs.worker = str(os.getpid())

@@ -662,10 +662,11 @@ def test_a_pods_log_as_its_collector_wrote_it_reads_as_the_workers(runs, tmp_pat
     )
 
 
-def test_each_family_is_advised_on_its_own(tmp_path):
+def test_each_family_is_advised_on_its_own(runs, tmp_path):
     """A log of two families: acceptance and the advice per family, each ``advise`` over that
     family's rounds alone (one over both told a family whose drafts were all refused to draft
-    6). One family's page is unchanged: no family heading."""
+    6). One family's page is unchanged: no family heading; nor an A/B whose B has rows only
+    (its family "unknown": the pair was split under two headings)."""
     from memra_obs.analysis import advise
 
     log, _ = demo(tmp_path, "fam", "--requests", "8", "--seed", "13", "--speed", "5",
@@ -681,3 +682,10 @@ def test_each_family_is_advised_on_its_own(tmp_path):
         want.append("-" if a is None else str(a.recommended_k))
         assert f"<h3>family {name}</h3>" in html
     assert keys(html)["recommended_k"] == want and want != ["-", "-"]
+    rows = tmp_path / "rows.log"  # the profile's lines only: no phase line names the family
+    rows.write_text(
+        "".join(x for x in runs["log"].read_text().splitlines(True) if "-phase" not in x)
+    )
+    for html in (report(runs["log"], out=tmp_path / "one.html"),
+                 report(runs["log"], rows, out=tmp_path / "ab.html")):  # fmt: skip
+        assert "<h3>family" not in html and len(keys(html)["recommended_k"]) in (1, 2)

@@ -359,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--poll-ms", type=positive(float, 60_000), default=20.0,
                    help="sleep between passes once every ring is read (default 20)")
     p.add_argument("--priority", choices=("idle", "low", "normal"), default="idle",
-                   help="CPU priority of this process: idle = SCHED_IDLE (runs only on cycles the "
+                   help="CPU priority of the ring reader thread (/metrics keeps normal): idle = SCHED_IDLE (runs only on cycles the "
                    "serving loop leaves; the default), low = nice 10, normal = unchanged")
     p.add_argument("--once", action="store_true", help="publish what the rings hold now, then exit")
     p.add_argument("--keep", action="store_true", help="do not remove rings of exited workers")

@@ -91,8 +91,11 @@ _ADVICE = re.compile(
 ).fullmatch
 
 
-#: Where a legacy line starts behind a log collector's prefix (see _behind_prefix).
-_WRAPPED = re.compile(r"\[spec-[a-z-]+\] |\[[^\]\s]+\] rounds=").search
+#: Where a legacy line starts behind a log collector's prefix (see _behind_prefix): one of our
+#: tags, or a phase tag and its body (no "[" in a tag: one pass over any line).
+_WRAPPED = re.compile(
+    r"\[spec-(?:prof-rounds|prof-summary|prof|trace|advice)\] |\[[^\[\]\s]+\] rounds="
+).search
 
 
 def parse_line(line: str) -> LegacyLine | None:
@@ -108,7 +111,7 @@ def parse_line(line: str) -> LegacyLine | None:
         if m is None:
             if text.startswith("[spec-"):
                 raise LegacyParseError(line, "tag without a body", _claimed(text))
-            return None
+            return _behind_prefix(line, text[1:])  # "[2026-12-04 23:30:04] [glm5-phase] ..."
         tag, at = m.group(1), m.end()  # the body: text[at:], matched in place (no copy)
         kind = _OWN_TAGS.get(tag)
         if kind is not None:
@@ -139,7 +142,8 @@ def parse_line(line: str) -> LegacyLine | None:
 def _behind_prefix(line: str, rest: str) -> LegacyLine | None:
     """The legacy line in ``rest`` (of ``line``) behind what a log collector puts first: a
     timestamp, ``kubectl logs --prefix``'s ``[pod/p/c] ``, CRI's ``<time> stderr F ``, Docker's
-    ``{"log": "..."}`` (they read as no line at all: a pod's logs made an empty report)."""
+    ``{"log": "..."}`` (they read as no line at all: a pod's logs made an empty report). Only a
+    whole, well-formed line is taken there."""
     if rest.startswith('{"log":'):
         try:
             rest = str(json.loads(rest)["log"])
@@ -147,10 +151,10 @@ def _behind_prefix(line: str, rest: str) -> LegacyLine | None:
             return None
     if (m := _WRAPPED(rest)) is None:
         return None
-    try:
+    try:  # the found line is never searched again: it starts with a tag that claims it
         return parse_line(rest[m.start() :])
-    except LegacyParseError as exc:  # said of the line as read
-        raise LegacyParseError(line, exc.reason, exc.kind) from None
+    except LegacyParseError:  # a damaged line behind a prefix may be anyone's (a grep of a
+        return None  # tag, a log of this tail's own notes): not claimed, not refused
 
 
 def _durations(line: str, values: Sequence[str], kind: str) -> tuple[float, ...]:

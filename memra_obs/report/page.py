@@ -252,12 +252,15 @@ def free_device_memory(ax: Axes, v: View, views: Sequence[View]) -> None:
     fts = v.run.first_tokens
     devs = sorted({d for f in fts for d, _ in f.prof.free_mb_before + f.prof.free_mb_after})
     need(devs, "no free-memory snapshot in this input")
-    colors = matplotlib.colormaps["tab20" if len(devs) > 10 else "tab10"].colors  # type: ignore[attr-defined]
-    for i, d in enumerate(devs):
+    # one colour an ordinal, in every panel
+    every = sorted({d for w in views for f in w.run.first_tokens
+                    for d, _ in f.prof.free_mb_before + f.prof.free_mb_after})  # fmt: skip
+    colors = matplotlib.colormaps["tab20" if len(every) > 10 else "tab10"].colors  # type: ignore[attr-defined]
+    for d in devs:
         for point, ls in (("before", "-"), ("after", "--")):
             y = [dict(getattr(f.prof, "free_mb_" + point)).get(d, np.nan) for f in fts]
             ax.plot(np.arange(len(y)), y, ls, marker="o" if len(y) < 50 else "", ms=2.5, lw=0.9,
-                    color=colors[i % len(colors)], label=f"device {d} {point}")  # fmt: skip
+                    color=colors[every.index(d) % len(colors)], label=f"device {d} {point}")  # fmt: skip
 
 
 SECTIONS = ("ab", "totals", "round-wall", "phases", "first-token", "acceptance", "memory",

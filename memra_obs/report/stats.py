@@ -13,6 +13,7 @@ import numpy as np
 
 from ..analysis import AcceptanceEstimate, Advice, advise, estimate_acceptance
 from ..records import SpecRoundsLog
+from ..tail.rebuild import UNKNOWN_FAMILY
 from ..timeline import PHASES
 from .inputs import LOGGED, Run
 
@@ -75,7 +76,7 @@ def by_family(views: list[View]) -> list[tuple[str, list[View]]]:
     names = sorted(
         {f.get(r.session, "?") for v, f in zip(views, fams, strict=True) for r in v.run.rounds}
     )
-    if len(names) < 2:
+    if len(set(names) - {UNKNOWN_FAMILY, "?"}) < 2:  # a log of rows only is "unknown": A/B kept
         return [("", views)]
     out = []
     for name in names:
