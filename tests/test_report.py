@@ -689,3 +689,34 @@ def test_each_family_is_advised_on_its_own(runs, tmp_path):
     for html in (report(runs["log"], out=tmp_path / "one.html"),
                  report(runs["log"], rows, out=tmp_path / "ab.html")):  # fmt: skip
         assert "<h3>family" not in html and len(keys(html)["recommended_k"]) in (1, 2)
+
+
+def test_the_memory_figure_gives_an_ordinal_one_colour_in_every_panel(tmp_path, monkeypatch):
+    """A/B where A saw device 0 and B device 1: their lines differ in colour (each panel coloured
+    its own devices from the start, so both were the first colour under one shared legend);
+    before and after share a device's colour; a few sessions' points are marked."""
+    from matplotlib.axes import Axes
+
+    from memra_obs.legacy import prof_line
+    from memra_obs.records import SpecFirstTokenProf
+    from memra_obs.report import page
+    from memra_obs.report.stats import View
+
+    views = []
+    for name, dev in (("A", 0), ("B", 1)):
+        prof = SpecFirstTokenProf(free_mb_before=[(dev, 100)], free_mb_after=[(dev, 90)])
+        (log := tmp_path / f"{name}.log").write_text((prof_line(prof) + "\n") * 2)
+        views.append(View(name, read(str(log))))
+    drawn: dict[str, tuple[object, object]] = {}
+    plot = Axes.plot
+
+    def spy(self, *args, **kw):
+        drawn[kw["label"]] = (kw["color"], kw["marker"])
+        return plot(self, *args, **kw)
+
+    monkeypatch.setattr(Axes, "plot", spy)
+    assert "<figure" in page.free_device_memory(views)
+    assert (
+        drawn["device 0 before"] == drawn["device 0 after"] and drawn["device 0 before"][1] == "o"
+    )
+    assert drawn["device 0 before"][0] != drawn["device 1 before"][0]
