@@ -132,6 +132,10 @@ def test_first_token_span_has_every_field_and_ordered_bucket_children():
     assert a["memra.spec.first_token.free_mb_before"] == (5000, 6000)
     assert a["memra.spec.first_token.free_mb_before_devices"] == (0, 1)
     assert a["memra.spec.first_token.first_burst_rounds"] == 3
+    # Its wall is the time to first token: from the session's start (the free-memory snapshot
+    # sits in no bucket) to the first burst's end, the profile's total_ms.
+    assert ft[START] == session[START] and a["memra.spec.first_token.unattributed_ms"] > 0
+    assert abs((ft[END] - ft[START]) / 1e6 - a["memra.spec.first_token.total_ms"]) < 1e-6
     kids = [sp for sp in spans if sp[PID] == ft[SID]]
     assert [k[NAME] for k in kids] == [
         "spec.first_token.cache_alloc",

@@ -207,7 +207,11 @@ def test_timestamps_are_laid_out_in_order_and_end_at_arrival():
         assert creation[-1][2] == burst0.start_ns_mono
         assert f.intervals[-1] == ("first_burst", burst0.start_ns_mono, burst0.end_ns_mono)
         s = next(r for r in out if type(r) is SessionRecord and r.session == f.session)
-        assert s.start_ns_mono == creation[0][1]
+        # What no bucket covered comes first: the wall from the session's start to the first
+        # burst's end is the profile's total (the spec.first_token span's duration).
+        assert s.start_ns_mono == creation[0][1] - round(f.prof.unattributed_ms * 1e6)
+        wall = burst0.end_ns_mono - s.start_ns_mono
+        assert f.prof.unattributed_ms > 0 and abs(wall / 1e6 - f.prof.total_ms()) < 1e-5
 
 
 def test_trace_only_stream_bounds_its_synthetic_sessions(fake_clock):

@@ -219,7 +219,7 @@ class SpanBuilder:
         fb = next((x for x in iv if x[0] == "first_burst"), None)
         sid, tid, off = s.sid, s.tid, s.off
         ft_id, fb_id = derived_span_id(sid, 8), derived_span_id(sid, 16)
-        start = min((x[1] for x in iv), default=s.rec.start_ns_mono)
+        start = min([s.rec.start_ns_mono, *(x[1] for x in iv)])  # its wall: total_ms
         end = max((x[2] for x in iv), default=s.last)
         s.last = max(s.last, end)
         fa = tuple(attrs)

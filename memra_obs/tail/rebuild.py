@@ -273,7 +273,7 @@ class Rebuilder:
                 split = (_round(v.vkda_ms * 1e6), _round(v.scan_ms * 1e6),
                          _round(v.vmla_ms * 1e6), _round(v.vffn_ms * 1e6))  # fmt: skip
             creation, r0, hook, wall0 = _prof_ns(prof) if prof is not None else ((), (), 0, 0)
-            lead = sum(x for _, x in creation) if creation else 0
+            lead = sum(x for _, x in creation) + (_round(prof.unattributed_ms * 1e6) if prof else 0)
             start = self._last_end + lead
             n, wall, phases, jsum = self._lay(b, (sid, bidx, first, split), start, r0)
             wall = wall if wall > wall0 else wall0
