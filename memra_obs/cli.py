@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from .device.workload import GpuUnavailable
 from .environment import MEMRA_OBS_SINKS, ConfigError, positive
+from .version import __version__
 
 __all__ = ["main"]
 
@@ -23,6 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="memra-obs", description=__doc__.split("\n\n")[0].replace("``", "")
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser(

@@ -105,6 +105,7 @@ def test_demo_gpu_without_a_gpu_fails_before_any_loop(monkeypatch) -> None:
     with capture(level=0) as cap, pytest.raises(GpuUnavailable) as e:
         run_demo(DemoConfig(requests=1, gpu=True, concurrency=2), cap.observer)
     assert str(e.value).count("\n") == 0 and "cupy is not installed" in str(e.value)
+    assert "pip install 'memra_obs[gpu]'" in str(e.value)  # what to do: the extra that has them
     assert threading.active_count() == before
 
 
@@ -198,3 +199,15 @@ def test_speed_is_how_fast_the_simulated_model_runs():
     w.stream = types.SimpleNamespace(enqueue=queued.append)
     w._dev(8.0)
     assert queued == [0.002]
+
+
+def test_version_and_python_dash_m() -> None:
+    """``memra-obs --version`` says the package's version (the metadata's too), and
+    ``python -m memra_obs`` is the same command where the script is not on PATH."""
+    from importlib.metadata import version
+
+    from memra_obs import __version__
+
+    out = subprocess.run([sys.executable, "-m", "memra_obs", "--version"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0 and out.stdout == f"memra-obs {__version__}\n"
+    assert version("memra_obs") == __version__

@@ -107,7 +107,10 @@ def _ops(backend: str | None, device: int) -> Any:
             errors.append(f"{n} is not installed")
         except Exception as exc:
             errors.append(f"{n}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
-    raise GpuUnavailable("--gpu needs a CUDA device through CuPy or torch: " + "; ".join(errors))
+    why = "; ".join(errors)
+    if all(e.endswith(" is not installed") for e in errors):
+        why += " (pip install 'memra_obs[gpu]')"
+    raise GpuUnavailable(f"--gpu needs a CUDA device through CuPy or torch: {why}")
 
 
 class GpuWorkload:

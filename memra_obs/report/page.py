@@ -53,7 +53,7 @@ def panels(ylabel: str, *, fmt: str | Figures = "svg", h: float = 2.8, sharey: b
     ``legend``: a place in each panel, or one legend "right" of / "below" them all."""
 
     def figure(draw: Draw, views: Sequence[View]) -> str:
-        with matplotlib.rc_context(RC):  # type: ignore[arg-type]
+        with matplotlib.rc_context(RC):  # type: ignore[arg-type, unused-ignore]
             fig = Figure(figsize=(9.6 if len(views) == 1 else 5.2 * len(views), h),
                          layout="constrained")  # fmt: skip
             axes = fig.subplots(1, len(views), sharex=True, sharey=sharey, squeeze=False)[0]
@@ -115,7 +115,7 @@ def round_wall_over_round_index(ax: Axes, v: View, views: Sequence[View]) -> Non
 def phase_shares_per_round(ax: Axes, v: View, views: Sequence[View]) -> None:
     """Phase shares per round, by index in the session (rounds with their own times)."""
     need(v.own.any(), "no round with its own phase times")
-    n = min(int((idx := v.index[v.own]).max()) + 1, 256)
+    n = min(int(np.max(idx := v.index[v.own])) + 1, 256)
     sums = np.stack([np.bincount(idx, v.phase_ms[v.own, p], n)[:n] for p in range(5)])
     share = sums / np.maximum(sums.sum(axis=0), 1e-12)
     ax.stackplot(np.arange(n), share, colors=[COLORS[p] for p in PHASES], labels=PHASES)
