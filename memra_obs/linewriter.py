@@ -1,6 +1,7 @@
 """Whole lines, never interleaved: to a text stream under one lock per stream (every legacy
 line goes out through :class:`LineWriter`, which never raises: a broken pipe or a closed stderr
-is counted in ``errors``), and appended to a file that processes share (:class:`AppendFile`).
+is counted in ``errors``; writes of at most PIPE_BUF bytes, so processes sharing a pipe never
+tear a line), and appended to a file that processes share (:class:`AppendFile`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import select
 import sys
 import threading
 import weakref
@@ -16,6 +18,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 __all__ = ["AppendFile", "LineWriter", "forked_set", "stderr_writer"]
+
+#: A pipe write up to this many bytes is atomic; a longer one may take another process's
+#: bytes mid-line (ranks sharing one stderr pipe, a slow reader).
+PIPE_BUF: int = getattr(select, "PIPE_BUF", 4096)
 
 
 class AppendFile:
@@ -30,13 +36,18 @@ class AppendFile:
         self.path, self.max_bytes, self._fd = path, max_bytes, -1
         _FILES.add(self)
 
+    def open(self) -> None:
+        """Opens (creates) the file, taking no lock: the start-up check that the path takes
+        appends never waits on another process's append. Raises OSError."""
+        if self._fd < 0:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
+            self._fd = os.open(self.path, flags, 0o644)  # a FIFO with no reader: ENXIO
+            os.set_blocking(self._fd, True)
+
     def append(self, data: bytes) -> None:
         """Raises OSError (a missing directory, no permission, a full disk)."""
         for _ in range(8):  # another process moved it between our open and our lock: again
-            if self._fd < 0:
-                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
-                self._fd = os.open(self.path, flags, 0o644)  # a FIFO with no reader: ENXIO
-                os.set_blocking(self._fd, True)
+            self.open()
             fd = self._fd
             with contextlib.suppress(OSError):  # a filesystem without locks: appends still go
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -78,8 +89,25 @@ def forked_set(hook: Callable[[Any], object]) -> weakref.WeakSet[Any]:
 _FILES = forked_set(AppendFile.close)
 
 
+def _chunks(lines: Sequence[str]) -> list[str]:
+    """Whole lines in groups of at most PIPE_BUF UTF-8 bytes (a longer line alone)."""
+    out: list[str] = []
+    group: list[str] = []
+    size = 0
+    for line in lines:
+        n = len(line.encode("utf-8", "backslashreplace")) + 1
+        if group and size + n > PIPE_BUF:
+            out.append("\n".join(group) + "\n")
+            group, size = [], 0
+        group.append(line)
+        size += n
+    out.append("\n".join(group) + "\n")
+    return out
+
+
 class LineWriter:
-    """Writes lists of lines to one stream with a single ``write`` under one lock."""
+    """Writes lists of lines to one stream under one lock: one ``write`` (and flush) per
+    PIPE_BUF bytes of whole lines, so neither threads nor processes split a line."""
 
     __slots__ = ("__weakref__", "_lock", "_stream", "errors")
 
@@ -94,11 +122,13 @@ class LineWriter:
         if not lines:
             return
         text = "\n".join(lines) + "\n"
+        chunks = [text] if len(text) <= PIPE_BUF and text.isascii() else _chunks(lines)
         stream = self._stream if self._stream is not None else sys.stderr
         with self._lock:
             try:
-                stream.write(text)
-                stream.flush()
+                for chunk in chunks:
+                    stream.write(chunk)
+                    stream.flush()
             except Exception:
                 self.errors += 1
 

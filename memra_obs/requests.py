@@ -55,7 +55,7 @@ class RequestsExporter:
     def __init__(self, path: str, *, detailed: bool = False) -> None:
         self.path, self.detailed, self.export_errors = path, detailed, 0
         self._file = AppendFile(path)
-        self._file.append(b"")  # OSError now, not every line lost later
+        self._file.open()  # OSError now, not every line lost later; no lock: never waits
         self._open: dict[int, _Counts] = {}
 
     def export(self, batch: Sequence[Record]) -> None:

@@ -293,3 +293,77 @@ def test_the_advice_is_printed_with_the_summary():
     advice = parse_line(cap.lines[i + 1])
     assert isinstance(advice, AdviceLine) and advice.rounds == 64 and advice.clock == "host"
     assert cap.lines[i + 1].startswith("[spec-advice] (estimate) ")
+
+
+class _Writes(io.StringIO):
+    """A text stream that keeps what each ``write()`` was handed (what a pipe would see)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.calls.append(s)
+        return super().write(s)
+
+
+def _rank_rows(rank: int, n: int = 64) -> list[str]:
+    """A burst's 64 profile rows (~9.6 KB), each naming ``rank`` in its figures."""
+    row = SpecRoundProf(9.058983 + rank, 5.395236, 2.963387, 0.371972, 0.328388, 4, 4)
+    return prof_rounds_lines([row._replace(ctx=rank, seq_rows=i) for i in range(n)])
+
+
+def test_each_write_is_whole_lines_within_pipe_buf_bytes():
+    """A pipe write over PIPE_BUF (4096) is not atomic: ranks sharing one stderr pipe tore each
+    other's lines (a burst's 64 rows went out as one ~9.6 KB write). Every write is whole lines
+    of at most 4096 UTF-8 bytes, a longer line alone; a few short lines stay one write."""
+    from memra_obs.linewriter import LineWriter
+
+    wide = "[spec-advice] " + "µ" * 2100  # 2114 characters, 4214 bytes: alone
+    cases = [_rank_rows(0), ["a" * 5000, "b", "c" * 4095, "d" * 4094, wide, "µ" * 2000, "e"]]
+    for lines in cases:
+        out = _Writes()
+        LineWriter(out).write_lines(lines)
+        assert out.getvalue() == "\n".join(lines) + "\n"
+        for s in out.calls:
+            assert s.endswith("\n") and (len(s.encode()) <= 4096 or s.count("\n") == 1)
+    assert [len(s.encode()) for s in out.calls] == [5001, 2, 4096, 4095, 4215, 4003]
+    out = _Writes()
+    LineWriter(out).write_lines(_rank_rows(1, 3))
+    assert len(out.calls) == 1
+
+
+def test_ranks_sharing_a_pipe_with_a_slow_reader_never_tear_a_line():
+    """Eight forked ranks write bursts of 64 rows to one pipe that a slow reader drains: every
+    line read is one a rank wrote, whole (one write over PIPE_BUF came out interleaved)."""
+    import os
+    import time
+
+    from memra_obs.linewriter import LineWriter
+
+    ranks, bursts = 8, 12
+    r, w = os.pipe()
+    pids = []
+    for rank in range(ranks):
+        pid = os.fork()
+        if pid == 0:  # a rank
+            try:
+                os.close(r)
+                out = LineWriter(os.fdopen(w, "w", encoding="utf-8"))
+                for _ in range(bursts):
+                    out.write_lines(_rank_rows(rank))
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    os.close(w)
+    got, deadline = b"", time.monotonic() + 20
+    while (chunk := os.read(r, 4000)) and time.monotonic() < deadline:
+        got += chunk
+        time.sleep(0.0005)  # the slow reader: the pipe fills, ranks wait, then race to write
+    os.close(r)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    lines = got.decode(errors="replace").splitlines()
+    want = {x for rank in range(ranks) for x in _rank_rows(rank)}
+    torn = [x for x in lines if x not in want]
+    assert not torn and len(lines) == ranks * bursts * 64, torn[:2]

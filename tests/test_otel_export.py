@@ -674,6 +674,28 @@ def test_a_spans_file_it_cannot_write_fails_at_start_up(tmp_path):
     ex.shutdown(1)
 
 
+@pytest.mark.parametrize("knob", ["spans_file", "requests_file"])
+def test_start_up_never_waits_on_another_process_holding_the_file(tmp_path, knob):
+    """Its start-up check appended b"" under LOCK_EX: a rank mid-append (or ``flock FILE sleep
+    8``) held start-up as long as the lock. Opening the file is the check: no lock, no wait."""
+    import fcntl
+
+    from memra_obs.wiring import build_observer
+
+    path = tmp_path / "shared.jsonl"
+    path.touch()
+    held = os.open(path, os.O_RDONLY)  # another open file description: as another process's
+    fcntl.flock(held, fcntl.LOCK_EX)
+    sinks = "otel" if knob == "spans_file" else ""
+    with futures.ThreadPoolExecutor(1) as pool:
+        obs = pool.submit(build_observer, env={}, sinks=sinks, metrics_addr="", **{knob: str(path)})
+        prompt, _ = futures.wait([obs], timeout=1.0)
+        fcntl.flock(held, fcntl.LOCK_UN)
+        os.close(held)
+        obs.result(10).shutdown(5)
+    assert prompt, "start-up waited on another process's lock"
+
+
 def test_endpoint_rules():
     """Base endpoint + /v1/traces; the traces endpoint as given; gRPC host:port and TLS."""
     from memra_obs.otel.config import OtlpConfig
@@ -804,6 +826,54 @@ def test_process_exit_without_shutdown_still_writes_the_open_session(tmp_path):
     ]
     assert names.count("spec.session") == 1 and names.count("spec.round") == 3
     assert names.count("spec.burst") == 1
+
+
+def test_sigterm_with_the_readmes_recipe_flushes_every_finished_session(tmp_path):
+    """SIGTERM's default action (torchrun stopping ranks, a pod stopping) skips atexit: the
+    last spans were lost. The README's recipe (``sys.exit`` from a SIGTERM handler, as
+    printed there) runs atexit, where every finished session reaches the span file."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    found = re.search(r"\n    (signal\.signal\(signal\.SIGTERM, .*)\n", readme)
+    assert found, "README gives no SIGTERM recipe"
+    recipe = found[1]
+    path = tmp_path / "term.jsonl"
+    script = f"""import signal, sys, memra_obs
+{recipe}
+obs = memra_obs.get_observer()
+for i in range(10**6):
+    with obs.session("glm5") as s, s.burst(4) as b:
+        for _ in range(3):
+            b.begin_round(); b.end_draft(); b.end_verify(); b.end_accept(); b.end_rollback()
+            b.end_round(k=4, j=2)
+    print(i, flush=True)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_", "OTEL_"))}
+    env.update(MEMRA_OBS_SINKS="otel", MEMRA_OBS_SPANS_FILE=str(path))
+    p = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, bufsize=0)
+    assert p.stdout is not None  # unbuffered: communicate() below reads what readline left
+    assert [p.stdout.readline() for _ in range(5)][-1] == b"4\n"  # sessions are under way
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=30)
+    done = 5 + len(out.splitlines())  # sessions it finished before exiting
+    assert p.returncode == 143
+    spans = [
+        sp
+        for line in path.read_text().splitlines()
+        for sp in json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    ]
+    cut = "memra.spec.unfinished"  # the one SIGTERM interrupted, closed at exit
+    ended = [
+        sp
+        for sp in spans
+        if sp["name"] == "spec.session" and cut not in {a["key"] for a in sp["attributes"]}
+    ]
+    assert len(ended) >= done, (len(ended), done)
 
 
 def test_malformed_records_and_values_are_skipped_and_counted(receiver):

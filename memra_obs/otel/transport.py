@@ -244,7 +244,7 @@ class FileSender(_Local):
         rotates = f" (rotates at {mib}, keeps one previous file)" if max_bytes else ""
         self.url = self.path + rotates
         self._file = AppendFile(self.path, max_bytes)
-        self._file.append(b"")  # OSError now (a missing directory, no permission)
+        self._file.open()  # OSError now (no directory, no permission); no lock: never waits
 
     def send(self, payload: bytes, timeout_s: float = 0.0) -> int:
         try:
