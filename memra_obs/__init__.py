@@ -94,6 +94,7 @@ def configure(
     metrics_tls_key: str | None = None,
     metrics_basic_auth: str | None = None,
     max_devices: int | None = None,
+    max_families: int | None = None,
     requests_file: str | None = None,
     requests_detail: bool | None = None,
     advice_window: int | None = None,
@@ -110,8 +111,7 @@ def configure(
     default); ``level`` (0, 1, 2) and ``prof`` override the seed's flags; ``env`` replaces
     ``os.environ``. A value no loop can use raises :class:`ConfigError` naming the argument.
     The observer it replaces is shut down (its sessions record nothing, said once): take
-    :func:`get_observer` after it.
-    """
+    :func:`get_observer` after it."""
     global _observer
     from .observer import NOOP_OBSERVER
     from .wiring import build_observer

@@ -19,12 +19,12 @@ from typing import Any
 
 __all__ = [
     "MEMRA_OBS_ADVICE_WINDOW", "MEMRA_OBS_AGENT", "MEMRA_OBS_CLOCK", "MEMRA_OBS_EXPORT_INTERVAL_MS",
-    "MEMRA_OBS_MAX_DEVICES", "MEMRA_OBS_METRICS_ADDR", "MEMRA_OBS_METRICS_BASIC_AUTH_FILE",
-    "MEMRA_OBS_METRICS_TLS_CERT", "MEMRA_OBS_METRICS_TLS_KEY", "MEMRA_OBS_PLAIN_STEP_MS",
-    "MEMRA_OBS_QUEUE_SIZE", "MEMRA_OBS_REQUESTS_DETAIL", "MEMRA_OBS_REQUESTS_FILE",
-    "MEMRA_OBS_RING_SLOTS", "MEMRA_OBS_ROUND_SPANS", "MEMRA_OBS_SINKS", "MEMRA_OBS_SPANS_FILE",
-    "MEMRA_OBS_SPANS_FILE_MAX_BYTES", "MEMRA_OBS_WORKER", "ConfigError", "Settings", "parse_addr",
-    "positive",
+    "MEMRA_OBS_MAX_DEVICES", "MEMRA_OBS_MAX_FAMILIES", "MEMRA_OBS_METRICS_ADDR",
+    "MEMRA_OBS_METRICS_BASIC_AUTH_FILE", "MEMRA_OBS_METRICS_TLS_CERT", "MEMRA_OBS_METRICS_TLS_KEY",
+    "MEMRA_OBS_PLAIN_STEP_MS", "MEMRA_OBS_QUEUE_SIZE", "MEMRA_OBS_REQUESTS_DETAIL",
+    "MEMRA_OBS_REQUESTS_FILE", "MEMRA_OBS_RING_SLOTS", "MEMRA_OBS_ROUND_SPANS", "MEMRA_OBS_SINKS",
+    "MEMRA_OBS_SPANS_FILE", "MEMRA_OBS_SPANS_FILE_MAX_BYTES", "MEMRA_OBS_WORKER", "ConfigError",
+    "Settings", "parse_addr", "positive",
 ]  # fmt: skip
 
 
@@ -47,6 +47,7 @@ MEMRA_OBS_WORKER = "MEMRA_OBS_WORKER"
 MEMRA_OBS_METRICS_TLS_CERT = "MEMRA_OBS_METRICS_TLS_CERT"
 MEMRA_OBS_METRICS_TLS_KEY = "MEMRA_OBS_METRICS_TLS_KEY"
 MEMRA_OBS_MAX_DEVICES = "MEMRA_OBS_MAX_DEVICES"
+MEMRA_OBS_MAX_FAMILIES = "MEMRA_OBS_MAX_FAMILIES"
 MEMRA_OBS_REQUESTS_FILE = "MEMRA_OBS_REQUESTS_FILE"
 MEMRA_OBS_REQUESTS_DETAIL = "MEMRA_OBS_REQUESTS_DETAIL"
 MEMRA_OBS_ADVICE_WINDOW = "MEMRA_OBS_ADVICE_WINDOW"
@@ -215,6 +216,7 @@ class Settings:
     #: environment; an argument may name a file too.
     metrics_basic_auth: tuple[str, str] | None = field(default=None, repr=False)
     max_devices: int = 64  #: CUDA ordinals published at most (bounds a garbled profile)
+    max_families: int = 64  #: families the tail and the report take from tags (a hostile log's)
     requests_file: str | None = None  #: one JSON line per ended session (the spec-decode record)
     requests_detail: bool = False  #: the requests file's lines carry the per-step lists
     advice_window: int = 2048  #: rounds per family behind the k advisor's gauges (0: none)
@@ -263,6 +265,7 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     ("metrics_tls_key", MEMRA_OBS_METRICS_TLS_KEY, _readable_file),
     ("metrics_basic_auth", MEMRA_OBS_METRICS_BASIC_AUTH_FILE, _basic_auth_file),
     ("max_devices", MEMRA_OBS_MAX_DEVICES, _int_in(1, 4096)),
+    ("max_families", MEMRA_OBS_MAX_FAMILIES, _int_in(1, 4096)),
     ("requests_file", MEMRA_OBS_REQUESTS_FILE, lambda _, v: v.strip() or None),
     ("requests_detail", MEMRA_OBS_REQUESTS_DETAIL, lambda n, v: _int_in(0, 1)(n, v) == 1),
     ("advice_window", MEMRA_OBS_ADVICE_WINDOW, _int_in(0, 1 << 20)),

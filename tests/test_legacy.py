@@ -253,6 +253,26 @@ def test_malformed_tagged_lines_say_why(line, why):
     assert e.value.line == line
 
 
+def test_a_tag_is_at_most_64_characters():
+    """The seed's tags (a family and ``-phase``/``-phase-v``) parse up to 64 characters; a
+    longer one is refused with its kind, not made a label of any size (a 900 KB tag made a
+    140 MB /metrics), and behind a prefix it is nobody's. One pass, however long."""
+    import time
+
+    MAX_TAG = 64  # (memra_obs.legacy.parse.MAX_TAG)
+    phase, verify = (x for x in GOLDEN.read_text().splitlines()[:2])
+    for line, kind in ((phase, "phase"), (verify, "verify")):
+        body = line.split("] ", 1)[1]
+        rec = parse_line(f"[{'f' * MAX_TAG}] {body}")
+        assert rec is not None and getattr(rec, "tag", "") == "f" * MAX_TAG
+        for n in (MAX_TAG + 1, 900_000):
+            t0 = time.perf_counter()
+            with pytest.raises(LegacyParseError, match="a tag over 64 characters") as e:
+                parse_line(f"[{'f' * (n - 6)}-phase] {body}")
+            assert e.value.kind == kind and time.perf_counter() - t0 < 0.5
+            assert parse_line(f"2026-12-04T23:30:04Z [{'f' * n}] {body}") is None
+
+
 iv3 = st.tuples(
     st.floats(0, 1e6, allow_nan=False), st.floats(0, 1e6, allow_nan=False),
     st.one_of(st.floats(0, 1e6, allow_nan=False), st.just(float("inf"))),

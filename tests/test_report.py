@@ -562,6 +562,36 @@ def test_an_unreadable_input_exits_2(tmp_path):
     assert p.returncode == 2 and "nope" in p.stderr and not (tmp_path / "r.html").exists()
 
 
+def test_workers_sharing_one_log_count_each_round_once(tmp_path):
+    """Two one-session demo workers (trace level 1 + profile) in one log, each one's first
+    line first: 2 workers' rounds, not a third session made of a profile whose phase line
+    the other's profile had claimed (it read 3 sessions, 48 rounds for 32)."""
+    a0, a1 = (demo(tmp_path, f"a{i}", "--requests", "1", "--seed", str(i), "--speed", "50",
+                   MEMRA_SPEC_TRACE="1", MEMRA_SPEC_PROF="1")[0] for i in (0, 1))  # fmt: skip
+    l0, l1 = ([x for x in p.read_text().splitlines() if x[:1] == "[" and x[:11] != "[memra-obs]"]
+              for p in (a0, a1))  # fmt: skip
+    truth = sum(r.rounds for r in legacy(a0) + legacy(a1) if isinstance(r, SummaryLine))
+    (tmp_path / "mini.log").write_text("\n".join([l0[0], l1[0], *l0[1:], *l1[1:]]) + "\n")
+    run = read(str(tmp_path / "mini.log"))
+    assert len(read(str(a0)).rounds) + len(read(str(a1)).rounds) == truth
+    assert len(run.rounds) == truth
+
+
+def test_a_logs_families_past_the_cap_are_not_placed(tmp_path):
+    """Each family is a section of the page (2,000 took minutes): past MEMRA_OBS_MAX_FAMILIES
+    a new family's lines are unplaced, as in the tail; a bad value exits 2 naming it."""
+    phase = (ROOT / "tests" / "data" / "legacy_lines.txt").read_text().split("\n")[0]
+    log = tmp_path / "fams.log"
+    log.write_text("".join(phase.replace("glm5", f"f{i}") + "\n" for i in range(5)))
+    run = read(str(log), max_families=2)
+    assert {s.family for s in run.sessions} == {"f0", "f1"} and len(run.unplaced) == 3
+    assert "MEMRA_OBS_MAX_FAMILIES=2" in run.unplaced[0][1]
+    out = tmp_path / "r.html"
+    cmd = [sys.executable, "-m", "memra_obs.cli", "report", str(log), "-o", str(out)]
+    p = subprocess.run(cmd, capture_output=True, env=_env(MEMRA_OBS_MAX_FAMILIES="0"), timeout=60)
+    assert p.returncode == 2 and b"MEMRA_OBS_MAX_FAMILIES='0'" in p.stderr
+
+
 def test_median_and_bootstrap():
     """The seed's median (sorted[n/2]); the bootstrap is repeatable and brackets a shift."""
     import numpy as np

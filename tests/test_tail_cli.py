@@ -143,6 +143,19 @@ def test_bad_options_and_knobs_fail_loudly():
     assert p.returncode == 2 and b"MEMRA_OBS_METRICS_ADDR" in p.stderr
 
 
+def test_the_family_cap_is_the_knob_max_families():
+    """MEMRA_OBS_MAX_FAMILIES bounds the families a tail publishes: a new one past it is
+    refused, said once naming the knob, and counted as unplaced; a bad value stops it."""
+    data = "".join(PHASE.replace("glm5", f"f{i}") + "\n" for i in range(5)).encode()
+    p = _tail("-", data=data, env={"MEMRA_OBS_MAX_FAMILIES": "2"})
+    text = p.stderr.decode()
+    assert p.returncode == 0 and text.count("MEMRA_OBS_MAX_FAMILIES") == 1
+    assert "stdin:3: past MEMRA_OBS_MAX_FAMILIES=2: family 'f2' (and every new one)" in text
+    assert "5 lines (5 legacy, 0 malformed, 3 unplaced), 2 sessions, 12 rounds" in text
+    p = _tail("-", data=b"", env={"MEMRA_OBS_MAX_FAMILIES": "0"})
+    assert p.returncode == 2 and b"MEMRA_OBS_MAX_FAMILIES='0': expected 1..4096" in p.stderr
+
+
 def test_an_empty_worker_label_is_refused_under_its_own_name():
     """``--worker ''`` or ``MEMRA_OBS_WORKER=''`` is refused naming it, as every knob (it was
     replaced by the file's name); a set label is taken, an unset one is the input's name."""

@@ -125,6 +125,34 @@ def test_values_no_clock_produces_are_reported_by_line():
     assert out == [] and tail.stats.total_malformed == 4
 
 
+def test_new_tags_mint_at_most_max_families_of_series():
+    """A hostile stream: 200 new tags (each family ~156 series: 2,000 made 312,000 series, a
+    27 MB /metrics) and a 900 KB tag (a 140 MB /metrics, GBs of memory). Past
+    ``max_families`` (MEMRA_OBS_MAX_FAMILIES) a new family's lines are refused, said once
+    and counted as unplaced; a known family still goes through; the long tag is malformed."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from memra_obs.prom import PrometheusExporter
+
+    reg = CollectorRegistry()
+    prom = PrometheusExporter(reg, worker="w", worker_label=True)
+    body = PHASE.split("] ", 1)[1]
+    lines = [f"[f{i}-phase] {body}" for i in range(200)]
+    lines += [f"[{'f' * 900_000}-phase] {body}", f"[f1-phase] {body}"]
+    notes: list[str] = []
+    tail = Tail(Rebuilder("w", max_families=3), prom.export, out=None, notes=notes.append)
+    tail.feed(("\n".join(lines) + "\n").encode(), 1)
+    tail.close(2)
+    text = generate_latest(reg).decode()
+    assert set(re.findall(r'family="([^"]*)"', text)) == {"f0", "f1", "f2"} and len(text) < 10**5
+    assert tail.stats.orphans["phase"] == 197 and tail.stats.malformed["phase"] == 1
+    assert [n.split(": ", 2)[:2] for n in notes] == [
+        ["-:4", "past MEMRA_OBS_MAX_FAMILIES=3"],
+        ["-:201", "malformed phase line"],
+    ]
+    assert "a tag over 64 characters" in notes[1] and len(notes[1]) < 300
+
+
 def test_a_line_over_one_mib_is_reported_and_passed_through():
     """A tagged line longer than MAX_LINE: passed through whole, reported with its number."""
     from memra_obs.tail.passthrough import MAX_LINE

@@ -333,19 +333,40 @@ def test_absurd_values_are_refused_not_expanded():
     assert got == [] and tail.stats.orphans["phase"] == 1
 
 
-def test_a_profile_without_its_phase_line_is_placed_and_remarked_not_unplaced():
-    """A [spec-prof] whose first burst's phase line is missing starts its session all the same:
-    it is published (so not counted as unplaced), and the stream's oddity is reported."""
+def test_a_profile_without_its_phase_line_adds_no_rounds_in_a_traced_stream():
+    """In a stream with phase lines, a [spec-prof] without its first burst's phase line (lost,
+    or another worker's lines between them) is reported unplaced: its rounds are a phase
+    line's, never a second, profile-made burst of them (profile-only streams: below)."""
     from memra_obs.legacy import prof_line
     from memra_obs.records import SpecFirstTokenProf
 
     prof = prof_line(SpecFirstTokenProf(prime_ms=3.0, first_burst_rounds=5, first_burst_ms=20.0))
     got, tail = rebuild([PHASE_LINE, prof])
-    assert len(of(got, FirstTokenRecord)) == 1 and len(of(got, SessionRecord)) == 2
-    assert tail.stats.total_orphans == 0
-    assert [n.split(":", 2)[1:] for n in tail.notes] == [
-        ["2", " [spec-prof] without its first burst's phase line"]
+    assert not of(got, FirstTokenRecord) and [e.rounds for e in of(got, SessionEndRecord)] == [6]
+    assert tail.stats.orphans["prof"] == 1
+    assert [n.split(": '", 1)[0] for n in tail.notes] == [
+        "-:2: [spec-prof] without its first burst's phase line: its rounds are not counted"
     ]
+
+
+def test_workers_sharing_one_stream_do_not_count_rounds_twice(fake_clock, tmp_path):
+    """Two workers' lines in one stderr (trace level 1 + profile): each one's first phase line,
+    then the rest of each. The second [spec-prof] finds its phase line claimed by the first's
+    profile; it adds no burst of its own (it made 3 sessions of 48 rounds out of 2 of 32)."""
+    from memra_obs.report.inputs import read
+
+    logs = []
+    for seed in (1, 2):
+        with capture(level=1, prof=True, memory=lambda: [(0, 1)]) as cap:
+            drive(cap.observer, [16], seed=seed)
+        logs.append(cap.lines)
+    a0, a1 = logs
+    lines = [a0[0], a1[0], *a0[1:], *a1[1:]]
+    got, tail = rebuild(lines)
+    assert sum(e.rounds for e in of(got, SessionEndRecord)) == len(of(got, RoundRecord)) == 32
+    assert tail.stats.orphans["prof"] == 1 and "not counted twice" in tail.notes[0]
+    (tmp_path / "mini.log").write_text("\n".join(lines) + "\n")
+    assert len(read(str(tmp_path / "mini.log")).rounds) == 32  # the report: the same Rebuilder
 
 
 def test_a_profile_after_its_burst_was_laid_out_does_not_count_its_rounds_twice(fake_clock):

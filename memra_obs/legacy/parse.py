@@ -49,7 +49,11 @@ class LegacyParseError(ValueError):
 _P = "+" if sys.version_info >= (3, 11) else ""
 _N = rf"(0|[1-9][0-9]*{_P})"
 _F = rf"(-?[0-9]+{_P}\.[0-9]+{_P})"
-_TAG_HEAD = re.compile(r"\[([^\]\s]+)\] ").match
+#: A tag's most characters (the seed's: a family and ``-phase``/``-phase-v``): a longer one is
+#: refused, so no line carries a label of any size onto /metrics.
+MAX_TAG = 64
+_TAG_HEAD = re.compile(rf"\[([^\]\s]{{1,{MAX_TAG}}}{_P})\] ").match
+_LONG_TAG = re.compile(rf"\[[^\]\s]{{{MAX_TAG + 1},}}\] rounds=").match
 _PHASE = re.compile(
     rf"rounds={_N} k={_N} total={_F}ms \| draft={_F} verify={_F} accept={_F} roll={_F} "
     rf"maint={_F} \| per-round ms: draft={_F} verify={_F} accept={_F} roll={_F} maint={_F} "
@@ -96,9 +100,10 @@ _ADVICE = re.compile(
 
 
 #: Where a legacy line starts behind a log collector's prefix (see _behind_prefix): one of our
-#: tags, or a phase tag and its body (no "[" in a tag: one pass over any line).
+#: tags, or a phase tag and its body (no "[" in a tag, at most MAX_TAG: one pass over any line).
 _WRAPPED = re.compile(
-    r"\[spec-(?:prof-rounds|prof-summary|prof|trace|advice)\] |\[[^\[\]\s]+\] rounds="
+    r"\[spec-(?:prof-rounds|prof-summary|prof|trace|advice)\] "
+    rf"|\[[^\[\]\s]{{1,{MAX_TAG}}}\] rounds="
 ).search
 
 
@@ -115,6 +120,8 @@ def parse_line(line: str) -> LegacyLine | None:
         if m is None:
             if text.startswith("[spec-"):
                 raise LegacyParseError(line, "tag without a body", _claimed(text))
+            if _LONG_TAG(text):
+                raise LegacyParseError(line, f"a tag over {MAX_TAG} characters", _claimed(text))
             return _behind_prefix(line, text[1:])  # "[2026-12-04 23:30:04] [glm5-phase] ..."
         tag, at = m.group(1), m.end()  # the body: text[at:], matched in place (no copy)
         kind = _OWN_TAGS.get(tag)

@@ -59,8 +59,9 @@ class Run:
     notes: list[str] = field(default_factory=list)
 
 
-def read(path: str, progress: Progress | None = None) -> Run:
-    """Read one input (``-``: standard input). Raises OSError when it cannot be opened."""
+def read(path: str, progress: Progress | None = None, max_families: int = 64) -> Run:
+    """Read one input (``-``: standard input); a log's families past ``max_families`` are
+    refused, as the tail refuses them. Raises OSError when it cannot be opened."""
     with open(0 if path == "-" else path, "rb", closefd=path != "-") as raw:
         run, gz = Run("stdin" if path == "-" else path), raw.peek(2)[:2] == b"\x1f\x8b"
         f: Any = gzip.open(raw) if gz else raw  # noqa: SIM115  (a banked log, compressed)
@@ -68,7 +69,11 @@ def read(path: str, progress: Progress | None = None) -> Run:
         first = f.readline()
         if first.lstrip()[:1] == b"{" and b'"resourceSpans"' in first[:65536]:
             run.kind = "spans"
-        (_read_spans if run.kind == "spans" else _read_log)(_lines(f, first, run, progress), run)
+        lines = _lines(f, first, run, progress)
+        if run.kind == "spans":
+            _read_spans(lines, run)
+        else:
+            _read_log(lines, run, max_families)
     return run
 
 
@@ -85,10 +90,11 @@ def _lines(f: BinaryIO, first: bytes, run: Run, progress: Progress | None) -> It
     run.size = done
 
 
-def _read_log(lines: Iterable[str], run: Run) -> None:
+def _read_log(lines: Iterable[str], run: Run, max_families: int) -> None:
     """Every line through the parser and the Rebuilder; line numbers stand in for arrival stamps
     (1 ns apart: bursts lie back to back and no session ends by silence)."""
-    rb = Rebuilder("report", rng=random.Random(0), epoch_ns=lambda: 0, mono_ns=lambda: 0)
+    rb = Rebuilder("report", rng=random.Random(0), epoch_ns=lambda: 0, mono_ns=lambda: 0,
+                   max_families=max_families)  # fmt: skip
     log: RoundLog | None = None  # the round log being read
     for n, line in enumerate(lines, 1):
         try:

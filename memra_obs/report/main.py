@@ -74,12 +74,13 @@ def main(args: argparse.Namespace) -> int:
     from .page import render
     from .stats import View, ab_table
 
+    top = _max_families()
     bar, views = Progress(not args.quiet and (args.progress or sys.stderr.isatty())), []
     for i, path in enumerate(args.inputs):
         name = "stdin" if path == "-" else os.path.basename(path) or path
         label = ("AB"[i] + ": " if len(args.inputs) == 2 else "") + name
         try:
-            views.append(View(label, read(path, bar.reading(label))))
+            views.append(View(label, read(path, bar.reading(label), top)))
         except (OSError, EOFError) as exc:  # EOFError: a gzip'd input cut short
             bar.step("")
             print(
@@ -109,6 +110,15 @@ def main(args: argparse.Namespace) -> int:
         mb = len(page.encode()) / 1e6
         print(f"memra-obs report: wrote {args.output} ({mb:.2f} MB): {what}", file=sys.stderr)
     return 0
+
+
+def _max_families() -> int:
+    """The one knob a report reads (a log's families: a section each), checked as the tail's;
+    the others (an address to serve, TLS files) are no report's to check."""
+    from ..environment import MEMRA_OBS_MAX_FAMILIES as FAM
+    from ..environment import Settings
+
+    return Settings.resolve({FAM: os.environ[FAM]} if FAM in os.environ else {}).max_families
 
 
 def _summary(label: str, run: Any) -> str:

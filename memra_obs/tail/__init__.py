@@ -70,7 +70,6 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     if MEMRA_OBS_SINKS not in os.environ:
         knobs["sinks"] = "otel,prometheus"
     st = Settings.resolve(None, **knobs)
-    worker = st.worker
     early: list[str] = []
     try:
         source = _source(path, args.follow, opts, early.append)
@@ -78,7 +77,7 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
         print(f"memra-obs tail: {path}: {exc.strerror}", file=sys.stderr)
         return 2
     try:
-        built = build_exporters(st, worker=worker, worker_label=True)
+        built = build_exporters(st, worker=st.worker, worker_label=True)
     except BaseException:
         source.close()
         raise
@@ -86,19 +85,20 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     queue = (
         QueueSink(built.all, capacity=st.queue_size, pause_s=0, stretch_ms=0) if built.all else None
     )
-    rb = Rebuilder(worker, linger_ns=int(opts.linger * 1e9), max_bursts=opts.max_bursts,
-                   session_gap_ns=int(opts.session_gap * 1e9), sampled=sessions_sampled())  # fmt: skip
+    rb = Rebuilder(st.worker, linger_ns=int(opts.linger * 1e9), max_bursts=opts.max_bursts,
+                   session_gap_ns=int(opts.session_gap * 1e9), sampled=sessions_sampled(),
+                   max_families=st.max_families)  # fmt: skip
     tail = Tail(rb, queue.put_many if queue is not None else lambda batch: None, name=source.name,
                 max_devices=st.max_devices)  # fmt: skip
     if built.prom is not None:
         built.prom.attach_queue(queue)
         collector = TailCollector()
-        collector.add(worker, tail.stats)
+        collector.add(st.worker, tail.stats)
         built.prom.registry.register(collector)
     if not opts.quiet:
         where = "; ".join(built.where) or "publishing nothing (MEMRA_OBS_SINKS)"
         mode = "following" if isinstance(source, FollowSource) else "reading"
-        tail.note(f"{mode} {source.name} as worker {worker!r}; {where}")
+        tail.note(f"{mode} {source.name} as worker {st.worker!r}; {where}")
     for msg in early:
         tail.note(msg)
     if isinstance(source, FollowSource):

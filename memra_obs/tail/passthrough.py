@@ -14,7 +14,7 @@ from typing import BinaryIO
 
 from ..legacy import KIND, FirstTokenLine, LegacyParseError, RoundsLine, parse_line
 from ..timeline import Record
-from .rebuild import Rebuilder
+from .rebuild import FAMILY_CAP, Rebuilder
 from .stats import TailStats
 
 __all__ = ["MAX_LINE", "Tail"]
@@ -37,7 +37,7 @@ class Tail:
         self.rebuilder, self.publish, self.name = rebuilder, publish, name
         self.stats = TailStats(rebuilder)
         self.lineno = self.reports = 0
-        self.report_limit, self.max_devices = report_limit, max_devices
+        self.report_limit, self.max_devices, self._capped = report_limit, max_devices, False
         self._write, self._note_to = _writer(out), notes
         self._notes: list[bytes] = []
         # The partial last line (kept until its newline), how much of it already went
@@ -198,6 +198,10 @@ class Tail:
         counted here); the first ``report_limit`` one by one, then only counted."""
         if orphan:
             self.stats.orphans[orphan] += 1
+        if why.startswith(FAMILY_CAP):  # a stream of new tags: said once, then only counted
+            if self._capped:
+                return
+            self._capped = True
         self.reports += 1
         if self.reports <= self.report_limit:
             excerpt = text if len(text) <= 80 else text[:77] + "..."

@@ -27,10 +27,12 @@ from ..legacy import (
 from ..records import SPEC_PROF_ROUNDS, SpecFirstTokenProf, SpecPhaseNs, SpecRoundProf
 from ..timeline import BurstRecord, FirstTokenRecord, RoundRecord, SessionEndRecord, SessionRecord
 
-__all__ = ["MAX_BURST_ROUNDS", "UNKNOWN_FAMILY", "Rebuilder", "family_of"]
+__all__ = ["FAMILY_CAP", "MAX_BURST_ROUNDS", "UNKNOWN_FAMILY", "Rebuilder", "family_of"]
 
 #: ``family`` (and empty tag) of sessions whose lines never named one (profile-only streams).
 UNKNOWN_FAMILY = "unknown"
+#: How a phase line of a family past ``max_families`` is refused (the tail says it once).
+FAMILY_CAP = "past MEMRA_OBS_MAX_FAMILIES="
 #: Rounds one line may claim; more is a garbled line, refused rather than expanded.
 MAX_BURST_ROUNDS = 1 << 16
 #: A burst (with its session's creation) longer than this (~13 days) is a garbled line.
@@ -89,10 +91,12 @@ class Rebuilder:
 
     def __init__(self, worker: str = "", *, linger_ns: int = 500_000_000,
                  session_gap_ns: int = 1_000_000_000, max_bursts: int = 64,
-                 rng: random.Random | None = None, epoch_ns: Callable[[], int] = time.time_ns,
+                 max_families: int = 64, rng: random.Random | None = None,
+                 epoch_ns: Callable[[], int] = time.time_ns,
                  mono_ns: Callable[[], int] = time.perf_counter_ns,
                  sampled: Callable[[int], bool] | None = None) -> None:  # fmt: skip
         self.worker, self.linger_ns, self.max_bursts = worker, linger_ns, max_bursts
+        self.max_families, self._families, self._tags = max_families, set[str](), set[str]()
         self.sampled = sampled
         self.session_gap_ns = session_gap_ns
         self._rng, self._epoch, self._mono = rng or random.Random(), epoch_ns, mono_ns
@@ -100,7 +104,7 @@ class Rebuilder:
         self._pending: _Burst | None = None
         self._session: _Session | None = None
         self._fresh: _Burst | None = None  # the pending burst while its phase line is the last
-        self._first: _Burst | None = None  # a session's first burst, laid out without a profile
+        self._first: _Burst | None = None  # a session's first burst laid out, no profile claimed it
         self._last_end = 0  # end of the latest burst laid out, over all sessions
         self._seen_phase = False
         self._roll_share = 0.5  # rollback's share of rest_ms: the latest phase line's
@@ -162,6 +166,8 @@ class Rebuilder:
             self._finish(self._pending)
         if p.rounds > MAX_BURST_ROUNDS or p.k > MAX_BURST_ROUNDS:  # (a k wraps on the wire)
             return f"rounds={p.rounds} k={p.k} is past any plausible burst (> {MAX_BURST_ROUNDS})"
+        if p.tag not in self._tags and (why := self._admit(p.tag)):
+            return why
         self._pending = self._fresh = _Burst(p.tag, p.rounds, p.k, p, t)
         return None
 
@@ -199,16 +205,19 @@ class Rebuilder:
         if b is not None and b.prof is None and not b.rows and b.phase and b.rounds == n:
             b.prof, b.last = prof, t  # the session's first burst: the phase line just before
             return None
-        if b is None and (f := self._first) is not None and f.rounds == n:  # its rounds are out
-            return "[spec-prof] after its first burst was laid out (--linger): not counted twice"
+        # With phase lines in the stream, rounds are a phase line's, never a profile's: its own
+        # was laid out, is another worker's or was lost (a burst of no round prints none).
+        if self._seen_phase and n:
+            if (f := self._first) is not None and f.rounds == n:
+                self._first = None  # claimed: its rounds are out, not counted twice
+                return ("[spec-prof] after its first burst was laid out (--linger, or another "
+                        "worker's lines between them): not counted twice")  # fmt: skip
+            return "[spec-prof] without its first burst's phase line: its rounds are not counted"
         if b is not None:
             self._finish(b)
-        # No phase line for it (a profile-only stream, or lost): the profile and the rows
-        # that follow are the burst.
+        # A profile-only stream (trace off): the profile and the rows that follow are the burst.
         b = self._pending = _Burst("", n, 0, None, t)
         b.prof = prof
-        if self._seen_phase:  # placed all the same: a remark, not an unplaced line
-            self.problems.append(("[spec-prof] without its first burst's phase line", ""))
         if n == 0:
             self._finish(b)
         return None
@@ -251,7 +260,7 @@ class Rebuilder:
         return sid
 
     def _end(self, s: _Session) -> None:
-        self._session = self._first = None
+        self._session = None
         self._out.append(SessionEndRecord(s.id, s.last_end, s.rounds, s.bursts, s.tokens, ""))
 
     def _finish(self, b: _Burst) -> None:
@@ -302,7 +311,20 @@ class Rebuilder:
         self.rounds_from_means += n - len(b.rows)
         s.rounds, s.bursts, s.tokens = s.rounds + n, s.bursts + 1, s.tokens + tokens
         s.last_end, s.last_line = end, (b.last if b.last > s.last_line else s.last_line)
-        self._first = b if s.bursts == 1 and prof is None and b.phase is not None else None
+        if s.bursts == 1 and prof is None and b.phase is not None:
+            self._first = b
+
+    def _admit(self, tag: str) -> str | None:
+        """Why a phase line's tag is refused (None: taken): a family past ``max_families``
+        (each is ~150 series on /metrics, a section of the report; a log can hold any tags)."""
+        fam = family_of(tag)
+        if fam not in self._families:
+            if len(self._families) >= self.max_families:
+                top = self.max_families
+                return f"{FAMILY_CAP}{top}: family {fam!r} (and every new one) not published"
+            self._families.add(fam)
+        self._tags.add(tag)
+        return None
 
     def _lay(self, b: _Burst, key: Key, t: int, r0: tuple[int, ...]) -> tuple[int, int, SpecPhaseNs, int]:  # fmt: skip
         """The burst's rounds back to back from ``t``: round 0 from the profile, the rows, then
