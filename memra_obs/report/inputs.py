@@ -116,11 +116,11 @@ def _read_log(lines: Iterable[str], run: Run, max_families: int) -> None:
                 log.rows.append(rec.prof)
             else:
                 log.summary, log.lineno = rec, n
-        why = rb.feed(rec, n)  # then what it closed: refused bursts (unplaced), remarks (placed)
-        run.unplaced += [(n, w) for w, kind in ((why, "line"), *rb.problems) if w and kind]
+        why = rb.feed(rec, n)  # then what it closed: refused bursts (unplaced)
+        run.unplaced += [(n, w) for w in (why, *rb.problems) if w]
         rb.problems.clear()
     rb.close()
-    run.unplaced += [(0, w) for w, kind in rb.problems if kind]
+    run.unplaced += [(0, w) for w in rb.problems]
     into: dict[type, list[Any]] = {SessionRecord: run.sessions, BurstRecord: run.bursts,
                                    FirstTokenRecord: run.first_tokens, RoundRecord: run.rounds}  # fmt: skip
     for r in rb.take():

@@ -12,7 +12,7 @@ import select
 from collections.abc import Callable
 from typing import BinaryIO
 
-from ..legacy import KIND, FirstTokenLine, LegacyParseError, RoundsLine, parse_line
+from ..legacy import KIND, PHASE, FirstTokenLine, LegacyParseError, RoundsLine, parse_line
 from ..timeline import Record
 from .rebuild import FAMILY_CAP, Rebuilder
 from .stats import TailStats
@@ -131,9 +131,9 @@ class Tail:
         self.stats.lines["other"] += 1
 
     def _problems(self, lineno: int) -> None:
-        """What line ``lineno`` closed: refused bursts (unplaced phase lines), remarks."""
-        for why, kind in self.rebuilder.problems:
-            self._bad(lineno, why, "", kind)
+        """What line ``lineno`` closed: refused bursts (unplaced phase lines)."""
+        for why in self.rebuilder.problems:
+            self._bad(lineno, why, "", PHASE)
         self.rebuilder.problems.clear()
 
     def _publish(self) -> None:

@@ -16,7 +16,6 @@ from operator import attrgetter
 from typing import Any
 
 from ..legacy import (
-    PHASE,
     FirstTokenLine,
     LegacyLine,
     PhaseLine,
@@ -111,10 +110,9 @@ class Rebuilder:
         self._spare = 0  # a session id drawn for a burst that was refused: the next one's
         #: Rounds published with a row's values / with their burst's means; sessions opened.
         self.rounds_from_rows = self.rounds_from_means = self.sessions = 0
-        #: (why, kind) of what a line closed: a burst refused while laid out (values no clock
-        #: produces: kind "phase", unplaced), or a remark on a line placed all the same (kind
-        #: ""). The caller reports and clears it (the list stays the same object).
-        self.problems: list[tuple[str, str]] = []
+        #: Why each burst a line closed was refused while laid out (values no clock produces:
+        #: its phase line is unplaced). The caller reports and clears it (the same list object).
+        self.problems: list[str] = []
 
     def feed(self, rec: LegacyLine, t: int) -> str | None:
         """One parsed line that arrived at ``t`` (ns, monotonic). Returns why the line could
@@ -290,7 +288,7 @@ class Rebuilder:
                 raise ValueError("durations past any plausible clock (> 2**50 ns)")
         except (ArithmeticError, ValueError) as exc:
             del out[mark:]
-            self.problems.append((f"burst dropped: {exc}", PHASE))
+            self.problems.append(f"burst dropped: {exc}")
             if s is None:
                 self._spare = sid  # no session opened: the next one's id
             return
