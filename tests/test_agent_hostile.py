@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -153,6 +154,37 @@ def test_a_ring_owned_by_another_user_is_skipped(tmp_path, caplog):
     assert cap.records == [] and "uid 12345" in reports(caplog, sink.path)[0]
     a.close()
     sink.shutdown()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_ring_directory_of_another_user_or_a_link_is_refused(tmp_path):
+    """In world-writable /dev/shm another user can make the ring directory first, then hold
+    the agent's lock (no telemetry) or remove rings: such a directory, a link to one, or a
+    lock file of another user is refused by the agent (exit 2, naming the directory) and by
+    the worker's ring. A directory it makes is 0700 (agent and workers share one uid)."""
+    theirs, link = tmp_path / "theirs", tmp_path / "link"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    link.symlink_to(tmp_path)
+    for d in (theirs, link):
+        e = re.escape(str(d))
+        with pytest.raises(ConfigError, match=f"ring directory '{e}' .*(uid 65534|a link)"):
+            Agent(str(d), [])
+        with pytest.raises(ConfigError, match=f"MEMRA_OBS_AGENT='{e}': no ring there"):
+            RingSink.create(str(d))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_", "OTEL_"))}
+    env.update(MEMRA_OBS_METRICS_ADDR="127.0.0.1:0", MEMRA_OBS_SINKS="prometheus", PYTHONPATH=SRC)
+    p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "agent", "--once", "--dir",
+                        str(theirs)], env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 2 and f"ring directory '{theirs}'" in p.stderr, p.stderr
+    os.chown(theirs, 0, 0)
+    (lock := theirs / ".agent.lock").touch()
+    os.chown(lock, 65534, 65534)
+    with pytest.raises(ConfigError, match=r"\.agent\.lock is another user's"):
+        Agent(str(theirs), [])
+    assert not list(tmp_path.rglob("*.ring"))
+    Agent(str(mine := tmp_path / "mine"), []).close()
+    assert mine.stat().st_mode & 0o777 == 0o700
 
 
 def test_a_ring_whose_file_does_not_match_its_header_is_skipped(tmp_path, caplog):

@@ -619,6 +619,52 @@ def test_bad_values_fail_at_start_up_naming_the_variable(env, var):
         build_span_exporter(Settings(), env=env)
 
 
+_SECRET = "SUPERSECRET"
+_USERINFO = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: user:password@ .* OTEL_EXPORTER_OTLP_HEADERS"
+
+
+@pytest.mark.parametrize(
+    ("env", "why"),
+    [
+        ({"OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer%20{_SECRET},x-tenant"},
+         "OTEL_EXPORTER_OTLP_HEADERS: item 2 is not key=value"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_HEADERS": f"a=b,,{_SECRET}"},
+         "OTEL_EXPORTER_OTLP_TRACES_HEADERS: item 3 is not key=value"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"https://u:{_SECRET}@h:9/v1/traces?k={_SECRET}"},
+         _USERINFO),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+          "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"u:{_SECRET}@h:4317"}, _USERINFO),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://h:99999/?api_key={_SECRET}"},
+         r"OTEL_EXPORTER_OTLP_ENDPOINT='http://h:99999/v1/traces\?<redacted>': bad port"),
+    ],
+)  # fmt: skip
+def test_otlp_secrets_are_never_echoed_and_url_credentials_refused(env, why):
+    """A header's value, a URL's password or its ?query (API keys go there) never reach a
+    start-up error; a user:password@ (http.client never sent it) is refused, pointing to
+    the headers."""
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", **env}
+    with pytest.raises(ConfigError, match=why) as exc:
+        build_span_exporter(Settings(), env=env)
+    assert _SECRET not in str(exc.value)
+
+
+def test_the_endpoints_query_is_not_shown_on_the_banner_or_in_send_errors():
+    """An API key in the endpoint's ?query is sent, never shown (the start-up line, errors)."""
+    from memra_obs.otel.transport import Retry
+
+    url = f"http://127.0.0.1:9/v1/traces?api_key={_SECRET}"
+    ex = build_span_exporter(Settings(), env={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": url})
+    try:
+        sender = ex.outputs[0].sender
+        assert sender.url == "http://127.0.0.1:9/v1/traces?<redacted>"
+        assert sender._path.endswith(f"?api_key={_SECRET}")  # sent all the same
+        with pytest.raises((Retry, SendError)) as err:
+            sender.send(b"", 2.0)
+        assert _SECRET not in str(err.value) and "?<redacted>" in str(err.value)
+    finally:
+        ex.shutdown(1.0)
+
+
 @pytest.mark.parametrize(
     ("value", "true", "warned"),
     [("true", True, False), (" TRUE ", True, False), ("false", False, False),

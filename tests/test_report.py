@@ -414,7 +414,7 @@ def test_a_first_token_span_without_buckets_is_left_out_of_the_waterfall(runs, t
 
 def test_a_failed_render_or_write_leaves_no_temp_file(runs, tmp_path, monkeypatch):
     """Rendering fails: nothing is written. Writing fails (the output is a directory): exit 2
-    with the output's name, no ``.tmp<pid>`` file left."""
+    with the output's name, no temporary file left."""
     from memra_obs.report import main, page
 
     def fail(*_: object) -> str:
@@ -493,6 +493,26 @@ def test_an_output_link_is_written_through_never_replaced(runs, tmp_path):
     cmd = [sys.executable, "-m", "memra_obs.cli", "report", "-q", str(runs["log"]), "-o", str(out)]
     p = subprocess.run(cmd, capture_output=True, env=_env(), timeout=300)
     assert p.returncode == 0 and out.is_symlink() and p.stdout.startswith(b"<!DOCTYPE html>")
+
+
+def test_the_page_goes_through_no_planted_temp_link_and_keeps_the_outputs_mode(tmp_path):
+    """The page goes to a fresh temporary (O_EXCL, a random name): a link planted at the old
+    guessable ``<out>.tmp<pid>`` took the page into its target (and became the output). A
+    report replaced keeps its mode (0600 stays private); a new one gets a new file's."""
+    from memra_obs.report.main import _write
+
+    out, victim = tmp_path / "r.html", tmp_path / "victim"
+    victim.write_text("theirs")
+    (planted := tmp_path / f"r.html.tmp{os.getpid()}").symlink_to(victim)
+    _write(str(out), "page 1")
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert (out.read_text(), victim.read_text(), out.is_symlink()) == ("page 1", "theirs", False)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~mask
+    out.chmod(0o600)
+    _write(str(out), "page 2")
+    assert out.read_text() == "page 2" and out.stat().st_mode & 0o777 == 0o600
+    assert {x.name for x in tmp_path.iterdir()} == {out.name, victim.name, planted.name}
 
 
 def test_dev_stdout_redirected_to_a_file_is_written_through(runs, tmp_path):

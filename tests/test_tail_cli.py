@@ -304,6 +304,28 @@ def test_wiring_publishes_worker_labelled_metrics_and_its_own_counters():
         w.close()
 
 
+def test_a_file_name_that_is_not_utf8_makes_a_label_every_scrape_can_encode():
+    """The tail's worker label defaults to the file's name, and argv and the environment keep
+    undecodable bytes as surrogates: every /metrics was a 500 (UnicodeEncodeError). Settled
+    once: the bytes become U+FFFD, from the argument, MEMRA_OBS_WORKER or RANK alike."""
+    from memra_obs.prom import encode
+
+    raw = os.fsdecode(b"w\xff.log")
+    for env in ({"MEMRA_OBS_WORKER": raw}, {"RANK": raw}):
+        assert Settings.resolve(env).worker == "w\ufffd.log"
+    reg = CollectorRegistry()
+    st = Settings.resolve({}, sinks="prometheus", metrics_addr="", worker=raw)
+    w = build_exporters(st, worker=st.worker, worker_label=True, registry=reg, env={})
+    try:
+        tail = Tail(Rebuilder(st.worker), lambda b: [ex.export(b) for ex in w.all], out=None)
+        tail.feed((PHASE + "\n").encode(), time.perf_counter_ns())
+        tail.close(time.perf_counter_ns())
+        body = encode(reg, "text/plain")[0].decode()
+    finally:
+        w.close()
+    assert 'memra_spec_rounds_total{family="glm5",worker="w\ufffd.log"} 6.0' in body
+
+
 class _Slow:
     """An exporter that waits on a gate (a stalled network) and can be made to raise."""
 

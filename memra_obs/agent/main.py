@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import glob
 import itertools
@@ -38,7 +39,7 @@ from ..export import ExportWorker, RecordExporter
 from ..timeline import Record
 from ..wiring import build_exporters
 from .reader import RingStream
-from .ring import check_cpu, ring_directory
+from .ring import check_cpu, own_directory, ring_directory
 
 __all__ = ["Agent", "AgentBusy", "build_agent", "default_directory", "main"]
 
@@ -85,8 +86,11 @@ class Agent:
         self.rings_removed = self.rings_retired = 0  # retired: read to the end, worker gone
         lock = os.path.join(directory, ".agent.lock")
         try:
-            os.makedirs(directory, exist_ok=True)
+            own_directory(directory)
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            if os.fstat(fd).st_uid != os.geteuid():  # another user's: it could hold it forever
+                os.close(fd)
+                raise PermissionError(errno.EPERM, f"{lock} is another user's")
         except OSError as exc:
             raise ConfigError(
                 f"ring directory {directory!r} (--dir, {MEMRA_OBS_AGENT}): {exc.strerror}"

@@ -11,11 +11,13 @@ the agent. The worker holds ``flock`` on its ring for life: liveness across PID 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import platform
 import re
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +45,17 @@ def ring_directory(value: str) -> str:
     """``MEMRA_OBS_AGENT`` as a directory: a bare name (no ``/``) lives in ``/dev/shm``."""
     shm = "/" not in value and os.path.isdir("/dev/shm")
     return os.path.join("/dev/shm", value) if shm else value
+
+
+def own_directory(directory: str) -> None:
+    """Make ``directory`` (0700) if missing; a link, or one that neither this uid nor root (a
+    mount: a k8s emptyDir) owns, is a PermissionError: in world-writable /dev/shm another user
+    could make it first, then hold the agent's lock or remove rings."""
+    os.makedirs(directory, 0o700, exist_ok=True)
+    st, uid = os.lstat(directory), os.geteuid()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, uid):
+        why = f"owned by uid {st.st_uid}" if stat.S_ISDIR(st.st_mode) else "a link"
+        raise PermissionError(errno.EPERM, f"{why}, not a directory of this uid ({uid}) or root")
 
 
 def fs_type(path: str) -> str:
@@ -98,7 +111,7 @@ class RingSink(Sink):
 
     def _open(self) -> None:
         geo, pid = self._geo, os.getpid()
-        os.makedirs(self.directory, exist_ok=True)
+        own_directory(self.directory)
         name = f"ring-{re.sub(r'[^A-Za-z0-9_.-]+', '_', self.worker)[:40] or 'worker'}-{pid}-{secrets.token_hex(4)}.ring"
         tmp, path = os.path.join(self.directory, f".{name}.tmp"), os.path.join(self.directory, name)
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

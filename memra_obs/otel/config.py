@@ -50,14 +50,23 @@ def parse_bool(var: str, value: str | None) -> bool:
 
 def parse_key_values(var: str, value: str, keys: bool = True) -> list[tuple[str, str]]:
     """The specification's ``key1=value1,key2=value2`` lists: values percent-decoded, and
-    ``keys`` too (headers; a resource's keys are left as written, as the SDK's detector does)."""
+    ``keys`` too (headers; a resource's keys are left as written, as the SDK's detector does).
+    A bad item is named by its place, never its text: headers hold secrets."""
     out = []
-    for item in filter(str.strip, value.split(",")):
+    for n, item in enumerate(value.split(","), 1):
         key, sep, val = item.partition("=")
+        if not item.strip():
+            continue
         if not sep or not key.strip():
-            raise ConfigError(f"{var}={value!r}: expected key=value pairs, got {item!r}")
+            raise ConfigError(f"{var}: item {n} is not key=value (not shown: it may be secret)")
         out.append((unquote(key.strip()) if keys else key.strip(), unquote(val.strip())))
     return out
+
+
+def shown_url(url: str) -> str:
+    """``url`` as messages show it: its ``?query`` may carry an API key, so it is not shown."""
+    base, sep, _ = url.partition("?")
+    return base + "?<redacted>" if sep else base
 
 
 def traces_exporters(env: Mapping[str, str]) -> list[str]:
@@ -188,6 +197,10 @@ _GRPC_VALUE = re.compile(r"[\x20-\x7e]*").fullmatch
 def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
     """(endpoint, secure): HTTP's full URL, or gRPC's ``host:port`` with TLS on or off."""
     var, url = _get(env, "ENDPOINT") or ("(default)", "")
+    authority = re.split(r"[/?#]", url.split("://", 1)[-1], maxsplit=1)[0]
+    if "@" in authority and not url.startswith("unix"):  # http.client would drop it, unsaid
+        raise ConfigError(f"{var}: user:password@ in the URL is never sent (not shown); put "
+                          f"credentials in {_OTLP}HEADERS (authorization=Basic%20...)")  # fmt: skip
     if protocol == "grpc":
         url = url or "http://localhost:4317"
         if "://" not in url or url.startswith("unix://"):  # host:port, TLS unless told otherwise
@@ -196,7 +209,8 @@ def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
         else:
             u = urlsplit(url)
             if u.scheme not in ("http", "https") or not u.netloc:
-                raise ConfigError(f"{var}={url!r}: expected http(s)://host:port or host:port")
+                why = "expected http(s)://host:port or host:port"
+                raise ConfigError(f"{var}={shown_url(url)!r}: {why}")
             secure, target = u.scheme == "https", u.netloc
         if target.startswith(("unix:", "unix-abstract:")):  # grpcio's socket targets
             return target, secure
@@ -204,7 +218,8 @@ def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
             target += ":443" if secure else ":4317"
         port = target.rsplit(":", 1)[1]
         if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
-            raise ConfigError(f"{var}={url!r}: bad port")  # (gRPC would take it modulo 65536)
+            # (gRPC would take it modulo 65536)
+            raise ConfigError(f"{var}={shown_url(url)!r}: bad port")
         return target, secure
     if var == _OTLP + "ENDPOINT":  # the general endpoint: the signal's path appended
         u = urlsplit(url)  # to the path, before any ?query
@@ -214,7 +229,7 @@ def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
     try:
         u.port  # noqa: B018  (raises on a bad port)
     except ValueError:
-        raise ConfigError(f"{var}={url!r}: bad port") from None
+        raise ConfigError(f"{var}={shown_url(url)!r}: bad port") from None
     if u.scheme not in ("http", "https") or not u.hostname:
-        raise ConfigError(f"{var}={url!r}: expected an http:// or https:// URL")
+        raise ConfigError(f"{var}={shown_url(url)!r}: expected an http:// or https:// URL")
     return url, u.scheme == "https"

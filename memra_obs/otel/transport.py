@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from ..diagnostics import say_once
 from ..linewriter import AppendFile
-from .config import OtlpConfig
+from .config import OtlpConfig, shown_url
 from .spans import Span
 
 RETRY_HTTP = frozenset((429, 502, 503, 504))
@@ -115,7 +115,7 @@ class HttpSender:
 
     def __init__(self, cfg: OtlpConfig, *, json: bool = False) -> None:
         u = urlsplit(cfg.endpoint)
-        self.url, self.timeout_s, self._json = cfg.endpoint, cfg.timeout_s, json
+        self.url, self.timeout_s, self._json = shown_url(cfg.endpoint), cfg.timeout_s, json
         self._addr = (u.hostname or "localhost", u.port or (443 if u.scheme == "https" else 80))
         self._path = (u.path or "/") + (f"?{u.query}" if u.query else "")
         self._cls: Any = http.client.HTTPConnection

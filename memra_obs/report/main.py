@@ -11,6 +11,7 @@ import os
 import re
 import stat
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -157,12 +158,25 @@ def _write(path: str, page: str) -> None:
             f.write(page)
         return
     real = os.path.realpath(path)
-    tmp = f"{real}.tmp{os.getpid()}"
+    # O_EXCL under a random name: a link planted at a guessable one would take the page
+    tfd, tmp = tempfile.mkstemp(dir=os.path.dirname(real), prefix=f".{os.path.basename(real)}.")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(tfd, "w", encoding="utf-8") as f:
+            try:  # the report it replaces keeps its mode; a new one gets a new file's
+                mode = os.stat(real).st_mode & 0o777
+            except FileNotFoundError:
+                mode = 0o666 & ~_umask()
+            os.fchmod(f.fileno(), mode)
             f.write(page)
         os.replace(tmp, real)
-    except OSError:
+    except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def _umask() -> int:
+    """The process's umask: only setting one reads it."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
