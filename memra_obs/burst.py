@@ -8,6 +8,7 @@ and counted in ``Observer.dropped_rounds``. Marks are kept per round (sync clock
 from __future__ import annotations
 
 import operator
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from .timeline import BurstRecord, ProfRowsRecord, RoundRecord
 if TYPE_CHECKING:
     from .session import Session
 
-__all__ = ["SETTLE_ROUNDS", "Burst"]
+__all__ = ["SETTLE_ROUNDS", "Burst", "new_burst"]
 
 #: The event clock settles (one drain) at least every this many rounds of a burst.
 SETTLE_ROUNDS = 1024
@@ -156,8 +157,8 @@ class Burst:
             self._at = -1
             return
         t = self._t
+        self._at = -1  # before the mark: a ranged burst's mark reads it as "the round closed"
         t.append(self._mark())
-        self._at = -1
         try:
             obs = self._s._obs
             seq = obs.seq_rows.take() if seq_rows is None else _index(seq_rows)
@@ -242,7 +243,7 @@ class Burst:
         s = self._s
         p, tot = self._phases, s._phase_ns
         for i, ns in enumerate(p.phases()):
-            tot[i] += ns
+            tot[i] = (tot[i] + ns) & U64_MAX
         first = not s._first_token_sent
         if tokens is None:
             tokens = self._tokens + (1 if first else 0)
@@ -269,12 +270,12 @@ class Burst:
     ) -> None:
         s = self._s
         t0, t1, t2, t3, t4, t5 = b
-        ph = self._phases
-        ph.draft += t1 - t0
-        ph.verify += t2 - t1
-        ph.accept += t3 - t2
-        ph.roll += t4 - t3
-        ph.maint += t5 - t4
+        ph = self._phases  # u64 sums wrap, as the seed's fetch_add
+        ph.draft = (ph.draft + t1 - t0) & U64_MAX
+        ph.verify = (ph.verify + t2 - t1) & U64_MAX
+        ph.accept = (ph.accept + t3 - t2) & U64_MAX
+        ph.roll = (ph.roll + t4 - t3) & U64_MAX
+        ph.maint = (ph.maint + t5 - t4) & U64_MAX
         ph.rounds += 1
         if split is not None:
             acc = self._split
@@ -327,19 +328,57 @@ class Burst:
         _discard_walk(self._s._obs, self._split is not None)
 
 
-class _RangedBurst(Burst):
-    """A :class:`Burst` that also opens and closes named ranges (NVTX) after each mark:
-    ``spec.burst`` > ``spec.round`` > one per phase. Only when a sink offers a ``range_hook``,
-    so the plain hot path is untouched; its own depth keeps misused rounds balanced."""
+def new_burst(s: Session, k: int, ranges: tuple[Any, ...]) -> Burst:
+    """A plain :class:`Burst`, or one with ranges when a sink offers a hook and this thread's
+    range stack is free. NVTX push/pop is a stack per thread: two bursts open at once on one
+    thread (asyncio tasks interleaving sessions) would pop each other's ranges, so the later
+    one goes without, said once."""
+    if not ranges:
+        return Burst(s, k)
+    if threading.get_ident() in _RANGE_OWNER:
+        say_once("range-interleaved", "two bursts open at once on one thread (asyncio tasks?): "
+                 "NVTX ranges are a stack per thread, so a burst begun while another is open "
+                 "gets none")  # fmt: skip
+        return Burst(s, k)
+    return _RangedBurst(s, k, ranges)
 
-    __slots__ = ("_depth", "_ranges")
+
+#: thread id -> the ranged burst whose ranges are on that thread's stack
+_RANGE_OWNER: dict[int, _RangedBurst] = {}
+
+
+class _RangedBurst(Burst):
+    """A :class:`Burst` that also moves named ranges (NVTX) at each boundary:
+    ``spec.burst`` > ``spec.round`` > one per phase. Its mark is wrapped, so a range closes
+    right after the clock's mark (a sync clock's drain inside the phase it ends) and before any
+    sink sees the round; the base class sets ``_at`` just before marking, which says which
+    boundary it is. Only when a sink offers a ``range_hook``, so the plain hot path is
+    untouched; its own depth keeps misused rounds balanced."""
+
+    __slots__ = ("_clock_mark", "_depth", "_ranges", "_tid")
     _NEXT = ("spec.verify", "spec.accept", "spec.rollback", "spec.maint")
 
     def __init__(self, s: Session, k: int, ranges: tuple[Any, ...]) -> None:
         super().__init__(s, k)
         self._ranges = ranges
         self._depth = 0
+        self._clock_mark, self._mark = self._mark, self._ranged_mark
+        self._tid = threading.get_ident()
+        _RANGE_OWNER[self._tid] = self
         self._push("spec.burst")
+
+    def _ranged_mark(self) -> int:
+        t = self._clock_mark()
+        at = self._at  # 0: a round begins; 1..4: that phase ended; -1: the round closed
+        if at > 0:
+            self._pop_to(2)
+            self._push(self._NEXT[at - 1])
+        else:
+            self._pop_to(1)
+            if at == 0:
+                self._push("spec.round")
+                self._push("spec.draft")
+        return t
 
     def _push(self, name: str) -> None:
         self._depth += 1
@@ -358,28 +397,18 @@ class _RangedBurst(Burst):
                 except Exception as exc:
                     _range_failed(h, exc)
 
-    def begin_round(self) -> None:
-        super().begin_round()
-        if self._at == _ENDED:
-            return
-        self._pop_to(1)
-        self._push("spec.round")
-        self._push("spec.draft")
-
-    def _step(self, at: int) -> None:
-        super()._step(at)
-        if self._depth == 3 and self._at == at:
-            self._pop_to(2)
-            self._push(self._NEXT[at - 1])
-
     def end_round(
         self, k: int | None = None, j: int | None = None, ctx: int = 0, seq_rows: int | None = None
     ) -> None:
         super().end_round(k, j, ctx, seq_rows)
-        self._pop_to(1)
+        if self._depth > 1:  # a misused round (no mark): its ranges close all the same
+            self._pop_to(1)
 
     def end(self, tokens: int | None = None) -> None:
         self._pop_to(0)
+        self._mark = self._clock_mark  # drops the self-reference
+        if _RANGE_OWNER.get(self._tid) is self:
+            del _RANGE_OWNER[self._tid]
         super().end(tokens)
 
 

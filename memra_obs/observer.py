@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,6 +20,7 @@ from .burst import _NOOP_BURST, Burst, _NoOpBurst, _nop
 from .clock import PhaseClock, Stream, SyncClock
 from .diagnostics import forked_set, say_once
 from .fanout import Fanout
+from .legacy.parse import MAX_TAG, taggable
 from .records import SEQ_ROWS, VERIFY_SPLIT, SeqRows, VerifySplit
 from .session import Session
 from .sinks.base import Sink
@@ -29,7 +29,6 @@ __all__ = ["NOOP_OBSERVER", "Burst", "NoOpObserver", "Observer", "Session"]
 
 _ClockFactory = Callable[[Stream | None, Stream | None], PhaseClock]
 # What a legacy tag cannot hold: legacy.parse reads ``[tag] `` as ``\[([^\]\s]+)\] ``.
-_UNTAGGABLE = re.compile(r"[\]\s\x00-\x1f\x7f]")
 
 
 # Everything off (like the OTel API's NoOpTracer): one call per boundary to a no-op.
@@ -220,14 +219,18 @@ class Observer:
 
 
 def _taggable(name: str, t: Any) -> Any:
-    """A family or tag its own lines can carry: ``[tag] `` parses back (legacy.parse)."""
-    if isinstance(t, str) and _UNTAGGABLE.search(t):
-        fixed = _UNTAGGABLE.sub("_", t)
+    """A family or tag its own lines can carry: ``[tag] `` parses back (legacy.parse), the
+    family's longest tag (``-phase-v``) included."""
+    if not isinstance(t, str):
+        return t
+    room = MAX_TAG - len("-phase-v") if name == "family" else MAX_TAG
+    fixed = taggable(t, room)
+    if fixed != t:
+        fam = f" (a family at most {room}: its tags add '-phase-v')" if room < MAX_TAG else ""
         say_once(f"session-{name}", f"Observer.session({name}={t!r}): a legacy tag holds no "
-                 f"space, control character or ']' (its lines would not parse back); recorded "
-                 f"as {fixed!r}")  # fmt: skip
-        return fixed
-    return t
+                 f"space, control character or ']' and at most {MAX_TAG} characters{fam}, or its "
+                 f"lines would not parse back; recorded as {fixed!r}")  # fmt: skip
+    return fixed
 
 
 def _own_counts_in_child(obs: Observer) -> None:

@@ -15,7 +15,7 @@ from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from .analysis import EXPLORE, advise
-from .burst import Burst, _DiscardingBurst, _NoOpBurst, _RangedBurst
+from .burst import Burst, _DiscardingBurst, _NoOpBurst, new_burst
 from .clock import Stream, SyncClock, clock, now_ns
 from .diagnostics import say_once
 from .fanout import Fanout, fan
@@ -206,8 +206,7 @@ class Session:
             say_once("burst-open", "Session.burst() while the previous burst was not ended: "
                      "ending it now (call Burst.end() when a burst returns)")  # fmt: skip
             b.end()
-        ranges = self._obs._fan.ranges
-        return _RangedBurst(self, k, ranges) if ranges else Burst(self, k)
+        return new_burst(self, k, self._obs._fan.ranges)
 
     def end(self, error: BaseException | str | None = None) -> None:
         """End the session (an open burst first): the round-log summary, then the end record."""

@@ -199,10 +199,11 @@ def build_observer(
         built = build_exporters(here, worker=st.worker, registry=registry, env=env, strict=strict)
     if ring is not None:
         built.where.append(f"records -> agent rings in {ring.directory}")
-    if "nvtx" in st.sinks:
+    if "nvtx" in st.sinks:  # off (no profiler attached, no nvtx): no sink, nothing to pay
         from .sinks.nvtx import NvtxSink
 
-        sinks.append(NvtxSink())
+        if (nv := NvtxSink()).range_hook is not None:
+            sinks.append(nv)
     consumers = [*exporters, *built.all]
     qsink = None
     if consumers:

@@ -132,14 +132,125 @@ def test_the_real_nvtx_package_without_a_profiler_is_off() -> None:
     assert sink.range_hook is None and sink.backend == "off"
 
 
-def test_setup_wires_the_sink_by_name() -> None:
-    """MEMRA_OBS_SINKS=nvtx builds an observer with an NvtxSink."""
+def test_setup_wires_the_sink_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MEMRA_OBS_SINKS=nvtx builds an observer with an NvtxSink when ranges are on."""
     from memra_obs.wiring import build_observer
 
+    monkeypatch.setattr(nvtx_mod, "_find", lambda domain: (object(), "nvtx"))
     obs = build_observer(
-        level=1, prof=False, env={"MEMRA_OBS_SINKS": "nvtx", "MEMRA_OBS_METRICS_ADDR": ""}
+        level=0, prof=False, env={"MEMRA_OBS_SINKS": "nvtx", "MEMRA_OBS_METRICS_ADDR": ""}
     )
     try:
         assert any(isinstance(s, NvtxSink) for s in obs.sinks)
     finally:
         obs.shutdown()
+
+
+def test_nvtx_alone_with_ranges_off_is_the_noop_observer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MEMRA_OBS_SINKS=nvtx with no profiler attached (or no nvtx): nothing else is on, so the
+    loop gets the no-op observer, not a full one whose rounds feed no one."""
+    from memra_obs.observer import NOOP_OBSERVER
+    from memra_obs.wiring import build_observer
+
+    monkeypatch.setattr(nvtx_mod, "_importable", lambda name: False)
+    obs = build_observer(
+        level=0, prof=False, env={"MEMRA_OBS_SINKS": "nvtx", "MEMRA_OBS_METRICS_ADDR": ""}
+    )
+    assert obs is NOOP_OBSERVER
+
+
+class MarkingClock:
+    """A clock whose marks land in the domain's op list, to see ranges move after them."""
+
+    immediate = True
+
+    def __init__(self, ops: list[str]) -> None:
+        self.ops, self.t = ops, 0
+
+    def mark(self) -> int:
+        self.ops.append("mark")
+        self.t += 1000
+        return self.t
+
+    def settle(self, stamps: list[int]) -> list[int]:
+        return stamps
+
+
+def test_a_range_closes_right_after_its_mark_before_any_sink_sees_the_round() -> None:
+    """Each range moves right after its boundary's mark (a sync clock's drain inside the phase
+    it ends), and spec.maint and spec.round are closed before the round reaches the sinks."""
+    from memra_obs.sinks.base import Sink
+
+    d = FakeDomain()
+
+    class Seen(Sink):
+        def on_round(self, rec: Any) -> None:
+            d.ops.append("on_round")
+
+    sinks = [NvtxSink(domain=d), Seen()]
+    with capture(level=1, sinks=sinks, clock=lambda e, eh: MarkingClock(d.ops)) as cap:
+        s = cap.observer.session("t")
+        b = s.burst(4)
+        one_round(b)
+        b.end()
+        s.end()
+    ph = ["+spec.draft"] + [x for n in ("verify", "accept", "rollback", "maint")
+                            for x in ("mark", "-", f"+spec.{n}")]  # fmt: skip
+    assert d.ops == ["+spec.burst", "mark", "+spec.round", *ph, "mark", "-", "-", "on_round", "-"]
+
+
+def test_interleaved_bursts_on_one_thread_never_cross_ranges(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two sessions' bursts open at once on one thread (asyncio tasks): push/pop is a stack per
+    thread, so the later burst goes without ranges, said once; the stack stays balanced and the
+    first burst's ranges nest as if alone. Once the thread's stack is free, ranges come back."""
+    d = FakeDomain()
+    with capture(level=1, sinks=[NvtxSink(domain=d)]) as cap:
+        s1, s2 = cap.observer.session("a"), cap.observer.session("b")
+        b1 = s1.burst(4)
+        b1.begin_round()
+        b2 = s2.burst(4)  # task 2 runs while task 1 is inside its draft
+        assert type(b2) is Burst
+        one_round(b2)
+        b1.end_draft()
+        b2.end()
+        b1.end_verify()
+        b1.end_accept()
+        b1.end_rollback()
+        b1.end_round(k=4, j=2)
+        b1.end()
+        alone = list(d.ops)
+        b3 = s2.burst(4)
+        assert type(b3) is not Burst
+        b3.end()
+        s1.end()
+        s2.end()
+    assert len(cap.rounds) == 2
+    phases = [
+        x for n in ("draft", "verify", "accept", "rollback", "maint") for x in (f"+spec.{n}", "-")
+    ]
+    assert alone == ["+spec.burst", "+spec.round", *phases, "-", "-"]
+    assert caplog.text.count("two bursts open at once on one thread") == 1
+
+
+def test_bursts_on_other_threads_each_get_ranges() -> None:
+    """Another thread has its own range stack: its burst gets ranges while this one's is open."""
+    import threading
+
+    d = FakeDomain()
+    kinds: list[type] = []
+    with capture(level=1, sinks=[NvtxSink(domain=d)]) as cap:
+        s1 = cap.observer.session("a")
+        b1 = s1.burst(4)
+
+        def other() -> None:
+            with cap.observer.session("b") as s2, s2.burst(4) as b2:
+                kinds.append(type(b2))
+
+        th = threading.Thread(target=other)
+        th.start()
+        th.join()
+        b1.end()
+        s1.end()
+    assert kinds and kinds[0] is not Burst

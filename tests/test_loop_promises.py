@@ -490,6 +490,47 @@ def test_a_burst_split_past_u64_wraps_as_the_seeds_fetch_add():
     assert "vkda=0.000 (scan=0.000) vmla=0.000" in cap.lines[1]
 
 
+def test_a_burst_phase_sum_past_u64_wraps_as_the_seeds_fetch_add():
+    """Phase sums past 2**64 over a burst wrap (the seed's u64 fetch_add), and the verify
+    span's rest is the line's u64 saturating_sub of the wrapped kda + mla."""
+    from memra_obs.otel.spans import _split_attrs
+
+    class Leaping:
+        """A clock whose draft lasts 2**63 ns: two rounds' draft sum is 2**64."""
+
+        immediate = True
+
+        def __init__(self) -> None:
+            self.t, self.n = 0, 0
+
+        def mark(self) -> int:
+            self.t += (1 << 63) if self.n % 6 == 1 else 1000
+            self.n += 1
+            return self.t
+
+        def settle(self, stamps: list[int]) -> list[int]:
+            return stamps
+
+    with capture(level=1, clock=lambda e, eh: Leaping()) as cap:
+        s = cap.observer.session("glm5")
+        b = s.burst(4)
+        for _ in range(2):
+            b.begin_round()
+            b.end_draft()
+            b.end_verify()
+            b.end_accept()
+            b.end_rollback()
+            b.end_round(k=4, j=2)
+        b.end()
+        s.end()
+    (burst,) = cap.bursts
+    assert burst.phases.draft == 0 and burst.phases.verify == 2000
+    (line,) = cap.lines
+    assert parse_line(line).draft_ms == 0.0  # type: ignore[union-attr]
+    rest = dict(_split_attrs(5000, (1 << 63, 0, 1 << 63, 0)))["memra.spec.verify.rest_ns"]
+    assert rest == 5000  # (2**63 + 2**63) & U64_MAX == 0
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_a_forked_child_exports_its_own_records():
     """After fork() the child's export worker runs again: its records reach its exporters, and
@@ -792,6 +833,23 @@ def test_a_family_its_own_lines_could_not_carry_is_said_and_made_taggable(caplog
     assert {"a_b-phase", "x_-phase", "t_ab-phase", "my_tag", "ok-phase-v"} <= set(tags)
     assert caplog.text.count("Observer.session(family='a b'): a legacy tag holds") == 1
     assert caplog.text.count("Observer.session(tag='my tag'): a legacy tag holds") == 1
+
+
+def test_a_family_or_tag_too_long_for_its_lines_is_cut_and_said(caplog):
+    """A family of 57+ characters made ``[<family>-phase-v]`` longer than the 64 characters the
+    tail and the report take: the worker's own lines were refused by its own tail. The family
+    is cut to 56 (a custom tag to 64), said once, and every line parses back."""
+    from memra_obs.legacy import parse_line
+
+    with capture(level=2) as cap:
+        for fam, tag in (("f" * 80, None), ("ok", "t" * 70)):
+            with cap.observer.session(fam, tag=tag) as s, s.burst(4) as b:
+                one_round(b)
+    assert [x.family for x in cap.sessions] == ["f" * 56, "ok"]
+    tags = {parse_line(x).tag for x in cap.lines if x.startswith("[")}  # every line parses
+    assert {"f" * 56 + "-phase", "f" * 56 + "-phase-v", "t" * 64} <= tags
+    assert caplog.text.count("a family at most 56") == 1
+    assert caplog.text.count("Observer.session(tag='" + "t" * 70) == 1
 
 
 def test_legacy_lines_hold_no_tags_of_sessions_never_ended(caplog):

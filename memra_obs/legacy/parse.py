@@ -33,7 +33,7 @@ from .lines import (
     VerifyLine,
 )
 
-__all__ = ["LegacyParseError", "parse_line"]
+__all__ = ["MAX_TAG", "LegacyParseError", "parse_line", "taggable"]
 
 
 class LegacyParseError(ValueError):
@@ -52,6 +52,15 @@ _F = rf"(-?[0-9]+{_P}\.[0-9]+{_P})"
 #: A tag's most characters (the seed's: a family and ``-phase``/``-phase-v``): a longer one is
 #: refused, so no line carries a label of any size onto /metrics.
 MAX_TAG = 64
+_UNTAGGABLE = re.compile(r"[\]\s\x00-\x1f\x7f]")
+
+
+def taggable(t: str, room: int = MAX_TAG) -> str:
+    """``t`` as a tag this parser takes back: a space, a control character or ``]`` becomes
+    ``_``, and it is cut to ``room`` characters."""
+    return _UNTAGGABLE.sub("_", t)[:room]
+
+
 _TAG_HEAD = re.compile(rf"\[([^\]\s]{{1,{MAX_TAG}}}{_P})\] ").match
 _LONG_TAG = re.compile(rf"\[[^\]\s]{{{MAX_TAG + 1},}}\] rounds=").match
 _PHASE = re.compile(

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..diagnostics import say_once
-from ..records import FIRST_TOKEN_FIELDS
+from ..records import FIRST_TOKEN_FIELDS, U64_MAX
 from ..timeline import BurstRecord, FirstTokenRecord, RoundRecord, SessionEndRecord, SessionRecord
 
 #: (name, trace_id, span_id, parent_span_id, start_ns_epoch, end_ns_epoch, (key, value) pairs,
@@ -70,7 +70,7 @@ def round_span_ids(cap: int) -> Callable[[SessionRecord, RoundRecord], int] | No
 
 def _split_attrs(verify_ns: int, split: tuple[int, int, int, int]) -> tuple[tuple[str, Any], ...]:
     kda, scan, mla, ffn = split
-    rest = verify_ns - (kda + mla)
+    rest = verify_ns - ((kda + mla) & U64_MAX)  # saturating_sub of a wrapping sum, as the line
     k0, k1, k2, k3, k4 = _SPLIT
     return ((k0, kda), (k1, scan), (k2, mla), (k3, rest if rest > 0 else 0), (k4, ffn))
 
