@@ -104,16 +104,23 @@ def _parse_clock(var: str, value: str) -> str:
     return v
 
 
-_DECIMAL = re.compile(r"[0-9]+\.?[0-9]*|\.[0-9]+").fullmatch
+_DECIMAL = re.compile(r"([+-]?)([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?").fullmatch
+
+
+def decimal(value: str, *, otel: bool = False) -> float | None:
+    """ASCII digits and one optional point, else None: float() would also take "1_024", other
+    scripts' digits, "nan" or "inf". ``otel``: a sign and an exponent too (``1e-3``), as the
+    SDKs read the ``OTEL_*`` numbers."""
+    m = _DECIMAL(value.strip())
+    return None if m is None or (not otel and (m[1] or m[3])) else float(m[0])
 
 
 def _number(value: str, integer: bool = False) -> float | None:
-    """ASCII digits (and, unless ``integer``, one optional point), else None: int() and float()
-    would also take "1_024", other scripts' digits, "1e3", "nan" or "inf"."""
+    """A knob's number (:func:`decimal`); with ``integer``, digits only."""
     v = value.strip()
     if integer:
         return int(v) if v.isascii() and v.isdigit() else None
-    return float(v) if _DECIMAL(v) else None
+    return decimal(v)
 
 
 def positive(kind: type, top: float = math.inf, least: float = 0.0) -> Callable[[str], Any]:

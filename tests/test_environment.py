@@ -150,3 +150,28 @@ def test_the_cli_exits_2_with_one_line_on_a_bad_knob():
     )  # fmt: skip
     assert p.returncode == 2, p.stderr
     assert "MEMRA_OBS_QUEUE_SIZE" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize(
+    ("raw", "knob", "otel"),
+    [
+        ("2.5", 2.5, 2.5),
+        (" .5 ", 0.5, 0.5),
+        ("1e-3", None, 0.001),
+        ("-0.25", None, -0.25),
+        ("+4", None, 4.0),
+        ("1_000", None, None),
+        ("\u0661\u0662", None, None),
+        ("nan", None, None),
+        ("inf", None, None),
+        ("", None, None),
+    ],
+)
+def test_one_number_grammar_for_knobs_and_otel_variables(raw, knob, otel):
+    """A knob takes digits and one point; an OTEL_* number (a sampler ratio, a timeout) also a
+    sign and an exponent, as the SDKs read it; neither takes float()'s nan, inf, 1_000 or
+    other scripts' digits."""
+    from memra_obs.environment import decimal
+
+    assert decimal(raw) == knob
+    assert decimal(raw, otel=True) == otel

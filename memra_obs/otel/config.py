@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from ..diagnostics import say_once
-from ..environment import ConfigError
+from ..environment import ConfigError, decimal
 
 OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
 OTEL_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
@@ -107,7 +107,8 @@ def traces_sampler(env: Mapping[str, str]) -> Callable[[int], bool] | None:
 
     if name.endswith("traceidratio"):
         raw = env.get(var + "_ARG", "").strip() or "1"
-        rate = float(raw) if _RATE(raw) else -1.0
+        rate = decimal(raw, otel=True)
+        rate = -1.0 if rate is None else rate
         if not 0.0 <= rate <= 1.0:
             say_once(f"{var}_ARG", f"{var}_ARG={raw!r}: not a ratio in 0..1; taken as 1")
             rate = 1.0
@@ -122,10 +123,6 @@ def traces_sampler(env: Mapping[str, str]) -> Callable[[int], bool] | None:
             return None
         sampler = fixed[name]
     return lambda tid: sampler.should_sample(None, tid, "spec.session").decision.is_sampled()
-
-
-# A decimal number as the SDKs read it (exponents too: 1e-3); not float()'s nan, inf or 1_0.
-_RATE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?").fullmatch
 
 
 def _file(env: Mapping[str, str], x: str) -> str | None:
@@ -162,7 +159,7 @@ class OtlpConfig:
         """Read the OTLP variables; ``protocol`` forces one (``otlp_proto_grpc`` etc.)."""
         protocol = protocol or _choice(env, "PROTOCOL", ("http/protobuf", "http/json", "grpc"))
         var, ms = _get(env, "TIMEOUT") or ("", "10000")  # 10 s
-        timeout_s = float(ms) / 1000.0 if _RATE(ms.strip()) else 0.0  # not "١٢" or "1_000"
+        timeout_s = (decimal(ms, otel=True) or 0.0) / 1000.0  # not "١٢" or "1_000"
         if not 0 < timeout_s < 1e6:
             raise ConfigError(f"{var}={ms!r}: expected a number of milliseconds > 0")
         hvar, raw = _get(env, "HEADERS") or ("", "")
