@@ -8,6 +8,7 @@ and counted in ``Observer.dropped_rounds``. Marks are kept per round (sync clock
 from __future__ import annotations
 
 import operator
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -343,8 +344,10 @@ def new_burst(s: Session, k: int, ranges: tuple[Any, ...]) -> Burst:
     return _RangedBurst(s, k, ranges)
 
 
-#: thread id -> the ranged burst whose ranges are on that thread's stack
+#: thread id -> the ranged burst whose ranges are on that thread's stack (a forked child's
+#: thread may reuse its parent's id: its stacks start empty)
 _RANGE_OWNER: dict[int, _RangedBurst] = {}
+os.register_at_fork(after_in_child=_RANGE_OWNER.clear)
 
 
 class _RangedBurst(Burst):

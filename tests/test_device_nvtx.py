@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -254,3 +255,17 @@ def test_bursts_on_other_threads_each_get_ranges() -> None:
         b1.end()
         s1.end()
     assert kinds and kinds[0] is not Burst
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_gets_ranges_though_its_parent_had_a_burst_open() -> None:
+    """fork() mid-burst: the child's thread may carry its parent's id, but its range stack is
+    its own, so the child's bursts get ranges."""
+    from forked import in_child
+
+    d = FakeDomain()
+    with capture(level=1, sinks=[NvtxSink(domain=d)]) as cap:
+        b = cap.observer.session("a").burst(4)  # open across the fork
+        got = in_child(lambda: type(cap.observer.session("b").burst(4)).__name__.encode())
+        b.end()
+    assert got == b"_RangedBurst"
