@@ -32,3 +32,19 @@ def test_ruff_format_is_clean():
         [*_ruff(), "format", "--check", *PATHS], cwd=ROOT, capture_output=True, text=True
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_test_the_readme_names_exists():
+    """The README's promises name the tests that hold them: a renamed or deleted test must not
+    leave a promise pointing at nothing."""
+    import re
+
+    refs = set(re.findall(r"(tests/[\w/]+\.py)::(\w+)", (ROOT / "README.md").read_text()))
+    assert len(refs) > 50
+    missing = [
+        f"{path}::{name}"
+        for path, name in sorted(refs)
+        if not (ROOT / path).is_file()
+        or not re.search(rf"^\s*(?:async )?def {name}\(", (ROOT / path).read_text(), re.M)
+    ]
+    assert not missing, missing
