@@ -28,7 +28,6 @@ from .sinks.base import Sink
 __all__ = ["NOOP_OBSERVER", "Burst", "NoOpObserver", "Observer", "Session"]
 
 _ClockFactory = Callable[[Stream | None, Stream | None], PhaseClock]
-# What a legacy tag cannot hold: legacy.parse reads ``[tag] `` as ``\[([^\]\s]+)\] ``.
 
 
 # Everything off (like the OTel API's NoOpTracer): one call per boundary to a no-op.

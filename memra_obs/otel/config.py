@@ -108,8 +108,7 @@ def traces_sampler(env: Mapping[str, str]) -> Callable[[int], bool] | None:
     if name.endswith("traceidratio"):
         raw = env.get(var + "_ARG", "").strip() or "1"
         rate = decimal(raw, otel=True)
-        rate = -1.0 if rate is None else rate
-        if not 0.0 <= rate <= 1.0:
+        if rate is None or not 0.0 <= rate <= 1.0:
             say_once(f"{var}_ARG", f"{var}_ARG={raw!r}: not a ratio in 0..1; taken as 1")
             rate = 1.0
         ratio = sm.ParentBasedTraceIdRatio if name[0] == "p" else sm.TraceIdRatioBased
