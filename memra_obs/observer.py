@@ -227,8 +227,9 @@ def _taggable(name: str, t: Any) -> Any:
     if fixed != t:
         fam = f" (a family at most {room}: its tags add '-phase-v')" if room < MAX_TAG else ""
         say_once(f"session-{name}", f"Observer.session({name}={t!r}): a legacy tag holds no "
-                 f"space, control character or ']' and at most {MAX_TAG} characters{fam}, or its "
-                 f"lines would not parse back; recorded as {fixed!r}")  # fmt: skip
+                 f"space, control character, ']' or undecodable byte and at most {MAX_TAG} "
+                 f"characters{fam}, or its lines would not parse back (nor /metrics encode "
+                 f"them); recorded as {fixed!r}")  # fmt: skip
     return fixed
 
 

@@ -191,6 +191,7 @@ def test_phase_and_verify_lines_round_trip(ns, rounds, k, split):
         "[memra-obs] tail: w.log:1: malformed prof_rounds line: [spec-prof-rounds] row=0 wall",
         "x[spec-x] " * 2000,  # each unknown tag searched again: a RecursionError
         "prompt=" + "[" * 70_000,  # each "[" scanned to the end: 13 s a 64 KiB line
+        '{"log":' + "[" * 5_000,  # json's RecursionError: the tail stopped, /metrics with it
     ],
 )
 def test_other_programs_lines_are_not_ours(line):
@@ -200,8 +201,8 @@ def test_other_programs_lines_are_not_ours(line):
 
 def test_a_line_behind_a_log_collectors_prefix_is_ours():
     """What collectors put first -- a timestamp, ``kubectl logs --prefix``, the CRI log format
-    of /var/log/pods, Docker's json-file -- is read past (each golden line behind each). A
-    pod's logs read through them gave an empty report, said nowhere."""
+    of /var/log/pods, Docker's json-file, terminal colours -- is read past (each golden line
+    behind each). A pod's logs read through them gave an empty report, said nowhere."""
     import json
 
     for line in GOLDEN.read_text().splitlines():
@@ -213,6 +214,8 @@ def test_a_line_behind_a_log_collectors_prefix_is_ours():
             f"[2026-12-04 23:30:04] {line}",
             f"[2026-12-04T23:30:04Z INFO  worker] {line}",  # Rust's env_logger
             json.dumps({"log": line + "\n", "stream": "stderr", "time": "2026-12-04T23:30:04Z"}),
+            f"\x1b[33m{line}\x1b[0m",  # coloured whole (a wrapper's logger): silently dropped
+            f"\x1b[36mworker-1  |\x1b[0m \x1b[1m{line}\x1b[0m",  # docker compose, bold
         ):
             assert parse_line(wrapped) == want, wrapped
 

@@ -830,6 +830,27 @@ def test_a_family_its_own_lines_could_not_carry_is_said_and_made_taggable(caplog
     assert caplog.text.count("Observer.session(tag='my tag'): a legacy tag holds") == 1
 
 
+def test_a_family_with_an_undecodable_byte_is_made_taggable_and_metrics_still_encode(caplog):
+    """``session(os.fsdecode(b"llama-\\xff"))`` (a model directory's name): its surrogate made
+    every ``/metrics`` scrape fail to encode (HTTP 500 for good, the app's own series too) and
+    the agent's ring refuse the session. Said once; recorded as ``llama-_`` everywhere."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from memra_obs.legacy import parse_line
+    from memra_obs.prom import PrometheusExporter, encode
+
+    fam = os.fsdecode(b"llama-\xff")
+    with capture(level=2) as cap, cap.observer.session(fam) as s, s.burst(4) as b:
+        one_round(b)
+    assert [x.family for x in cap.sessions] == ["llama-_"]
+    assert {parse_line(x).tag for x in cap.lines if x.startswith("[")} >= {"llama-_-phase"}
+    assert caplog.text.count("or undecodable byte") == 1
+    reg = CollectorRegistry()
+    PrometheusExporter(reg).export(cap.sink.records)
+    assert reg.get_sample_value("memra_spec_rounds_total", {"family": "llama-_"}) == 1
+    assert encode(reg, "")[0] == generate_latest(reg)
+
+
 def test_a_family_or_tag_too_long_for_its_lines_is_cut_and_said(caplog):
     """A family of 57+ characters made ``[<family>-phase-v]`` longer than the 64 characters the
     tail and the report take: the worker's own lines were refused by its own tail. The family

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 
 from memra_obs.prom import PrometheusExporter, encode
@@ -117,6 +118,32 @@ def test_name_filter_uses_the_slow_path():
         'memra_spec_rounds_total{family="glm5"} 20.0',
         'memra_spec_rounds_total{family="qwen3"} 20.0',
     ]
+
+
+def test_an_accept_header_prometheus_client_cannot_parse_gets_text_not_a_500():
+    """RFC 9110 lets ``version`` be quoted; prometheus_client's parser raised on it (and on
+    ``version=abc``): every such scrape was a 500 with a traceback on the loop's stderr."""
+    reg = CollectorRegistry()
+    full_set(PrometheusExporter(reg))
+    for accept in ('application/openmetrics-text; version="1.0.0"', "text/plain;version=abc"):
+        body, headers = encode(reg, accept)
+        assert body == generate_latest(reg)
+        assert headers == [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")]
+
+
+def test_escaping_dots_is_spelt_as_prometheus_client_spells_it():
+    """Prometheus 3 with ``metric_name_escaping_scheme: dots`` asks for ``escaping=dots``: every
+    "_" of a name is "__" (``memra__spec__rounds__total``, beside the app's own series
+    spelt the same way), where the fast renderer wrote the names as they are."""
+    reg = CollectorRegistry()
+    Counter("app_requests", "x", registry=reg).inc()
+    full_set(PrometheusExporter(reg))
+    for accept in ("application/openmetrics-text;version=1.0.0;escaping=dots",
+                   "text/plain;version=1.0.0;escaping=dots"):  # fmt: skip
+        body = encode(reg, accept)[0]
+        encoder, _ = choose_encoder(accept)
+        assert body == encoder(reg)
+        assert b"\nmemra__spec__rounds__total{" in body and b"\napp__requests__total " in body
 
 
 def test_gzip():

@@ -268,6 +268,26 @@ def test_gzipped_inputs_are_read(runs, tmp_path):
     p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "report", str(cut), "-o",
                         str(tmp_path / "c.html")], capture_output=True, text=True, env=_env())  # fmt: skip
     assert p.returncode == 2 and p.stderr.startswith(f"memra-obs report: {cut}: ")
+    damaged = tmp_path / "damaged.gz"  # a bad deflate stream: zlib.error, a traceback
+    body = bytearray((tmp_path / "log.gz").read_bytes())
+    body[2000:2100] = bytes(b ^ 0x5A for b in body[2000:2100])
+    damaged.write_bytes(body)
+    p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "report", str(damaged), "-o",
+                        str(tmp_path / "d.html")], capture_output=True, text=True, env=_env())  # fmt: skip
+    assert p.returncode == 2 and p.stderr.startswith(f"memra-obs report: {damaged}: ")
+    assert "Traceback" not in p.stderr
+
+
+def test_a_file_name_that_is_not_utf8_and_a_line_too_deep_for_json_are_reported(runs, tmp_path):
+    """A file named with a byte that is not UTF-8 (its label a surrogate) and a span line of
+    5,000 nested brackets each stopped the report with a traceback: the label is shown with
+    U+FFFD and the line is refused with its number."""
+    odd = Path(os.fsdecode(bytes(tmp_path) + b"/spans-\xff.jsonl"))
+    odd.write_bytes(runs["spans"].read_bytes() + b'{"resourceSpans":' + b"[" * 5000 + b"\n")
+    html = report(odd, out=tmp_path / "odd.html")
+    assert "spans-\ufffd.jsonl" in html
+    run = read(str(odd))
+    assert run.refused[-1][0] == run.lines and "RecursionError" in run.refused[-1][1]
 
 
 def test_rounds_past_the_span_cap_are_rebuilt_and_said(runs):

@@ -52,12 +52,13 @@ _F = rf"(-?[0-9]+{_P}\.[0-9]+{_P})"
 #: A tag's most characters (the seed's: a family and ``-phase``/``-phase-v``): a longer one is
 #: refused, so no line carries a label of any size onto /metrics.
 MAX_TAG = 64
-_UNTAGGABLE = re.compile(r"[\]\s\x00-\x1f\x7f]")
+_UNTAGGABLE = re.compile(r"[\]\s\x00-\x1f\x7f\ud800-\udfff]")
 
 
 def taggable(t: str, room: int = MAX_TAG) -> str:
-    """``t`` as a tag this parser takes back: a space, a control character or ``]`` becomes
-    ``_``, and it is cut to ``room`` characters."""
+    """``t`` as a tag this parser takes back: a space, a control character, ``]`` or a lone
+    surrogate (an undecodable byte: no UTF-8 carries it to /metrics) becomes ``_``, and it is
+    cut to ``room`` characters."""
     return _UNTAGGABLE.sub("_", t)[:room]
 
 
@@ -159,6 +160,9 @@ def parse_line(line: str) -> LegacyLine | None:
         raise LegacyParseError(line, str(exc), _claimed(text)) from None
 
 
+_CSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]").sub
+
+
 def _behind_prefix(line: str, rest: str) -> LegacyLine | None:
     """The legacy line in ``rest`` (of ``line``) behind what a log collector puts first: a
     timestamp, ``kubectl logs --prefix``'s ``[pod/p/c] ``, CRI's ``<time> stderr F ``, Docker's
@@ -167,8 +171,10 @@ def _behind_prefix(line: str, rest: str) -> LegacyLine | None:
     if rest.startswith('{"log":'):
         try:
             rest = str(json.loads(rest)["log"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # "[[[[..." a mile deep
             return None
+    if "\x1b" in rest:  # a coloured line: its escape codes are no part of the legacy line
+        rest = _CSI("", rest)
     if (m := _WRAPPED(rest)) is None:
         return None
     try:  # the found line is never searched again: it starts with a tag that claims it

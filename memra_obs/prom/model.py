@@ -218,9 +218,14 @@ def encode(
     registry: Any, accept: str | None, *, gzip_ok: bool = False, params: Query | None = None
 ) -> tuple[bytes, list[tuple[str, str]]]:
     """The body and headers answering one ``GET /metrics`` (``params``: its parsed query)."""
-    encoder, content_type = choose_encoder(accept or "")
+    try:
+        encoder, content_type = choose_encoder(accept or "")
+    except Exception:  # its parser raises on a quoted (RFC 9110) or junk version=: text 0.0.4
+        encoder, content_type = choose_encoder("")
     if params and "name[]" in params:
         body = encoder(registry.restricted_registry(params["name[]"]))  # rare: the slow path
+    elif "escaping=dots" in content_type:  # rare: every "_" spelt "__", by prometheus_client
+        body = encoder(registry)
     else:
         fast: list[SpecCollector] = []
         token = _FAST.set(fast)

@@ -63,7 +63,7 @@ def read(path: str, progress: Progress | None = None, max_families: int = 64) ->
     """Read one input (``-``: standard input); a log's families past ``max_families`` are
     refused, as the tail refuses them. Raises OSError when it cannot be opened."""
     with open(0 if path == "-" else path, "rb", closefd=path != "-") as raw:
-        run, gz = Run("stdin" if path == "-" else path), raw.peek(2)[:2] == b"\x1f\x8b"
+        run, gz = Run("stdin" if path == "-" else shown(path)), raw.peek(2)[:2] == b"\x1f\x8b"
         f: Any = gzip.open(raw) if gz else raw  # noqa: SIM115  (a banked log, compressed)
         run.size = 0 if path == "-" or gz else os.fstat(raw.fileno()).st_size
         first = f.readline()
@@ -75,6 +75,12 @@ def read(path: str, progress: Progress | None = None, max_families: int = 64) ->
         else:
             _read_log(lines, run, max_families)
     return run
+
+
+def shown(path: str) -> str:
+    """A path as the page's text: a byte of its name that is not UTF-8 (kept by the OS as a
+    surrogate, which neither matplotlib nor the UTF-8 page takes) as U+FFFD."""
+    return os.fsencode(path).decode("utf-8", "replace")
 
 
 def _lines(f: BinaryIO, first: bytes, run: Run, progress: Progress | None) -> Iterator[str]:
@@ -149,7 +155,7 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
                       int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]), at)  # fmt: skip
                 kids.setdefault(sp[2], []).append(sp)
                 roots += [(int(s["traceId"], 16), sp)] if sp[0] == "spec.session" else []
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             run.refused.append((n, f"not an OTLP-JSON trace request ({exc!r})", line[:160]))
     run.kinds["spans"] = sum(map(len, kids.values()))
     parts = ("sessions", "rounds", "bursts", "first_tokens", "refused")

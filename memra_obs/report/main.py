@@ -13,6 +13,7 @@ import stat
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -71,18 +72,18 @@ def main(args: argparse.Namespace) -> int:
             if path != "-" and os.path.samefile(path, args.output):
                 print(f"memra-obs report: -o {args.output} is the input {path}", file=sys.stderr)
                 return 2
-    from .inputs import read
+    from .inputs import read, shown
     from .page import render
     from .stats import View, ab_table
 
     top = _max_families()
     bar, views = Progress(not args.quiet and (args.progress or sys.stderr.isatty())), []
     for i, path in enumerate(args.inputs):
-        name = "stdin" if path == "-" else os.path.basename(path) or path
+        name = "stdin" if path == "-" else shown(os.path.basename(path) or path)
         label = ("AB"[i] + ": " if len(args.inputs) == 2 else "") + name
         try:
             views.append(View(label, read(path, bar.reading(label), top)))
-        except (OSError, EOFError) as exc:  # EOFError: a gzip'd input cut short
+        except (OSError, EOFError, zlib.error) as exc:  # a gzip'd input cut short or damaged
             bar.step("")
             print(
                 f"memra-obs report: {path}: {getattr(exc, 'strerror', None) or exc}",
