@@ -7,6 +7,7 @@ buckets cover the wall from the drained start to the first burst's return; the r
 from __future__ import annotations
 
 import operator
+import os
 import random
 import time
 from array import array
@@ -38,6 +39,14 @@ _GEOMETRY = frozenset(("draft_prime_rows", "draft_prime_chunks", "draft_prime_ar
 _ROUND1 = ("first_draft", "first_verify", "first_accept", "first_roll", "first_maint")
 
 
+#: Ids from a generator of their own: a loop that seeds ``random`` (vLLM seeds 0 in every
+#: worker) gave every session of every run one trace id. A forked child reseeds it from the
+#: OS, as ``random`` does its own.
+_IDS = random.Random()
+os.register_at_fork(after_in_child=_IDS.seed)
+_bits = _IDS.getrandbits
+
+
 def _trace_ids(sampled: Callable[[int], bool] | None = None) -> tuple[int, int, int]:
     """(trace_id, span id, parent span id): under the caller's current span, or a fresh trace;
     all 0 when not sampled (no spans, no exemplars): by ``sampled(trace_id)``
@@ -46,12 +55,12 @@ def _trace_ids(sampled: Callable[[int], bool] | None = None) -> tuple[int, int, 
         from opentelemetry import trace
 
         ctx = trace.get_current_span().get_span_context()
-        tid = ctx.trace_id if ctx.is_valid else random.getrandbits(128) or 1
+        tid = ctx.trace_id if ctx.is_valid else _bits(128) or 1
         if not (sampled(tid) if sampled else not ctx.is_valid or ctx.trace_flags.sampled):
             return 0, 0, 0
-        return tid, random.getrandbits(64) or 1, ctx.span_id if ctx.is_valid else 0
+        return tid, _bits(64) or 1, ctx.span_id if ctx.is_valid else 0
     except Exception:
-        return random.getrandbits(128) or 1, random.getrandbits(64) or 1, 0
+        return _bits(128) or 1, _bits(64) or 1, 0
 
 
 def _stream(name: str, v: Stream | None) -> Stream | None:

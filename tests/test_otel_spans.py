@@ -200,6 +200,29 @@ def test_an_unsampled_caller_gets_no_spans_and_no_ids():
     assert build(keep.records) == []
 
 
+def test_ids_do_not_follow_a_seeded_random_and_a_forked_child_draws_its_own():
+    """A loop that seeds ``random`` (vLLM seeds 0 in every worker) made every session of every
+    run and replica one trace: Jaeger merged them and exemplars named the wrong request. A
+    child forked from a worker draws other ids than its parent."""
+    from forked import in_child
+
+    obs, keep = observer(prof=False)
+    for _ in range(3):
+        random.seed(0)
+        drive(obs, bursts=(1,), prof=False)
+    recs = [r for r in keep.records if type(r) is SessionRecord]
+    assert len({r.trace_id for r in recs}) == len({r.span_id for r in recs}) == 3
+
+    def child() -> bytes:
+        drive(obs, bursts=(1,), prof=False)
+        return b"%x" % [r for r in keep.records if type(r) is SessionRecord][-1].trace_id
+
+    theirs = in_child(child)
+    drive(obs, bursts=(1,), prof=False)
+    mine = b"%x" % [r for r in keep.records if type(r) is SessionRecord][-1].trace_id
+    assert theirs and theirs != mine
+
+
 def test_otel_traces_sampler_decides_root_sessions_and_follows_a_sampled_caller():
     """OTEL_TRACES_SAMPLER (the SDK's sampler, on the observer): always_off drops every session,
     traceidratio keeps about its share (by trace id), parentbased_* follows the caller."""
