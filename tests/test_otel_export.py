@@ -33,6 +33,7 @@ from memra_obs.otel.exporter import Output
 from memra_obs.otel.spans import PHASE_SPAN_NAMES
 from memra_obs.otel.transport import SendError
 from memra_obs.records import VerifySplit
+from memra_obs.version import __version__
 
 pytestmark = pytest.mark.integration
 
@@ -204,6 +205,7 @@ def test_otlp_http_delivers_the_tree_under_the_callers_span(receiver):
     h = receiver.headers[0]
     assert h["x-team"] == "spec loop" and h["authorization"] == "Bearer t"
     assert h["content-encoding"] == "gzip" and h["content-type"] == "application/x-protobuf"
+    assert h["user-agent"].startswith(f"memra-obs-otlp/{__version__} python/3.")  # the spec
 
     by_id = tree(spans)
     assert {sp.trace_id for sp in spans} == {caller.trace_id.to_bytes(16, "big")}

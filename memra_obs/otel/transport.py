@@ -15,6 +15,7 @@ import gzip
 import http.client
 import json
 import os
+import platform
 import socket
 import ssl
 import time
@@ -26,12 +27,17 @@ from urllib.parse import urlsplit
 
 from ..diagnostics import say_once
 from ..linewriter import AppendFile
+from ..version import __version__
 from .config import OtlpConfig, shown_url
 from .spans import Span
 
 RETRY_HTTP = frozenset((429, 502, 503, 504))
 RETRY_GRPC = frozenset(("CANCELLED", "DEADLINE_EXCEEDED", "ABORTED", "OUT_OF_RANGE"))
 RETRY_GRPC |= {"UNAVAILABLE", "DATA_LOSS"}  # and RESOURCE_EXHAUSTED with RetryInfo
+
+
+#: The OTLP exporter specification: a User-Agent naming the exporter and its version.
+_AGENT = f"memra-obs-otlp/{__version__} python/{platform.python_version()}"
 
 
 class SendError(Exception):
@@ -128,7 +134,7 @@ class HttpSender:
         self._gzip = cfg.compression == "gzip"
         ct = "application/json" if json else "application/x-protobuf"
         gz = [("Content-Encoding", "gzip")] if self._gzip else []
-        self._headers = dict([("Content-Type", ct), ("User-Agent", "memra-obs-otlp"), *gz])
+        self._headers = dict([("Content-Type", ct), ("User-Agent", _AGENT), *gz])
         self._headers.update(cfg.headers)
         self._conn: http.client.HTTPConnection | None = None
 
