@@ -24,7 +24,7 @@ __all__ = [
     "MEMRA_OBS_PLAIN_STEP_MS", "MEMRA_OBS_QUEUE_SIZE", "MEMRA_OBS_REQUESTS_DETAIL",
     "MEMRA_OBS_REQUESTS_FILE", "MEMRA_OBS_RING_SLOTS", "MEMRA_OBS_ROUND_SPANS", "MEMRA_OBS_SINKS",
     "MEMRA_OBS_SPANS_FILE", "MEMRA_OBS_SPANS_FILE_MAX_BYTES", "MEMRA_OBS_WORKER", "ConfigError",
-    "Settings", "parse_addr", "positive",
+    "Settings", "parse_addr", "positive", "utf8",
 ]  # fmt: skip
 
 
@@ -173,9 +173,10 @@ def _nonblank(var: str, value: str) -> str:
     return value
 
 
-def _utf8(value: str) -> str:
-    """A label as valid UTF-8: bytes that argv, the environment or a file name could not
-    decode (kept as surrogates) become U+FFFD, else every /metrics scrape fails to encode."""
+def utf8(value: str) -> str:
+    """A label (or a page's text) as valid UTF-8: bytes that argv, the environment or a file
+    name could not decode (kept as surrogates) become U+FFFD, else every /metrics scrape (or
+    the report's page) fails to encode."""
     return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
@@ -258,7 +259,7 @@ class Settings:
             elif var in env:
                 values[name] = parse(var, env[var])
         # the rest: defaults
-        values.setdefault("worker", _utf8(env.get("RANK") or str(os.getpid())))
+        values.setdefault("worker", utf8(env.get("RANK") or str(os.getpid())))
         _check_tls(values.get("metrics_tls_cert"), values.get("metrics_tls_key"))
         return cls(**values)
 
@@ -273,7 +274,7 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     ("round_spans", MEMRA_OBS_ROUND_SPANS, _int_in(0, 1 << 20)),
     ("queue_size", MEMRA_OBS_QUEUE_SIZE, _int_in(16, 1 << 24)),
     ("export_interval_ms", MEMRA_OBS_EXPORT_INTERVAL_MS, _int_in(1, 60_000)),
-    ("worker", MEMRA_OBS_WORKER, lambda n, v: _utf8(_nonblank(n, v))),
+    ("worker", MEMRA_OBS_WORKER, lambda n, v: utf8(_nonblank(n, v))),
     ("ring_slots", MEMRA_OBS_RING_SLOTS, _ring_slots),
     ("metrics_tls_cert", MEMRA_OBS_METRICS_TLS_CERT, _readable_file),
     ("metrics_tls_key", MEMRA_OBS_METRICS_TLS_KEY, _readable_file),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from .. import records
+from ..environment import utf8
 from ..legacy import KIND, LegacyParseError, RoundsLine, SummaryLine, parse_line
 from ..tail.rebuild import Rebuilder
 from ..timeline import PHASES, BurstRecord, FirstTokenRecord, RoundRecord, SessionRecord, each_round
@@ -63,7 +64,7 @@ def read(path: str, progress: Progress | None = None, max_families: int = 64) ->
     """Read one input (``-``: standard input); a log's families past ``max_families`` are
     refused, as the tail refuses them. Raises OSError when it cannot be opened."""
     with open(0 if path == "-" else path, "rb", closefd=path != "-") as raw:
-        run, gz = Run("stdin" if path == "-" else shown(path)), raw.peek(2)[:2] == b"\x1f\x8b"
+        run, gz = Run("stdin" if path == "-" else utf8(path)), raw.peek(2)[:2] == b"\x1f\x8b"
         f: Any = gzip.open(raw) if gz else raw  # noqa: SIM115  (a banked log, compressed)
         run.size = 0 if path == "-" or gz else os.fstat(raw.fileno()).st_size
         first = f.readline()
@@ -75,12 +76,6 @@ def read(path: str, progress: Progress | None = None, max_families: int = 64) ->
         else:
             _read_log(lines, run, max_families)
     return run
-
-
-def shown(path: str) -> str:
-    """A path as the page's text: a byte of its name that is not UTF-8 (kept by the OS as a
-    surrogate, which neither matplotlib nor the UTF-8 page takes) as U+FFFD."""
-    return os.fsencode(path).decode("utf-8", "replace")
 
 
 def _lines(f: BinaryIO, first: bytes, run: Run, progress: Progress | None) -> Iterator[str]:

@@ -72,14 +72,15 @@ def main(args: argparse.Namespace) -> int:
             if path != "-" and os.path.samefile(path, args.output):
                 print(f"memra-obs report: -o {args.output} is the input {path}", file=sys.stderr)
                 return 2
-    from .inputs import read, shown
+    from ..environment import utf8
+    from .inputs import read
     from .page import render
     from .stats import View, ab_table
 
     top = _max_families()
     bar, views = Progress(not args.quiet and (args.progress or sys.stderr.isatty())), []
     for i, path in enumerate(args.inputs):
-        name = "stdin" if path == "-" else shown(os.path.basename(path) or path)
+        name = "stdin" if path == "-" else utf8(os.path.basename(path) or path)  # a UTF-8 page
         label = ("AB"[i] + ": " if len(args.inputs) == 2 else "") + name
         try:
             views.append(View(label, read(path, bar.reading(label), top)))
