@@ -124,8 +124,8 @@ def configure(
         sinks = ",".join(sinks)
     knobs = {k: v for k, v in locals().items() if k in _KNOBS and v is not None}
     with _lock:
-        # The old observer goes first: it holds resources the new one takes (the /metrics port).
-        # Meanwhile get_observer() hands it out, shut down (a no-op, said once): never a wait.
+        Settings.resolve(env, **knobs)  # a bad knob raises now, the old observer still serving
+        # The old one goes first (it holds the /metrics port); get_observer() hands it out
         old = _observer
         if old is not None:
             old.shutdown()

@@ -31,6 +31,10 @@ SETTLE_ROUNDS = 1024
 _ORDER = ("begin_round", "end_draft", "end_verify", "end_accept", "end_rollback", "end_round")
 _index = operator.index
 _ENDED = -3  # Burst._at after end(): its boundaries are ignored (said once)
+#: Per thread: the observer whose burst ran on it last. What the walk added to SEQ_ROWS and
+#: VERIFY_SPLIT before this thread's first burst of an observer belongs to no round of it
+#: (the no-op observer's rounds, or a level below 2, never drain them).
+_drained_for = threading.local()
 
 
 def _nop(*args: object, **kw: object) -> None: ...
@@ -89,6 +93,11 @@ class Burst:
 
     def __init__(self, s: Session, k: int) -> None:
         self._s = s
+        obs = s._obs
+        if getattr(_drained_for, "obs", None) is not obs:
+            _drained_for.obs = obs
+            obs.seq_rows.take()
+            obs.verify_split.drain()
         self.k = k
         self.index = s._bursts
         s._bursts += 1

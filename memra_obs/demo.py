@@ -247,7 +247,13 @@ def run_demo(
     stop = stop or Event()
     dev = device if device is not None else SimDevice()
     seeds = [None if cfg.seed is None else cfg.seed + i for i in range(cfg.concurrency)]
-    gpus = [GpuWorkload(seed=sd) for sd in seeds] if cfg.gpu else []
+    try:
+        gpus = [GpuWorkload(seed=sd) for sd in seeds] if cfg.gpu else []
+    except GpuUnavailable:
+        raise
+    except Exception as exc:  # out of device memory for --concurrency workloads, a CUDA error
+        raise GpuUnavailable(f"--gpu: building the workloads failed: {_first_line(exc)}") from exc
+    failed: list[BaseException] = []
     st = DemoStats()
     deadline = time.monotonic() + cfg.duration_s if cfg.duration_s else math.inf
     tickets = iter(range(cfg.requests)) if cfg.requests is not None else itertools.count()
@@ -259,10 +265,14 @@ def run_demo(
     def loop(i: int) -> None:
         rng = random.Random(seeds[i])
         w = gpus[i] if cfg.gpu else SimWorkload(rng, dev, cfg.speed)
-        for n in itertools.count():
-            if done() or next(tickets, -1) < 0:
-                return
-            serve_one(obs, w, rng, cfg, cfg.families[n % len(cfg.families)], st, eager, done)
+        try:
+            for n in itertools.count():
+                if done() or next(tickets, -1) < 0:
+                    return
+                serve_one(obs, w, rng, cfg, cfg.families[n % len(cfg.families)], st, eager, done)
+        except Exception as exc:  # a device error: stop every loop, say it in the caller
+            failed.append(exc)
+            stop.set()
 
     threads = [Thread(target=loop, args=(i,), daemon=True) for i in range(cfg.concurrency)]
     for t in threads:
@@ -270,7 +280,13 @@ def run_demo(
     for t in threads:
         while t.is_alive():
             t.join(0.2)  # a timeout, so that Ctrl-C is handled meanwhile
+    if failed:
+        raise GpuUnavailable(f"the demo loop failed: {_first_line(failed[0])}") from failed[0]
     return st
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
 def install_stop_handlers(stop: Event) -> dict[int, Any]:

@@ -205,8 +205,8 @@ class Observer:
             say_once("session-family", f"Observer.session(family={family!r}): expected a "
                      "non-empty str; recording under the default family 'spec'")  # fmt: skip
             family = "spec"
-        family, tag = _taggable("family", family), _taggable("tag", tag)
-        tag_v = _taggable("tag_v", tag_v)
+        family = _taggable("family", family) or "spec"
+        tag, tag_v = _taggable("tag", tag), _taggable("tag_v", tag_v)
         return Session(self, family, tag or f"{family}-phase", tag_v or f"{family}-phase-v", e, eh)
 
     def memory_snapshot(self) -> list[tuple[int, int]]:
@@ -217,11 +217,14 @@ class Observer:
             return []
 
 
-def _taggable(name: str, t: Any) -> Any:
+def _taggable(name: str, t: object) -> str | None:
     """A family or tag its own lines can carry: ``[tag] `` parses back (legacy.parse), the
     family's longest tag (``-phase-v``) included."""
     if not isinstance(t, str):
-        return t
+        if t is not None:  # bytes: '[b'glm5']' lines that parse back to nothing
+            say_once(f"session-{name}-type", f"Observer.session({name}={t!r}): expected a str; "
+                     "using the default")  # fmt: skip
+        return None
     room = MAX_TAG - len("-phase-v") if name == "family" else MAX_TAG
     fixed = taggable(t, room)
     if fixed != t:

@@ -299,3 +299,21 @@ def test_an_interval_past_floats_range_is_unbounded_not_an_error():
 
     iv = _ratio(Interval(2.0, 1.5, 2.5), 1e300, 1.96, 1.0)
     assert iv.value == 2.0 and iv.lo == 0.0 and iv.hi == math.inf
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [{"max_k": "16"}, {"explore": None}, {"max_k": 2.5}, {"plain_step_ns": -1.0},
+     {"plain_step_ns": float("nan")}, {"plain_step_ns": 0}],
+)  # fmt: skip
+def test_advice_window_checks_every_option_at_construction(opts: dict[str, object]) -> None:
+    """They were checked only once 32 rounds were in: the first scrape's advice raised."""
+    with pytest.raises((TypeError, ValueError)):
+        AdviceWindow(size=64, **opts)  # type: ignore[arg-type]
+
+
+def test_a_plain_step_that_is_not_a_positive_time_is_refused() -> None:
+    """-1 gave a negative speedup outside its own interval."""
+    rs = rounds(CURVES["flat"], 64, random.Random(1), uniform(1, 4), COSTS["cheap-draft"])
+    with pytest.raises(ValueError, match="plain_step_ns"):
+        advise(rs, clock="host", plain_step_ns=-1.0)

@@ -370,3 +370,11 @@ def test_warm_imports_pynvml_on_the_callers_thread() -> None:
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.stdout == "True\n", p.stderr
+
+
+def test_a_framework_that_sees_no_device_falls_back_to_nvml_and_says_so() -> None:
+    """A CPU-only torch wheel, or a CuPy that cannot reach the driver: count 0 while NVML sees
+    the GPUs. The snapshot was [] and nothing was said."""
+    m, said = fm(FakeNvml(CARDS), FakeCuda([]))
+    assert m.snapshot() == [(0, 1000), (1, 2000), (2, 3000), (3, 4000)]
+    assert len(said) == 1 and "sees no CUDA device but NVML sees 4" in said[0]

@@ -145,3 +145,55 @@ def test_the_demo_loop_runs_it_under_the_observer(small: NumpyOps) -> None:
         )
     assert cap.rounds and cap.first_tokens
     assert cap.first_tokens[0].prof.prime_ms > 0
+
+
+def test_every_k_the_demo_allows_is_drafted_verified_and_accepted(small: NumpyOps) -> None:
+    """`demo --gpu --k 24` recorded k=24 but drafted, verified and accepted 16 at most: a false
+    acceptance cliff at position 16."""
+    w = GpuWorkload()
+    w.cache_alloc(512)
+    w.prime(100)
+    w.draft_alloc(512)
+    w.draft_prime(100)
+    w.alpha = 1.0  # every draft accepted
+    w.draft(24)
+    assert len(w.toks) == 24
+    w.verify(24)
+    assert w.accept(24) == 24
+
+
+def test_a_device_error_in_a_loop_ends_the_demo_with_it_not_a_partial_success(
+    small: NumpyOps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An out-of-memory inside a loop killed that thread with a traceback; the demo then printed
+    'done' for a share of the requests and exited 0."""
+    from memra_obs.demo import DemoConfig, GpuUnavailable, run_demo
+    from memra_obs.testing import capture
+
+    def oom(self: GpuWorkload, ctx: int) -> None:
+        raise MemoryError("Out of memory allocating 3,221,225,472 bytes")
+
+    monkeypatch.setattr(GpuWorkload, "cache_alloc", oom)
+    with capture(level=0) as cap, pytest.raises(GpuUnavailable, match="loop failed: Out of"):
+        run_demo(DemoConfig(requests=4, gpu=True, concurrency=2), cap.observer)
+
+
+def test_a_device_error_building_the_workloads_is_one_line(
+    small: NumpyOps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--concurrency 64` on one card: the weights of the later workloads do not fit."""
+    from memra_obs.demo import DemoConfig, GpuUnavailable, run_demo
+    from memra_obs.testing import capture
+
+    calls = [0]
+    real = NumpyOps.randn
+
+    def randn(self: NumpyOps, shape: tuple[int, ...], scale: float) -> Any:
+        calls[0] += 1
+        if calls[0] > 13:  # the second workload's weights do not fit
+            raise MemoryError("Out of memory allocating 469,762,048 bytes")
+        return real(self, shape, scale)
+
+    monkeypatch.setattr(NumpyOps, "randn", randn)
+    with capture(level=0) as cap, pytest.raises(GpuUnavailable, match="building the workloads"):
+        run_demo(DemoConfig(requests=1, gpu=True, concurrency=2), cap.observer)

@@ -970,3 +970,58 @@ def test_misuse_with_a_new_name_each_time_is_bounded(caplog):
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == diagnostics.MAX_SAID + 1 and len(diagnostics._said) == len(said)
     assert sum("different things said; new ones are not" in m for m in said) == 1
+
+
+def test_a_tag_that_is_not_a_str_is_said_and_the_default_used(caplog):
+    """``tag=b"glm5"`` printed ``[b'glm5'] ...`` lines that parse back to nothing, so the tail
+    and the report skipped them without a word."""
+    bad: dict = {"tag": b"glm5", "tag_v": 7}
+    with capture(level=2) as cap, cap.observer.session("glm5", **bad) as s, s.burst(4) as b:
+        one_round(b)
+    assert {parse_line(x).tag for x in cap.lines if x.startswith("[")} >= {
+        "glm5-phase",
+        "glm5-phase-v",
+    }
+    assert caplog.text.count("Observer.session(tag=b'glm5'): expected a str") == 1
+    assert caplog.text.count("Observer.session(tag_v=7): expected a str") == 1
+
+
+def _walked_rounds(obs, n):
+    with obs.session("glm5") as s, s.burst(4) as b:
+        for _ in range(n):
+            b.begin_round()
+            b.end_draft()
+            VERIFY_SPLIT.add(kda=1_000, mla=500)
+            SEQ_ROWS.add(2)
+            b.end_verify()
+            b.end_accept()
+            b.end_rollback()
+            b.end_round(k=4, j=2)
+
+
+def test_what_an_earlier_observer_left_undrained_lands_in_no_round():
+    """Serving with everything off (or at level 1), then level 2 or the profile turned on: the
+    first round carried the process's whole history of the walk's adds (a bogus vkda, a huge
+    seq_rows; past 2**32 rows, the round dropped), not its own."""
+    _walked_rounds(NOOP_OBSERVER, 100)
+    with capture(level=1) as cap:
+        _walked_rounds(cap.observer, 100)
+    _walked_rounds(NOOP_OBSERVER, 100)
+    with capture(level=2, prof=True) as cap:
+        _walked_rounds(cap.observer, 2)
+    assert [r.split_ns for r in cap.rounds] == [(1_000, 0, 500, 0)] * 2
+    assert [r.seq_rows for r in cap.rounds] == [2, 2]
+
+
+def test_a_configure_refused_leaves_the_current_observer_serving(monkeypatch):
+    """A bad knob raised ConfigError only after the working observer was shut down: from then
+    on every session recorded nothing."""
+    monkeypatch.setattr(memra_obs, "_observer", None)
+    obs = memra_obs.configure(level=1, sinks="")
+    try:
+        with pytest.raises(ConfigError, match="queue_size"):
+            memra_obs.configure(level=1, queue_size=5)
+        assert memra_obs.get_observer() is obs and not obs._closed
+        assert type(obs.session("glm5")).__name__ == "Session"
+    finally:
+        memra_obs.get_observer().shutdown()

@@ -345,7 +345,13 @@ def advise(rounds: Iterable[RoundLike] | Stats, *, max_k: int = 16,
     or when they took no time.
     ``plain_step_ns``: a measured plain one-token step; else the verify fit at one row. The
     recommendation stays within ``explore`` of the longest draft seen; the curve is 1..max_k."""
-    z, st = z_of(level, clock), rounds if isinstance(rounds, Stats) else Stats(rounds)
+    z = z_of(level, clock)
+    for name, v in (("max_k", max_k), ("explore", explore)):
+        if type(v) is not int:
+            raise TypeError(f"{name}={v!r}: expected an int")
+    if plain_step_ns is not None and not 0 < plain_step_ns < math.inf:
+        raise ValueError(f"plain_step_ns={plain_step_ns!r}: expected a positive time in ns")
+    st = rounds if isinstance(rounds, Stats) else Stats(rounds)
     acc = estimate_acceptance(st, level=level)
     if not acc.positions or acc.positions[0].at_risk < MIN_ROUNDS or max_k < 1:
         return None

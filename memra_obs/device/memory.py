@@ -225,6 +225,13 @@ class FreeMemory:
         except Exception as exc:
             self._say("cuda", f"the CUDA runtime query failed ({exc!r})")
             cuda, count = None, 0
+        if cuda is not None and not count and self._devices:  # a CPU torch, a CuPy with no driver
+            self._say(
+                "cuda-none",
+                f"{cuda.name} sees no CUDA device but NVML sees "
+                f"{len(self._devices)}; ordinals read from CUDA_VISIBLE_DEVICES",
+            )
+            cuda = None
         self._cuda = cuda
         if cuda is not None:
             return self._by_runtime(cuda, count)

@@ -120,7 +120,7 @@ class GpuWorkload:
     #: hidden, layers and KV width; prompt rows per prime chunk; cap on a session's KV cache.
     HIDDEN, FFN, LAYERS, KV_DIM, VOCAB = 4096, 28672, 16, 1536, 32000
     D_HIDDEN, D_LAYERS, D_KV = 2048, 2, 256
-    CHUNK, MAX_CACHE_BYTES, KMAX = 512, 24 << 30, 16
+    CHUNK, MAX_CACHE_BYTES, KMAX = 512, 24 << 30, 64  # the demo's --k: 1..64
 
     def __init__(
         self, backend: str | None = None, *, two_streams: bool = False, seed: int | None = None
