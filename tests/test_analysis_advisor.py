@@ -268,8 +268,8 @@ def test_window_cost_does_not_grow_with_its_size():
             w.advice()
         return add, (time.perf_counter() - t0) / 20
 
-    small = min(cost(256) for _ in range(2))
-    big = min(cost(16384) for _ in range(2))
+    small = min(cost(256) for _ in range(3))
+    big = min(cost(16384) for _ in range(3))
     print(
         f"\nadd {small[0] * 1e6:.1f}/{big[0] * 1e6:.1f} us, advice {small[1] * 1e3:.2f}/{big[1] * 1e3:.2f} ms"
     )
