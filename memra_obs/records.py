@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import operator
 import re
 import struct
@@ -47,9 +48,11 @@ def f32(x: float) -> float:
 
 
 def _uint(name: str, v: object, top: int) -> int:
-    # bool is an int in Python; a True/False count is always a caller bug.
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
+    # bool is an int in Python; a True/False count is always a caller bug. numpy's ints count.
+    if type(v) is not int:
+        if isinstance(v, bool) or not hasattr(v, "__index__"):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
+        v = operator.index(v)
     if v < 0 or v > top:
         raise ValueError(f"{name}={v} is out of range 0..={top}")
     return v
@@ -70,8 +73,9 @@ def _added_ns(call: str, vals: tuple[Any, ...]) -> tuple[int, ...] | None:
 
 
 def _ms(name: str, v: object) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"{name} must be a number of milliseconds, got {type(v).__name__} {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float, numbers.Real)):  # numpy's too
+        unit = "MB" if name.endswith("_mb") else "milliseconds"
+        raise TypeError(f"{name} must be a number of {unit}, got {type(v).__name__} {v!r}")
     x = float(v)
     if not math.isfinite(x) or x < 0.0:
         raise ValueError(f"{name}={v!r} must be a finite, non-negative duration")
@@ -94,7 +98,7 @@ class SpecPhaseNs:
 
     def __post_init__(self) -> None:
         for f in _PHASE_NS_FIELDS:
-            _uint(f"SpecPhaseNs.{f}", getattr(self, f), U64_MAX)
+            setattr(self, f, _uint(f"SpecPhaseNs.{f}", getattr(self, f), U64_MAX))
 
     def add(self, o: SpecPhaseNs) -> None:
         """Fold another accumulator in (wrapping)."""

@@ -1025,3 +1025,22 @@ def test_a_configure_refused_leaves_the_current_observer_serving(monkeypatch):
         assert type(obs.session("glm5")).__name__ == "Session"
     finally:
         memra_obs.get_observer().shutdown()
+
+
+def test_numpy_counts_and_sizes_are_taken_as_python_numbers(caplog):
+    """``s.set(draft_prime_rows=np.int64(5), draft_kv_mb=np.float32(3.0))`` (a CuPy ``.get()``,
+    a numpy sum) was refused and the value lost, while ``add`` and the walk's accumulators took
+    numpy; a wrong ``draft_kv_mb`` was said to want milliseconds."""
+    np = pytest.importorskip("numpy")
+    with capture(level=0, prof=True) as cap, cap.observer.session("g") as s:
+        s.set(draft_prime_rows=np.int64(5), draft_kv_mb=np.float32(3.0))
+        s.add(prime_tap_dtoh_ms=np.float32(0.5))
+        s.set(draft_kv_mb="3 MB", draft_prime_chunks=np.True_)
+        with s.burst(4) as b:
+            one_round(b)
+    (ft,) = cap.sink.of(FirstTokenRecord)
+    p = ft.prof
+    assert (p.draft_prime_rows, p.draft_kv_mb, p.prime_tap_dtoh_ms) == (5, 3.0, 0.5)
+    assert type(p.draft_prime_rows) is int and type(p.draft_kv_mb) is float
+    assert "draft_kv_mb must be a number of MB, got str '3 MB'" in caplog.text
+    assert p.draft_prime_chunks == 0 and "draft_prime_chunks must be an int" in caplog.text
