@@ -424,3 +424,73 @@ def test_ring_directory_and_slots_knob(tmp_path):
     )
     assert RingReader(sink.path).geo.slots == 256
     sink.shutdown()
+
+
+def test_a_copy_the_writer_lapped_is_counted_lost_not_a_broken_ring(tmp_path):
+    """A reader descheduled mid-pass (SCHED_IDLE on a busy host) while the writer laps its copy
+    finds no intact record: that is a loss to count, not a rule broken (twice = ring dropped)."""
+    sink = RingSink(str(tmp_path), worker="w", slots=64, table_entries=8)
+    rnd = RoundRecord(1, 0, 0, (1, 2, 3, 4, 5, 6), 4, 2, 100, 0, None)
+
+    class Stalled(RingReader):
+        stall = 0
+
+        def _walk(self, *a):  # the writer runs while the reader is off the CPU
+            for _ in range(self.stall):
+                sink.on_round(rnd)
+            return super()._walk(*a)
+
+    rd = Stalled(sink.path)
+    for _ in range(100):
+        sink.on_round(rnd)
+    Stalled.stall = 200
+    for _ in range(2):
+        rd.poll()  # without the fix: FormatError on the second pass
+    Stalled.stall = 0
+    got = rd.poll(1 << 20)
+    assert got and rd.caught_up()
+    assert rd.read + rd.lost == rd.written == sink.written
+    sink.shutdown()
+    rd.close()
+
+
+def test_a_session_ended_with_a_long_or_undecodable_error_still_ends(tmp_path):
+    """s.end(str(exc)) with a long CUDA message, or bytes that are not UTF-8: the end record
+    is published (error cut to fit), not refused (the session would stay open, spanless)."""
+    sink = RingSink(str(tmp_path), worker="w", slots=1024, table_entries=8)
+    long = "CUDA out of memory. " + "Tried to allocate 2.00 GiB; " * 80
+    for sid, err in ((1, long), (2, "bad \udcff byte")):
+        sink.on_session_end(SessionEndRecord(sid, 5, 1, 1, 2, err, "advice"))
+    assert sink.refused == 0
+    got = [_plain(i) for i in _read_all(sink.path)]
+    assert [type(r) for r in got] == [SessionEndRecord, SessionEndRecord]
+    assert long.startswith(got[0].error) and len(got[0].error) > 1000
+    assert got[1].error == "bad ? byte" and got[1].advice == "advice"
+    sink.shutdown()
+
+
+def test_a_session_a_previous_agent_read_is_ended_when_its_writer_dies(tmp_path):
+    """Agent A read a session's records and stopped (SIGTERM: open sessions are left to the
+    next agent); the worker then died with nothing more written. Agent B ends it (WorkerGone)
+    after replaying its context, or the trace's root span never appears."""
+    import itertools
+
+    from memra_obs.agent.reader import RingStream
+
+    sink = RingSink(str(tmp_path), worker="w", slots=1024, table_entries=8)
+    sink.on_session(SessionRecord(7, "spec", "t", "tv", "w", 1, 1, 1, 5, 6, 0, 0, False))
+    sink.on_round(RoundRecord(7, 0, 0, (1, 2, 3, 4, 5, 6), 4, 2, 100, 0, None))
+    a = RingStream(sink.path, itertools.count(1))
+    seen: list = []
+    a.publish(seen, 4096)
+    assert len(seen) == 2  # the session and its round
+    a.commit(a.cursor())
+    a.close()
+    sink.shutdown()  # the writer is gone (its lock with it), the session still in its table
+    b = RingStream(sink.path, itertools.count(100))
+    b.writer_gone()
+    out: list = []
+    assert b.publish(out, 4096)
+    assert [type(r).__name__ for r in out] == ["SessionRecord", "SessionEndRecord"]
+    assert out[1].error == "WorkerGone" and out[0].session == out[1].session
+    b.close()

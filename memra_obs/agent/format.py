@@ -69,8 +69,12 @@ _FT_MS = struct.Struct(f"<{len(FIRST_TOKEN_MS_FIELDS)}d")
 _FT_COUNTS = struct.Struct(f"<{len(_FT_COUNT_FIELDS)}Qd")
 
 
-def _s(text: str) -> bytes:
-    b = text.encode("utf-8")
+def _s(text: str, cap: int = 0xFFFF) -> bytes:
+    """``text`` as u16 length + UTF-8 (an unencodable character as ``?``), cut to ``cap``
+    bytes at a character boundary."""
+    b = text.encode("utf-8", "replace")
+    if len(b) > cap:
+        b = b[: max(0, cap)].decode("utf-8", "ignore").encode()
     return _STR.pack(len(b)) + b
 
 
@@ -117,8 +121,11 @@ def encode(r: Any, in_table: bool = False) -> tuple[int, bytes]:
         out += [_STR.pack(len(r.intervals)), *(_s(n) + _PAIR.pack(a, b) for n, a, b in r.intervals)]
         return KIND_FIRST_TOKEN, b"".join(out)
     if t is SessionEndRecord:
+        # A long error (an exception's message) is cut to fit, never the whole end refused.
+        advice = _s(r.advice)
+        room = MAXSPAN * PAYLOAD - _END.size - _STR.size - len(advice)
         return KIND_SESSION_END, _END.pack(r.session, r.end_ns_mono, r.rounds, r.bursts,
-                                           r.tokens) + _s(r.error) + _s(r.advice)  # fmt: skip
+                                           r.tokens) + _s(r.error, room) + advice  # fmt: skip
     raise TypeError(f"{t.__name__} does not travel through the ring")
 
 

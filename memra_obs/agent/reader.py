@@ -152,6 +152,7 @@ class RingReader:
             buf += self._pread((end - start - first) * F.SLOT, geo.data_off)
         s = self.state()  # closed cleanly: no record was in flight
         x = max(start, s.head - geo.slots + (0 if s.closed else F.MAXSPAN))
+        self._intact = stop - x  # slots of the copy the writer cannot have overwritten
         while x < stop:
             i = (x - start) * F.SLOT
             seq, meta = F.SLOT_HEAD.unpack_from(buf, i)
@@ -192,7 +193,9 @@ class RingReader:
                     raise FormatError(f"{self.path}: record {rec} at {x}: {exc!r}") from None
                 self.overwritten, self.read = self.overwritten + n, self.read + 1
                 self.pos, self.rec = x + span, rec + 1
-            if self.pos == pos < head:  # any MAXSPAN intact slots hold a record's start
+            # any MAXSPAN intact slots hold a record's start (a copy the writer lapped meanwhile
+            # holds none: read again from the new head next pass, the gap counted as lost)
+            if self.pos == pos < head and self._intact >= F.MAXSPAN:
                 raise FormatError(f"{self.path}: no record in [{start}, {stop}) below {head}")
             self.trouble = False
         except FormatError:
@@ -269,6 +272,10 @@ class RingStream(RingReader):
         self._open: dict[int, _Open] = {}
         try:
             self._before = self.sessions_before(self.pos) if self.pos else Sessions()
+            #: Sessions open in the writer's table whose SessionRecord a previous agent read:
+            #: if the writer dies before another of their records comes, they are ended here.
+            self._carried = {s for s, (_, _, p) in self.open_sessions().items()
+                             if p < self.pos} if self.pos else set()  # fmt: skip
         except BaseException:  # a ring refused at attach keeps no descriptor
             self.close()
             raise
@@ -307,6 +314,14 @@ class RingStream(RingReader):
                     self._end(sid, "RingOverrun", out)
         if not (self.gone and self.caught_up() and not self.trouble):
             return False
+        if self._carried:  # still open when the writer died: context first, then the end
+            held: Sessions = {}
+            with contextlib.suppress(FormatError):
+                held = self.open_sessions()
+            for sid in self._carried & held.keys() - self._open.keys():
+                self.replayed += 1
+                self._start(*held[sid], out)
+            self._carried = set()
         for sid in list(self._open):
             self._end(sid, "WorkerGone", out)
         return True
@@ -314,6 +329,7 @@ class RingStream(RingReader):
     def _start(self, srec: SessionRecord, in_table: bool, pos: int, out: list[Record]) -> _Open:
         if len(self._open) >= MAX_OPEN:  # ends lost without a trace: do not grow forever
             self._end(next(iter(self._open)), "RingOverrun", out)
+        self._carried.discard(srec.session)
         st = self._open[srec.session] = _Open(next(self._ids), pos, in_table, srec.start_ns_mono)
         out.append(srec._replace(session=st.gid, worker=srec.worker or self.worker))
         self.workers.add(srec.worker or self.worker)
