@@ -10,6 +10,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ SETTLE_ROUNDS = 1024
 _ORDER = ("begin_round", "end_draft", "end_verify", "end_accept", "end_rollback", "end_round")
 _index = operator.index
 _ENDED = -3  # Burst._at after end(): its boundaries are ignored (said once)
-#: Per thread: the observer whose burst ran on it last. What the walk added to SEQ_ROWS and
+#: Per thread: the observer whose burst ran on it last (weakly). What the walk added to SEQ_ROWS and
 #: VERIFY_SPLIT before this thread's first burst of an observer belongs to no round of it
 #: (the no-op observer's rounds, or a level below 2, never drain them).
 _drained_for = threading.local()
@@ -94,8 +95,9 @@ class Burst:
     def __init__(self, s: Session, k: int) -> None:
         self._s = s
         obs = s._obs
-        if getattr(_drained_for, "obs", None) is not obs:
-            _drained_for.obs = obs
+        last = getattr(_drained_for, "obs", None)
+        if last is None or last() is not obs:  # a weak reference: the observer may go
+            _drained_for.obs = weakref.ref(obs)
             obs.seq_rows.take()
             obs.verify_split.drain()
         self.k = k
