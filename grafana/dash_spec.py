@@ -155,10 +155,11 @@ def round_latency(ids: Ids) -> Section:
         heatmap_panel(
             ids,
             "Per-round wall distribution",
-            "Rounds per bucket of memra_spec_round_seconds. Exemplars (dots) carry the round's trace_id: "
-            "click one to open the trace in Jaeger.",
+            "Rounds per second in each bucket of memra_spec_round_seconds (a rate: an increase over "
+            "the rate interval would count a round in every cell its window overlaps). "
+            "Exemplars (dots) carry the round's trace_id: click one to open the trace in Jaeger.",
             target(
-                f"sum by (le) (increase({b}_bucket{{{SPEC}}}[{RI}]))",
+                f"sum by (le) (rate({b}_bucket{{{SPEC}}}[{RI}]))",
                 "{{le}}",
                 exemplar=True,
                 fmt="heatmap",

@@ -125,17 +125,28 @@ def configure(
     knobs = {k: v for k, v in locals().items() if k in _KNOBS and v is not None}
     with _lock:
         Settings.resolve(env, **knobs)  # a bad knob raises now, the old observer still serving
-        # The old one goes first (it holds the /metrics port); get_observer() hands it out
-        old = _observer
-        if old is not None:
-            old.shutdown()
+        # The old one goes once what can be refused (files, OTEL_*) is built, before /metrics
+        # is served (it holds the port); get_observer() hands it out until then
+        retire = _once(_observer.shutdown if (old := _observer) is not None else lambda: None)
         _observer = build_observer(
             level=level, prof=prof, extra_sinks=extra_sinks, exporters=exporters,
-            registry=registry, memory=memory, env=env, **knobs,
+            registry=registry, memory=memory, env=env, retire=retire, **knobs,
         )  # fmt: skip
+        retire()
         if old is NOOP_OBSERVER or _observer is NOOP_OBSERVER:  # a loop may still hold it
             NOOP_OBSERVER._replaced = _observer is not NOOP_OBSERVER
         return _observer
+
+
+def _once(fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn``, run the first time the result is called only."""
+    done: list[object] = []
+
+    def once() -> None:
+        if not done:
+            done.append(fn())
+
+    return once
 
 
 _KNOBS = frozenset(f.name for f in fields(Settings))

@@ -208,10 +208,11 @@ class ExportWorker:
                 self._idle.clear()
                 self._wake.set()
                 self._idle.wait(max(0.0, deadline - time.monotonic()))
-            self._idle.wait(max(0.0, deadline - time.monotonic()))
+            idle = self._idle.wait(max(0.0, deadline - time.monotonic()))
         else:
             self.drain()
-        ok = not self.source.pending()
+            idle = True
+        ok = idle and not self.source.pending()  # (not idle: a batch still in an exporter's hands)
         return self.set.flush(deadline) and ok
 
     def stop(self, timeout_s: float = 5.0) -> int:
@@ -255,7 +256,7 @@ class QueueSink(Sink):
         self._cap = capacity
         self._room = threading.Condition()
         self.dropped = 0
-        self._closed = False
+        self._closed = self._stopping = False
         self.worker = ExportWorker(self, exporters, **tuning)
         if start:
             self.worker.start()
@@ -308,8 +309,10 @@ class QueueSink(Sink):
         return self.worker.flush(timeout_s)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
-        if self._closed:
-            return
+        with self._room:  # one shutdown (atexit and configure() at once counted a batch twice)
+            if self._stopping:
+                return
+            self._stopping = True
         late = self.worker.stop(timeout_s)
         with self._room:  # what came in while the exporters shut down: counted, not lost
             self._closed = True
@@ -323,6 +326,7 @@ class QueueSink(Sink):
         self._q.clear()
         self.dropped = 0
         self._room = threading.Condition()
+        self._stopping = self._closed
         self.worker.rearm()
         if not self._closed:
             self.worker.start()

@@ -62,8 +62,14 @@ class AppendFile:
                     os.replace(self.path, self.path + ".1")
                 elif here:
                     view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
+                    try:
+                        while view:
+                            view = view[os.write(fd, view) :]
+                    except OSError:  # a full disk mid-line: no torn line for the next to join
+                        if len(view) < len(data):
+                            with contextlib.suppress(OSError):
+                                os.ftruncate(fd, mine.st_size)
+                        raise
                     return
             finally:
                 with contextlib.suppress(OSError):

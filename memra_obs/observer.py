@@ -20,7 +20,7 @@ from .burst import _NOOP_BURST, Burst, _NoOpBurst, _nop
 from .clock import PhaseClock, Stream, SyncClock
 from .diagnostics import forked_set, say_once
 from .fanout import Fanout
-from .legacy.parse import MAX_TAG, taggable
+from .legacy.parse import MAX_TAG, RESERVED, taggable
 from .records import SEQ_ROWS, VERIFY_SPLIT, SeqRows, VerifySplit
 from .session import Session
 from .sinks.base import Sink
@@ -230,8 +230,9 @@ def _taggable(name: str, t: object) -> str | None:
     if fixed != t:
         fam = f" (a family at most {room}: its tags add '-phase-v')" if room < MAX_TAG else ""
         say_once(f"session-{name}", f"Observer.session({name}={t!r}): a legacy tag holds no "
-                 f"space, control character, ']' or undecodable byte and at most {MAX_TAG} "
-                 f"characters{fam}, or its lines would not parse back (nor /metrics encode "
+                 f"space, control character, ']' or undecodable byte, starts with none of "
+                 f"{', '.join(RESERVED)}, and has at most {MAX_TAG} characters{fam}, or its "
+                 f"lines would not parse back (nor /metrics encode "
                  f"them); recorded as {fixed!r}")  # fmt: skip
     return fixed
 

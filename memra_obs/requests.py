@@ -54,6 +54,7 @@ class RequestsExporter:
 
     def __init__(self, path: str, *, detailed: bool = False) -> None:
         self.path, self.detailed, self.export_errors = path, detailed, 0
+        self._closed = False
         self._file = AppendFile(path)
         self._file.open()  # OSError now, not every line lost later; no lock: never waits
         self._open: dict[int, _Counts] = {}
@@ -97,6 +98,8 @@ class RequestsExporter:
         return json.dumps(out, separators=(",", ":"))
 
     def _write(self, lines: list[str]) -> None:
+        if self._closed:  # a stuck exporter's batch, counted dropped by the queue's shutdown
+            return
         try:
             self._file.append(("\n".join(lines) + "\n").encode())
         except OSError as exc:
@@ -107,4 +110,5 @@ class RequestsExporter:
         return True
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
+        self._closed = True
         self._file.close()

@@ -60,6 +60,7 @@ def build_exporters(
     registry: Any = None,
     env: Mapping[str, str] | None = None,
     strict: bool = True,
+    retire: Callable[[], None] | None = None,
 ) -> Exporters:
     """The exporters ``st.sinks`` asks for: spans (``otel``), metrics (``prometheus``, into
     ``registry``, default the global one) and ``/metrics``; ``worker_label`` labels every
@@ -93,7 +94,7 @@ def build_exporters(
             if st.metrics_addr is None:
                 out.where.append(f"metrics -> the registry only ({MEMRA_OBS_METRICS_ADDR} empty)")
             else:
-                out.server = _serve(st, out.prom.registry, strict)
+                out.server = _serve(st, out.prom.registry, strict, retire)
                 if out.server is not None:
                     out.where.append(f"/metrics on {out.server.url}")
                     out.prom.fork_note = (
@@ -103,8 +104,9 @@ def build_exporters(
                         "rank; carrying on without /metrics"
                     )
     except BaseException:
-        if out.spans is not None:
-            out.spans.shutdown(0.5)
+        for ex in (out.spans, out.requests):
+            if ex is not None:
+                ex.shutdown(0.5)
         out.close()
         raise
     return out
@@ -130,8 +132,11 @@ def sessions_sampled(env: Mapping[str, str] | None = None) -> Callable[[int], bo
     return traces_sampler(os.environ if env is None else env)
 
 
-def _serve(st: Settings, registry: Any, strict: bool) -> Any:
+def _serve(st: Settings, registry: Any, strict: bool, retire: Callable[[], None] | None) -> Any:
     from .prom import serve_metrics
+
+    if retire is not None:  # what can be refused is built: the observer replaced frees the port
+        retire()
 
     try:
         return serve_metrics(
@@ -174,6 +179,7 @@ def build_observer(
     memory: Callable[[], list[tuple[int, int]]] | None = None,
     env: Mapping[str, str] | None = None,
     strict: bool = False,
+    retire: Callable[[], None] | None = None,
     **knobs: Any,
 ) -> Observer | NoOpObserver:
     """An observer: ``level``/``prof`` override the seed's flags (read from ``env`` when given,
@@ -196,7 +202,9 @@ def build_observer(
         sinks.append(ring := _ring(st, registry))
         here = replace(st, sinks=frozenset())
     if here.sinks & {"otel", "prometheus"} or st.requests_file:
-        built = build_exporters(here, worker=st.worker, registry=registry, env=env, strict=strict)
+        built = build_exporters(
+            here, worker=st.worker, registry=registry, env=env, strict=strict, retire=retire
+        )
     if ring is not None:
         built.where.append(f"records -> agent rings in {ring.directory}")
     if "nvtx" in st.sinks:  # off (no profiler attached, no nvtx): no sink, nothing to pay

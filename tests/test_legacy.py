@@ -390,3 +390,19 @@ def test_ranks_sharing_a_pipe_with_a_slow_reader_never_tear_a_line():
     want = {x for rank in range(ranks) for x in _rank_rows(rank)}
     torn = [x for x in lines if x not in want]
     assert not torn and len(lines) == ranks * bursts * 64, torn[:2]
+
+
+def test_a_phase_line_cut_inside_its_last_figure_is_refused():
+    """The seed prints exactly {:.2}/{:.3} decimals: ``total=41.9`` of ``total=41.947`` (a line
+    cut short) was read as another value."""
+    from memra_obs.legacy import LegacyParseError, phase_lines
+    from memra_obs.records import SpecPhaseNs
+
+    ns = SpecPhaseNs(123456789, 2345678, 34567, 4567, 567, rounds=3)
+    line = phase_lines(ns, "t", "v", 4)[0]
+    assert line.endswith("total=41.947") and parse_line(line) is not None
+    for cut in (1, 2):
+        with pytest.raises(LegacyParseError):
+            parse_line(line[:-cut])
+    with pytest.raises(LegacyParseError):
+        parse_line(line.replace("roll=", "roll=0").replace("roll=00.", "roll=0.0"))

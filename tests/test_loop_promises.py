@@ -1044,3 +1044,45 @@ def test_numpy_counts_and_sizes_are_taken_as_python_numbers(caplog):
     assert type(p.draft_prime_rows) is int and type(p.draft_kv_mb) is float
     assert "draft_kv_mb must be a number of MB, got str '3 MB'" in caplog.text
     assert p.draft_prime_chunks == 0 and "draft_prime_chunks must be an int" in caplog.text
+
+
+@pytest.mark.parametrize("how", ["requests_file", "spans_file", "otel_env"])
+def test_a_configure_refused_for_a_file_or_otel_value_leaves_the_observer_serving(
+    monkeypatch, tmp_path, how
+):
+    """A requests/spans file that cannot be opened, or an OTEL_* value no exporter can use,
+    raised ConfigError only after the working observer was shut down (every later session a
+    no-op), and left the requests file's descriptor open."""
+    monkeypatch.setattr(memra_obs, "_observer", None)
+    obs = memra_obs.configure(level=1, sinks="")
+    kw: dict = {
+        "requests_file": dict(requests_file=str(tmp_path / "no" / "r.jsonl")),
+        "spans_file": dict(sinks="otel", spans_file=str(tmp_path / "no" / "s.jsonl"), env={}),
+        "otel_env": dict(sinks="otel", requests_file=str(tmp_path / "r.jsonl"),
+                         env={"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "x"}),
+    }[how]  # fmt: skip
+    fds = len(os.listdir("/proc/self/fd"))
+    try:
+        with pytest.raises(ConfigError):
+            memra_obs.configure(level=1, **kw)
+        assert memra_obs.get_observer() is obs and not obs._closed
+        assert type(obs.session("glm5")).__name__ == "Session"
+        assert len(os.listdir("/proc/self/fd")) == fds
+    finally:
+        memra_obs.get_observer().shutdown()
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"family": "spec-prof"}, {"family": "spec-tracer"}, {"family": "glm5", "tag": "spec-trace"},
+     {"family": "glm5", "tag": "spec-prof-rounds"}, {"family": "glm5", "tag_v": "spec-advice"}],
+)  # fmt: skip
+def test_a_tag_under_the_parsers_own_prefixes_is_said_and_its_lines_parse_back(kw, caplog):
+    """``session("spec-prof")`` wrote ``[spec-prof-phase] ...``, which the parser refuses as an
+    unknown tag of its own: the tail counted the worker's lines malformed."""
+    with capture(level=2) as cap, cap.observer.session(**kw) as s, s.burst(4) as b:
+        one_round(b)
+    lines = [x for x in cap.lines if x.startswith("[")]
+    assert any(parse_line(x).tag.startswith("xspec-") for x in lines)
+    assert [type(parse_line(x)).__name__ for x in lines] == ["PhaseLine", "VerifyLine"]
+    assert "starts with none of spec-prof, spec-trace, spec-advice" in caplog.text

@@ -126,3 +126,70 @@ def test_a_requests_file_that_cannot_be_written_fails_at_start_up(tmp_path):
                            env={**os.environ, **env}, capture_output=True, text=True, timeout=60)  # fmt: skip
         assert p.returncode == 2 and "MEMRA_OBS_REQUESTS_FILE=" in p.stderr, p.stderr
         assert "Traceback" not in p.stderr
+
+
+def test_a_line_cut_short_by_a_full_disk_leaves_no_torn_line(tmp_path):
+    """A write the disk cut short left half a line without its newline: the next append (this
+    process once space came back, or another worker) joined it, one invalid JSON line."""
+    from memra_obs.linewriter import AppendFile
+
+    path = tmp_path / "r.jsonl"
+    code = (
+        "import resource, signal\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))\n"
+        "from memra_obs.linewriter import AppendFile\n"
+        f"f = AppendFile({str(path)!r})\n"
+        "for i in range(40):\n"
+        '    try: f.append(b\'{"n": %d, "pad": "%s"}\\n\' % (i, b\'x\' * 40))\n'
+        "    except OSError: pass\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    AppendFile(str(path)).append(b'{"n": "after"}\n')
+    lines = path.read_bytes().splitlines()
+    for line in lines:
+        json.loads(line)
+    assert lines[-1] == b'{"n": "after"}'
+
+
+def test_a_batch_a_stuck_exporter_held_past_shutdown_is_not_written_after_it(tmp_path):
+    """shutdown(t) counts a batch still inside a stuck exporter call as dropped; when that call
+    came back, the requests file (closed by then) reopened itself and wrote the batch's lines:
+    counted dropped and delivered, and a descriptor nobody closes."""
+    import threading
+    import time
+
+    release = threading.Event()
+
+    class Stuck:
+        def export(self, batch):
+            release.wait(5)
+
+        def flush(self, timeout_s=5.0):
+            return True
+
+        def shutdown(self, timeout_s=5.0):
+            pass
+
+    path = tmp_path / "r.jsonl"
+    obs = build_observer(sinks="", requests_file=str(path), level=0, env={}, exporters=[Stuck()])
+    s = obs.session("glm5")
+    b = s.burst(4)
+    b.begin_round()
+    b.end_draft()
+    b.end_verify()
+    b.end_accept()
+    b.end_rollback()
+    b.end_round(k=4, j=2, ctx=1)
+    b.end()
+    s.end()
+    obs.queue.worker.wake()
+    deadline = time.monotonic() + 5
+    while obs.queue.worker.held == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    obs.shutdown(0.2)
+    release.set()
+    obs.queue.worker._thread.join(5)
+    assert obs.queue.dropped == 4 and path.read_text() == ""
+    assert str(path) not in {os.readlink(f"/proc/self/fd/{f}") for f in os.listdir("/proc/self/fd")
+                             if os.path.exists(f"/proc/self/fd/{f}")}  # fmt: skip

@@ -135,3 +135,19 @@ def test_datasource_time_interval_matches_scrape_interval():
     ]
     prom = next(d for doc in docs for d in doc["datasources"] if d["type"] == "prometheus")
     assert prom["jsonData"]["timeInterval"] == prom_yml["global"]["scrape_interval"]
+
+
+def test_heatmap_cells_do_not_count_a_round_several_times():
+    """A heatmap cell is one step wide; increase() over $__rate_interval (4 scrape intervals,
+    wider than the step at the default 30m range) counts each round in ~4 cells."""
+    import re as _re
+
+    board = json.loads((ROOT / "grafana" / "dashboards" / "memra-spec.json").read_text())
+    for p in board["panels"]:
+        if p["type"] != "heatmap":
+            continue
+        for t in p["targets"]:
+            assert not _re.search(r"increase\([^()]*\[\$__rate_interval\]\)", t["expr"]), (
+                p["title"],
+                t["expr"],
+            )

@@ -113,7 +113,7 @@ def test_values_no_clock_produces_are_reported_by_line():
     lines = [
         "worker starting",
         PHASE.replace("draft=9.49", "draft=-9.49"),
-        PHASE.replace("accept=1.77", "accept=1" + "0" * 400 + ".0"),
+        PHASE.replace("accept=1.77", "accept=1" + "0" * 400 + ".00"),
         prof_line(prof),
         "[spec-prof-roundsX] row=0 wall_ms=5.0 draft_ms=1.0 verify_ms=3.0 accept_ms=0.5 "
         "rest_ms=0.5 k=4 j=2 ctx=9 seq_rows=0",

@@ -49,34 +49,42 @@ class LegacyParseError(ValueError):
 _P = "+" if sys.version_info >= (3, 11) else ""
 _N = rf"(0|[1-9][0-9]*{_P})"
 _F = rf"(-?[0-9]+{_P}\.[0-9]+{_P})"
+# The seed's {:.1} / {:.2} / {:.3}: exactly that many decimals, so a line cut inside its last
+# figure ("total=41.9" of "total=41.947") is refused as truncated, not read as another value.
+_F1, _F2, _F3 = (rf"(-?[0-9]+{_P}\.[0-9]{{{n}}})" for n in (1, 2, 3))
 #: A tag's most characters (the seed's: a family and ``-phase``/``-phase-v``): a longer one is
 #: refused, so no line carries a label of any size onto /metrics.
 MAX_TAG = 64
 _UNTAGGABLE = re.compile(r"[\]\s\x00-\x1f\x7f\ud800-\udfff]")
 
 
+#: Tag prefixes of this parser's own lines: a phase line under one is refused.
+RESERVED = ("spec-prof", "spec-trace", "spec-advice")
+
+
 def taggable(t: str, room: int = MAX_TAG) -> str:
     """``t`` as a tag this parser takes back: a space, a control character, ``]`` or a lone
-    surrogate (an undecodable byte: no UTF-8 carries it to /metrics) becomes ``_``, and it is
-    cut to ``room`` characters."""
-    return _UNTAGGABLE.sub("_", t)[:room]
+    surrogate (an undecodable byte: no UTF-8 carries it to /metrics) becomes ``_``, one of the
+    :data:`RESERVED` prefixes gets an ``x`` before it, and it is cut to ``room`` characters."""
+    t = _UNTAGGABLE.sub("_", t)
+    return ("x" + t if t.startswith(RESERVED) else t)[:room]
 
 
 _TAG_HEAD = re.compile(rf"\[([^\]\s]{{1,{MAX_TAG}}}{_P})\] ").match
 _LONG_TAG = re.compile(rf"\[[^\]\s]{{{MAX_TAG + 1},}}\] rounds=").match
 _PHASE = re.compile(
-    rf"rounds={_N} k={_N} total={_F}ms \| draft={_F} verify={_F} accept={_F} roll={_F} "
-    rf"maint={_F} \| per-round ms: draft={_F} verify={_F} accept={_F} roll={_F} maint={_F} "
-    rf"total={_F}"
+    rf"rounds={_N} k={_N} total={_F2}ms \| draft={_F2} verify={_F2} accept={_F2} roll={_F2} "
+    rf"maint={_F2} \| per-round ms: draft={_F3} verify={_F3} accept={_F3} roll={_F3} "
+    rf"maint={_F3} total={_F3}"
 ).fullmatch
 _VERIFY = re.compile(
-    rf"rounds={_N} k={_N} \| per-round ms: vkda={_F} \(scan={_F}\) vmla={_F} vrest={_F} "
-    rf"\(vffn={_F}\)"
+    rf"rounds={_N} k={_N} \| per-round ms: vkda={_F3} \(scan={_F3}\) vmla={_F3} vrest={_F3} "
+    rf"\(vffn={_F3}\)"
 ).fullmatch
 _SUMMARY = re.compile(
-    rf"rounds={_N} k_mean={_F} j_mean={_F} accept={_F} tok_per_round={_F} "
-    rf"wall_ms mean={_F} min={_F} med={_F} max={_F} slow_rounds\(>1\.5x med\)={_N} "
-    rf"draft_mean={_F} verify_mean={_F} seq_rows_total={_N} ctx_first={_N} ctx_last={_N}"
+    rf"rounds={_N} k_mean={_F2} j_mean={_F2} accept={_F3} tok_per_round={_F2} "
+    rf"wall_ms mean={_F1} min={_F1} med={_F1} max={_F1} slow_rounds\(>1\.5x med\)={_N} "
+    rf"draft_mean={_F1} verify_mean={_F1} seq_rows_total={_N} ctx_first={_N} ctx_last={_N}"
 ).fullmatch
 _OVERRIDE = re.compile(
     r"MEMRA_SPEC_TRACE=([12]) overrides MEMRA_GLM5_SPEC_TRACE=([12]) "
@@ -137,7 +145,7 @@ def parse_line(line: str) -> LegacyLine | None:
         kind = _OWN_TAGS.get(tag)
         if kind is not None:
             return _own(line, kind, text[at:])
-        if tag.startswith(("spec-prof", "spec-trace", "spec-advice")):
+        if tag.startswith(RESERVED):
             raise LegacyParseError(line, f"unknown tag [{tag}]", _claimed(text))
         if not text.startswith("rounds=", at):
             return _behind_prefix(line, text[at:])  # another program's tag, kubectl's [pod/p/c]
