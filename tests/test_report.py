@@ -790,3 +790,41 @@ def test_the_memory_figure_gives_an_ordinal_one_colour_in_every_panel(tmp_path, 
         drawn["device 0 before"] == drawn["device 0 after"] and drawn["device 0 before"][1] == "o"
     )
     assert drawn["device 0 before"][0] != drawn["device 1 before"][0]
+
+
+def _ab_row(a, b, name="wall"):
+    import numpy as np
+
+    from memra_obs.report.stats import ABRow
+
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    return ABRow(name, float(np.sort(a)[len(a) // 2]), float(np.sort(b)[len(b) // 2]),
+                 *bootstrap(a, b), len(a), len(b), "rounds")  # fmt: skip
+
+
+def test_one_round_against_one_is_not_flagged():
+    """One round each (a short session, a few bursts of a trace-only log): the bootstrap's
+    "interval" is the point B - A, and every row read "B slower" on no evidence."""
+    assert not _ab_row([3.4418], [3.6086]).flagged
+    assert not _ab_row([3.4, 3.5, 3.3], [3.9, 4.0, 4.1]).flagged  # under 6: no 95% interval
+
+
+def test_a_phase_growing_from_zero_is_flagged_and_says_no_nan():
+    """A median of 0 in A printed "+nan%" and never flagged a phase that appeared in B."""
+    import numpy as np
+
+    from memra_obs.report.page import _ab
+
+    rng = np.random.default_rng(0)
+    row = _ab_row(np.zeros(500), 0.158 + rng.normal(0, 0.01, 500), "rollback")
+    assert row.lo > 0 and row.flagged
+    html = _ab([row])
+    assert "nan" not in html.lower() and "B slower (median A is 0)" in html
+
+
+def test_an_empty_input_is_not_called_trace_only(tmp_path):
+    from memra_obs.report.page import acceptance
+
+    (p := tmp_path / "empty.log").write_text("")
+    text = acceptance([View("empty.log", read(str(p)))])
+    assert "trace-only" not in text and "no round at all" in text

@@ -375,10 +375,11 @@ def by_run(views: Sequence[View], head: Sequence[str], rows: Callable[[View], li
 def _ab(rows: Sequence[ABRow]) -> str:
     out = []
     for r in rows:
-        change = f"B {'slower' if r.diff > 0 else 'faster'} by {abs(r.rel):.1%}"
+        by = f"by {abs(r.rel):.1%}" if r.med_a else "(median A is 0)"
+        change = f"B {'slower' if r.diff > 0 else 'faster'} {by}"
         verdict = change if r.flagged else "no change shown"
         nums = (r.n_a, r.n_b, f"{r.med_a:.4f}", f"{r.med_b:.4f}", f"{r.diff:+.4f}",
-                f"[{r.lo:+.4f}, {r.hi:+.4f}]", f"{r.rel:+.2%}")  # fmt: skip
+                f"[{r.lo:+.4f}, {r.hi:+.4f}]", f"{r.rel:+.2%}" if r.med_a else "-")  # fmt: skip
         out.append(f'<tr data-ab="{r.metric}" data-flag="{int(r.flagged)}"{" class=flag" * r.flagged}>'
                    f"<td>{r.metric}</td><td>{r.population}</td>{''.join(map(td, nums))}<td>{verdict}</td></tr>")  # fmt: skip
     head = ("per round", "population", "n A", "n B", "median A, ms", "median B, ms", "B - A",
@@ -403,10 +404,18 @@ def acceptance(views: Sequence[View]) -> str:
     return "".join(out)
 
 
+def _no_counts(v: View) -> str:
+    if not v.run.rounds:
+        return "no round at all"
+    if v.run.kind == "log":
+        return "a trace-only log: its lines carry no per-round counts"
+    return "its round spans carry no k, j"
+
+
 def _acceptance(views: Sequence[View]) -> str:
     out = [f"<p>{escape(v.label)}: no round drafted (k = 0 throughout), so no acceptance estimate.</p>"
-           if v.acceptance.rounds else f"<p>{escape(v.label)}: no round with known k and j (a "
-           "trace-only log: its lines carry no per-round counts), so no acceptance estimate.</p>"
+           if v.acceptance.rounds else f"<p>{escape(v.label)}: no round with known k and j "
+           f"({_no_counts(v)}), so no acceptance estimate.</p>"
            for v in views if not v.acceptance.positions]  # fmt: skip
     out += [f(views) for f in (acceptance_by_position, expected_tokens_per_round, throughput_vs_k)]
     out.append(by_run(views, ["estimate, 95% interval"], advice) + "<div class=cols>")

@@ -4,6 +4,7 @@ rows; medians ``sorted[n // 2]``; estimates: ``analysis``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from functools import cached_property
 from itertools import chain
@@ -21,6 +22,9 @@ AB_METRICS = ("wall", *PHASES)  # the A/B table's rows, per round
 #: Flagged: the CI excludes 0 and |B - A| is at least this share of A's median (rounds of one
 #: session are not independent draws: a CI alone flags shifts nobody would act on).
 REL_THRESHOLD = 0.02
+#: Fewest values a run for a flag: below 6, no interval of a median reaches 95% (0.5**5 * 2 >
+#: 0.05), and a bootstrap of one value is a point that "excludes 0" whatever the noise.
+MIN_N = 6
 #: Bootstrap resamples; values a run they are drawn from (past it, a fixed-seed subsample: a
 #: wider interval, never a narrower one); seed.
 N_BOOT, CAP, SEED = 1000, 20_000, 0
@@ -122,11 +126,14 @@ class ABRow(NamedTuple):
 
     @property
     def rel(self) -> float:
-        return self.diff / self.med_a if self.med_a else float("nan")
+        if self.med_a:
+            return self.diff / self.med_a
+        return math.copysign(math.inf, self.diff) if self.diff else 0.0  # from 0: any change
 
     @property
     def flagged(self) -> bool:
-        return (self.lo > 0 or self.hi < 0) and abs(self.rel) >= REL_THRESHOLD
+        return (min(self.n_a, self.n_b) >= MIN_N and (self.lo > 0 or self.hi < 0)
+                and abs(self.rel) >= REL_THRESHOLD)  # fmt: skip
 
 
 def ab_table(a: View, b: View) -> list[ABRow]:
