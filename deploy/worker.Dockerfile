@@ -10,7 +10,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY memra_obs ./memra_obs
 # The base install only: spans go out over OTLP/HTTP with the stdlib, metrics are served by
 # prometheus-client; no gRPC and no GPU libraries in a demo image.

@@ -18,6 +18,7 @@ from .environment import (
     MEMRA_OBS_AGENT,
     MEMRA_OBS_METRICS_ADDR,
     MEMRA_OBS_REQUESTS_FILE,
+    MEMRA_OBS_SINKS,
     ConfigError,
     Settings,
 )
@@ -201,6 +202,10 @@ def build_observer(
     if st.sinks & {"otel", "prometheus"} and st.agent:
         sinks.append(ring := _ring(st, registry))
         here = replace(st, sinks=frozenset())
+    elif st.agent:
+        say_once("agent-no-sinks", f"{MEMRA_OBS_AGENT}={st.agent}: no ring is written, since "
+                 f"{MEMRA_OBS_SINKS} names neither otel nor prometheus (set "
+                 f"{MEMRA_OBS_SINKS}=otel,prometheus)")  # fmt: skip
     if here.sinks & {"otel", "prometheus"} or st.requests_file:
         built = build_exporters(
             here, worker=st.worker, registry=registry, env=env, strict=strict, retire=retire

@@ -528,3 +528,15 @@ def test_only_the_reading_thread_runs_idle(tmp_path):
     finally:
         p.terminate()
         p.wait(30)
+
+
+def test_a_worker_in_agent_mode_without_a_sink_says_so(tmp_path, caplog):
+    """``MEMRA_OBS_AGENT=... ./serve`` (as the README and worker.yaml showed it) with no
+    MEMRA_OBS_SINKS wrote no ring and published nothing, without a word."""
+    from memra_obs.wiring import build_observer
+
+    ring = tmp_path / "ring"
+    obs = build_observer(env={"MEMRA_OBS_AGENT": str(ring)}, level=0, prof=False)
+    obs.shutdown()
+    assert not ring.exists() or not os.listdir(ring)
+    assert caplog.text.count("no ring is written, since MEMRA_OBS_SINKS names neither") == 1

@@ -241,3 +241,27 @@ def test_workers_share_the_agent_ring():
         assert env.get("MEMRA_OBS_METRICS_ADDR") == "", f"{name} should leave /metrics to the agent"
         labels.add(env["MEMRA_OBS_WORKER"])
     assert len(labels) == len(workers), "workers share a worker label"
+
+
+def test_the_worker_image_build_copies_what_pyproject_names():
+    """The image's context left LICENSE out: the wheel in the image shipped without it, and a
+    license pattern matching nothing is a setuptools deprecation now, a build error later."""
+    import fnmatch
+
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    copied = {
+        src
+        for ln in (DEPLOY / "worker.Dockerfile").read_text().splitlines()
+        if ln.startswith("COPY ")
+        for src in ln.split()[1:-1]
+    }
+    ignore = (DEPLOY / "worker.Dockerfile.dockerignore").read_text().splitlines()
+    for f in (project["readme"], *project.get("license-files", [])):
+        assert f in copied, f"{f} (pyproject.toml) is not COPY'd by worker.Dockerfile"
+        keep = True  # the last matching .dockerignore line wins
+        for ln in (x.strip() for x in ignore):
+            pat = ln.lstrip("!").rstrip("/")
+            if ln and not ln.startswith("#") and fnmatch.fnmatch(f, pat):
+                keep = ln.startswith("!")
+        assert keep, f"{f} is kept out of the build context by the .dockerignore"
