@@ -63,6 +63,16 @@ def _trace_ids(sampled: Callable[[int], bool] | None = None) -> tuple[int, int, 
         return _bits(128) or 1, _bits(64) or 1, 0
 
 
+def _error_text(exc: BaseException) -> str:
+    """``Type: message`` (what the SDK's span status says), the type alone without one."""
+    try:
+        msg = str(exc)
+    except Exception:
+        msg = ""
+    name = type(exc).__name__
+    return f"{name}: {msg}"[:256] if msg else name
+
+
 def _stream(name: str, v: Stream | None) -> Stream | None:
     """A stream the clock can drain (``.synchronize()``), or None after saying why."""
     if v is None or callable(getattr(v, "synchronize", None)):
@@ -230,7 +240,7 @@ class Session:
         log = self.log
         if log is not None and not log.summarized:
             self._summarize(fo, log)
-        err = error if isinstance(error, str) else type(error).__name__ if error else ""
+        err = error if isinstance(error, str) else _error_text(error) if error else ""
         rec = SessionEndRecord(
             self.id, now_ns(), self._rounds, self._bursts, self._tokens, err, self._advice
         )

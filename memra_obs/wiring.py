@@ -160,14 +160,22 @@ def _serve(st: Settings, registry: Any, strict: bool, retire: Callable[[], None]
         return None
 
 
-def _ring(st: Settings, registry: Any) -> RingSink:
-    """This process's ring (agent mode): the agent publishes, so a ``registry`` goes unused."""
+def _ring(st: Settings, registry: Any) -> RingSink | None:
+    """This process's ring (agent mode): the agent publishes, so a ``registry`` goes unused.
+    None without ``MEMRA_OBS_AGENT``, or (said once) with no sink for the agent to publish."""
     from .agent.ring import RingSink
 
+    if not st.agent:
+        return None
+    if not st.sinks & {"otel", "prometheus"}:
+        say_once("agent-no-sinks", f"{MEMRA_OBS_AGENT}={st.agent}: no ring is written, since "
+                 f"{MEMRA_OBS_SINKS} names neither otel nor prometheus (set "
+                 f"{MEMRA_OBS_SINKS}=otel,prometheus)")  # fmt: skip
+        return None
     if registry is not None and "prometheus" in st.sinks:
         say_once("agent-registry", f"{MEMRA_OBS_AGENT}={st.agent}: the registry argument is "
                  "not used: in agent mode memra-obs agent publishes the metrics")  # fmt: skip
-    return RingSink.create(st.agent, worker=st.worker, slots=st.ring_slots)  # type: ignore[arg-type]
+    return RingSink.create(st.agent, worker=st.worker, slots=st.ring_slots)
 
 
 def build_observer(
@@ -198,14 +206,10 @@ def build_observer(
     prf = flags.spec_prof_on() if prof is None else prof
     sinks: list[Sink] = [StderrSink(lvl, prf)] if lvl >= 1 or prf else []
     built = Exporters()  # first: an address that cannot be served is the one line said
-    here, ring = st, None  # what this process publishes itself (agent mode: the requests file)
-    if st.sinks & {"otel", "prometheus"} and st.agent:
-        sinks.append(ring := _ring(st, registry))
+    here, ring = st, _ring(st, registry)  # what this process publishes itself
+    if ring is not None:  # agent mode: the agent publishes; here, the requests file only
+        sinks.append(ring)
         here = replace(st, sinks=frozenset())
-    elif st.agent:
-        say_once("agent-no-sinks", f"{MEMRA_OBS_AGENT}={st.agent}: no ring is written, since "
-                 f"{MEMRA_OBS_SINKS} names neither otel nor prometheus (set "
-                 f"{MEMRA_OBS_SINKS}=otel,prometheus)")  # fmt: skip
     if here.sinks & {"otel", "prometheus"} or st.requests_file:
         built = build_exporters(
             here, worker=st.worker, registry=registry, env=env, strict=strict, retire=retire

@@ -303,7 +303,7 @@ def test_error_sets_status_and_unfinished_sessions_close_at_the_last_stamp():
     spans = build(keep.records)
     session = next(sp for sp in spans if sp[NAME] == "spec.session")
     assert (
-        session[STATUS] == (2, "RuntimeError")
+        session[STATUS] == (2, "RuntimeError: x")
         and dict(session[ATTRS])["error.type"] == "RuntimeError"
     )
 
@@ -421,3 +421,40 @@ def test_a_damaged_advice_line_costs_only_its_attributes(caplog):
     assert "memra.spec.request.num_spec_steps" in attrs
     assert not any(k.startswith("memra.spec.advice.") for k in attrs)
     assert any("session advice not set" in r.getMessage() for r in caplog.records)
+
+
+def test_an_error_session_keeps_the_exception_message():
+    """Jaeger showed ``RuntimeError`` and nothing of "CUDA out of memory": the status now says
+    ``Type: message`` as the SDK's does; ``error.type`` stays the type."""
+    obs, keep = observer(prof=False)
+    drive(obs, bursts=(1,), prof=False, error=RuntimeError("CUDA out of memory"))
+    session = next(sp for sp in build(keep.records) if sp[NAME] == "spec.session")
+    assert dict(session[ATTRS])["error.type"] == "RuntimeError"
+    assert session[STATUS] == (2, "RuntimeError: CUDA out of memory")
+
+
+def test_the_round_cap_bounds_the_trace_when_every_burst_is_one_round():
+    """A loop returning after every round made a burst span per round (5,000 bursts: a 7 MB
+    trace in Jaeger): bursts past the cap get none, counted on the session."""
+    obs, keep = observer(level=1, prof=False)
+    drive(obs, bursts=(1,) * 50, prof=False)
+    spans = build(keep.records, round_spans=8)
+    assert sum(sp[NAME] == "spec.burst" for sp in spans) == 8
+    assert sum(sp[NAME] == "spec.round" for sp in spans) == 8
+    session = next(sp for sp in spans if sp[NAME] == "spec.session")
+    assert dict(session[ATTRS])["memra.spec.bursts_unsampled"] == 42
+
+
+def test_an_unfinished_session_with_no_stamps_is_not_zero_length():
+    """A session stuck before its first burst at shutdown ended where it started, and Jaeger
+    flagged it "Negative duration detected"."""
+    from memra_obs.otel.spans import SpanBuilder
+
+    obs, keep = observer(prof=False)
+    obs.session("glm5")
+    out: list = []
+    b = SpanBuilder()
+    b.add(keep.records, out)
+    b.finish_open(out)
+    (session,) = out
+    assert session[5] > session[4]

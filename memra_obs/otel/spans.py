@@ -79,8 +79,8 @@ class _Session:
     """Per open session; ``burst``: the burst whose rounds came but whose record has not (-1)."""
 
     __slots__ = (
-        "b_rounds", "b_start", "b_tokens", "burst", "js", "ks", "last", "off", "ph", "rec", "sid",
-        "tid",
+        "b_first", "b_rounds", "b_skipped", "b_start", "b_tokens", "burst", "js", "ks", "last",
+        "off", "ph", "rec", "sid", "tid",
     )  # fmt: skip
 
     def __init__(self, rec: SessionRecord) -> None:
@@ -88,6 +88,7 @@ class _Session:
         self.off = rec.anchor_ns_epoch - rec.anchor_ns_mono
         self.last = rec.start_ns_mono
         self.burst, self.b_start, self.b_rounds, self.b_tokens = -1, 0, 0, 0
+        self.b_first = self.b_skipped = 0
         #: The per-request record's inputs: (k, j) of each drafting round, phase totals.
         self.ks, self.js, self.ph = array("H"), array("H"), [0, 0, 0, 0, 0]
 
@@ -148,7 +149,7 @@ class SpanBuilder:
         t0, t1, t2, t3, t4, t5 = t
         if b != s.burst:
             s.burst = b
-            s.b_start, s.b_rounds, s.b_tokens = t0, 0, 0
+            s.b_start, s.b_rounds, s.b_tokens, s.b_first = t0, 0, 0, rec.index
         s.b_rounds += rep
         s.b_tokens += (j + 1 if j >= 0 else 1) * rep  # j = -1: unknown; the bonus token
         wall = t5 - t0
@@ -195,6 +196,9 @@ class SpanBuilder:
         if s.burst == rec.index:
             s.burst = -1
         ph, first, cap = rec.phases, rec.first_round, self.round_spans
+        if self._unsampled_burst(rec.index, first):
+            s.b_skipped += 1
+            return
         u = max(first + ph.rounds - max(cap, first), 0)  # rounds_unsampled
         v: tuple[Any, ...] = (rec.index, ph.rounds, rec.k, s.rec.family, rec.tokens, first, u)
         v += (*ph.phases(), rec.hook_ns)
@@ -203,6 +207,12 @@ class SpanBuilder:
             attrs += _split_attrs(ph.verify, rec.split_ns)
         start, end = rec.start_ns_mono + s.off, rec.end_ns_mono + s.off
         out.append((_BURST, s.tid, burst_span_id(s.sid, rec.index), s.sid, start, end, attrs, None))
+
+    def _unsampled_burst(self, index: int, first_round: int) -> bool:
+        """Past the cap a burst (no round spans under it) gets no span either: a loop that
+        returns after every round would otherwise make a span per round, unbounded."""
+        cap = self.round_spans if self.round_spans > 0 else 256
+        return index >= cap and first_round >= cap
 
     def _first_token(self, s: _Session, rec: FirstTokenRecord, out: list[Span]) -> None:
         prof = rec.prof
@@ -237,6 +247,8 @@ class SpanBuilder:
         """The session span from its end record, or (``rec`` None) unfinished at the last
         stamp seen; first a burst whose record never came, so its rounds have a parent."""
         off = s.off
+        if s.burst >= 0 and self._unsampled_burst(s.burst, s.b_first):
+            s.burst, s.b_skipped = -1, s.b_skipped + 1
         if s.burst >= 0:
             b, s.burst = s.burst, -1
             bv = (b, s.b_rounds, s.rec.family, s.b_tokens, True)
@@ -246,14 +258,16 @@ class SpanBuilder:
         r = s.rec
         vals = (r.session, r.family, r.worker, r.level, r.prof)
         attrs: tuple[tuple[str, Any], ...] = tuple(zip(_SESSION_KEYS, vals, strict=True))
-        status, end = None, s.last
+        status, end = None, max(s.last, r.start_ns_mono + 1)  # Jaeger: end == start "negative"
+        if s.b_skipped:
+            attrs += (("memra.spec.bursts_unsampled", s.b_skipped),)
         if rec is None:
             attrs += (("memra.spec.unfinished", True),)
         else:
             ended = (rec.rounds, rec.bursts, rec.tokens, rec.tokens)
             attrs += tuple(zip(_ENDED_KEYS, ended, strict=True))
             if rec.error:
-                attrs += (("error.type", rec.error),)
+                attrs += (("error.type", rec.error.partition(": ")[0]),)
                 status = (STATUS_ERROR, rec.error)
             end = max(end, rec.end_ns_mono)
             attrs += _request_attrs(s) + (_advice_attrs(rec.advice) if rec.advice else ())
