@@ -437,12 +437,14 @@ def test_the_round_cap_bounds_the_trace_when_every_burst_is_one_round():
     """A loop returning after every round made a burst span per round (5,000 bursts: a 7 MB
     trace in Jaeger): bursts past the cap get none, counted on the session."""
     obs, keep = observer(level=1, prof=False)
-    drive(obs, bursts=(1,) * 50, prof=False)
-    spans = build(keep.records, round_spans=8)
-    assert sum(sp[NAME] == "spec.burst" for sp in spans) == 8
-    assert sum(sp[NAME] == "spec.round" for sp in spans) == 8
-    session = next(sp for sp in spans if sp[NAME] == "spec.session")
-    assert dict(session[ATTRS])["memra.spec.bursts_unsampled"] == 42
+    drive(obs, bursts=(1,) * 300, prof=False)
+    for cap, rounds in ((8, 8), (0, 0), (280, 280)):
+        spans = build(keep.records, round_spans=cap)
+        assert sum(sp[NAME] == "spec.round" for sp in spans) == rounds
+        bursts = max(256, rounds)  # a burst with a round span keeps its own: no orphan
+        assert sum(sp[NAME] == "spec.burst" for sp in spans) == bursts
+        session = next(sp for sp in spans if sp[NAME] == "spec.session")
+        assert dict(session[ATTRS])["memra.spec.bursts_unsampled"] == 300 - bursts
 
 
 def test_an_unfinished_session_with_no_stamps_is_not_zero_length():

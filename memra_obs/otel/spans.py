@@ -21,6 +21,8 @@ from ..timeline import BurstRecord, FirstTokenRecord, RoundRecord, SessionEndRec
 Span = tuple[str, int, int, int, int, int, tuple[tuple[str, Any], ...], "tuple[int, str] | None"]
 
 STATUS_ERROR = 2
+#: spec.burst spans a session keeps whose rounds have no span (past the round cap).
+MAX_BURST_SPANS = 256
 _M64 = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
 # Kinds: 0 the first-token family (index >= 1, so n is never 0), 1 burst, 2 round, 3-7 phases.
@@ -209,10 +211,9 @@ class SpanBuilder:
         out.append((_BURST, s.tid, burst_span_id(s.sid, rec.index), s.sid, start, end, attrs, None))
 
     def _unsampled_burst(self, index: int, first_round: int) -> bool:
-        """Past the cap a burst (no round spans under it) gets no span either: a loop that
-        returns after every round would otherwise make a span per round, unbounded."""
-        cap = self.round_spans if self.round_spans > 0 else 256
-        return index >= cap and first_round >= cap
+        """Past ``MAX_BURST_SPANS`` a burst with no round span under it gets no span either: a
+        loop that returns after every round made a burst span per round, without bound."""
+        return index >= MAX_BURST_SPANS and first_round >= self.round_spans
 
     def _first_token(self, s: _Session, rec: FirstTokenRecord, out: list[Span]) -> None:
         prof = rec.prof
