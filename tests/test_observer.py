@@ -359,58 +359,52 @@ def test_ending_a_burst_twice_emits_it_once(caplog):
     assert "Burst.end called twice" in caplog.text
 
 
+class _Held:
+    """An exporter whose export waits for ``release``: a batch held inside its call."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def export(self, batch):
+        self.release.wait(5)
+
+    def flush(self, timeout_s=5.0):
+        return True
+
+    def shutdown(self, timeout_s=5.0):
+        pass
+
+
+def _holding(n: int) -> tuple[QueueSink, _Held]:
+    """A queue of ``n`` records whose exporter holds them (its worker has taken the batch)."""
+    ex = _Held()
+    q = QueueSink([ex], interval_ms=5)
+    for _ in range(n):
+        q.on_round(None)  # type: ignore[arg-type]
+    deadline = time.monotonic() + 5
+    while q.worker.held == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return q, ex
+
+
 def test_flush_is_false_while_an_exporter_still_holds_a_batch():
     """flush(t) said True (everything out) when the queue was empty but the batch taken from
     it was still inside a slow exporter call: nothing had been delivered."""
-    release = threading.Event()
-
-    class Slow:
-        def export(self, batch):
-            release.wait(5)
-
-        def flush(self, timeout_s=5.0):
-            return True
-
-        def shutdown(self, timeout_s=5.0):
-            pass
-
-    q = QueueSink([Slow()], interval_ms=5)
+    q, ex = _holding(10)
     try:
-        for _ in range(10):
-            q.on_round(None)  # type: ignore[arg-type]
-        deadline = time.monotonic() + 5
-        while q.worker.held == 0 and time.monotonic() < deadline:
-            time.sleep(0.005)
         assert q.flush(0.2) is False
-        release.set()
+        ex.release.set()
         assert q.flush(5) is True
     finally:
-        release.set()
+        ex.release.set()
         q.shutdown(1)
 
 
 def test_two_shutdowns_at_once_count_a_stuck_batch_once():
     """atexit while another thread calls shutdown() or configure(): both ran the whole
     shutdown and counted the batch a stuck exporter held twice in dropped."""
-    release = threading.Event()
-
-    class Stuck:
-        def export(self, batch):
-            release.wait(5)
-
-        def flush(self, timeout_s=5.0):
-            return True
-
-        def shutdown(self, timeout_s=5.0):
-            pass
-
-    q = QueueSink([Stuck()], interval_ms=5)
+    q, ex = _holding(9)
     try:
-        for _ in range(9):
-            q.on_round(None)  # type: ignore[arg-type]
-        deadline = time.monotonic() + 5
-        while q.worker.held == 0 and time.monotonic() < deadline:
-            time.sleep(0.005)
         ts = [threading.Thread(target=q.shutdown, args=(0.3,)) for _ in range(2)]
         for t in ts:
             t.start()
@@ -418,4 +412,4 @@ def test_two_shutdowns_at_once_count_a_stuck_batch_once():
             t.join(5)
         assert q.dropped == 9
     finally:
-        release.set()
+        ex.release.set()
