@@ -124,10 +124,10 @@ def configure(
         sinks = ",".join(sinks)
     knobs = {k: v for k, v in locals().items() if k in _KNOBS and v is not None}
     with _lock:
-        Settings.resolve(env, **knobs)  # a bad knob raises now, the old observer still serving
-        # The old one goes once what can be refused (files, OTEL_*) is built, before /metrics
-        # is served (it holds the port); get_observer() hands it out until then
-        retire = _once(_observer.shutdown if (old := _observer) is not None else lambda: None)
+        # The old one goes (once: shutdown is idempotent) when what can be refused is built,
+        # before /metrics is served (it holds the port); get_observer() hands it out till then
+        old = _observer
+        retire = old.shutdown if old is not None else _nothing
         _observer = build_observer(
             level=level, prof=prof, extra_sinks=extra_sinks, exporters=exporters,
             registry=registry, memory=memory, env=env, retire=retire, **knobs,
@@ -138,15 +138,7 @@ def configure(
         return _observer
 
 
-def _once(fn: Callable[[], object]) -> Callable[[], None]:
-    """``fn``, run the first time the result is called only."""
-    done: list[object] = []
-
-    def once() -> None:
-        if not done:
-            done.append(fn())
-
-    return once
+def _nothing() -> None: ...
 
 
 _KNOBS = frozenset(f.name for f in fields(Settings))

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from held import Held
 
 import memra_obs
 from memra_obs.demo import SimStream
@@ -359,25 +360,9 @@ def test_ending_a_burst_twice_emits_it_once(caplog):
     assert "Burst.end called twice" in caplog.text
 
 
-class _Held:
-    """An exporter whose export waits for ``release``: a batch held inside its call."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-
-    def export(self, batch):
-        self.release.wait(5)
-
-    def flush(self, timeout_s=5.0):
-        return True
-
-    def shutdown(self, timeout_s=5.0):
-        pass
-
-
-def _holding(n: int) -> tuple[QueueSink, _Held]:
+def _holding(n: int) -> tuple[QueueSink, Held]:
     """A queue of ``n`` records whose exporter holds them (its worker has taken the batch)."""
-    ex = _Held()
+    ex = Held()
     q = QueueSink([ex], interval_ms=5)
     for _ in range(n):
         q.on_round(None)  # type: ignore[arg-type]

@@ -156,23 +156,13 @@ def test_a_batch_a_stuck_exporter_held_past_shutdown_is_not_written_after_it(tmp
     """shutdown(t) counts a batch still inside a stuck exporter call as dropped; when that call
     came back, the requests file (closed by then) reopened itself and wrote the batch's lines:
     counted dropped and delivered, and a descriptor nobody closes."""
-    import threading
     import time
 
-    release = threading.Event()
+    from held import Held
 
-    class Stuck:
-        def export(self, batch):
-            release.wait(5)
-
-        def flush(self, timeout_s=5.0):
-            return True
-
-        def shutdown(self, timeout_s=5.0):
-            pass
-
+    stuck = Held()
     path = tmp_path / "r.jsonl"
-    obs = build_observer(sinks="", requests_file=str(path), level=0, env={}, exporters=[Stuck()])
+    obs = build_observer(sinks="", requests_file=str(path), level=0, env={}, exporters=[stuck])
     s = obs.session("glm5")
     b = s.burst(4)
     b.begin_round()
@@ -188,7 +178,7 @@ def test_a_batch_a_stuck_exporter_held_past_shutdown_is_not_written_after_it(tmp
     while obs.queue.worker.held == 0 and time.monotonic() < deadline:
         time.sleep(0.005)
     obs.shutdown(0.2)
-    release.set()
+    stuck.release.set()
     obs.queue.worker._thread.join(5)
     assert obs.queue.dropped == 4 and path.read_text() == ""
     assert str(path) not in {os.readlink(f"/proc/self/fd/{f}") for f in os.listdir("/proc/self/fd")
