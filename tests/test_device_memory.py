@@ -25,12 +25,12 @@ class FakeNvmlError(Exception):
         self.value = value
 
 
-NO_PERMISSION, NOT_SUPPORTED, LIBRARY_NOT_FOUND = 4, 3, 12
+NO_PERMISSION, NOT_SUPPORTED, LIBRARY_NOT_FOUND, GPU_IS_LOST = 4, 3, 12, 15
 
 
 class FakeNvml:
     """pynvml's surface as the snapshot uses it. ``cards``: NVML's enumeration order, each a
-    dict of bus (NVML spelling), uuid, name, free_mb, and optionally mig / refuse."""
+    dict of bus (NVML spelling), uuid, name, free_mb, and optionally mig / refuse / lost."""
 
     def __init__(self, cards: list[dict[str, Any]]) -> None:
         self.cards = cards
@@ -40,6 +40,8 @@ class FakeNvml:
         return len(self.cards)
 
     def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        if self.cards[i].get("lost"):
+            raise FakeNvmlError(GPU_IS_LOST)
         return i
 
     def nvmlDeviceGetPciInfo(self, h: int) -> Any:
@@ -202,6 +204,20 @@ def test_nvml_refusing_a_device_falls_back_for_that_ordinal_only() -> None:
     assert len(said) == 1 and "refused ordinal 0" in said[0]
     assert m.slots()[0].source == "cuda"
     assert cuda.reads == 2
+
+
+def test_a_card_nvml_cannot_open_costs_that_card_only() -> None:
+    """One lost card (its handle refused): the others keep NVML; by bus order, none is guessed."""
+    cards = [dict(c) for c in CARDS]
+    cards[2]["lost"] = True  # the 0x43 card, ordinal 1
+    cuda = FakeCuda(CUDA_BUS, [9, 8, 7, 6])
+    m, said = fm(FakeNvml(cards), cuda)
+    assert m.snapshot() == [(0, 1000), (1, 8), (2, 3000), (3, 4000)]
+    assert [s.source for s in m.slots()] == ["nvml", "cuda", "nvml", "nvml"]
+    assert len(said) == 1 and "could not open device 2 (NVML error 15)" in said[0]
+    m, said = fm(FakeNvml(cards), None, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    assert m.snapshot() == []
+    assert len(said) == 1 and "could not open device 2" in said[0] and "none recorded" in said[0]
 
 
 def test_mig_cards_are_read_with_cudamemgetinfo() -> None:

@@ -68,15 +68,20 @@ class NvmlDevice(NamedTuple):
     mig: bool
 
 
-def _nvml_devices(nv: Any) -> list[NvmlDevice]:
-    out = []
+def _nvml_devices(nv: Any) -> tuple[list[NvmlDevice], str]:
+    """NVML's devices, and the ones it could not open (a lost card is not all cards lost)."""
+    out, lost = [], []
     for i in range(int(nv.nvmlDeviceGetCount())):
-        h = nv.nvmlDeviceGetHandleByIndex(i)
+        try:
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+        except Exception as exc:
+            lost.append(f"device {i} ({exc})")
+            continue
         pci, mig = _try(nv.nvmlDeviceGetPciInfo, h), _try(nv.nvmlDeviceGetMigMode, h)
         uuid, name = _try(nv.nvmlDeviceGetUUID, h) or "", _try(nv.nvmlDeviceGetName, h) or ""
         bus = parse_bus_id(getattr(pci, "busId", None))
         out.append(NvmlDevice(i, h, bus, _text(uuid), _text(name), bool(mig and mig[0])))
-    return out
+    return out, ", ".join(lost)
 
 
 def load_pynvml() -> Any:
@@ -186,6 +191,7 @@ class FreeMemory:
         self._nv: Any = None
         self._devices: list[NvmlDevice] = []
         self._loaded, self._why, self._quiet = False, "", False  # NVML tried; why not; no GPU?
+        self._lost = ""  # the devices NVML could not open
         self._cuda: CudaQuery | None = None
 
     def _say(self, key: str, msg: str) -> None:
@@ -203,7 +209,7 @@ class FreeMemory:
         self._loaded = True
         try:
             nv = self._load_nvml()
-            self._devices, self._nv = _nvml_devices(nv), nv
+            (self._devices, self._lost), self._nv = _nvml_devices(nv), nv
         except ModuleNotFoundError:
             self._why, self._quiet = "pynvml (nvidia-ml-py) is not installed", True
         except Exception as exc:
@@ -256,6 +262,7 @@ class FreeMemory:
                 why = f"{cuda.name} gave no PCI bus id for ordinal {i}"
             elif d is None:
                 why = f"NVML has no device at bus id {format_bus_id(b)} (ordinal {i})"
+                why += f"; it could not open {self._lost}" if self._lost else ""
             elif d.mig or keys.count(b[:3]) > 1:  # several ordinals on one card: MIG
                 why = f"MIG is on at {format_bus_id(b)}: NVML reports the whole card"
             if why and self._nv is not None:
@@ -265,6 +272,11 @@ class FreeMemory:
         return slots
 
     def _by_environment(self) -> list[Slot]:
+        if self._lost:  # bus order without the lost card would shift every ordinal after it
+            self._say(
+                "lost", f"NVML could not open {self._lost}, so ordinals are unknown; none recorded"
+            )
+            return []
         env = os.environ if self._environ is None else self._environ
         pci_order = (env.get("CUDA_DEVICE_ORDER") or "").upper() == "PCI_BUS_ID"
         if not pci_order and len({d.name for d in self._devices}) > 1:
@@ -290,7 +302,7 @@ class FreeMemory:
         cuda, i = self._cuda, s.ordinal
         if s.nvml_index is not None:
             try:
-                handle = self._devices[s.nvml_index].handle
+                handle = next(d.handle for d in self._devices if d.nv_index == s.nvml_index)
                 return int(self._nv.nvmlDeviceGetMemoryInfo(handle).free) // MIB
             except Exception as exc:
                 via = f"using cudaMemGetInfo via {cuda.name}" if cuda else "skipped"
