@@ -3,8 +3,10 @@ and counted, open bursts are closed, the profile covers its wall, memory stays b
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -16,8 +18,9 @@ from memra_obs.environment import ConfigError
 from memra_obs.legacy import PhaseLine, parse_line
 from memra_obs.observer import NOOP_OBSERVER, Observer
 from memra_obs.records import SEQ_ROWS, VERIFY_SPLIT
+from memra_obs.sinks.stderr import StderrSink
 from memra_obs.testing import RecordingSink, capture
-from memra_obs.timeline import BurstRecord, FirstTokenRecord, RoundRecord
+from memra_obs.timeline import BurstRecord, FirstTokenRecord, RoundRecord, SessionRecord
 
 
 def one_round(b, k=4, j=2, **kw):
@@ -567,8 +570,6 @@ def test_a_forked_child_exports_its_own_records():
 def test_a_forked_child_records_under_its_own_pid():
     """A worker label defaulted to the pid is the forked child's own pid in its records (its
     spans and requests file are told apart from its siblings'); an explicit label stays."""
-    from memra_obs.timeline import SessionRecord
-
     sink = RecordingSink()
     observers = [
         Observer([sink], level=0, prof=False, worker=w) for w in (str(os.getpid()), "rank0")
@@ -883,6 +884,37 @@ def test_legacy_lines_hold_no_tags_of_sessions_never_ended(caplog):
     assert caplog.text.count("over 4096 sessions not ended") == 1
 
 
+def test_legacy_tags_trimmed_by_loop_threads_at_once_never_raise():
+    """Loop threads starting sessions at once past the bound picked the same oldest tag: the
+    second ``del`` raised KeyError, so that session kept no tag (its lines said
+    ``spec-phase``) and the table stayed over its bound for good."""
+    sink, ids, raised = StderrSink(level=1), itertools.count(1), []
+    sink.max_sessions = 64
+
+    def start_sessions() -> None:
+        for _ in range(5000):
+            rec = SessionRecord(
+                next(ids), "f", "f-phase", "f-phase-v", "w", 0, 0, 0, 0, 0, 0, 1, False
+            )
+            try:
+                sink.on_session(rec)
+            except Exception as exc:
+                raised.append(exc)
+
+    threads = [threading.Thread(target=start_sessions) for _ in range(8)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, as many busy loop threads do
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    sink.on_session(SessionRecord(0, "f", "g-phase", "g-phase-v", "w", 0, 0, 0, 0, 0, 0, 1, False))
+    assert raised == [] and len(sink._tags) == sink.max_sessions
+
+
 MP_SCRIPT = """
 import multiprocessing as mp, sys, memra_obs
 
@@ -917,7 +949,6 @@ def test_multiprocessing_children_publish_what_they_recorded(tmp_path, method):
     import collections
     import json
     import subprocess
-    import sys
 
     script, spans = tmp_path / "mp.py", tmp_path / "spans.jsonl"
     script.write_text(MP_SCRIPT)

@@ -6,6 +6,8 @@ nor processes sharing the pipe tear a line.
 
 from __future__ import annotations
 
+import contextlib
+
 from .. import timeline as tl
 from ..diagnostics import say_once
 from ..legacy import PROF_SUMMARY_TAG, phase_lines, prof_line, prof_rounds_lines
@@ -35,8 +37,9 @@ class StderrSink(Sink):
 
     def on_session(self, rec: tl.SessionRecord) -> None:
         tags = self._tags
-        if len(tags) >= self.max_sessions:
-            del tags[next(iter(tags))]
+        while len(tags) >= self.max_sessions:  # loop threads trim at once: the same oldest, a
+            with contextlib.suppress(RuntimeError):  # size changed mid-look: no raise, no leak
+                tags.pop(next(iter(tags)), None)
             say_once("stderr-tags", f"legacy lines: over {self.max_sessions} sessions not "
                      "ended; the oldest one's lines now say spec-phase")  # fmt: skip
         tags[rec.session] = (rec.tag, rec.tag_v)
