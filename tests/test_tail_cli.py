@@ -143,6 +143,24 @@ def test_bad_options_and_knobs_fail_loudly():
     assert p.returncode == 2 and b"MEMRA_OBS_METRICS_ADDR" in p.stderr
 
 
+@pytest.mark.parametrize("half", ["CERT", "KEY"])
+def test_half_a_tls_pair_stops_the_tail_and_the_agent_in_one_line(tmp_path, half):
+    """The TLS pair check is the one every publisher shares (issue 12: it was missing in the
+    agent): a certificate without its key, or the reverse, is exit 2 and one line naming both."""
+    pem = tmp_path / "x.pem"
+    pem.write_text("not read: the pair is refused first\n")
+    env = {"MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": "127.0.0.1:0",
+           f"MEMRA_OBS_METRICS_TLS_{half}": str(pem)}  # fmt: skip
+    agent = subprocess.run(
+        [sys.executable, "-m", "memra_obs.cli", "agent", "--once", "--dir", str(tmp_path)],
+        capture_output=True, env={**_env(), **env}, timeout=60,
+    )  # fmt: skip
+    for p in (_tail("-", data=b"", env=env), agent):
+        err = p.stderr.decode().strip().splitlines()
+        assert p.returncode == 2 and len(err) == 1, err
+        assert "MEMRA_OBS_METRICS_TLS_CERT and MEMRA_OBS_METRICS_TLS_KEY go together" in err[0]
+
+
 def test_the_family_cap_is_the_knob_max_families():
     """MEMRA_OBS_MAX_FAMILIES bounds the families a tail publishes: a new one past it is
     refused, said once naming the knob, and counted as unplaced; a bad value stops it."""

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 
 from .. import records
 from ..environment import utf8
-from ..legacy import KIND, LegacyParseError, RoundsLine, SummaryLine, parse_line
+from ..legacy import KIND, LegacyParseError, RoundsLine, SummaryLine, parse_line, prof_summary_line
 from ..tail.rebuild import Rebuilder
 from ..timeline import PHASES, BurstRecord, FirstTokenRecord, RoundRecord, SessionRecord, each_round
 
@@ -200,7 +200,7 @@ def _session(sid: int, tid: int, sp: Span, kids: Kids, run: Run) -> None:
         return
     rows = [records.round_prof_from_ns(r.wall_ns, *r.phase_ns()[:3], r.t_ns_mono[5] - r.t_ns_mono[3],
                                r.k, r.j, r.ctx, r.seq_rows) for r in first]  # fmt: skip
-    line = parse_line(f"[spec-prof-summary] {records.SpecRoundsLog(rounds=rows).summary()}")
+    line = parse_line(prof_summary_line(records.SpecRoundsLog(rounds=rows)))
     assert isinstance(line, SummaryLine)
     run.logs.append(RoundLog(rows, line))
 
