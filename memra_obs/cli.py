@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from .device.workload import GpuUnavailable
 from .environment import MEMRA_OBS_SINKS, ConfigError, positive
+from .linewriter import stderr_writer
 from .version import __version__
 
 __all__ = ["main"]
@@ -147,7 +148,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    stderr_writer().write_lines([line])  # never raises (a closed pipe: `demo 2>&1 | head`)
 
 
 if __name__ == "__main__":

@@ -211,3 +211,16 @@ def test_version_and_python_dash_m() -> None:
     out = subprocess.run([sys.executable, "-m", "memra_obs", "--version"], capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0 and out.stdout == f"memra-obs {__version__}\n"
     assert version("memra_obs") == __version__
+
+
+def test_demo_piped_to_head_exits_0(tmp_path: Path) -> None:
+    """``memra-obs demo --requests N 2>&1 | head``: the reader gone, the demo still ends 0 (its
+    closing line raised BrokenPipeError: a traceback and status 1)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_", "OTEL_"))}
+    env.update(MEMRA_OBS_METRICS_ADDR="", MEMRA_OBS_SINKS="")
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first line
+    p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "demo", "--requests", "2", "--speed", "50"],
+                       cwd=tmp_path, env=env, stderr=w, timeout=60)  # fmt: skip
+    os.close(w)
+    assert p.returncode == 0

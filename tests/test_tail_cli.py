@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gzip
 import os
 import shutil
 import subprocess
@@ -109,6 +110,18 @@ def test_a_file_without_follow_is_read_once(tmp_path):
     assert (p.returncode, p.stderr) == (0, (PHASE + "\n").encode())
     p = _tail(str(tmp_path / "nope.err"), data=b"")
     assert p.returncode == 2 and b"No such file" in p.stderr
+
+
+def test_a_gzipped_file_is_read_as_the_report_reads_it(tmp_path):
+    """A rotated, compressed log (``w.err.1.gz``) is read decompressed (its bytes went through
+    as they were: 0 legacy lines, status 0); damaged data is one line, status 2."""
+    f = tmp_path / "w.err.1.gz"
+    f.write_bytes(gzip.compress((PHASE + "\n" + VERIFY + "\n").encode()))
+    p = _tail(str(f), "--quiet", data=b"")
+    assert (p.returncode, p.stderr) == (0, (PHASE + "\n" + VERIFY + "\n").encode())
+    f.write_bytes(f.read_bytes()[:20])
+    p = _tail(str(f), "--quiet", data=b"")
+    assert p.returncode == 2 and p.stderr.startswith(f"memra-obs tail: {f}: damaged gzip".encode())
 
 
 def test_a_fifo_with_follow_is_read_to_its_writers_end_and_no_fd_is_left(

@@ -23,7 +23,7 @@ from ..export import QueueSink
 from ..wiring import Exporters, build_exporters, sessions_sampled
 from .passthrough import Tail
 from .rebuild import Rebuilder
-from .source import FollowSource, PipeSource
+from .source import FollowSource, GzipSource, PipeSource
 from .stats import TailCollector, TailStats
 
 __all__ = ["Rebuilder", "Tail", "TailCollector", "TailStats", "main", "pump"]
@@ -129,8 +129,11 @@ def _source(
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
     if follow and (os.path.isfile(path) or not os.path.exists(path)):
         return FollowSource(path, from_start=opts.from_start, poll_s=opts.poll, on_wait=on_wait)
-    # read to its end: a file, or a FIFO (which has no rotations to follow)
-    return PipeSource(os.open(path, os.O_RDONLY), path, own=True)
+    # read to its end: a file (gzip'd or not), or a FIFO (which has no rotations to follow)
+    fd = os.open(path, os.O_RDONLY)
+    if os.path.isfile(path) and os.pread(fd, 2, 0) == b"\x1f\x8b":
+        return GzipSource(fd, path)
+    return PipeSource(fd, path, own=True)
 
 
 def _run(

@@ -7,13 +7,16 @@ of the input (a followed file never ends; the caller closes it).
 from __future__ import annotations
 
 import contextlib
+import errno
+import gzip
 import os
 import select
 import stat
 import time
+import zlib
 from collections.abc import Callable
 
-__all__ = ["CHUNK", "FollowSource", "PipeSource"]
+__all__ = ["CHUNK", "FollowSource", "GzipSource", "PipeSource"]
 
 #: Bytes per read: one syscall per ~500 tagged lines at full speed.
 CHUNK = 1 << 16
@@ -44,6 +47,21 @@ class PipeSource:
         if self.own:
             self.own = False
             os.close(self.fd)
+
+
+class GzipSource(PipeSource):
+    """A gzip'd log read once (a rotated, compressed one, as ``memra-obs report`` reads it):
+    its decompressed bytes; damaged data is a read error."""
+
+    def __init__(self, fd: int, name: str) -> None:
+        super().__init__(fd, name, own=True)
+        self._gz = gzip.GzipFile(fileobj=os.fdopen(fd, "rb", closefd=False))
+
+    def read(self, timeout_s: float) -> bytes | None:
+        try:
+            return self._gz.read1(CHUNK) or None
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise OSError(errno.EIO, f"damaged gzip data ({exc})") from exc
 
 
 class FollowSource:
