@@ -21,6 +21,17 @@ from .version import __version__
 __all__ = ["main"]
 
 
+_TAIL = (
+    "Pass a worker's stderr through byte for byte and publish what its legacy lines say: "
+    "/metrics on MEMRA_OBS_METRICS_ADDR, spans to MEMRA_OBS_SPANS_FILE or the OTEL_* exporter "
+    "(MEMRA_OBS_SINKS, default otel,prometheus). Without --follow it ends at the input's end."
+)
+_REPORT = (
+    "One self-contained HTML page from a worker's stderr (legacy lines) or a span file "
+    "(OTLP-JSON lines), gzip'd or not; two inputs: an A/B of the runs side by side."
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="memra-obs", description=__doc__.split("\n\n")[0].replace("``", "")
@@ -52,7 +63,9 @@ def _parser() -> argparse.ArgumentParser:
                    "0.01..100 (default 1)")
     # fmt: on
 
-    t = sub.add_parser("tail", help="turn legacy stderr lines into metrics and spans")
+    t = sub.add_parser(
+        "tail", help="turn legacy stderr lines into metrics and spans", description=_TAIL
+    )
     t.add_argument(
         "--follow", "-f", action="store_true", help="keep reading a growing file (follows rotation)"
     )
@@ -62,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
 
     add_options(t)
 
-    r = sub.add_parser("report", help="one self-contained HTML page from a log or span file")
+    r = sub.add_parser("report", help="one self-contained HTML page from a log or span file",
+                       description=_REPORT)  # fmt: skip
     from .report.main import add_options as report_options
 
     report_options(r)
