@@ -828,3 +828,40 @@ def test_an_empty_input_is_not_called_trace_only(tmp_path):
     (p := tmp_path / "empty.log").write_text("")
     text = acceptance([View("empty.log", read(str(p)))])
     assert "trace-only" not in text and "no round at all" in text
+
+
+def test_a_run_that_never_drafted_says_so_in_its_figures_too(tmp_path):
+    """Rows with k = 0 throughout: the acceptance figures said "no round with known k and j"
+    beside a table counting those rounds as known and a text saying none drafted."""
+    lines = [re.sub(r" k=\d+ j=\d+ ", " k=0 j=0 ", x) for x in bench_report.worker_log(3, seed=9)]
+    (log := tmp_path / "k0.log").write_text("\n".join(lines) + "\n")
+    html = report(log, out=tmp_path / "k0.html")
+    assert keys(html)["drafted"] == ["0"] and keys(html)["rounds_own"] != ["0"]
+    svgs = [base64.b64decode(x).decode() for x in re.findall(r"svg\+xml;base64,([^\"]+)", html)]
+    assert not any("no round with known k and j" in s for s in svgs)
+    assert sum("no round drafted (k = 0)" in s for s in svgs) == 2
+
+
+def test_a_round_span_with_counts_no_worker_writes_is_refused(runs, tmp_path):
+    """k = 2**70 or NaN on a round past the logged 64 (no row checks it) was a traceback, and
+    k = 10**8 minutes of advising over 10**8 positions: the round span is refused instead."""
+    good = read(str(runs["spans"]))
+    for value in ({"intValue": str(2**70)}, {"doubleValue": "NaN"}, {"intValue": str(10**8)}):
+        done: list[dict] = []
+
+        def keep(s: dict, v: dict = value, done: list[dict] = done) -> bool:
+            at = {a["key"]: a["value"] for a in s.get("attributes", ())}
+            if (
+                s["name"] == "spec.round"
+                and not done
+                and int(at["memra.spec.round"]["intValue"]) >= 64
+            ):
+                done.append(s)
+                _set(s, "memra.spec.k", v)
+            return True
+
+        run = read(str(spans_edited(runs["spans"], tmp_path / "k.jsonl", keep)))
+        assert done and len(run.sessions) == len(good.sessions), value
+        assert len(run.refused) == 1 and "counts no worker writes" in run.refused[0][1]
+        assert View("k", run).advice is not None and max(r.k for r in run.rounds) < 2**16
+    assert keys(report(tmp_path / "k.jsonl", out=tmp_path / "k.html"))["refused"] == ["1"]

@@ -205,6 +205,8 @@ def _session(sid: int, tid: int, sp: Span, kids: Kids, run: Run) -> None:
     run.logs.append(RoundLog(rows, line))
 
 
+#: The most k, j, ctx and seq_rows a worker writes (a round past the 64 rows is checked by none).
+_TOPS = (records.U16_MAX, records.U16_MAX, records.U32_MAX, records.U32_MAX)
 #: Rounds one burst span may claim (~9 h of 2 ms rounds): its rounds are expanded in memory.
 MAX_ROUNDS = 1 << 24
 
@@ -217,7 +219,9 @@ def _burst(sid: int, b: Span, kids: Kids, run: Run) -> list[RoundRecord]:
         ph, ra = {k[0][5:]: k for k in kids.get(r[1], ())}, r[5]
         kj = [ra.get(A + f, d) for f, d in (("k", -1), ("j", -1), ("ctx", 0), ("seq_rows", 0))]
         why = "lacks a phase span" if not all(p in ph for p in PHASES) else ""
-        if kj[0] >= 0 and not 0 <= kj[1] <= kj[0]:
+        if not all(type(x) is int and -1 <= x <= t for x, t in zip(kj, _TOPS, strict=True)):
+            why = f"has counts no worker writes (k, j, ctx, seq_rows = {kj!r})"
+        elif kj[0] >= 0 and not 0 <= kj[1] <= kj[0]:
             why = f"has k={kj[0]}, j={kj[1]}: j must be in 0..k"
         t = (ph["draft"][3], *(ph[p][4] for p in PHASES)) if not why else ()
         if any(x > y for x, y in itertools.pairwise(t)):

@@ -207,12 +207,16 @@ def _band(ax: Axes, x: Any, ivs: Sequence[Interval], color: str, label: str, f: 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def _no_estimate(v: View) -> str:  # as the section's text says it
+    return "no round drafted (k = 0)" if v.acceptance.rounds else "no round with known k and j"
+
+
 @panels("probability", legend="best")
 def acceptance_by_position(ax: Axes, v: View, views: Sequence[View]) -> None:
     """Estimates: acceptance by draft position, α_i = P(accepted | drafted and every earlier
     draft accepted), with its 95% Wilson interval, and S(i+1) = P(drafts 0..i all accepted),
     product-limit, with its interval."""
-    need(ps := v.acceptance.positions, "no round with known k and j")
+    need(ps := v.acceptance.positions, _no_estimate(v))
     _band(ax, [p.position for p in ps], [p.alpha for p in ps], COLORS["draft"], "α_i", "o")
     _band(ax, [p.position for p in ps], [p.survival for p in ps], COLORS["verify"], "S(i+1)")
     ax.set(xlabel="draft position i (0-based)", ylim=(0, 1.02))
@@ -222,7 +226,7 @@ def acceptance_by_position(ax: Axes, v: View, views: Sequence[View]) -> None:
 def expected_tokens_per_round(ax: Axes, v: View, views: Sequence[View]) -> None:
     """Estimates: tokens a round drafting k commits, E(k) = 1 + Σ S(i), with its interval; past
     the deepest position seen (dotted), acceptance is the flat tail's."""
-    need((acc := v.acceptance).positions, "no round with known k and j")
+    need((acc := v.acceptance).positions, _no_estimate(v))
     ks = range(1, 17)
     _band(ax, ks, [acc.expected_tokens(k) for k in ks], COLORS["accept"], "E(k)")
     ax.axvline(len(acc.positions) + 0.5, color="#999", ls=":", lw=1, label="data | flat tail")
