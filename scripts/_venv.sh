@@ -5,7 +5,17 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 py="${PYTHON:-python3}"
+new_enough='import sys; sys.exit(sys.version_info < (3, 10))'
+# A .venv an older python3 made can never install the project: make it again.
+if [ -x .venv/bin/python ] && ! .venv/bin/python -c "$new_enough" 2>/dev/null; then
+  echo "[venv] .venv has $(.venv/bin/python -V 2>&1); the project needs Python >= 3.10: remaking it" >&2
+  rm -rf .venv
+fi
 if [ ! -x .venv/bin/python ]; then
+  if ! "$py" -c "$new_enough" 2>/dev/null; then
+    echo "[venv] $py is $("$py" -V 2>&1 || true); the project needs Python >= 3.10 (PYTHON=python3.12 bash $0)" >&2
+    exit 1
+  fi
   "$py" -m venv .venv
 fi
 stamp=".venv/.memra-obs-installed-${EXTRAS:-core}"

@@ -36,6 +36,28 @@ def test_readme_starts_with_the_two_commands():
     assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
 
 
+def test_the_scripts_remake_a_venv_an_older_python_made(tmp_path: Path) -> None:
+    """A .venv left by a Python < 3.10 (`python3` was 3.9 on the first try) is made again, not
+    reused forever with pip's "requires a different Python"; a `$PYTHON` < 3.10 is refused in
+    one line before any venv or pip runs."""
+    old = tmp_path / "python3.9"
+    old.write_text('#!/bin/sh\n[ "$1" = -V ] && { echo "Python 3.9.18"; exit 0; }\nexit 1\n')
+    old.chmod(0o755)
+    (tmp_path / "scripts").mkdir()
+    for f in ("scripts/_venv.sh", "scripts/demo.sh", "pyproject.toml"):
+        (tmp_path / f).write_bytes((ROOT / f).read_bytes())
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").symlink_to(old)
+    env = {**os.environ, "PYTHON": str(old)}
+    p = subprocess.run(
+        ["bash", "scripts/demo.sh"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert p.returncode == 1, p.stderr
+    assert ".venv has Python 3.9.18" in p.stderr and "remaking it" in p.stderr
+    assert f"{old} is Python 3.9.18; the project needs Python >= 3.10" in p.stderr
+    assert not (tmp_path / ".venv").exists()
+
+
 def test_demo_publishes_lines_metrics_and_spans(tmp_path):
     """Embedded defaults: stderr lines that parse, /metrics with exemplars, OTLP-JSON spans."""
     port = free_port()
@@ -105,7 +127,7 @@ def test_demo_gpu_without_a_gpu_fails_before_any_loop(monkeypatch) -> None:
     with capture(level=0) as cap, pytest.raises(GpuUnavailable) as e:
         run_demo(DemoConfig(requests=1, gpu=True, concurrency=2), cap.observer)
     assert str(e.value).count("\n") == 0 and "cupy is not installed" in str(e.value)
-    assert "pip install 'memra_obs[gpu]'" in str(e.value)  # what to do: the extra that has them
+    assert "pip install 'memra_obs[cuda12]'" in str(e.value)  # what to do: the extra that has them
     assert threading.active_count() == before
 
 

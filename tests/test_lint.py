@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -48,3 +50,43 @@ def test_every_test_the_readme_names_exists():
         or not re.search(rf"^\s*(?:async )?def {name}\(", (ROOT / path).read_text(), re.M)
     ]
     assert not missing, missing
+
+
+def _extras() -> dict[str, list[str]]:
+    tomllib = pytest.importorskip("tomllib")  # 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return project["optional-dependencies"]
+
+
+def test_the_readme_extras_table_is_pyproject_s():
+    """The README's extras table names every extra of pyproject.toml and, but for `dev`, exactly
+    the distributions each one pulls: `pip install 'memra_obs[gpu]'` must not bring a CUDA-12
+    CuPy the table does not name, nor `[otlp]` packages the package never imports."""
+    extras = _extras()
+    text = (ROOT / "README.md").read_text()
+    table = text.split("| extra | pulls | for |\n", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    rows = {}
+    for line in table:
+        name, pulls, _ = line.strip("|").split("|")
+        rows[name.strip().strip("`")] = set(re.findall(r"`([\w.-]+)`", pulls))
+    assert set(rows) == set(extras)
+    for name, reqs in extras.items():
+        if name != "dev":
+            assert rows[name] == {re.split(r"[<>=!~;\[ ]", r)[0] for r in reqs}, name
+
+
+def test_the_otlp_extra_is_what_the_package_imports():
+    """[otlp] is grpcio alone: the OTLP writer is the package's own; opentelemetry-python's
+    exporters (protobuf, requests, googleapis-common-protos) are imported nowhere in it."""
+    assert [r.split(">")[0] for r in _extras()["otlp"]] == ["grpcio"]
+    unused = ("opentelemetry.exporter", "opentelemetry.proto", "google", "requests")
+    for f in (ROOT / "memra_obs").rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            bad = [n for n in names if n.startswith(unused)]
+            assert not bad, f"{f.relative_to(ROOT)} imports {bad}"

@@ -109,7 +109,10 @@ def _ops(backend: str | None, device: int) -> Any:
             errors.append(f"{n}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
     why = "; ".join(errors)
     if all(e.endswith(" is not installed") for e in errors):
-        why += " (pip install 'memra_obs[gpu]')"
+        why += (
+            " (pip install 'memra_obs[cuda12]' or 'memra_obs[cuda13]', as the driver's CUDA,"
+            " or a CUDA torch)"
+        )
     raise GpuUnavailable(f"--gpu needs a CUDA device through CuPy or torch: {why}")
 
 
