@@ -8,12 +8,15 @@ import shutil
 import socket
 import ssl
 import subprocess
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
 
 from memra_obs.environment import ConfigError, Settings
 from memra_obs.prom import PrometheusExporter, serve_metrics
@@ -139,6 +142,34 @@ def test_tls_and_basic_auth(reg, cert):
         assert get(srv.url, auth, ctx=ctx)[0] == 200  # failed handshakes left it serving
 
 
+def test_a_tls_client_gone_mid_answer_prints_nothing(reg, cert, capsys):
+    """A TLS client that does not read its answer is hung up at its deadline: quietly, as on
+    plain HTTP (main: wsgiref printed ssl.SSLEOFError's traceback on the serving process'
+    stderr for each one, a client resetting after its request included, auth or not)."""
+
+    class Big:
+        def collect(self):
+            yield GaugeMetricFamily("big", "x" * 4_000_000, value=1)
+
+    reg.register(Big())
+    ctx = ssl.create_default_context(cafile=cert[0])
+    kw = {"certfile": cert[0], "keyfile": cert[1], "timeout_s": 0.3}
+    with serve_metrics(("127.0.0.1", 0), registry=reg, **kw) as srv:
+        base, clients = threading.active_count(), []
+        for _ in range(3):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # it never reads
+            s.connect(("127.0.0.1", srv.port))
+            clients.append(ctx.wrap_socket(s, server_hostname="127.0.0.1"))
+            clients[-1].sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        t0 = time.monotonic()
+        while threading.active_count() > base and time.monotonic() - t0 < 5:
+            time.sleep(0.05)
+        for c in clients:
+            c.close()
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_tls_needs_cert_and_key(reg, cert):
     """A certificate without its key is refused at start-up."""
     with pytest.raises(ValueError, match="certfile and keyfile"):
@@ -234,6 +265,17 @@ def test_slow_clients_are_bounded_in_time_and_number(reg):
         assert threading.active_count() - base <= 1
         for s in drips:
             s.close()
+
+
+def test_a_request_head_is_capped(reg):
+    """A request's line and headers past 128 KiB get 431 (main: http.client's caps alone, 100
+    lines of 64 KiB: 64 clients that never end their headers held 0.5 GB of the serving process'
+    RSS for their 10 s, and again on reconnecting); an ordinary scrape is served."""
+    with serve_metrics(("127.0.0.1", 0), registry=reg) as srv:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+            s.sendall(b"GET /metrics HTTP/1.1\r\n" + b"X-Big: %4000d\r\n" % 0 * 40 + b"\r\n")
+            assert s.recv(64).startswith(b"HTTP/1.0 431 ")
+        assert get(srv.url, {"X-Big": "a" * 60_000})[0] == 200
 
 
 def test_a_handful_of_idle_clients_costs_no_churn(reg):

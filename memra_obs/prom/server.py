@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import errno
 import hmac
+import http.client
 import socket
 import ssl
 import threading
@@ -32,6 +33,8 @@ WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 TIMEOUT_S = 10.0
 #: Connections open at once.
 MAX_CONNECTIONS = 64
+#: Bytes of a request's line and headers, all told (Prometheus sends under 1 KiB).
+MAX_HEAD = 131072
 
 
 class MetricsAddressError(ConfigError, OSError):
@@ -83,6 +86,43 @@ def metrics_app(registry: Any = None, basic_auth: tuple[str, str] | None = None)
 
 class _Handler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None: ...  # a scrape is not news
+
+    def setup(self) -> None:
+        super().setup()
+        self.wfile = cast(Any, _QuietWriter(self.wfile))
+        self.rfile = cast(Any, _HeadCap(self.rfile))
+
+
+class _QuietWriter:
+    """The answer's writer: a TLS peer gone mid-answer (hung up at its deadline, or reset)
+    raises what wsgiref drops quietly for a plain socket, not an SSLError it prints a traceback
+    of on the serving process' stderr."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+
+    def write(self, b: bytes) -> int:
+        try:
+            return int(self.f.write(b))
+        except ssl.SSLError as exc:
+            raise ConnectionAbortedError(str(exc)) from exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.f, name)
+
+
+class _HeadCap(_QuietWriter):
+    """The request's reader: a head (request line and headers) past MAX_HEAD bytes gets 431
+    (http.client alone lets each connection hold 100 lines of 64 KiB: 6.5 MB, 0.4 GB for 64)."""
+
+    left = MAX_HEAD
+
+    def readline(self, size: int = -1) -> bytes:
+        line = bytes(self.f.readline(size))
+        self.left -= len(line)
+        if self.left < 0:
+            raise http.client.LineTooLong("request head")
+        return line
 
 
 class MetricsServer(ThreadingWSGIServer):
