@@ -347,7 +347,8 @@ def new_burst(s: Session, k: int, ranges: tuple[Any, ...]) -> Burst:
     one goes without, said once."""
     if not ranges:
         return Burst(s, k)
-    if threading.get_ident() in _RANGE_OWNER:
+    own = _RANGE_OWNER.get(threading.get_ident())
+    if own is not None and own._thread is threading.current_thread():  # not a dead thread's
         say_once("range-interleaved", "two bursts open at once on one thread (asyncio tasks?): "
                  "NVTX ranges are a stack per thread, so a burst begun while another is open "
                  "gets none")  # fmt: skip
@@ -356,7 +357,8 @@ def new_burst(s: Session, k: int, ranges: tuple[Any, ...]) -> Burst:
 
 
 #: thread id -> the ranged burst whose ranges are on that thread's stack (a forked child's
-#: thread may reuse its parent's id: its stacks start empty)
+#: thread may reuse its parent's id: its stacks start empty; so may a new thread, whose stack
+#: a burst its dead predecessor left open does not hold)
 _RANGE_OWNER: dict[int, _RangedBurst] = {}
 os.register_at_fork(after_in_child=_RANGE_OWNER.clear)
 
@@ -369,7 +371,7 @@ class _RangedBurst(Burst):
     boundary it is. Only when a sink offers a ``range_hook``, so the plain hot path is
     untouched; its own depth keeps misused rounds balanced."""
 
-    __slots__ = ("_clock_mark", "_depth", "_ranges", "_tid")
+    __slots__ = ("_clock_mark", "_depth", "_ranges", "_thread", "_tid")
     _NEXT = ("spec.verify", "spec.accept", "spec.rollback", "spec.maint")
 
     def __init__(self, s: Session, k: int, ranges: tuple[Any, ...]) -> None:
@@ -377,7 +379,7 @@ class _RangedBurst(Burst):
         self._ranges = ranges
         self._depth = 0
         self._clock_mark, self._mark = self._mark, self._ranged_mark
-        self._tid = threading.get_ident()
+        self._tid, self._thread = threading.get_ident(), threading.current_thread()
         _RANGE_OWNER[self._tid] = self
         self._push("spec.burst")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import pytest
@@ -255,6 +256,26 @@ def test_bursts_on_other_threads_each_get_ranges() -> None:
         b1.end()
         s1.end()
     assert kinds and kinds[0] is not Burst
+
+
+def test_a_thread_that_died_with_a_burst_open_leaves_later_threads_their_ranges() -> None:
+    """A thread gone with its burst open (its session abandoned): the threads that reuse its
+    id got no ranges, for good."""
+    kinds: list[type] = []
+    with capture(level=1, sinks=[NvtxSink(domain=FakeDomain())]) as cap:
+
+        def abandon() -> None:
+            cap.observer.session("a").burst(4).begin_round()
+
+        def other() -> None:
+            with cap.observer.session("b") as s, s.burst(4) as b:
+                kinds.append(type(b))
+
+        for target in (abandon, other) * 20:  # a joined thread's id goes to the next one
+            th = threading.Thread(target=target)
+            th.start()
+            th.join()
+    assert Burst not in kinds
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
