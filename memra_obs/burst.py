@@ -231,8 +231,17 @@ class Burst:
     def __enter__(self) -> Burst:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, et: object, ev: BaseException | None, tb: object) -> None:
+        if ev is not None:
+            self._abort()
         self.end()
+
+    def _abort(self) -> None:
+        """An exception left the round open: dropped and counted, but unsaid (no misuse)."""
+        if self._at >= 0:
+            self._at = -2
+            self._s._obs.dropped_rounds += 1
+            self._discard()
 
     def _settle(self) -> int:
         """Settle the pending rounds; the last settled stamp (0: none)."""

@@ -163,7 +163,7 @@ def _ring_slots(var: str, value: str) -> int:
 def _positive_ms(var: str, value: str) -> float:
     x = _number(value) or 0.0
     if not 0 < x < 1e6:
-        raise ConfigError(f"{var}={value!r}: expected a positive number of milliseconds")
+        raise ConfigError(f"{var}={value!r}: expected a positive number of milliseconds below 1e6")
     return x
 
 

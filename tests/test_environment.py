@@ -39,6 +39,7 @@ def pem(tmp_path):
         ("MEMRA_OBS_MAX_DEVICES", "0", "expected 1..4096"),
         ("MEMRA_OBS_PLAIN_STEP_MS", "6_8", "positive number of milliseconds"),
         ("MEMRA_OBS_PLAIN_STEP_MS", "1e3", "positive number of milliseconds"),
+        ("MEMRA_OBS_PLAIN_STEP_MS", "2000000", "below 1e6"),  # positive, but past the cap
         ("MEMRA_OBS_SINKS", "all,bogus", "unknown sink 'bogus'"),
     ],
 )

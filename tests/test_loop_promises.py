@@ -3,6 +3,7 @@ and counted, open bursts are closed, the profile covers its wall, memory stays b
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -1117,3 +1118,31 @@ def test_a_tag_under_the_parsers_own_prefixes_is_said_and_its_lines_parse_back(k
     assert any(parse_line(x).tag.startswith("xspec-") for x in lines)
     assert [type(parse_line(x)).__name__ for x in lines] == ["PhaseLine", "VerifyLine"]
     assert "starts with none of spec-prof, spec-trace, spec-advice" in caplog.text
+
+
+def test_an_exception_out_of_the_loop_is_re_raised_and_not_said_as_misuse(caplog):
+    """A CUDA OOM (or a CancelledError) leaving a round half-done through the README's loop
+    (``b.end()`` after the rounds) or a ``with`` burst: re-raised unchanged, recorded as the
+    session's error, the open round dropped and counted; no "boundary out of order" message
+    sent the engineer hunting a misuse that was not there."""
+    oom = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    with capture(level=1) as cap:
+        for use_with in (False, True):
+            with pytest.raises(RuntimeError) as got, cap.observer.session("glm5") as s:
+                b = s.burst(4)
+                with b if use_with else contextlib.nullcontext():
+                    one_round(b)
+                    b.begin_round()
+                    b.end_draft()
+                    raise oom
+            assert got.value is oom
+        s = cap.observer.session("glm5")  # no `with`: the loop ends it with its exception
+        b = s.burst(4)
+        one_round(b)
+        b.begin_round()
+        s.end(oom)
+    assert [e.error for e in cap.ends] == [f"RuntimeError: {oom}"] * 3
+    assert [b.phases.rounds for b in cap.bursts] == [1, 1, 1]
+    assert cap.observer.dropped_rounds == 3
+    assert [x.split(" k=")[0] for x in cap.lines] == ["[glm5-phase] rounds=1"] * 3
+    assert not [r for r in caplog.records if r.name == "memra_obs"], caplog.text

@@ -29,6 +29,7 @@ from memra_obs.environment import ConfigError, Settings
 from memra_obs.export import QueueSink
 from memra_obs.observer import Observer
 from memra_obs.otel import SpanExporter, build_span_exporter
+from memra_obs.otel.config import traces_sampler
 from memra_obs.otel.exporter import Output
 from memra_obs.otel.spans import PHASE_SPAN_NAMES
 from memra_obs.otel.transport import SendError
@@ -313,6 +314,7 @@ def test_otlp_grpc_generic_call():
     spans = [sp for m in got for sp in m.resource_spans[0].scope_spans[0].spans]
     assert ex.exported_spans == len(spans) > 30 and ex.export_errors == 0
     assert meta[0]["x-tenant"] == "a"
+    assert meta[0]["user-agent"].startswith(f"memra-obs-otlp/{__version__} python/")
     names = {sp.name for sp in spans}
     assert {
         "spec.session",
@@ -619,6 +621,13 @@ def test_bad_values_fail_at_start_up_naming_the_variable(env, var):
     """A value we cannot use is a ConfigError that names its variable."""
     with pytest.raises(ConfigError, match=var):
         build_span_exporter(Settings(), env=env)
+
+
+def test_a_sampler_name_is_matched_whole():
+    """An unknown sampler that merely ends in traceidratio is warned of and the default
+    taken (README), not run as a ratio sampler: ARG=0 would have dropped every session."""
+    env = {"OTEL_TRACES_SAMPLER": "my_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
+    assert traces_sampler(env) is None
 
 
 _SECRET = "SUPERSECRET"

@@ -105,7 +105,7 @@ def traces_sampler(env: Mapping[str, str]) -> Callable[[int], bool] | None:
         return None
     from opentelemetry.sdk.trace import sampling as sm
 
-    if name.endswith("traceidratio"):
+    if name in ("traceidratio", "parentbased_traceidratio"):  # not "my_traceidratio"
         raw = env.get(var + "_ARG", "").strip() or "1"
         rate = decimal(raw, otel=True)
         if rate is None or not 0.0 <= rate <= 1.0:

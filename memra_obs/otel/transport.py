@@ -195,7 +195,8 @@ class GrpcSender:
         self.url, self.timeout_s = cfg.endpoint, cfg.timeout_s
         # grpcio's retries off (ours run); its reconnect backoff capped (~2.4 s): grown to 120 s,
         # every export failed fast until the next attempt (12 s of drops after a 30 s outage).
-        opt = [("grpc.max_send_message_length", 64 << 20), ("grpc.enable_retries", 0)]
+        opt: list[tuple[str, Any]] = [("grpc.max_send_message_length", 64 << 20)]
+        opt += [("grpc.enable_retries", 0), ("grpc.primary_user_agent", _AGENT)]  # spec's UA
         opt += [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000)]
         comp = grpc.Compression.Gzip if cfg.compression == "gzip" else None  # None: uncompressed
         if cfg.secure:
