@@ -4,7 +4,8 @@ The seed's contract (``SpecPhaseNs::clock``): at each boundary drain the primary
 and, when it is another object, the head stream ``eh``, then read a monotonic clock, so device
 work lands in the phase that queued it. Streams are anything with ``.synchronize()``, or
 ``None``. :class:`SyncClock` drains at every boundary; the CUDA-event clock
-(:mod:`memra_obs.device.event_clock`) records events and settles once per burst.
+(:mod:`memra_obs.device.event_clock`) records events and settles once per burst (and every
+``burst.SETTLE_ROUNDS`` rounds of a longer one).
 """
 
 from __future__ import annotations

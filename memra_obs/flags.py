@@ -3,7 +3,8 @@
 ``MEMRA_SPEC_TRACE`` (alias ``MEMRA_GLM5_SPEC_TRACE``), ``MEMRA_SPEC_PROF`` and
 ``MEMRA_SPEC_FIRST_TOKEN_EAGER``. These follow the seed's law, not the project's knob law:
 junk means off, never an error, because a typo in a diagnostic flag must not stop a worker.
-Everything else the project reads from the environment lives in :mod:`memra_obs.environment`.
+The project's own knobs (``MEMRA_OBS_*``) live in :mod:`memra_obs.environment`, the ``OTEL_*``
+variables in :mod:`memra_obs.otel.config`.
 """
 
 from __future__ import annotations

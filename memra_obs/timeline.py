@@ -2,7 +2,8 @@
 
 One record per thing that happened. Timestamps say their clock: ``*_ns_mono`` is
 ``time.perf_counter_ns()``, ``*_ns_epoch`` Unix time; a session's anchor pair (read back to
-back) maps one to the other, in one place (:func:`to_epoch_ns`).
+back) maps one to the other: :func:`to_epoch_ns` (the span builder and the Prometheus exporter
+keep its offset, ``anchor_ns_epoch - anchor_ns_mono``, once per session).
 """
 
 from __future__ import annotations

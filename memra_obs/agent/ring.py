@@ -3,7 +3,7 @@
 An export thread in the serving process holds the GIL for milliseconds (the loop's p99 pays);
 into a ring the loop only writes bytes. ``pwrite``, not a mapping: a store into a mapped file
 that someone truncates is a SIGBUS no Python code can guard; a write into a shrunk file only
-grows it again. A round is one ``pack_into`` and two ``pwrite`` calls (~2 µs): the slot, then
+grows it again. A round is two ``pack_into`` and two ``pwrite`` calls (~2 µs): the slot, then
 ``head`` (x86-64 keeps the order). Never blocks: the oldest slots are overwritten, counted by
 the agent. The worker holds ``flock`` on its ring for life: liveness across PID namespaces.
 """

@@ -2,7 +2,8 @@
 unknown, and ``phase_ns()``, as ``RoundRecord``), plain values out; nothing here imports the
 rest of memra_obs. Position i (0-based, as vLLM's) is at risk when k > i and j >= i: dividing by
 those rounds keeps a short draft from reading as a rejection. Costs are least squares on [1, k]
-over exact integer sums: a window adds and removes rounds in O(1), without drift (ADVISOR.md)."""
+over exact integer sums: a window adds and removes rounds in O(1), without drift (README, "The
+sliding window")."""
 
 from __future__ import annotations
 

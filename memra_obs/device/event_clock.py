@@ -1,7 +1,8 @@
 """The event-timed phase clock (``MEMRA_OBS_CLOCK=event``) and the stream adapters it needs:
 device truth without a drain per phase. ``mark`` records a CUDA event on ``e`` (and ``eh``) and
-reads the host clock, never waiting; ``settle``, at burst end, drains once, records an anchor on
-each idle stream, waits for it and resolves every boundary (the sync clock's definition)::
+reads the host clock, never waiting; ``settle``, at burst end (and every ``SETTLE_ROUNDS`` rounds
+of a longer burst), drains once, records an anchor on each idle stream, waits for it and
+resolves every boundary (the sync clock's definition)::
 
     dev_s(i)   = anchor_host - elapsed(event_i on s, anchor on s)     # s = e, eh
     boundary_i = max(host_i, dev_e(i), dev_eh(i), boundary_{i-1})
