@@ -8,9 +8,11 @@ import logging
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -21,7 +23,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from memra_obs.agent import format as F
-from memra_obs.agent.main import Agent, build_agent
+from memra_obs.agent.main import Agent, AgentBusy, build_agent
 from memra_obs.agent.reader import FormatError, RingReader
 from memra_obs.agent.ring import RingSink
 from memra_obs.environment import ConfigError
@@ -494,3 +496,41 @@ def test_a_record_claiming_slots_past_the_head_is_a_format_error(tmp_path):
     assert r.trouble and len(first) > 0
     with pytest.raises(FormatError, match="malformed"):
         r.poll()
+
+
+def test_a_ring_directory_removed_and_made_again_keeps_one_agent(tmp_path):
+    """`rm -rf` (or systemd's RemoveIPC) of the ring directory under a running agent, then a
+    worker making it again: a second agent started on it, and both published its rings."""
+    d = tmp_path / "rings"
+    a = Agent(str(d), [Collect()])
+    shutil.rmtree(d)
+    sink = RingSink(str(d), worker="w", slots=64)  # the worker makes it again
+    a.drain(2)  # its next scan takes the lock again
+    with pytest.raises(AgentBusy):
+        Agent(str(d), [])
+    shutil.rmtree(d)
+    b = Agent(str(d), [Collect()])  # a second agent first: the old one takes no new ring
+    work(late := RingSink(str(d), worker="late", slots=64), 1, 1)
+    a.drain(2)
+    b.drain(2)
+    assert (a.rings, b.rings) == (1, 1)  # a reads on the ring it held, b the new one
+    for x in (a, b):
+        x.close()
+    sink.shutdown()
+    late.shutdown()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.isdir("/dev/shm"), reason="needs root")
+def test_a_ring_of_another_uid_it_cannot_open_says_whose_it_is():
+    """An agent not root, a worker of another uid (k8s fsGroup): the ring (0600) was skipped
+    as "Permission denied", tried again at every scan; now it names the owner, once."""
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        os.chmod(d, 0o755)
+        sink = RingSink(d, worker="w", slots=64)
+        os.seteuid(65534)
+        try:
+            with pytest.raises(FormatError, match="owned by uid 0, not by this agent's uid 65534"):
+                RingReader(sink.path)
+        finally:
+            os.seteuid(0)
+        sink.shutdown()

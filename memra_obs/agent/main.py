@@ -84,23 +84,7 @@ class Agent:
         self.published = self._lost = self.dropped_rounds = 0
         self._retired: list[tuple[float, set[str]]] = []  # (when to forget, worker labels)
         self.rings_removed = self.rings_retired = 0  # retired: read to the end, worker gone
-        lock = os.path.join(directory, ".agent.lock")
-        try:
-            own_directory(directory)
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            if os.fstat(fd).st_uid != os.geteuid():  # another user's: it could hold it forever
-                os.close(fd)
-                raise PermissionError(errno.EPERM, f"{lock} is another user's")
-        except OSError as exc:
-            raise ConfigError(
-                f"ring directory {directory!r} (--dir, {MEMRA_OBS_AGENT}): {exc.strerror}"
-            ) from None
-        try:  # held for life: one agent per directory
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise AgentBusy(f"another memra-obs agent is publishing {directory}") from None
-        self._lock_fd = fd
+        self._lock_fd = _lock(directory)
 
     @property
     def rings(self) -> int:
@@ -123,7 +107,27 @@ class Agent:
         self.dropped_rounds += d[3]
         s.accounted = now
 
+    def _still_ours(self) -> bool:
+        """The directory's lock file is the one this agent holds (or is taken again): a ring
+        directory removed and made again let a second agent start, both publishing its rings."""
+        lock = os.path.join(self.directory, ".agent.lock")
+        with contextlib.suppress(OSError):
+            a, b = os.stat(lock), os.fstat(self._lock_fd)
+            if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+                return True
+        try:
+            fd = _lock(self.directory)
+        except (ConfigError, AgentBusy) as exc:
+            say_once(f"agent-lock:{lock}", f"agent: {lock} is no longer this agent's ({exc}); "
+                     "it reads the rings it holds and no new one")  # fmt: skip
+            return False
+        os.close(self._lock_fd)
+        self._lock_fd = fd
+        return True
+
     def _discover(self) -> None:
+        if not self._still_ours():
+            return
         known = self._streams.keys() | self._skip
         # glob skips dot names (rings being created) and says nothing of a directory gone
         for path in glob.glob(os.path.join(glob.escape(self.directory), "*.ring")):
@@ -293,6 +297,27 @@ _COUNTERS = (
     ("memra_obs_agent_written_records", "Records a worker handed its ring, as its ring says "
      "(refused ones included); records + lost_records equals it once the ring is read."),
 )  # fmt: skip
+
+
+def _lock(directory: str) -> int:
+    """``directory``'s ``.agent.lock``, locked: one agent per directory, held for life."""
+    lock = os.path.join(directory, ".agent.lock")
+    try:
+        own_directory(directory)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        if os.fstat(fd).st_uid != os.geteuid():  # another user's: it could hold it forever
+            os.close(fd)
+            raise PermissionError(errno.EPERM, f"{lock} is another user's")
+    except OSError as exc:
+        raise ConfigError(
+            f"ring directory {directory!r} (--dir, {MEMRA_OBS_AGENT}): {exc.strerror}"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise AgentBusy(f"another memra-obs agent is publishing {directory}") from None
+    return fd
 
 
 def default_directory() -> str:

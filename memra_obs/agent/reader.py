@@ -66,6 +66,10 @@ class RingReader:
         try:
             self._fd = os.open(path, os.O_RDWR | flags)
         except PermissionError:  # not ours to write: the cursor then lives here only
+            owner, uid = os.lstat(path).st_uid, os.geteuid() if uid is None else uid
+            if owner != uid:  # nor to read: "Permission denied", again at every scan
+                raise FormatError(f"{path}: owned by uid {owner}, not by this agent's uid {uid}"
+                                  " (run the workers and the agent as one uid)") from None  # fmt: skip
             self._fd, self.writable = os.open(path, os.O_RDONLY | flags), False
         try:
             self._attach(os.fstat(self._fd), os.geteuid() if uid is None else uid)
