@@ -13,6 +13,8 @@ import pytest
 from memra_obs import burst as burst_mod
 from memra_obs import clock as clock_mod
 from memra_obs import session as session_mod
+from memra_obs.legacy import parse_line
+from memra_obs.otel.spans import SpanBuilder
 from memra_obs.records import VerifySplit
 from memra_obs.tail import Rebuilder, Tail
 from memra_obs.tail.rebuild import family_of
@@ -432,6 +434,41 @@ def test_a_session_without_rounds_still_has_a_sane_span():
     s, e = got
     assert type(s) is SessionRecord and type(e) is SessionEndRecord
     assert e.end_ns_mono == s.start_ns_mono and (e.rounds, e.bursts) == (0, 0)
+
+
+def test_a_session_without_rounds_in_a_backlog_follows_the_sessions_before_it(fake_clock):
+    """A backlog lays sessions back to back past the arrival: a ``rounds=0`` one comes after
+    the session before it, not inside it."""
+    with capture(level=1, prof=True) as cap:
+        drive(cap.observer, [6, 6])
+    got, _ = rebuild([*cap.lines, "[spec-prof-summary] rounds=0"])
+    (*_, e1, e2), (*_, s2) = of(got, SessionEndRecord), of(got, SessionRecord)
+    assert s2.start_ns_mono >= e1.end_ns_mono and e2.rounds == 0
+
+
+_PHASE = ("[glm5-phase] rounds=3 k=4 total=6.00ms | draft=1.50 verify=3.00 accept=0.60 roll=0.45 "
+          "maint=0.45 | per-round ms: draft=0.500 verify=1.000 accept=0.200 roll=0.150 "
+          "maint=0.150 total=2.000")  # fmt: skip
+
+
+def test_sessions_laid_back_to_back_never_overlap_in_epoch_time():
+    """Each session reads an anchor pair; the reads' jitter (hundreds of ns) must not make
+    back-to-back sessions overlap once mapped to epoch; a wall-clock step is taken up."""
+    jitter, step = itertools.cycle([0, -250, 300]), [0]
+    rb = Rebuilder("w", max_bursts=1, epoch_ns=lambda: 10**18 + next(jitter) + step[0],
+                   mono_ns=lambda: 0)  # fmt: skip
+    for _ in range(4):  # a backlog: four bursts, a session each, laid back to back
+        rb.feed(parse_line(_PHASE), 10**15)
+    rb.close()
+    spans: list[Any] = []
+    SpanBuilder().add(rb.take(), spans)
+    bursts = sorted((sp[4], sp[5]) for sp in spans if sp[0] == "spec.burst")
+    assert len(bursts) == 4 and all(b[1] <= c[0] for b, c in itertools.pairwise(bursts))
+    step[0] = 5 * 10**9  # NTP stepped the wall clock: the next session is anchored anew
+    rb.feed(parse_line(_PHASE), 10**15 + 1)
+    rb.close()
+    (s,) = of(rb.take(), SessionRecord)
+    assert abs(s.anchor_ns_epoch - s.anchor_ns_mono - (10**18 + 5 * 10**9)) < 1000
 
 
 # ----------------------------------------------------------------------- unknown counts

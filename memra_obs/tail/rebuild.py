@@ -36,6 +36,8 @@ FAMILY_CAP = "past MEMRA_OBS_MAX_FAMILIES="
 MAX_BURST_ROUNDS = 1 << 16
 #: A burst (with its session's creation) longer than this (~13 days) is a garbled line.
 _MAX_NS = 1 << 50
+#: A session's fresh anchor pair moving the epoch offset by more than this is a wall-clock step.
+_STEP_NS = 1_000_000
 #: The profile's creation buckets in the loop's order (before the first burst), and round 0's.
 _CREATION = ("cache_alloc", "sink_alloc", "prime", "capture", "anchor", "draft_alloc")
 _ROUND0 = ("draft_prime", *(f"first_{p}" for p in ("draft", "verify", "accept", "roll", "maint")))
@@ -105,6 +107,7 @@ class Rebuilder:
         self._fresh: _Burst | None = None  # the pending burst while its phase line is the last
         self._first: _Burst | None = None  # a session's first burst laid out, no profile claimed it
         self._last_end = 0  # end of the latest burst laid out, over all sessions
+        self._off: int | None = None  # epoch - mono of the sessions' anchor pairs
         self._seen_phase = False
         self._roll_share = 0.5  # rollback's share of rest_ms: the latest phase line's
         self._spare = 0  # a session id drawn for a burst that was refused: the next one's
@@ -229,8 +232,10 @@ class Rebuilder:
         if s is None:
             if rounds:
                 return "[spec-prof-summary] with no session open"
-            # A session that ran no round at all: no other line marked it.
-            self._end(self._open(None, self._id(), t, t, len(self._out)))
+            # A session that ran no round at all: no other line marked it (after the last laid out).
+            start = max(t, self._last_end)
+            self._last_end = start + 1  # its span lasts 1 ns (Jaeger reads an empty one as < 0)
+            self._end(self._open(None, self._id(), start, t, len(self._out)))
         elif rounds < SPEC_PROF_ROUNDS:
             s.last_line = t
             self._end(s)
@@ -248,8 +253,13 @@ class Rebuilder:
         tid, span = rng.getrandbits(128) or 1, rng.getrandbits(64) or 1
         if self.sampled and not self.sampled(tid):  # OTEL_TRACES_SAMPLER: no ids, no spans
             tid = span = 0
-        rec = SessionRecord(sid, family_of(tag), tag, tag_v, self.worker, start, self._mono(),
-                            self._epoch(), tid, span, 0, level, s.prof)  # fmt: skip
+        # Sessions laid back to back share one offset (a fresh pair's read jitter would overlap
+        # them by up to µs); a wall-clock step is taken up by the next session.
+        mono, epoch = self._mono(), self._epoch()
+        if self._off is None or abs(epoch - mono - self._off) > _STEP_NS:
+            self._off = epoch - mono
+        rec = SessionRecord(sid, family_of(tag), tag, tag_v, self.worker, start, mono,
+                            mono + self._off, tid, span, 0, level, s.prof)  # fmt: skip
         self._out.insert(at, rec)
         return s
 
