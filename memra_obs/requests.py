@@ -88,8 +88,9 @@ class RequestsExporter:
 
     def _line(self, c: _Counts, end: SessionEndRecord) -> str:
         s = c.rec
+        tid = s.trace_id or s.caller_trace_id  # an unsampled caller's too: the join key
         out = {
-            "session": s.session, "trace_id": format(s.trace_id, "032x") if s.trace_id else "",
+            "session": s.session, "trace_id": format(tid, "032x") if tid else "",
             "family": s.family, "worker": s.worker, "rounds": end.rounds, "bursts": end.bursts,
             "tokens": end.tokens, "error": end.error,
             **request_record(c.ks, c.js, c.phases, self.detailed),

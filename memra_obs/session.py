@@ -47,20 +47,22 @@ os.register_at_fork(after_in_child=_IDS.seed)
 _bits = _IDS.getrandbits
 
 
-def _trace_ids(sampled: Callable[[int], bool] | None = None) -> tuple[int, int, int]:
-    """(trace_id, span id, parent span id): under the caller's current span, or a fresh trace;
-    all 0 when not sampled (no spans, no exemplars): by ``sampled(trace_id)``
-    (``OTEL_TRACES_SAMPLER``), else as parentbased_always_on (the caller's decision)."""
+def _trace_ids(sampled: Callable[[int], bool] | None = None) -> tuple[int, int, int, int]:
+    """(trace_id, span id, parent span id, the caller's trace id or 0): under the caller's
+    current span, or a fresh trace; all but the last 0 when not sampled (no spans, no
+    exemplars): by ``sampled(trace_id)`` (``OTEL_TRACES_SAMPLER``), else as
+    parentbased_always_on (the caller's decision)."""
     try:
         from opentelemetry import trace
 
         ctx = trace.get_current_span().get_span_context()
-        tid = ctx.trace_id if ctx.is_valid else _bits(128) or 1
+        caller = ctx.trace_id if ctx.is_valid else 0
+        tid = caller or _bits(128) or 1
         if not (sampled(tid) if sampled else not ctx.is_valid or ctx.trace_flags.sampled):
-            return 0, 0, 0
-        return tid, _bits(64) or 1, ctx.span_id if ctx.is_valid else 0
+            return 0, 0, 0, caller
+        return tid, _bits(64) or 1, ctx.span_id if ctx.is_valid else 0, caller
     except Exception:
-        return _bits(128) or 1, _bits(64) or 1, 0
+        return _bits(128) or 1, _bits(64) or 1, 0, 0
 
 
 def _error_text(exc: BaseException) -> str:
@@ -121,14 +123,13 @@ class Session:
         self._prime_end = 0
         self._open_burst: Burst | None = None
         fo = obs._fan
-        trace_id, span_id, parent = _trace_ids(obs.sampled) if fo.wants_trace_ids else (0, 0, 0)
+        ids = _trace_ids(obs.sampled) if fo.wants_trace_ids else (0, 0, 0, 0)
         # The profile's start (a drain) comes before the anchor pair: later stamps sit after it.
         start = clock(self.e, self.eh) if self.prof is not None else now_ns()
         self._last_ns = start
         self.record = SessionRecord(
-            self.id, family, tag, tag_v, obs.worker, start, now_ns(), time.time_ns(), trace_id,
-            span_id, parent, self.level,
-            self.prof is not None, self._clock_name,
+            self.id, family, tag, tag_v, obs.worker, start, now_ns(), time.time_ns(), *ids[:3],
+            self.level, self.prof is not None, self._clock_name, ids[3],
         )  # fmt: skip
         fan(fo.on_session, "on_session", self.record)
 

@@ -39,6 +39,9 @@ class SessionRecord(NamedTuple):
     prof: bool  #: the first-token profile is on
     #: The phases' clock: "event", "sync" or "host" (no device stream); "" unknown (legacy lines).
     clock: str = ""
+    #: The caller's trace id (0: none), kept also when its sampler dropped the session: the
+    #: requests file's join key. Not in the ring.
+    caller_trace_id: int = 0
 
 
 class RoundRecord(NamedTuple):

@@ -38,7 +38,7 @@ sessions = st.builds(
     session=U64, family=TEXT, tag=TEXT, tag_v=TEXT, worker=TEXT,
     start_ns_mono=U64, anchor_ns_mono=U64, anchor_ns_epoch=U64,
     trace_id=st.integers(0, (1 << 128) - 1), span_id=U64, parent_span_id=U64,
-    level=st.integers(0, 2), prof=st.booleans(),
+    level=st.integers(0, 2), prof=st.booleans(), caller_trace_id=st.just(0),  # not in the ring
 )  # fmt: skip
 rounds = st.builds(
     RoundRecord,

@@ -11,6 +11,8 @@ import subprocess
 import sys
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from memra_obs.environment import ConfigError
 from memra_obs.wiring import build_observer
@@ -183,3 +185,15 @@ def test_a_batch_a_stuck_exporter_held_past_shutdown_is_not_written_after_it(tmp
     assert obs.queue.dropped == 4 and path.read_text() == ""
     assert str(path) not in {os.readlink(f"/proc/self/fd/{f}") for f in os.listdir("/proc/self/fd")
                              if os.path.exists(f"/proc/self/fd/{f}")}  # fmt: skip
+
+
+def test_an_unsampled_callers_trace_id_is_kept_for_the_join(tmp_path):
+    """The caller's sampler dropped the request: no spans, but its line still names the
+    caller's trace (the only key that joins it to the server's own request log)."""
+    path = tmp_path / "requests.jsonl"
+    obs = build_observer(env={"MEMRA_OBS_REQUESTS_FILE": str(path)}, level=0, prof=False)
+    with TracerProvider(sampler=ALWAYS_OFF).get_tracer("t").start_as_current_span("req") as sp:
+        _session(obs, random.Random(1), n=4)
+    obs.shutdown(5.0)
+    (line,) = path.read_text().splitlines()
+    assert json.loads(line)["trace_id"] == format(sp.get_span_context().trace_id, "032x")
