@@ -239,9 +239,13 @@ class Burst:
     def _abort(self) -> None:
         """An exception left the round open: dropped and counted, but unsaid (no misuse)."""
         if self._at >= 0:
-            self._at = -2
-            self._s._obs.dropped_rounds += 1
-            self._discard()
+            self._lose()
+
+    def _lose(self) -> None:
+        """Drop the round: its remaining boundaries are ignored until ``begin_round``."""
+        self._at = -2
+        self._s._obs.dropped_rounds += 1
+        self._discard()
 
     def _settle(self) -> int:
         """Settle the pending rounds; the last settled stamp (0: none)."""
@@ -332,9 +336,7 @@ class Burst:
         """Drop the open round, count it, say so once per kind of misuse; its remaining
         boundaries are ignored until ``begin_round`` (its marks settle with the rest)."""
         at = self._at
-        self._at = -2
-        self._s._obs.dropped_rounds += 1
-        self._discard()
+        self._lose()
         if bad:
             say_once("round-counts", f"Burst.end_round({bad}): expected integers with "
                      "0 <= j <= k <= 65535, ctx and seq_rows in 0..4294967295; the round is "

@@ -233,11 +233,11 @@ class Session:
         if self._ended:
             return
         b = self._open_burst
-        if b is not None and error:  # the loop failed mid-burst (an OOM, a cancel): no misuse
-            b._abort()
-        elif b is not None:
-            say_once("burst-open-end", "Session.end() with a burst not ended: ending it now")
         if b is not None:
+            if error:  # the loop failed mid-burst (an OOM, a cancel): no misuse
+                b._abort()
+            else:
+                say_once("burst-open-end", "Session.end() with a burst not ended: ending it now")
             b.end()
         self._ended = True
         fo = self._obs._fan

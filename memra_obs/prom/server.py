@@ -93,13 +93,18 @@ class _Handler(WSGIRequestHandler):
         self.rfile = cast(Any, _HeadCap(self.rfile))
 
 
-class _QuietWriter:
+class _Wrapped:
+    def __init__(self, f: Any) -> None:
+        self.f = f
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.f, name)
+
+
+class _QuietWriter(_Wrapped):
     """The answer's writer: a TLS peer gone mid-answer (hung up at its deadline, or reset)
     raises what wsgiref drops quietly for a plain socket, not an SSLError it prints a traceback
     of on the serving process' stderr."""
-
-    def __init__(self, f: Any) -> None:
-        self.f = f
 
     def write(self, b: bytes) -> int:
         try:
@@ -107,11 +112,8 @@ class _QuietWriter:
         except ssl.SSLError as exc:
             raise ConnectionAbortedError(str(exc)) from exc
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.f, name)
 
-
-class _HeadCap(_QuietWriter):
+class _HeadCap(_Wrapped):
     """The request's reader: a head (request line and headers) past MAX_HEAD bytes gets 431
     (http.client alone lets each connection hold 100 lines of 64 KiB: 6.5 MB, 0.4 GB for 64)."""
 

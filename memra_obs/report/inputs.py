@@ -20,6 +20,7 @@ from .. import records
 from ..environment import utf8
 from ..legacy import KIND, LegacyParseError, RoundsLine, SummaryLine, parse_line, prof_summary_line
 from ..tail.rebuild import Rebuilder
+from ..tail.source import GZIP_MAGIC
 from ..timeline import PHASES, BurstRecord, FirstTokenRecord, RoundRecord, SessionRecord, each_round
 
 LOGGED = records.SPEC_PROF_ROUNDS  # rows a session's round log keeps
@@ -64,7 +65,7 @@ def read(path: str, progress: Progress | None = None, max_families: int = 64) ->
     """Read one input (``-``: standard input); a log's families past ``max_families`` are
     refused, as the tail refuses them. Raises OSError when it cannot be opened."""
     with open(0 if path == "-" else path, "rb", closefd=path != "-") as raw:
-        run, gz = Run("stdin" if path == "-" else utf8(path)), raw.peek(2)[:2] == b"\x1f\x8b"
+        run, gz = Run("stdin" if path == "-" else utf8(path)), raw.peek(2)[:2] == GZIP_MAGIC
         f: Any = gzip.open(raw) if gz else raw  # noqa: SIM115  (a banked log, compressed)
         run.size = 0 if path == "-" or gz else os.fstat(raw.fileno()).st_size
         first = f.readline()

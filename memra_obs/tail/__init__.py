@@ -23,7 +23,7 @@ from ..export import QueueSink
 from ..wiring import Exporters, build_exporters, sessions_sampled
 from .passthrough import Tail
 from .rebuild import Rebuilder
-from .source import FollowSource, GzipSource, PipeSource
+from .source import GZIP_MAGIC, FollowSource, GzipSource, PipeSource
 from .stats import TailCollector, TailStats
 
 __all__ = ["Rebuilder", "Tail", "TailCollector", "TailStats", "main", "pump"]
@@ -131,7 +131,7 @@ def _source(
         return FollowSource(path, from_start=opts.from_start, poll_s=opts.poll, on_wait=on_wait)
     # read to its end: a file (gzip'd or not), or a FIFO (which has no rotations to follow)
     fd = os.open(path, os.O_RDONLY)
-    if os.path.isfile(path) and os.pread(fd, 2, 0) == b"\x1f\x8b":
+    if os.path.isfile(path) and os.pread(fd, 2, 0) == GZIP_MAGIC:
         return GzipSource(fd, path)
     return PipeSource(fd, path, own=True)
 

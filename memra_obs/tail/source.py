@@ -16,7 +16,10 @@ import time
 import zlib
 from collections.abc import Callable
 
-__all__ = ["CHUNK", "FollowSource", "GzipSource", "PipeSource"]
+__all__ = ["CHUNK", "GZIP_MAGIC", "FollowSource", "GzipSource", "PipeSource"]
+
+#: A gzip stream's first bytes: how the tail and the report tell a compressed log.
+GZIP_MAGIC = b"\x1f\x8b"
 
 #: Bytes per read: one syscall per ~500 tagged lines at full speed.
 CHUNK = 1 << 16
