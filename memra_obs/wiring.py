@@ -108,6 +108,8 @@ def build_exporters(
         for ex in (out.spans, out.requests):
             if ex is not None:
                 ex.shutdown(0.5)
+        if out.prom is not None:  # a refused build leaves no collector in the registry
+            out.prom.unregister()
         out.close()
         raise
     return out

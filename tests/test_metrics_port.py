@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 from forked import in_child
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
+from memra_obs.environment import ConfigError, Settings
 from memra_obs.prom import exporter as prom_exporter
-from memra_obs.wiring import build_observer
+from memra_obs.wiring import build_exporters, build_observer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,6 +54,17 @@ def test_a_library_observer_says_it_once_and_carries_on(caplog):
         assert threading.active_count() <= before
     finally:
         s.close()
+
+
+def test_a_refused_build_leaves_nothing_in_the_registry():
+    """A /metrics port the CLI cannot bind (strict) refuses the build, and the exporter made
+    before it goes from the registry too: a retry got a "takes its names over" warning."""
+    sock, port = busy_port()
+    reg = CollectorRegistry()
+    st = Settings.resolve({}, sinks="prometheus", metrics_addr=f"127.0.0.1:{port}")
+    with sock, pytest.raises(ConfigError):
+        build_exporters(st, registry=reg, strict=True)
+    assert b"memra_" not in generate_latest(reg)
 
 
 def test_the_cli_exits_2_with_one_line():
