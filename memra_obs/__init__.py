@@ -127,7 +127,7 @@ def configure(
         # The old one goes (once: shutdown is idempotent) when what can be refused is built,
         # before /metrics is served (it holds the port); get_observer() hands it out till then
         old = _observer
-        retire = old.shutdown if old is not None else _nothing
+        retire = old.shutdown if old is not None else NOOP_OBSERVER.shutdown  # (a no-op)
         _observer = build_observer(
             level=level, prof=prof, extra_sinks=extra_sinks, exporters=exporters,
             registry=registry, memory=memory, env=env, retire=retire, **knobs,
@@ -136,9 +136,6 @@ def configure(
         if old is NOOP_OBSERVER or _observer is NOOP_OBSERVER:  # a loop may still hold it
             NOOP_OBSERVER._replaced = _observer is not NOOP_OBSERVER
         return _observer
-
-
-def _nothing() -> None: ...
 
 
 _KNOBS = frozenset(f.name for f in fields(Settings))

@@ -28,6 +28,8 @@ __all__ = ["SETTLE_ROUNDS", "Burst", "new_burst"]
 
 #: The event clock settles (one drain) at least every this many rounds of a burst.
 SETTLE_ROUNDS = 1024
+#: An event-clock burst's unsettled marks, dropped rounds' included, stay below this.
+_MAX_MARKS = 6 * SETTLE_ROUNDS
 #: The boundaries of a round, in order (misuse messages name the one expected).
 _ORDER = ("begin_round", "end_draft", "end_verify", "end_accept", "end_rollback", "end_round")
 _index = operator.index
@@ -242,10 +244,17 @@ class Burst:
             self._lose()
 
     def _lose(self) -> None:
-        """Drop the round: its remaining boundaries are ignored until ``begin_round``."""
+        """Drop the round: its remaining boundaries are ignored until ``begin_round``. The
+        event clock's marks of rounds dropped one after another go at a bound (a burst that
+        drops every round would otherwise keep them all until its end)."""
         self._at = -2
         self._s._obs.dropped_rounds += 1
         self._discard()
+        if len(self._t) >= _MAX_MARKS:
+            if self._pending:
+                self._settle()
+            else:  # marks no round will read: the clock settles only the last ones
+                self._t = []
 
     def _settle(self) -> int:
         """Settle the pending rounds; the last settled stamp (0: none)."""

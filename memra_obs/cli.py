@@ -101,16 +101,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .report.main import main as report_main
 
             return report_main(args)
-        if args.command == "agent":
-            from .agent.main import main as agent_main
+        from .agent.main import main as agent_main  # "agent": argparse allows no other command
 
-            return agent_main(rest)
+        return agent_main(rest)
     except (ConfigError, GpuUnavailable) as exc:
         print(f"memra-obs: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    return 2
 
 
 def _demo(args: argparse.Namespace) -> int:

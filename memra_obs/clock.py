@@ -83,7 +83,7 @@ class SyncClock:
     immediate = True
 
     def __init__(self, e: Stream | None = None, eh: Stream | None = None) -> None:
-        if e is None and (eh is None or eh is e):
+        if e is None and eh is None:
             self.mark: Callable[[], int] = now_ns
         elif eh is None or eh is e:
             sync = e.synchronize  # type: ignore[union-attr]

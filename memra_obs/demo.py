@@ -20,7 +20,7 @@ from threading import Event, Lock, Thread
 from typing import Any
 
 from . import flags
-from .device.workload import GpuUnavailable, GpuWorkload
+from .device.workload import GpuUnavailable, GpuWorkload, _first_line
 from .records import SEQ_ROWS, VERIFY_SPLIT
 
 __all__ = ["DemoConfig", "GpuUnavailable", "SimStream", "SimWorkload", "run_demo"]
@@ -283,10 +283,6 @@ def run_demo(
     if failed:
         raise GpuUnavailable(f"the demo loop failed: {_first_line(failed[0])}") from failed[0]
     return st
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
 def install_stop_handlers(stop: Event) -> dict[int, Any]:

@@ -8,6 +8,7 @@ through the package's line writer so it never lands inside a legacy line.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -29,10 +30,8 @@ class _Fallback(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if _routed(record.levelno):
             return
-        try:
+        with contextlib.suppress(Exception):  # diagnostics never raise into whoever called
             stderr_writer().write_lines([PREFIX + record.getMessage()])
-        except Exception:
-            pass  # diagnostics never raise into whoever called
 
 
 def _routed(level: int) -> bool:

@@ -185,8 +185,7 @@ def _readable_file(var: str, value: str) -> str | None:
     if not path:
         return None
     try:
-        with open(path, "rb"):
-            pass
+        open(path, "rb").close()
     except OSError as exc:
         raise ConfigError(f"{var}={value!r}: cannot read it ({exc.strerror})") from None
     return path

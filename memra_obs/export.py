@@ -63,8 +63,7 @@ class ExporterSet:
         """Each exporter's ``hook(*args)`` where it has one: ``tick`` (time-driven work),
         ``after_fork`` (in a forked child: fresh locks and threads), ``forget`` (a worker)."""
         for ex in self.exporters:
-            fn = getattr(ex, hook, None)
-            if fn is not None:
+            if (fn := getattr(ex, hook, None)) is not None:
                 self._call(ex, fn, *args)
 
     def flush(self, deadline: float) -> bool:

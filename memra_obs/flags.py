@@ -9,6 +9,7 @@ variables in :mod:`memra_obs.otel.config`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -54,11 +55,9 @@ def spec_trace_level_from(
     a = parse_level(glm5_alias)
     if g is not None and a is not None and g != a:
         out = sys.stderr if err is None else err
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed stderr: the flag still holds
             out.write(override_line(g, a) + "\n")
             out.flush()
-        except (OSError, ValueError):
-            pass  # a closed stderr must not take the flag down with it
     return g or a or 0
 
 
@@ -97,7 +96,6 @@ def first_token_eager() -> bool:
 
 
 def _reset() -> None:
-    """Forget the read-once values."""
     _level.clear()
     for f in (spec_prof_on, first_token_eager):
         f.cache_clear()

@@ -40,7 +40,7 @@ class SessionRecord(NamedTuple):
     #: The phases' clock: "event", "sync" or "host" (no device stream); "" unknown (legacy lines).
     clock: str = ""
     #: The caller's trace id (0: none), kept also when its sampler dropped the session: the
-    #: requests file's join key. Not in the ring.
+    #: requests file's join key (the agent's too: the ring carries it).
     caller_trace_id: int = 0
 
 

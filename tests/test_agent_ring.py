@@ -38,7 +38,7 @@ sessions = st.builds(
     session=U64, family=TEXT, tag=TEXT, tag_v=TEXT, worker=TEXT,
     start_ns_mono=U64, anchor_ns_mono=U64, anchor_ns_epoch=U64,
     trace_id=st.integers(0, (1 << 128) - 1), span_id=U64, parent_span_id=U64,
-    level=st.integers(0, 2), prof=st.booleans(), caller_trace_id=st.just(0),  # not in the ring
+    level=st.integers(0, 2), prof=st.booleans(), caller_trace_id=st.integers(0, (1 << 128) - 1),
 )  # fmt: skip
 rounds = st.builds(
     RoundRecord,
@@ -100,6 +100,17 @@ def test_codec_round_trips_every_record(rec):
     if kind == F.KIND_SESSION:
         back = back[0]
     assert back == rec
+
+
+@given(sessions)
+def test_a_session_from_a_writer_without_the_callers_trace_id_reads_as_none(rec):
+    """The caller's trace id follows a session's strings only when there is one: a session
+    without it (or from a writer before it) reads as no caller, and its record keeps its size."""
+    rec = rec._replace(caller_trace_id=rec.caller_trace_id or 1)
+    kind, payload = F.encode(rec)
+    back, _ = F.decode(kind, payload[: -F._PAIR.size])
+    assert back == rec._replace(caller_trace_id=0)
+    assert len(F.encode(back)[1]) == len(payload) - F._PAIR.size
 
 
 @given(st.lists(records, max_size=30))

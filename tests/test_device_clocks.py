@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from memra_obs.burst import SETTLE_ROUNDS
 from memra_obs.clock import SyncClock
 from memra_obs.device import event_clock as events_mod
 from memra_obs.device.event_clock import EventClock
@@ -170,6 +171,30 @@ def test_event_clock_burst_ends_after_its_settled_device_work() -> None:
     p = ft.prof
     buckets = (p.first_draft_ms, p.first_verify_ms, p.first_accept_ms, p.first_roll_ms)
     assert p.first_burst_ms >= sum(buckets) + p.first_maint_ms
+
+
+def test_an_event_clock_burst_that_drops_its_rounds_holds_bounded_marks() -> None:
+    """A loop that drops round after round (here: no k) keeps no mark past the bound, and a
+    good round after them is still timed on the device (its marks are the clock's last)."""
+    e = SimStream()
+    with capture(level=1, clock="event") as cap, cap.observer.session("t", e=e) as s:
+        b = s.burst(4)
+        most = 0
+        for i in range(3 * SETTLE_ROUNDS):
+            b.begin_round()
+            for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+                end()
+            if i == SETTLE_ROUNDS:
+                e.enqueue(20)  # queued, not waited: only the device knows when it ends
+                b.end_round(k=4, j=2)
+            else:
+                b.end_round()
+            most = max(most, len(b._t))
+        b.end()
+    assert most <= 6 * SETTLE_ROUNDS
+    assert cap.observer.dropped_rounds == 3 * SETTLE_ROUNDS - 1
+    (r,) = cap.rounds
+    assert r.t_ns_mono[5] - r.t_ns_mono[4] >= 19 * MS  # maint ran till the device's end
 
 
 def test_event_clock_pools_events_across_bursts() -> None:

@@ -9,6 +9,7 @@ import http.server
 import itertools
 import json
 import os
+import re
 import socket
 import statistics
 import threading
@@ -571,6 +572,13 @@ def test_spans_off(env):
         (
             {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": "h:abc"},
             "OTEL_EXPORTER_OTLP_ENDPOINT='h:abc': bad port",
+        ),
+        *(  # gRPC took these as ":443" / ":4317": a target with no host, every span dropped
+            (
+                {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": e},
+                re.escape(f"OTEL_EXPORTER_OTLP_ENDPOINT='{e}': no host"),
+            )
+            for e in ("/", "///", ":4317", "[]:4317")
         ),
         (  # headers the sender cannot send: every request failed, every span dropped
             {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://h", "OTEL_EXPORTER_OTLP_HEADERS": "a=b%0Ac"},

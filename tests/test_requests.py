@@ -13,7 +13,9 @@ import sys
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from prometheus_client import CollectorRegistry
 
+from memra_obs.agent.main import build_agent
 from memra_obs.environment import ConfigError
 from memra_obs.wiring import build_observer
 
@@ -187,13 +189,26 @@ def test_a_batch_a_stuck_exporter_held_past_shutdown_is_not_written_after_it(tmp
                              if os.path.exists(f"/proc/self/fd/{f}")}  # fmt: skip
 
 
-def test_an_unsampled_callers_trace_id_is_kept_for_the_join(tmp_path):
+@pytest.mark.parametrize("mode", ["in-process", "agent"])
+def test_an_unsampled_callers_trace_id_is_kept_for_the_join(tmp_path, mode):
     """The caller's sampler dropped the request: no spans, but its line still names the
-    caller's trace (the only key that joins it to the server's own request log)."""
+    caller's trace (the only key that joins it to the server's own request log), written by
+    the worker or by the agent (the ring carries the caller's id)."""
     path = tmp_path / "requests.jsonl"
-    obs = build_observer(env={"MEMRA_OBS_REQUESTS_FILE": str(path)}, level=0, prof=False)
+    env = {"MEMRA_OBS_REQUESTS_FILE": str(path)}
+    if mode == "agent":
+        env = {"MEMRA_OBS_AGENT": str(tmp_path), "MEMRA_OBS_SINKS": "otel,prometheus",
+               "MEMRA_OBS_METRICS_ADDR": "", "OTEL_TRACES_EXPORTER": "none"}  # fmt: skip
+    obs = build_observer(env=env, level=0, prof=False)
     with TracerProvider(sampler=ALWAYS_OFF).get_tracer("t").start_as_current_span("req") as sp:
         _session(obs, random.Random(1), n=4)
     obs.shutdown(5.0)
+    if mode == "agent":
+        env["MEMRA_OBS_REQUESTS_FILE"] = str(path)
+        agent, closers, _ = build_agent(str(tmp_path), env=env, registry=CollectorRegistry())
+        agent.drain(5)
+        agent.close()
+        for close in closers:
+            close()
     (line,) = path.read_text().splitlines()
     assert json.loads(line)["trace_id"] == format(sp.get_span_context().trace_id, "032x")

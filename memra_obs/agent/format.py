@@ -107,10 +107,12 @@ def encode(r: Any, in_table: bool = False) -> tuple[int, bytes]:
             return KIND_BURST, body
         return KIND_BURST_SPLIT, body + _SPLIT.pack(*split)
     if t is SessionRecord:
+        c = r.caller_trace_id  # after the strings, only when there is one (a session stays 1 slot)
         return KIND_SESSION, _SESSION.pack(
             r.session, r.start_ns_mono, r.anchor_ns_mono, r.anchor_ns_epoch, r.trace_id >> 64,
             r.trace_id & (1 << 64) - 1, r.span_id, r.parent_span_id, r.level, r.prof, in_table,
-        ) + b"".join(_s(x) for x in (r.family, r.tag, r.tag_v, r.worker, r.clock))  # fmt: skip
+        ) + b"".join(_s(x) for x in (r.family, r.tag, r.tag_v, r.worker, r.clock)) + (
+            _PAIR.pack(c >> 64, c & (1 << 64) - 1) if c else b"")  # fmt: skip
     if t is FirstTokenRecord:
         p = r.prof
         out = [U64.pack(r.session), _FT_MS.pack(*(getattr(p, f) for f in FIRST_TOKEN_MS_FIELDS)),
@@ -145,8 +147,9 @@ def decode(kind: int, payload: bytes) -> Any:
     if kind == KIND_SESSION:
         sid, start, am, ae, thi, tlo, span, parent, level, prof, in_table = _take(f, _SESSION)
         family, tag, tag_v, worker, clock = (_text(f) for _ in range(5))
+        chi, clo = _take(f, _PAIR) if len(payload) - f.tell() >= _PAIR.size else (0, 0)
         rec = SessionRecord(sid, family, tag, tag_v, worker, start, am, ae, thi << 64 | tlo, span,
-                            parent, level, bool(prof), clock)  # fmt: skip
+                            parent, level, bool(prof), clock, chi << 64 | clo)  # fmt: skip
         return rec, bool(in_table)
     if kind == KIND_FIRST_TOKEN:
         (sid,) = _take(f, U64)

@@ -112,8 +112,7 @@ class Agent:
         directory removed and made again let a second agent start, both publishing its rings."""
         lock = os.path.join(self.directory, ".agent.lock")
         with contextlib.suppress(OSError):
-            a, b = os.stat(lock), os.fstat(self._lock_fd)
-            if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+            if os.path.samestat(os.stat(lock), os.fstat(self._lock_fd)):
                 return True
         try:
             fd = _lock(self.directory)
@@ -341,14 +340,13 @@ def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None =
     registry = CollectorRegistry() if registry is None else registry
     built = build_exporters(st, worker_label=True, registry=registry, env=env)
     read = [x for x in built.all if not (x is built.prom and unread and built.server is None)]
-    if not (read or exporters):  # it would read the rings, remove them, and publish nothing
-        for c in built.all:
-            c.shutdown(1.0)
-        raise ConfigError(f"{MEMRA_OBS_SINKS}={','.join(sorted(st.sinks)) or '(none)'}: nothing "
-                          "for the agent to publish (it publishes otel, and prometheus on "
-                          f"/metrics; OTEL_* may have turned spans off, {MEMRA_OBS_METRICS_ADDR}= "
-                          "serves no /metrics); the rings are left as they are")  # fmt: skip
     try:
+        if not (read or exporters):  # it would read the rings, remove them, and publish nothing
+            raise ConfigError(f"{MEMRA_OBS_SINKS}={','.join(sorted(st.sinks)) or '(none)'}: "
+                              "nothing for the agent to publish (it publishes otel, and prometheus "
+                              "on /metrics; OTEL_* may have turned spans off, "
+                              f"{MEMRA_OBS_METRICS_ADDR}= serves no /metrics); the rings are left "
+                              "as they are")  # fmt: skip
         agent = Agent(directory, [*exporters, *built.all], **agent_kw)
     except BaseException:
         for c in built.all:

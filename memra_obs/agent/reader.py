@@ -62,17 +62,18 @@ class RingReader:
 
     def __init__(self, path: str, uid: int | None = None) -> None:
         self.path, self.writable, self.gone, self.trouble = path, True, False, False
+        uid = os.geteuid() if uid is None else uid
         flags = os.O_NOFOLLOW | os.O_NONBLOCK  # a link or a FIFO is refused, never waited on
         try:
             self._fd = os.open(path, os.O_RDWR | flags)
         except PermissionError:  # not ours to write: the cursor then lives here only
-            owner, uid = os.lstat(path).st_uid, os.geteuid() if uid is None else uid
+            owner = os.lstat(path).st_uid
             if owner != uid:  # nor to read: "Permission denied", again at every scan
                 raise FormatError(f"{path}: owned by uid {owner}, not by this agent's uid {uid}"
                                   " (run the workers and the agent as one uid)") from None  # fmt: skip
             self._fd, self.writable = os.open(path, os.O_RDONLY | flags), False
         try:
-            self._attach(os.fstat(self._fd), os.geteuid() if uid is None else uid)
+            self._attach(os.fstat(self._fd), uid)
         except BaseException:
             os.close(self._fd)
             raise
@@ -109,7 +110,7 @@ class RingReader:
 
     def state(self) -> State:
         """The writer's counters, read until two reads agree, checked against the rules."""
-        a, b = b"", self._pread(F.STATE.size, F.OFF_HEAD)
+        b = self._pread(F.STATE.size, F.OFF_HEAD)
         for _ in range(16):
             a, b = b, self._pread(F.STATE.size, F.OFF_HEAD)
             if a == b:

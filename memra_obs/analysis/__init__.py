@@ -334,9 +334,8 @@ def _ratio(e: Interval, log_var: float, z: float, scale: float) -> Interval:
         return Interval(v, 0.0, math.inf)
     lo, hi, c = math.log(e.value / e.lo), math.log(e.hi / e.value), z * z * log_var
     up = math.sqrt(hi * hi + c)  # past exp's range (costs no fit explains): no upper bound
-    return Interval(
-        v, v * math.exp(-math.sqrt(lo * lo + c)), v * math.exp(up) if up < 709 else math.inf
-    )
+    down = math.sqrt(lo * lo + c)
+    return Interval(v, v * math.exp(-down), v * math.exp(up) if up < 709 else math.inf)
 
 
 def advise(rounds: Iterable[RoundLike] | Stats, *, max_k: int = 16,
@@ -380,7 +379,7 @@ def advise(rounds: Iterable[RoundLike] | Stats, *, max_k: int = 16,
     speedup = _ratio(best.expected_tokens, max(0.0, var), z, plain / tk)
     return Advice(
         k, best.expected_tokens, best.tokens_per_s, speedup, plain, source, seen, mean_k, now,
-        tokens * 1e9 / wall if wall > 0 else math.nan, clock, acc.rounds, level, (*curve,), acc, c,
+        tokens * 1e9 / wall, clock, acc.rounds, level, (*curve,), acc, c,
     )  # fmt: skip
 
 

@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Callable
 from contextlib import suppress
 from functools import partial
+from operator import attrgetter
 from typing import Any
 
 from ..clock import Stream, clock, drain, now_ns
@@ -38,12 +39,10 @@ def stream_handle(stream: object) -> int | None:
 
 
 def stream_device(stream: object) -> int | None:
-    """The CUDA ordinal of a CuPy or torch stream (None when unknown)."""
-    fw = framework(stream)
+    """The CUDA ordinal of a CuPy (``.device_id``) or torch (``.device.index``) stream, or None."""
+    attr = {"cupy": "device_id", "torch": "device.index"}.get(framework(stream) or "")
     with suppress(Exception):
-        dev = getattr(stream, "device_id", None) if fw == "cupy" else None
-        dev = stream.device.index if fw == "torch" else dev  # type: ignore[attr-defined]
-        return None if dev is None else int(dev)
+        return None if attr is None else int(attrgetter(attr)(stream))
     return None
 
 

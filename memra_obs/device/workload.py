@@ -106,7 +106,7 @@ def _ops(backend: str | None, device: int) -> Any:
         except ModuleNotFoundError:
             errors.append(f"{n} is not installed")
         except Exception as exc:
-            errors.append(f"{n}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+            errors.append(f"{n}: {_first_line(exc)}")
     why = "; ".join(errors)
     if all(e.endswith(" is not installed") for e in errors):
         why += (
@@ -114,6 +114,10 @@ def _ops(backend: str | None, device: int) -> Any:
             " or a CUDA torch)"
         )
     raise GpuUnavailable(f"--gpu needs a CUDA device through CuPy or torch: {why}")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
 class GpuWorkload:

@@ -162,9 +162,9 @@ def parse_line(line: str) -> LegacyLine | None:
             g = v.groups()
             return VerifyLine(tag, int(g[0]), int(g[1]), *_durations(line, g[2:], VERIFY))
         raise LegacyParseError(line, "tagged rounds= line of no known shape", PHASE)
+    except LegacyParseError:
+        raise
     except ValueError as exc:  # a record (or int()) refused a parsed value
-        if isinstance(exc, LegacyParseError):
-            raise
         raise LegacyParseError(line, str(exc), _claimed(text)) from None
 
 

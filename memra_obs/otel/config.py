@@ -210,9 +210,11 @@ def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
             secure, target = u.scheme == "https", u.netloc
         if target.startswith(("unix:", "unix-abstract:")):  # grpcio's socket targets
             return target, secure
-        if not target or ":" not in target.rsplit("]", 1)[-1]:
+        if ":" not in target.rsplit("]", 1)[-1]:
             target += ":443" if secure else ":4317"
-        port = target.rsplit(":", 1)[1]
+        host, port = target.rsplit(":", 1)
+        if not host.strip("[]/"):  # "/" or "///" would be ":443": nowhere, every span dropped
+            raise ConfigError(f"{var}={shown_url(url)!r}: no host")
         if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
             # (gRPC would take it modulo 65536)
             raise ConfigError(f"{var}={shown_url(url)!r}: bad port")

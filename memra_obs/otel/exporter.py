@@ -50,6 +50,13 @@ class Output:
         self.name, self.encoder, self.sender = name, encoder, sender
         self.max_spans, self.max_bytes = max_spans, max_bytes
         self._qmax = queue_requests
+        self._stop_at = math.inf  # shutdown's deadline (time.monotonic), once it began
+        self._closed = False
+        self._empty()
+        self.parent: SpanExporter  # the exporter it joins sets it, before anything is counted
+
+    def _empty(self) -> None:
+        """Nothing pending, queued or in flight; a fresh lock and a sender thread, not started."""
         self._frags: list[Any] = []
         self._size = self._qbytes = 0
         self._q: deque[tuple[int, Any, int, int]] = deque()
@@ -58,11 +65,8 @@ class Output:
         # Delivery marks, in spans added: every span up to _sealed is in a request; one up to
         # _done is sent or counted dropped (requests go in order). See :meth:`settled`.
         self.added = self._sealed = self._done = 0
-        self._stop_at = math.inf  # shutdown's deadline (time.monotonic), once it began
-        self._closed = False
-        name = f"memra-obs-spans-{name}"
+        name = f"memra-obs-spans-{self.name}"
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.parent: SpanExporter  # the exporter it joins sets it, before anything is counted
 
     def add(self, spans: list[Span]) -> None:
         """On the export worker, under the exporter's lock (as :meth:`seal`)."""
@@ -154,12 +158,8 @@ class Output:
 
     def after_fork(self) -> None:
         """In a forked child: an empty queue, a fresh lock and thread, no parent's connection."""
-        self._frags, self._size, self._qbytes, self._flying = [], 0, 0, 0
-        self.added = self._sealed = self._done = 0
-        self._q.clear()
-        self._cv = threading.Condition()
+        self._empty()
         getattr(self.sender, "after_fork", lambda: None)()
-        self._thread = threading.Thread(target=self._run, name=self._thread.name, daemon=True)
         if self._stop_at == math.inf:  # not shut down
             self._thread.start()
 

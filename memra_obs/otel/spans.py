@@ -221,8 +221,8 @@ class SpanBuilder:
         for name in FIRST_TOKEN_FIELDS:
             v = getattr(prof, name)
             if isinstance(v, list):  # free MB per device: values and CUDA ordinals
-                attrs += ((_FT + name, tuple(mb for _, mb in v)),)
-                attrs += ((_FT + name + "_devices", tuple(dev for dev, _ in v)),)
+                attrs.append((_FT + name, tuple(mb for _, mb in v)))
+                attrs.append((_FT + name + "_devices", tuple(dev for dev, _ in v)))
             else:
                 attrs.append((_FT + name, v))
         attrs.append((_FT + "total_ms", prof.total_ms()))

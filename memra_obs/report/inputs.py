@@ -69,10 +69,9 @@ def read(path: str, progress: Progress | None = None, max_families: int = 64) ->
         f: Any = gzip.open(raw) if gz else raw  # noqa: SIM115  (a banked log, compressed)
         run.size = 0 if path == "-" or gz else os.fstat(raw.fileno()).st_size
         first = f.readline()
+        lines = _lines(f, first, run, progress)
         if first.lstrip()[:1] == b"{" and b'"resourceSpans"' in first[:65536]:
             run.kind = "spans"
-        lines = _lines(f, first, run, progress)
-        if run.kind == "spans":
             _read_spans(lines, run)
         else:
             _read_log(lines, run, max_families)

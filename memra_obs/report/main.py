@@ -86,16 +86,13 @@ def main(args: argparse.Namespace) -> int:
             views.append(View(label, read(path, bar.reading(label), top)))
         except (OSError, EOFError, zlib.error) as exc:  # a gzip'd input cut short or damaged
             bar.step("")
-            print(
-                f"memra-obs report: {path}: {getattr(exc, 'strerror', None) or exc}",
-                file=sys.stderr,
-            )
+            why = getattr(exc, "strerror", None) or exc
+            print(f"memra-obs report: {path}: {why}", file=sys.stderr)
             return 2
     if len(views) == 2 and (empty := [v.label for v in views if not v.run.rounds]):
         bar.step("")
-        sys.stderr.write(
-            f"memra-obs report: no A/B comparison: {' and '.join(empty)} has no rounds\n"
-        )
+        which = " and ".join(empty)
+        sys.stderr.write(f"memra-obs report: no A/B comparison: {which} has no rounds\n")
         return 2
     bar.step("A/B table" if len(views) == 2 else "figures")
     ab = ab_table(*views) if len(views) == 2 else None

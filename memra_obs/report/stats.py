@@ -51,8 +51,7 @@ class View:
         self.own = self.k >= 0
         ph = [b.phases for b in run.bursts]
         #: Each burst's phase totals, ms (the phase line's numbers), and its rounds.
-        self.burst_ms = np.array([p.phases() for p in ph],
-                                 dtype=float).reshape(-1, 5) / 1e6  # fmt: skip
+        self.burst_ms = np.array([p.phases() for p in ph], dtype=float).reshape(-1, 5) / 1e6
         self.burst_n = np.array([p.rounds for p in ph], dtype=float)
         self.ttft_ms = np.array([f.prof.total_ms() for f in run.first_tokens])
 
