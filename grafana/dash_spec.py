@@ -495,12 +495,15 @@ def first_token(ids: Ids) -> Section:
         bars(
             ids,
             "First-token waterfall (mean per request)",
-            "Mean seconds per phase of the first-token profile over the dashboard range, in session "
-            "order. Indented bars are shares of the bar above them; only unindented bars add up to the "
+            "Mean seconds per request in each phase of the first-token profile over the dashboard "
+            "range, in session order (a phase a request's route did not run counts 0 for it). "
+            "Indented bars are shares of the bar above them; only unindented bars add up to the "
             "first-token wall.",
+            # Over every request (the first-token count), not a phase's own _count: that counts
+            # only the requests that ran it, and the bars would no longer add up (README).
             target(
-                f"sum by (phase) (increase({p}_sum{{{HOST}}}[$__range])) / "
-                f"sum by (phase) (increase({p}_count{{{HOST}}}[$__range]))",
+                f"sum by (phase) (increase({p}_sum{{{HOST}}}[$__range])) / ignoring(phase) "
+                f"group_left sum(increase({f}_count{{{HOST}}}[$__range]))",
                 "{{phase}}",
                 instant=True,
             ),

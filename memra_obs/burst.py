@@ -28,6 +28,7 @@ __all__ = ["SETTLE_ROUNDS", "Burst", "new_burst"]
 
 #: The event clock settles (one drain) at least every this many rounds of a burst.
 SETTLE_ROUNDS = 1024
+_NO_SPLIT = (0, 0, 0, 0)
 #: An event-clock burst's unsettled marks, dropped rounds' included, stay below this.
 _MAX_MARKS = 6 * SETTLE_ROUNDS
 #: The boundaries of a round, in order (misuse messages name the one expected).
@@ -83,6 +84,8 @@ class _DiscardingBurst(_NoOpBurst):
     def end_round(self, *args: object, **kw: object) -> None:
         _discard_walk(self._obs, self._level2)
 
+    end_verify = end_round  # its walk so far: another asyncio task's round must not take it
+
 
 class Burst:
     """A run of rounds between two returns to the caller: ``begin_round``, ``end_draft``,
@@ -91,7 +94,8 @@ class Burst:
 
     __slots__ = (
         "_at", "_clock", "_ended", "_hook_ns", "_mark", "_pending", "_phases", "_r0", "_s",
-        "_split", "_t", "_tokens", "first_round", "index", "k", "rounds", "start_ns_mono",
+        "_seq", "_split", "_t", "_tokens", "_vsplit", "first_round", "index", "k", "rounds",
+        "start_ns_mono",
     )  # fmt: skip
 
     def __init__(self, s: Session, k: int) -> None:
@@ -116,6 +120,8 @@ class Burst:
         self._r0 = 0  # where the open round's marks start in _t
         self._phases = SpecPhaseNs()
         self._split = [0, 0, 0, 0] if s.level >= 2 else None
+        #: What the open round's verify walk added to SEQ_ROWS and the split, at end_verify.
+        self._seq, self._vsplit = 0, _NO_SPLIT
         self._pending: list[tuple[int, int, int, int, int, Any]] = []
         self._ended = False
         self.start_ns_mono = now_ns()
@@ -146,7 +152,20 @@ class Burst:
         self._step(1)
 
     def end_verify(self) -> None:
-        self._step(2)
+        """Close verify and take what its walk added to SEQ_ROWS and the level-2 split for this
+        round: asyncio tasks share their thread's sets, so after an ``await`` before
+        ``end_round`` another task's round would take them."""
+        if self._at != 1:
+            self._step(2)
+            if self._at < -1:  # a dropped round, or the burst ended: its walk goes with it
+                self._discard()
+            return
+        self._at = 2
+        self._t.append(self._mark())
+        obs = self._s._obs
+        self._seq = obs.seq_rows.take()
+        if self._split is not None:
+            self._vsplit = obs.verify_split.drain()
 
     def end_accept(self) -> None:
         self._step(3)
@@ -175,7 +194,7 @@ class Burst:
         t.append(self._mark())
         try:
             obs = self._s._obs
-            seq = obs.seq_rows.take() if seq_rows is None else _index(seq_rows)
+            seq = self._seq + obs.seq_rows.take() if seq_rows is None else _index(seq_rows)
             k, j, ctx = _index(k), _index(j), _index(ctx)  # type: ignore[arg-type]  # None: drop
             if not (0 <= j <= k <= U16_MAX and 0 <= ctx <= U32_MAX and 0 <= seq <= U32_MAX):
                 raise ValueError
@@ -183,7 +202,11 @@ class Burst:
             self._drop("end_round", f"k={k!r}, j={j!r}, ctx={ctx!r}, seq_rows={seq_rows!r}")
             self._at = -1
             return
-        split = obs.verify_split.drain() if self._split is not None else None
+        split: tuple[int, ...] | None = None
+        if self._split is not None:
+            split, late = self._vsplit, obs.verify_split.drain()
+            if late != _NO_SPLIT:  # what the walk added after verify too (no await before)
+                split = tuple((a + b) & U64_MAX for a, b in zip(split, late, strict=True))
         if self._clock.immediate:
             self._finish_round(t, k, j, ctx, seq, split)
             return

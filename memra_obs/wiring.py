@@ -83,6 +83,8 @@ def build_exporters(
             from .otel.spans import round_span_ids
             from .prom import PrometheusExporter
 
+            if retire is not None:  # what can be refused is built: the observer replaced
+                retire()  # gives up the registry's names unsaid (and the /metrics port)
             out.prom = PrometheusExporter(
                 registry=registry,
                 worker=worker,
@@ -95,15 +97,9 @@ def build_exporters(
             if st.metrics_addr is None:
                 out.where.append(f"metrics -> the registry only ({MEMRA_OBS_METRICS_ADDR} empty)")
             else:
-                out.server = _serve(st, out.prom.registry, strict, retire)
+                out.server = _serve(st, out.prom, strict)
                 if out.server is not None:
                     out.where.append(f"/metrics on {out.server.url}")
-                    out.prom.fork_note = (
-                        f"{MEMRA_OBS_METRICS_ADDR}={st.metrics_addr[0]}:{out.server.port}: a "
-                        "forked process cannot serve /metrics there (its parent does); several "
-                        f"workers on one host: agent mode ({MEMRA_OBS_AGENT}) or one port per "
-                        "rank; carrying on without /metrics"
-                    )
     except BaseException:
         for ex in (out.spans, out.requests):
             if ex is not None:
@@ -135,22 +131,20 @@ def sessions_sampled(env: Mapping[str, str] | None = None) -> Callable[[int], bo
     return traces_sampler(os.environ if env is None else env)
 
 
-def _serve(st: Settings, registry: Any, strict: bool, retire: Callable[[], None] | None) -> Any:
+def _serve(st: Settings, prom: Any, strict: bool) -> Any:
+    """``/metrics`` for ``prom`` (the note its forked children say), or None (said once)."""
     from .prom import serve_metrics
 
-    if retire is not None:  # what can be refused is built: the observer replaced frees the port
-        retire()
-
+    host, port = st.metrics_addr  # type: ignore[misc]
     try:
-        return serve_metrics(
-            st.metrics_addr,  # type: ignore[arg-type]
-            registry=registry,
+        server = serve_metrics(
+            (host, port),
+            registry=prom.registry,
             certfile=st.metrics_tls_cert,
             keyfile=st.metrics_tls_key,
             basic_auth=st.metrics_basic_auth,
         )
     except OSError as exc:
-        host, port = st.metrics_addr  # type: ignore[misc]
         why = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
         msg = (
             f"{MEMRA_OBS_METRICS_ADDR}={host}:{port}: cannot serve /metrics there ({why}); "
@@ -160,6 +154,12 @@ def _serve(st: Settings, registry: Any, strict: bool, retire: Callable[[], None]
             raise ConfigError(msg) from None
         say_once(f"metrics-addr:{host}:{port}", msg + "; carrying on without /metrics")
         return None
+    prom.fork_note = (
+        f"{MEMRA_OBS_METRICS_ADDR}={host}:{server.port}: a forked process cannot serve /metrics "
+        f"there (its parent does); several workers on one host: agent mode ({MEMRA_OBS_AGENT}) "
+        "or one port per rank; carrying on without /metrics"
+    )
+    return server
 
 
 def _ring(st: Settings, registry: Any) -> RingSink | None:

@@ -3,6 +3,7 @@ stream contract per session, restart without double counting, losses and dead wr
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -540,3 +541,34 @@ def test_a_worker_in_agent_mode_without_a_sink_says_so(tmp_path, caplog):
     obs.shutdown()
     assert not ring.exists() or not os.listdir(ring)
     assert caplog.text.count("no ring is written, since MEMRA_OBS_SINKS names neither") == 1
+
+
+def test_agent_spans_carry_the_agents_resource_and_each_workers_label(tmp_path):
+    """Agent mode: every worker's spans go out under the agent's resource (its
+    OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; the ring carries records, not a resource),
+    and workers are told apart by memra.spec.worker on their session spans (README)."""
+    for w in ("0", "1"):
+        obs, sink = observer(tmp_path, w)
+        with obs.session("glm5") as s:
+            rounds(s, 3)
+        sink.shutdown()
+    spans = tmp_path / "s.jsonl"
+    env = {"MEMRA_OBS_SINKS": "otel", "MEMRA_OBS_SPANS_FILE": str(spans),
+           "OTEL_SERVICE_NAME": "agent-svc", "OTEL_RESOURCE_ATTRIBUTES": "host.name=h1"}  # fmt: skip
+    agent, closers, _ = build_agent(str(tmp_path), env=env)
+    agent.drain(5)
+    agent.close()
+    for c in closers:
+        c()
+    workers, resources = [], set()
+    for line in spans.read_text().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            attrs = {a["key"]: a["value"]["stringValue"] for a in rs["resource"]["attributes"]
+                     if "stringValue" in a["value"]}  # fmt: skip
+            resources.add((attrs["service.name"], attrs.get("host.name")))
+            for sp in rs["scopeSpans"][0]["spans"]:
+                if sp["name"] == "spec.session":
+                    a = {x["key"]: x["value"] for x in sp["attributes"]}
+                    workers.append(a["memra.spec.worker"]["stringValue"])
+    assert resources == {("agent-svc", "h1")}
+    assert sorted(workers) == ["0", "1"]

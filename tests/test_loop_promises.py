@@ -3,6 +3,7 @@ and counted, open bursts are closed, the profile covers its wall, memory stays b
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
@@ -474,6 +475,43 @@ def test_level2_splits_of_concurrent_sessions_do_not_mix():
     assert results[1000].split_ns[0] == 1000 * 200
     seq = {r.session: r.seq_rows for r in keep.of(RoundRecord)}
     assert sorted(set(seq.values())) == [10, 1000]
+
+
+def test_level2_splits_of_asyncio_tasks_awaiting_after_verify_do_not_mix():
+    """asyncio tasks share their thread's sets: a task that adds and ends its verify with no
+    ``await`` between keeps its split and SEQ_ROWS though it awaits before ``end_round`` (they
+    were taken at end_round: another task's round took them), as does a burst that records
+    nothing; a share added after ``end_verify`` with no ``await`` before ``end_round`` still
+    lands in its own round."""
+    keep = RecordingSink()
+    obs = Observer([keep], level=2, prof=False)
+    own: dict[int, int] = {}
+
+    async def request(kda: int, k: int = 4) -> None:
+        with obs.session("glm5") as s, s.burst(k) as b:  # k=-1: refused, its walks discarded
+            own[s.id] = kda
+            for _ in range(20):
+                b.begin_round()
+                await asyncio.sleep(0)
+                b.end_draft()
+                VERIFY_SPLIT.add(kda=kda, mla=1)
+                SEQ_ROWS.add(kda)
+                b.end_verify()
+                await asyncio.sleep(0)
+                b.end_accept()
+                b.end_rollback()
+                VERIFY_SPLIT.add(ffn=kda)
+                b.end_round(k=4, j=1)
+
+    async def serve() -> None:
+        await asyncio.gather(*(request(kda) for kda in (10, 1000, 100000)), request(7, -1))
+
+    asyncio.run(serve())
+    rounds = keep.of(RoundRecord)
+    assert len(rounds) == 60
+    for r in rounds:
+        kda = own[r.session]
+        assert (r.split_ns, r.seq_rows) == ((kda, 0, 1, kda), kda)
 
 
 def test_a_burst_split_past_u64_wraps_as_the_seeds_fetch_add():

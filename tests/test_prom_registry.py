@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    generate_latest,
     make_asgi_app,
     make_wsgi_app,
     start_http_server,
@@ -21,6 +22,7 @@ from prometheus_client import (
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
+import memra_obs
 from memra_obs.export import QueueSink
 from memra_obs.prom import PrometheusExporter
 from memra_obs.records import FIRST_TOKEN_MS_FIELDS, SpecFirstTokenProf
@@ -157,3 +159,20 @@ def test_make_asgi_app_serves_every_family(app_registry: CollectorRegistry) -> N
     status, om = asgi_get(app, OM)
     assert status == 200 and expected_samples(app_registry) <= samples(om, om=True)
     assert f'trace_id="{TRACE:032x}"' in om
+
+
+@pytest.mark.parametrize("addr", ["", "127.0.0.1:0"])
+def test_configure_replacing_an_observer_on_the_registry_says_nothing(addr, caplog, monkeypatch):
+    """``configure(sinks="prometheus", registry=reg)`` again (README, "Your own registry")
+    built the new exporter while the old observer was still live, so the take-over warning
+    meant for two live observers on one registry was said for the one configure() replaces."""
+    monkeypatch.setattr(memra_obs, "_observer", None)
+    reg = CollectorRegistry()
+    try:
+        for _ in range(3):
+            memra_obs.configure(level=0, prof=False, sinks="prometheus", metrics_addr=addr,
+                                registry=reg, env={})  # fmt: skip
+        assert "no longer published" not in caplog.text
+        assert b"memra_spec_rounds_total" in generate_latest(reg)
+    finally:
+        memra_obs.get_observer().shutdown()

@@ -60,3 +60,30 @@ def test_every_alert_has_a_unit_test():
         if t.get("exp_alerts")
     }
     assert alerts <= tested, f"alerts never seen firing in a test: {sorted(alerts - tested)}"
+
+
+#: Dashboard panels whose queries deploy/prometheus/tests/memra-dashboard.test.yml runs.
+DASHBOARD_PANELS_TESTED = ("First-token waterfall",)
+#: Grafana's variables as a user leaves them (All), and the range those tests use.
+GRAFANA_VARS = {"$job": ".*", "$instance": ".*", "$family": ".*", "$__range": "30m"}
+
+
+def test_dashboard_queries_under_unit_test_are_the_dashboards():
+    """memra-dashboard.test.yml runs the committed dashboard's own queries, not a stale copy
+    (the first-token waterfall's bars: per request, so the unindented ones add up to TTFT)."""
+    import json
+
+    import yaml
+
+    board = json.loads(
+        (PROM.parent.parent / "grafana" / "dashboards" / "memra-spec.json").read_text()
+    )
+    cases = yaml.safe_load((PROM / "tests" / "memra-dashboard.test.yml").read_text())["tests"]
+    tested = [t["expr"] for case in cases for t in case.get("promql_expr_test", [])]
+    for title in DASHBOARD_PANELS_TESTED:
+        panel = next(p for p in board["panels"] if p.get("title", "").startswith(title))
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for var, value in GRAFANA_VARS.items():
+                expr = expr.replace(var, value)
+            assert any(expr in t for t in tested), (title, expr)

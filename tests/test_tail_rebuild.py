@@ -503,3 +503,28 @@ def test_rounds_without_a_row_have_unknown_counts_in_spans_and_metrics(fake_cloc
     assert v("memra_spec_round_seconds_count", {"family": "glm5"}) == 100
     assert v("memra_spec_drafted_tokens_per_round_count", {"family": "glm5"}) == 64
     assert v("memra_spec_drafted_tokens_total", {"family": "glm5"}) == sum(r.k for r in rounds[:64])
+
+
+def test_a_sessions_advice_line_reaches_its_end_record_as_in_the_worker(fake_clock):
+    """The `[spec-advice]` line after a summary lands on the session's end record (the
+    span's `memra.spec.advice.*`), also when a chunk ends between the two lines, and for a
+    full round log whose session goes on after its summary."""
+    with capture(level=2, prof=True, memory=lambda: [(0, 4096)], verify_split=VerifySplit()) as cap:
+        drive(cap.observer, [40, 64, 100, 50])
+    want = [r.advice for r in cap.records if type(r) is SessionEndRecord]
+    assert all(want) and len(want) == 4
+    got, _ = rebuild(cap.lines)  # the file read at once
+    assert [r.advice for r in of(got, SessionEndRecord)] == want
+    out: list[Any] = []
+    tail = Tail(Rebuilder("w"), out.extend, out=None, notes=lambda _: None)
+    t = 10**15
+    for line in cap.lines:  # a chunk (and a tick) a line: a summary's chunk ends before its advice
+        t += 1_000_000
+        tail.feed((line + "\n").encode(), t)
+        tail.tick(t)
+    tail.close(t + 1)
+    assert [r.advice for r in of(out, SessionEndRecord)] == want
+    spans: list[Any] = []
+    SpanBuilder(round_spans=0).add(out, spans)
+    advised = [dict(sp[6]) for sp in spans if sp[0] == "spec.session"]
+    assert len(advised) == 4 and all("memra.spec.advice.recommended_k" in a for a in advised)

@@ -16,6 +16,7 @@ from operator import attrgetter
 from typing import Any
 
 from ..legacy import (
+    AdviceLine,
     FirstTokenLine,
     LegacyLine,
     PhaseLine,
@@ -76,13 +77,15 @@ class _Burst:
 
 class _Session:
     __slots__ = (
-        "bursts", "id", "last_end", "last_line", "prof", "rounds", "summarized", "tag", "tokens",
+        "advice", "bursts", "id", "last_end", "last_line", "prof", "rounds", "summarized", "tag",
+        "tokens",
     )  # fmt: skip
 
     def __init__(self, sid: int, tag: str, prof: bool, start: int, t: int) -> None:
         self.id, self.tag, self.prof, self.last_end, self.last_line = sid, tag, prof, start, t
         self.rounds = self.bursts = self.tokens = 0
         self.summarized = False
+        self.advice = ""  # its [spec-advice] line (the span's memra.spec.advice.*), once read
 
 
 class Rebuilder:
@@ -111,6 +114,10 @@ class Rebuilder:
         self._seen_phase = False
         self._roll_share = 0.5  # rollback's share of rest_ms: the latest phase line's
         self._spare = 0  # a session id drawn for a burst that was refused: the next one's
+        #: The end of a session its summary closed, held for the [spec-advice] line the worker
+        #: prints right after it (maybe in the next chunk) until another line or ``linger_ns``.
+        self._held: SessionEndRecord | None = None
+        self._held_t = 0
         #: Rounds published with a row's values / with their burst's means; sessions opened.
         self.rounds_from_rows = self.rounds_from_means = self.sessions = 0
         #: Why each burst a line closed was refused while laid out (values no clock produces:
@@ -120,6 +127,8 @@ class Rebuilder:
     def feed(self, rec: LegacyLine, t: int) -> str | None:
         """One parsed line that arrived at ``t`` (ns, monotonic). Returns why the line could
         not be placed (it is then ignored), else None."""
+        if self._held is not None and type(rec) is not AdviceLine:
+            self._release()
         if type(rec) is RoundsLine:  # most lines: the next row of the burst being assembled
             b, i, p = self._pending, rec.row, rec.prof
             if b is not None and i == b.nxt and i < b.stop and p.j <= p.k:
@@ -139,10 +148,14 @@ class Rebuilder:
             return self._prof(rec.prof, t)
         if type(rec) is SummaryLine:
             return self._summary(rec.rounds, t)
+        if type(rec) is AdviceLine:
+            self._advice(rec)
         return None  # the flag-override line: nothing to place
 
     def tick(self, now: int) -> None:
         """No lines for a while: settle a burst idle ``linger_ns``, a session ``session_gap_ns``."""
+        if self._held is not None and now - self._held_t >= self.linger_ns:
+            self._release()
         if (b := self._pending) is not None and now - b.last >= self.linger_ns:
             self._finish(b)
         s, gap = self._session, self.session_gap_ns
@@ -151,6 +164,8 @@ class Rebuilder:
 
     def close(self) -> None:
         """End of input: settle everything still open."""
+        if self._held is not None:
+            self._release()
         if self._pending is not None:
             self._finish(self._pending)
         if self._session is not None:
@@ -235,10 +250,10 @@ class Rebuilder:
             # A session that ran no round at all: no other line marked it (after the last laid out).
             start = max(t, self._last_end)
             self._last_end = start + 1  # its span lasts 1 ns (Jaeger reads an empty one as < 0)
-            self._end(self._open(None, self._id(), start, t, len(self._out)))
+            self._end(self._open(None, self._id(), start, t, len(self._out)), held=t)
         elif rounds < SPEC_PROF_ROUNDS:
             s.last_line = t
-            self._end(s)
+            self._end(s, held=t)
         else:  # the log is full; the session may go on
             s.last_line, s.summarized = t, True
         return None
@@ -267,9 +282,26 @@ class Rebuilder:
         sid, self._spare = self._spare or next(_session_ids), 0
         return sid
 
-    def _end(self, s: _Session) -> None:
+    def _end(self, s: _Session, held: int | None = None) -> None:
+        """``held``: its summary closed it at ``held``; its [spec-advice] line may follow."""
         self._session = None
-        self._out.append(SessionEndRecord(s.id, s.last_end, s.rounds, s.bursts, s.tokens, ""))
+        rec = SessionEndRecord(s.id, s.last_end, s.rounds, s.bursts, s.tokens, "", s.advice)
+        if held is None:
+            self._out.append(rec)
+        else:
+            self._held, self._held_t = rec, held
+
+    def _advice(self, a: AdviceLine) -> None:
+        """The worker's advice onto its session's end, as the worker's own span carries it."""
+        if (e := self._held) is not None:
+            self._held = None
+            self._out.append(e._replace(advice=a.line()))
+        elif (s := self._session) is not None and s.summarized:  # a full log: it may go on
+            s.advice = a.line()
+
+    def _release(self) -> None:
+        self._out.append(self._held)
+        self._held = None
 
     def _finish(self, b: _Burst) -> None:
         """Lay the burst out in time: its session (when new), rounds, burst record, profile."""
