@@ -352,6 +352,24 @@ def _set(s: dict, key: str, value: dict) -> bool:
     return True
 
 
+def test_a_span_line_refused_partway_adds_none_of_its_spans(runs, tmp_path):
+    """A request line whose last span lacks its end is refused whole: the spans read before it
+    were counted (and a session span among them reported)."""
+    lines = runs["spans"].read_text().splitlines()
+    reqs = [json.loads(line) for line in lines]
+    each = [[s for rs in r["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+            for r in reqs]  # fmt: skip
+    i = next(i for i, sp in enumerate(each) if sum(s["name"][:5] == "spec." for s in sp[:-1]) > 1)
+    spans = each[i]
+    del spans[-1]["endTimeUnixNano"]
+    lines[i] = json.dumps(reqs[i])
+    (cut := tmp_path / "cut.jsonl").write_text("\n".join(lines) + "\n")
+    good, run = read(str(runs["spans"])), read(str(cut))
+    assert [n for n, _, _ in run.refused] == [i + 1]
+    in_line = sum(s["name"].startswith("spec.") for s in spans)
+    assert run.kinds["spans"] == good.kinds["spans"] - in_line
+
+
 def test_a_round_with_j_past_k_is_refused_and_the_page_still_written(runs, tmp_path):
     """A [spec-prof-rounds] row with k=4 j=9 is refused like a malformed line (its number, its
     reason); a spec.round span saying so is refused and its round carries its burst's means:

@@ -140,6 +140,7 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
     """Every ``spec.*`` span of every line, then one ``spec.session`` subtree at a time."""
     kids, roots = Kids(), list[tuple[int, Span]]()
     for n, line in enumerate(lines, 1):
+        spans, tops = list[Span](), list[tuple[int, Span]]()  # a refused line adds none
         try:
             reqs = json.loads(line)["resourceSpans"] if line.strip() else ()
             for s in (s for rs in reqs for ss in rs["scopeSpans"] for s in ss["spans"]):
@@ -148,10 +149,14 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
                 at = {a["key"]: _value(a["value"]) for a in s.get("attributes", ())}
                 sp = (s["name"], int(s["spanId"], 16), int(s.get("parentSpanId") or "0", 16),
                       int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]), at)  # fmt: skip
-                kids.setdefault(sp[2], []).append(sp)
-                roots += [(int(s["traceId"], 16), sp)] if sp[0] == "spec.session" else []
+                spans.append(sp)
+                tops += [(int(s["traceId"], 16), sp)] if sp[0] == "spec.session" else []
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             run.refused.append((n, f"not an OTLP-JSON trace request ({exc!r})", line[:160]))
+            continue
+        for sp in spans:
+            kids.setdefault(sp[2], []).append(sp)
+        roots += tops
     run.kinds["spans"] = sum(map(len, kids.values()))
     parts = ("sessions", "rounds", "bursts", "first_tokens", "refused")
     for sid, (tid, sp) in enumerate(roots, 1):
