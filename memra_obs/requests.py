@@ -13,7 +13,15 @@ from typing import Any, NamedTuple
 from .analysis import spec_decode_record
 from .diagnostics import say_once
 from .linewriter import AppendFile
-from .timeline import PHASES, FirstTokenRecord, Record, RoundRecord, SessionEndRecord, SessionRecord
+from .timeline import (
+    PHASES,
+    BurstRecord,
+    FirstTokenRecord,
+    Record,
+    RoundRecord,
+    SessionEndRecord,
+    SessionRecord,
+)
 
 __all__ = ["RequestsExporter", "request_record"]
 
@@ -23,6 +31,7 @@ class _Counts:
     """One session's (k, j) per round that drafted, and its phase totals."""
 
     rec: SessionRecord
+    k: int = 0  #: the largest burst k: the configured draft length (vLLM's num_spec_tokens)
     ks: array[int] = field(default_factory=lambda: array("H"))
     js: array[int] = field(default_factory=lambda: array("H"))
     phases: list[int] = field(default_factory=lambda: [0] * 5)
@@ -35,11 +44,13 @@ class _Round(NamedTuple):
 
 
 def request_record(
-    ks: Sequence[int], js: Sequence[int], phases_ns: Sequence[int], detailed: bool
+    ks: Sequence[int], js: Sequence[int], phases_ns: Sequence[int], detailed: bool, k: int = 0
 ) -> dict[str, Any]:
     """A session's spec-decode fields (from its rounds' ``ks``/``js``) and phase totals (ms);
-    ``Session.spec_decode()`` gives a server the same record."""
-    out = spec_decode_record(map(_Round, ks, js), detailed=detailed)
+    ``Session.spec_decode()`` gives a server the same record. ``k``: the largest burst k, the
+    configured draft length vLLM reports as ``num_spec_tokens`` (a gated round drafts fewer)."""
+    n = max(k, max(ks, default=0))
+    out = spec_decode_record(map(_Round, ks, js), detailed=detailed, num_spec_tokens=n)
     out["phase_ms"] = {p: ns / 1e6 for p, ns in zip(PHASES, phases_ns, strict=True)}
     return out
 
@@ -78,6 +89,8 @@ class RequestsExporter:
                     c.ks.extend([rec.k] * n)
                     c.js.extend([rec.j] * n)
                 c.phases = [t + ns * n for t, ns in zip(c.phases, rec.phase_ns(), strict=True)]
+            elif isinstance(rec, BurstRecord):
+                c.k = max(c.k, rec.k)
             elif isinstance(rec, FirstTokenRecord):
                 c.first_token = asdict(rec.prof)
             elif isinstance(rec, SessionEndRecord):
@@ -93,7 +106,7 @@ class RequestsExporter:
             "session": s.session, "trace_id": format(tid, "032x") if tid else "",
             "family": s.family, "worker": s.worker, "rounds": end.rounds, "bursts": end.bursts,
             "tokens": end.tokens, "error": end.error,
-            **request_record(c.ks, c.js, c.phases, self.detailed),
+            **request_record(c.ks, c.js, c.phases, self.detailed, c.k),
             "first_token": c.first_token,
         }  # fmt: skip
         return json.dumps(out, separators=(",", ":"))

@@ -113,8 +113,9 @@ class Session:
             else "event" if not self._clock.immediate else "sync"
         )  # fmt: skip
         self._rounds = self._bursts = self._tokens = 0
-        #: (k, j) of each drafting round, and the phase totals: the per-request record.
-        self._ks, self._js = array("H"), array("H")
+        #: (k, j) of each drafting round, the largest burst k and the phase totals: the
+        #: per-request record.
+        self._ks, self._js, self._k = array("H"), array("H"), 0
         self._phase_ns = [0, 0, 0, 0, 0]
         self._ended = self._first_token_sent = False
         self._advice = ""  # the [spec-advice] line, once summarized
@@ -226,6 +227,7 @@ class Session:
             say_once("burst-open", "Session.burst() while the previous burst was not ended: "
                      "ending it now (call Burst.end() when a burst returns)")  # fmt: skip
             b.end()
+        self._k = max(self._k, k)
         return new_burst(self, k, self._obs._fan.ranges)
 
     def end(self, error: BaseException | str | None = None) -> None:
@@ -257,7 +259,7 @@ class Session:
             ns, b = self._phase_ns, self._open_burst
             if b is not None:  # an open burst's finished rounds count, as their ks and js do
                 ns = list(map(operator.add, ns, b._phases.phases()))
-            out = request_record(self._ks, self._js, ns, detailed)
+            out = request_record(self._ks, self._js, ns, detailed, self._k)
             out["first_token"] = asdict(self.prof) if self.prof is not None else None
             return out
         except Exception as exc:

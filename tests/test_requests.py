@@ -17,6 +17,9 @@ from prometheus_client import CollectorRegistry
 
 from memra_obs.agent.main import build_agent
 from memra_obs.environment import ConfigError
+from memra_obs.observer import Observer
+from memra_obs.otel.spans import SpanBuilder
+from memra_obs.testing import RecordingSink
 from memra_obs.wiring import build_observer
 
 VLLM_KEYS = [
@@ -212,3 +215,54 @@ def test_an_unsampled_callers_trace_id_is_kept_for_the_join(tmp_path, mode):
             close()
     (line,) = path.read_text().splitlines()
     assert json.loads(line)["trace_id"] == format(sp.get_span_context().trace_id, "032x")
+
+
+def _rounds(b, kj):
+    for k, j in kj:
+        b.begin_round()
+        b.end_draft()
+        b.end_verify()
+        b.end_accept()
+        b.end_rollback()
+        b.end_round(k=k, j=j)
+
+
+@pytest.mark.parametrize("mode", ["in-process", "agent"])
+def test_num_spec_tokens_is_the_configured_k_not_the_largest_round_k(tmp_path, mode):
+    """vLLM reports ``num_spec_tokens`` = the configured draft length, its histogram k+1 buckets,
+    even when a request's steps drafted fewer (a gate) or none. The loop configures k with
+    ``s.burst(k)``; the record said the largest round k (2, then 0 with no step)."""
+    path = tmp_path / "requests.jsonl"
+    env = {
+        "MEMRA_OBS_SINKS": "",
+        "MEMRA_OBS_METRICS_ADDR": "",
+        "MEMRA_OBS_REQUESTS_FILE": str(path),
+    }
+    if mode == "agent":
+        env = {**env, "MEMRA_OBS_AGENT": str(tmp_path), "MEMRA_OBS_SINKS": "prometheus"}
+        del env["MEMRA_OBS_REQUESTS_FILE"]
+    obs, got = build_observer(env=env, level=0, prof=False), []
+    for kj in ([(2, 1), (2, 2), (1, 0), (0, 0)], [(0, 0)]):
+        with obs.session("glm5") as s, s.burst(4) as b:  # configured k = 4
+            _rounds(b, kj)
+        got.append(s.spec_decode())
+    obs.shutdown(5.0)
+    if mode == "agent":
+        env["MEMRA_OBS_REQUESTS_FILE"] = str(path)
+        agent, closers, _ = build_agent(str(tmp_path), env=env, registry=CollectorRegistry())
+        agent.drain(5)
+        agent.close()
+        for close in closers:
+            close()
+    # By hand: 3 steps (the k = 0 round is none), 3 of 5 drafts accepted, j = 1, 2, 0.
+    want = [[2.0, 0.6, [1, 1, 1, 0, 0], 3, 3, 5, 4], [1.0, 0.0, [0, 0, 0, 0, 0], 0, 0, 0, 4]]
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for recs in (got, lines):
+        assert [[r[key] for key in VLLM_KEYS] for r in recs] == want
+    keep = RecordingSink(wants_trace_ids=True)  # the session span says the same
+    with Observer([keep], level=0, prof=False).session("glm5") as s, s.burst(4) as b:
+        _rounds(b, [(2, 1)])
+    spans: list = []
+    SpanBuilder().add(keep.records, spans)
+    attrs = dict(next(sp for sp in spans if sp[0] == "spec.session")[6])
+    assert attrs["memra.spec.request.num_spec_tokens"] == s.spec_decode()["num_spec_tokens"] == 4

@@ -81,7 +81,7 @@ class _Session:
     """Per open session; ``burst``: the burst whose rounds came but whose record has not (-1)."""
 
     __slots__ = (
-        "b_first", "b_rounds", "b_skipped", "b_start", "b_tokens", "burst", "js", "ks", "last",
+        "b_first", "b_rounds", "b_skipped", "b_start", "b_tokens", "burst", "js", "k", "ks", "last",
         "off", "ph", "rec", "sid", "tid",
     )  # fmt: skip
 
@@ -91,8 +91,9 @@ class _Session:
         self.last = rec.start_ns_mono
         self.burst, self.b_start, self.b_rounds, self.b_tokens = -1, 0, 0, 0
         self.b_first = self.b_skipped = 0
-        #: The per-request record's inputs: (k, j) of each drafting round, phase totals.
-        self.ks, self.js, self.ph = array("H"), array("H"), [0, 0, 0, 0, 0]
+        #: The per-request record's inputs: (k, j) of each drafting round, phase totals, and
+        #: the largest burst k (the configured draft length).
+        self.ks, self.js, self.ph, self.k = array("H"), array("H"), [0, 0, 0, 0, 0], 0
 
 
 class SpanBuilder:
@@ -194,7 +195,7 @@ class SpanBuilder:
             )
 
     def _burst(self, s: _Session, rec: BurstRecord, out: list[Span]) -> None:
-        s.last = max(s.last, rec.end_ns_mono)
+        s.last, s.k = max(s.last, rec.end_ns_mono), max(s.k, rec.k)
         if s.burst == rec.index:
             s.burst = -1
         ph, first, cap = rec.phases, rec.first_round, self.round_spans
@@ -281,7 +282,7 @@ def _request_attrs(s: _Session) -> tuple[tuple[str, Any], ...]:
     from ..requests import request_record
 
     out = []
-    for key, v in request_record(s.ks, s.js, s.ph, False).items():
+    for key, v in request_record(s.ks, s.js, s.ph, False, s.k).items():
         if key == "phase_ms":
             out += [(f"memra.spec.request.{p}_ms", ms) for p, ms in v.items()]
         else:
