@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 
 from google.protobuf import json_format
 from hypothesis import given
@@ -127,6 +128,23 @@ def test_json_line_is_the_same_request_as_the_protobuf(spans_):
     assert json_format.MessageToDict(_json_to_proto(line)) == json_format.MessageToDict(
         _proto(spans_)
     )
+
+
+def test_lone_surrogates_are_the_same_question_mark_in_both_writers():
+    """A str that is not valid Unicode (``os.fsdecode`` of a non-UTF-8 file name, in an
+    exception's message or an environment value) is ``?`` in the JSON line, as in the
+    protobuf: escaped as ``\\udcff`` it made protobuf's JSON parser refuse the whole line."""
+    bad = "/data/" + os.fsdecode(b"\xff") + ".bin \U0001f600"
+    res = {"service.name": bad, bad: 1}
+    sp = ("spec.session", 0xAB, 0xCD, 0, 10, 20, ((bad, bad), ("t", (bad,))), (2, bad))
+    enc = JsonEncoder(res, "memra_obs", "9.9")
+    frags: list[str] = []
+    line = enc.request(frags, enc.spans([sp], frags))
+    json_format.Parse(line, ExportTraceServiceRequest())  # accepted as it is
+    want = json_format.MessageToDict(_proto([sp], res))
+    assert json_format.MessageToDict(_json_to_proto(line)) == want
+    (span,) = json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    assert span["status"]["message"] == "/data/?.bin \U0001f600"  # a valid pair kept
 
 
 def _breaking(field: int, limit: int):

@@ -443,6 +443,27 @@ def test_unretryable_status_drops_without_retry():
         rx.close()
 
 
+def test_an_otlp_timeout_of_zero_means_no_limit():
+    """The specification's Timeout type: ``0`` is no limit (was a ConfigError that stopped
+    start-up); the exporter starts, retries and delivers. A negative one is still refused."""
+    from memra_obs.otel.config import OtlpConfig
+
+    for var in ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"):
+        assert OtlpConfig.from_env({var: "0"}).timeout_s >= (2**31 - 1) / 1000
+    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_TIMEOUT='-1'"):
+        OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_TIMEOUT": "-1"})
+    rx = Receiver(statuses=[503])
+    try:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url, "OTEL_EXPORTER_OTLP_TIMEOUT": "0"}
+        obs, _q, ex = make(env, prof=False)
+        run_session(obs, bursts=(1,), prof=False)
+        obs.shutdown(5)
+        assert len(rx.headers) == 2 and ex.exported_spans == len(rx.spans) == 1 + 1 + 6
+        assert ex.dropped_spans == ex.export_errors == 0
+    finally:
+        rx.close()
+
+
 def test_shutdown_flushes_a_session_that_never_ended(receiver):
     """Process exit mid-request: the session and its open burst still arrive, unfinished."""
     obs, _q, _ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url})

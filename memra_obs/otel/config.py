@@ -21,6 +21,8 @@ from ..environment import ConfigError, decimal
 OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
 OTEL_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
 _OTLP = "OTEL_EXPORTER_OTLP_"
+#: ``OTEL_EXPORTER_OTLP_TIMEOUT=0``: no limit, as a timeout of ``2**31 - 1`` ms (about 24.8 days).
+NO_LIMIT_S = (2**31 - 1) / 1000.0
 
 
 def _get(env: Mapping[str, str], x: str) -> tuple[str, str] | None:
@@ -158,9 +160,12 @@ class OtlpConfig:
         """Read the OTLP variables; ``protocol`` forces one (``otlp_proto_grpc`` etc.)."""
         protocol = protocol or _choice(env, "PROTOCOL", ("http/protobuf", "http/json", "grpc"))
         var, ms = _get(env, "TIMEOUT") or ("", "10000")  # 10 s
-        timeout_s = (decimal(ms, otel=True) or 0.0) / 1000.0  # not "١٢" or "1_000"
-        if not 0 < timeout_s < 1e6:
-            raise ConfigError(f"{var}={ms!r}: expected a number of milliseconds > 0")
+        n = decimal(ms, otel=True)  # not "١٢" or "1_000"
+        timeout_s = -1.0 if n is None else n / 1000.0
+        if timeout_s == 0:  # the specification's "no limit": its "very long time", 2**31-1 ms
+            timeout_s = NO_LIMIT_S
+        elif not 0 < timeout_s < 1e6:
+            raise ConfigError(f"{var}={ms!r}: expected a number of milliseconds >= 0")
         hvar, raw = _get(env, "HEADERS") or ("", "")
         headers = tuple(parse_key_values(hvar, raw))
         for key, val in headers:  # else every request fails in the sender

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from json.encoder import encode_basestring_ascii as _jstr  # the C escaper
+from json.encoder import encode_basestring_ascii as _jascii  # the C escaper
 from typing import Any
 
 from .spans import Span
@@ -35,6 +35,13 @@ SPAN_FLAGS = 0x101
 _FLAGS = b"\x85\x01" + struct.pack("<I", SPAN_FLAGS)  # field 16, wire type 5
 _JFLAGS = f',"flags":{SPAN_FLAGS}}}'
 _KIND_INTERNAL = b"\x30\x01"
+
+
+def _jstr(s: str) -> str:
+    """``s`` as a JSON string of valid UTF-8: a lone surrogate (an undecodable file name in an
+    exception's message) is ``?``, as the protobuf writer's; escaped as ``\\udcff``, protobuf's
+    JSON parser refused the whole line."""
+    return _jascii(s if s.isascii() else s.encode("utf-8", "replace").decode())
 
 
 def varint(n: int) -> bytes:
