@@ -198,8 +198,10 @@ def _basic_auth_file(var: str, value: str) -> tuple[str, str] | None:
     try:
         with open(path, encoding="utf-8-sig") as f:  # a BOM (Windows editors) is not the user
             line = f.readline().rstrip("\r\n")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{var}={value!r}: cannot read it ({exc})") from None
+    except OSError as exc:
+        raise ConfigError(f"{var}={value!r}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:  # its text quotes a byte of the password, and where it is
+        raise ConfigError(f"{var}={value!r}: not UTF-8 text (its bytes not shown)") from None
     user, sep, password = line.partition(":")
     if not sep or not user or not password:
         raise ConfigError(

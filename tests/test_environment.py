@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -132,6 +133,15 @@ def test_basic_auth_needs_a_user_and_a_password(tmp_path):
         f.write_bytes(good)
         auth = Settings.resolve({"MEMRA_OBS_METRICS_BASIC_AUTH_FILE": str(f)}).metrics_basic_auth
         assert auth == ("user", "pw")
+
+
+def test_a_basic_auth_file_that_is_not_utf8_is_refused_without_its_bytes(tmp_path):
+    """A Latin-1 password file was refused quoting the codec's error: a byte of the password
+    and its position, on stderr and in the pod's log."""
+    (f := tmp_path / "auth").write_bytes(b"prom:p\xe4ssw\xf6rd\n")
+    with pytest.raises(ConfigError, match=r"BASIC_AUTH_FILE=.*: not UTF-8 text") as e:
+        Settings.resolve({"MEMRA_OBS_METRICS_BASIC_AUTH_FILE": str(f)})
+    assert not re.search(r"0xe4|\\xe4|position", str(e.value)), e.value
 
 
 def test_blank_paths_are_unset_and_padded_ones_trimmed():

@@ -705,6 +705,19 @@ def test_the_endpoints_query_is_not_shown_on_the_banner_or_in_send_errors():
         ex.shutdown(1.0)
 
 
+@pytest.mark.parametrize("url", [f"http://h:9/v1/traces?api_key={_SECRET} x",
+                                 f"http://h:9/v1/traces?api_key={_SECRET}\u00e9",
+                                 f"http://h:9/v1/tr\x7faces?api_key={_SECRET}"])  # fmt: skip
+def test_an_endpoint_http_client_cannot_send_is_refused_without_its_query(url):
+    """A space, control or non-ASCII character in the URL's path or query was taken, then
+    every send failed, its error quoting the request line: the ``?api_key=`` on stderr."""
+    with pytest.raises(ConfigError, match=r"\?<redacted>': a space, control or non-ASCII") as e:
+        build_span_exporter(Settings(), env={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": url})
+    assert _SECRET not in str(e.value)
+    ok = f"http://b\u00fccher.example:9/v1/traces?api_key={_SECRET}"  # a host http.client IDNA-encodes
+    build_span_exporter(Settings(), env={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ok}).shutdown(1.0)
+
+
 @pytest.mark.parametrize(
     ("value", "true", "warned"),
     [("true", True, False), (" TRUE ", True, False), ("false", False, False),

@@ -142,6 +142,50 @@ def test_tls_and_basic_auth(reg, cert):
         assert get(srv.url, auth, ctx=ctx)[0] == 200  # failed handshakes left it serving
 
 
+def _pair(d: Path, cn: str) -> tuple[Path, Path]:
+    """A fresh self-signed pair for 127.0.0.1 (EC: quick to make)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not found: cannot make a self-signed certificate")
+    crt, key = d / f"{cn}.crt", d / f"{cn}.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "1", "-subj", f"/CN={cn}", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(crt)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return crt, key
+
+
+def test_a_renewed_certificate_is_served_without_a_restart(reg, tmp_path, caplog):
+    """The pair is re-read when its files change (a renewed Secret): the first pair was
+    served until it expired, every scrape then failing until a restart. A pair that does not
+    load (a new certificate beside the old key) keeps the previous one, said once."""
+    old, new = _pair(tmp_path, "old"), _pair(tmp_path, "new")
+    crt, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    shutil.copy(old[0], crt), shutil.copy(old[1], key)
+
+    def scrape(ca: Path) -> int:
+        return get(srv.url, ctx=ssl.create_default_context(cafile=str(ca)))[0]
+
+    with serve_metrics(("127.0.0.1", 0), registry=reg, certfile=str(crt), keyfile=str(key)) as srv:
+        assert scrape(old[0]) == 200
+        shutil.copy(new[0], crt)  # half a renewal: the new certificate, the old key
+        time.sleep(1.2)
+        assert scrape(old[0]) == 200  # the previous pair still served
+        assert "do not load" in caplog.text
+        shutil.copy(new[1], key)
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                assert scrape(new[0]) == 200
+                break
+            except urllib.error.URLError:
+                assert time.monotonic() < deadline, "the renewed pair was never served"
+                time.sleep(0.2)
+        with pytest.raises(urllib.error.URLError):
+            scrape(old[0])
+
+
 def test_a_tls_client_gone_mid_answer_prints_nothing(reg, cert, capsys):
     """A TLS client that does not read its answer is hung up at its deadline: quietly, as on
     plain HTTP (main: wsgiref printed ssl.SSLEOFError's traceback on the serving process'

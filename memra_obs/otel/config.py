@@ -235,4 +235,8 @@ def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
         raise ConfigError(f"{var}={shown_url(url)!r}: bad port") from None
     if u.scheme not in ("http", "https") or not u.hostname:
         raise ConfigError(f"{var}={shown_url(url)!r}: expected an http:// or https:// URL")
+    if re.search(r"[^\x21-\x7e]", u.path + u.query):  # http.client refuses it at every send,
+        # its error quoting the request line, ?api_key= and all
+        why = "a space, control or non-ASCII character in its path or query: percent-encode it"
+        raise ConfigError(f"{var}={shown_url(url)!r}: {why}")
     return url, u.scheme == "https"

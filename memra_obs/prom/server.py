@@ -11,6 +11,7 @@ import base64
 import errno
 import hmac
 import http.client
+import os
 import socket
 import ssl
 import threading
@@ -24,7 +25,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import ThreadingWSGIServer, gzip_accepted
 
-from ..diagnostics import forked_set
+from ..diagnostics import forked_set, say_once
 from ..environment import MEMRA_OBS_METRICS_ADDR, ConfigError, parse_addr
 from .model import encode
 
@@ -127,6 +128,50 @@ class _HeadCap(_Wrapped):
         return line
 
 
+class _Tls:
+    """The certificate pair as its files hold it now, for each new connection: re-read when
+    they change (checked at most once a second), so a renewed Secret (cert-manager, a
+    rotated pair) is served without a restart (the first pair was served until it expired);
+    a pair that does not load keeps the previous one, said once."""
+
+    def __init__(self, certfile: str, keyfile: str, cafile: str | None) -> None:
+        self.files, self.cafile, self.due = (certfile, keyfile), cafile, 0.0
+        self.seen, self.ctx = self._stamp(), self._load()  # raises at start-up
+
+    def _stamp(self) -> tuple[Any, ...]:
+        """What changes when a file is rewritten or replaced (a Secret swaps a link)."""
+        out: list[Any] = []
+        for f in self.files:
+            try:
+                st = os.stat(f)
+                out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def _load(self) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(certfile=self.files[0], keyfile=self.files[1])
+        if self.cafile:
+            ctx.load_verify_locations(cafile=self.cafile)
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
+
+    def context(self) -> ssl.SSLContext:
+        if (now := time.monotonic()) >= self.due:
+            self.due, stamp = now + 1.0, self._stamp()
+            if stamp != self.seen:
+                self.seen = stamp
+                try:
+                    self.ctx = self._load()
+                except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+                    say_once(f"tls-reload:{self.files}:{stamp}", f"/metrics: {self.files[0]} / "
+                             f"{self.files[1]} changed but do not load as a PEM chain and its key "
+                             f"({exc}); serving the previous pair until they do")  # fmt: skip
+        return self.ctx
+
+
 class MetricsServer(ThreadingWSGIServer):
     """A running ``/metrics`` endpoint: ``.port``, ``.url``, ``close()`` (or ``with``); the accept
     loop hangs up connections past their deadline every ``poll_interval`` (0.05 s)."""
@@ -134,6 +179,21 @@ class MetricsServer(ThreadingWSGIServer):
     timeout_s, max_connections, scheme, host = TIMEOUT_S, MAX_CONNECTIONS, "http", ""
     request_queue_size = 128  # the listen backlog (socketserver's 5 dropped scrapes' SYNs)
     thread: threading.Thread | None = None
+    tls: _Tls | None = None
+
+    def get_request(self) -> tuple[Any, Any]:
+        """A connection, wrapped in TLS (the handshake runs on its own thread) with the pair
+        the files hold now."""
+        conn, addr = self.socket.accept()
+        if self.tls is not None:
+            try:
+                conn = self.tls.context().wrap_socket(
+                    conn, server_side=True, do_handshake_on_connect=False
+                )
+            except BaseException:
+                conn.close()
+                raise
+        return conn, addr
 
     def server_activate(self) -> None:
         self.open: dict[Any, float] = {}  # connection -> deadline (monotonic), oldest first
@@ -220,10 +280,10 @@ def serve_metrics(
     max_connections: int = MAX_CONNECTIONS,
 ) -> MetricsServer:
     """Serve ``registry`` on ``addr`` (``(host, port)`` or ``"host:port"``; port 0: any free port,
-    read back from ``.port``) on a daemon thread. ``certfile`` + ``keyfile`` turn on TLS 1.2+
-    (``client_cafile`` requires client certificates it signed); ``basic_auth=(user, password)``
-    requires those credentials. An address it cannot listen on raises
-    :class:`MetricsAddressError`, leaving no thread behind."""
+    read back from ``.port``) on a daemon thread. ``certfile`` + ``keyfile`` turn on TLS 1.2+,
+    re-read when the files change (``client_cafile`` requires client certificates it signed);
+    ``basic_auth=(user, password)`` requires those credentials. An address it cannot listen on
+    raises :class:`MetricsAddressError`, leaving no thread behind."""
     # A string is parsed, not checked: binding below says why it cannot.
     parsed = parse_addr("addr", addr, check=False) if isinstance(addr, str) else addr
     if parsed is None:
@@ -238,14 +298,7 @@ def serve_metrics(
     if not 0 <= port <= 65535:  # else an OverflowError from bind()
         raise MetricsAddressError((host, port), OSError(errno.EINVAL, "port not in 0-65535"))
     app = metrics_app(registry, basic_auth)
-    ctx = None
-    if certfile and keyfile:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.load_cert_chain(certfile=certfile, keyfile=keyfile)
-        if client_cafile:
-            ctx.load_verify_locations(cafile=client_cafile)
-            ctx.verify_mode = ssl.CERT_REQUIRED
+    tls = _Tls(certfile, keyfile, client_cafile) if certfile and keyfile else None
     try:  # the address family follows the host (an IPv6 literal binds AF_INET6)
         info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
         cls = type("MetricsServer", (MetricsServer,), {"address_family": info[0]})
@@ -254,9 +307,8 @@ def serve_metrics(
         raise MetricsAddressError((host, port), exc) from exc
     srv.host, srv.timeout_s, srv.max_connections = host, timeout_s, max_connections
     try:
-        if ctx is not None:
-            tls = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
-            srv.scheme, srv.socket = "https", tls
+        if tls is not None:
+            srv.scheme, srv.tls = "https", tls
         srv.thread = threading.Thread(  # polls at 20 Hz: close() (and a shutdown) within ~50 ms
             target=srv.serve_forever, args=(0.05,), name="memra-obs-metrics", daemon=True
         )
