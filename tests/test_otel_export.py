@@ -688,6 +688,15 @@ def test_otlp_secrets_are_never_echoed_and_url_credentials_refused(env, why):
     assert _SECRET not in str(exc.value)
 
 
+def test_the_otlp_configs_repr_leaves_its_headers_out():
+    """A traceback that shows locals (or a debugger) prints OtlpConfig's repr: no header values."""
+    from memra_obs.otel.config import OtlpConfig
+
+    cfg = OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer%20{_SECRET}"})
+    assert cfg.headers == (("authorization", f"Bearer {_SECRET}"),)
+    assert _SECRET not in repr(cfg) and "endpoint=" in repr(cfg)
+
+
 def test_the_endpoints_query_is_not_shown_on_the_banner_or_in_send_errors():
     """An API key in the endpoint's ?query is sent, never shown (the start-up line, errors)."""
     from memra_obs.otel.transport import Retry

@@ -11,7 +11,7 @@ import os
 import re
 import ssl
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -147,7 +147,8 @@ class OtlpConfig:
     endpoint: str
     #: gRPC: TLS on (HTTP decides by the URL's scheme).
     secure: bool
-    headers: tuple[tuple[str, str], ...]
+    #: Not in the repr: credentials (a traceback that shows locals would print them).
+    headers: tuple[tuple[str, str], ...] = field(repr=False)
     #: What one export may take, its retries included.
     timeout_s: float
     compression: str  #: none or gzip
