@@ -194,7 +194,8 @@ def _behind_prefix(line: str, rest: str) -> LegacyLine | None:
 def _durations(line: str, values: Sequence[str], kind: str) -> tuple[float, ...]:
     """Printed ms values as floats: no clock gives a negative or an infinite one."""
     out = tuple(map(float, values))
-    if min(out) < 0.0 or max(out) == _INF:
+    ends = sorted(out)  # both ends in one call (min() and max() each parse their arguments)
+    if ends[0] < 0.0 or ends[-1] == _INF:
         raise LegacyParseError(line, "a negative or infinite duration (no clock gives one)", kind)
     return out
 

@@ -41,9 +41,9 @@ class LoopAdvisor:
         self.clock = ""  # the clock that timed this label set's phases ("" until a session says)
         self.info: tuple[str, ...] = ()  # the info series' label values (none yet: ())
 
-    def add(self, r: RoundRecord, n: int) -> None:
-        """A round (``n``: a run of them) with known counts; under the exporter's lock."""
-        k = r.k
+    def add(self, r: RoundRecord, k: int, j: int, n: int) -> None:
+        """A round (``n``: a run of them) with known counts ``k`` and ``j`` (the caller has
+        them unpacked); under the exporter's lock."""
         if k > self.top:  # new positions: their series (bounded, said once past POSITIONS)
             if k > POSITIONS:
                 say_once(
@@ -57,8 +57,9 @@ class LoopAdvisor:
                 drafted.child((*self.lv, str(p)), partial(_tail_sum, self.by_k, p + 1))
                 accepted.child((*self.lv, str(p)), partial(_tail_sum, self.by_j, p + 1))
             self.top = min(k, POSITIONS)
-        self.by_k[min(k, POSITIONS)] += n
-        self.by_j[min(r.j, POSITIONS)] += n
+        # (a conditional, not min(): a builtin call costs more, on every round)
+        self.by_k[k if k < POSITIONS else POSITIONS] += n
+        self.by_j[j if j < POSITIONS else POSITIONS] += n
         if self.win is not None:  # a run is n rounds for the fit too
             if n == 1:
                 self.win.append(r)

@@ -207,16 +207,18 @@ class PrometheusExporter:
         return s
 
     def _round(self, r: RoundRecord) -> None:
-        s = self._sessions.get(r.session) or self._open(r.session, None)
-        L, ex, n = s.loop, s.ex, r.repeat
-        t0, t1, t2, t3, t4, t5 = r.t_ns_mono
+        # One unpacking: a NamedTuple's fields read by name are a descriptor call each.
+        sid, _, _, t, k, j, _, seq_rows, split_ns, n = r
+        s = self._sessions.get(sid) or self._open(sid, None)
+        L, ex = s.loop, s.ex
+        t0, t1, t2, t3, t4, t5 = t
         ts = None
         if ex is not None:
             ts = (t5 + (n - 1) * (t5 - t0) + s.off) / 1e9  # a run's exemplar is its last round
             if self._span_id is not None and s.rec is not None:
-                sid = self._span_id(s.rec, r if n == 1 else r._replace(index=r.index + n - 1))
-                if sid:
-                    ex = {**ex, "span_id": format(sid, "016x")}
+                span = self._span_id(s.rec, r if n == 1 else r._replace(index=r.index + n - 1))
+                if span:
+                    ex = {**ex, "span_id": format(span, "016x")}
         wall = t5 - t0
         L.round.observe(wall, ex, ts, n)
         draft, verify, accept, roll, maint = L.phases
@@ -225,16 +227,15 @@ class PrometheusExporter:
         accept.observe(t3 - t2, ex, ts, n)
         roll.observe(t4 - t3, ex, ts, n)
         maint.observe(t5 - t4, ex, ts, n)
-        k, j = r.k, r.j
         if 0 <= j <= k:  # k = j = -1: counts unknown (a round rebuilt without its row)
             L.drafted.observe(k, ex, ts, n)
             L.accepted.observe(j, ex, ts, n)
-            L.seq_rows.v += r.seq_rows * n
-            L.adv.add(r, n)
+            L.seq_rows.v += seq_rows * n
+            L.adv.add(r, k, j, n)
         elif k >= 0:  # j outside 0..k, which no loop counts: kept from the advisor's window
             self.export_errors += 1  # (its every refit would fail and freeze the gauges)
-        if r.split_ns is not None:
-            kda, scan, mla, ffn = r.split_ns
+        if split_ns is not None:
+            kda, scan, mla, ffn = split_ns
             sp = L.split or L.bind_split()
             sp[0].observe(kda, ex, ts, n)
             sp[1].observe(scan, ex, ts, n)
@@ -245,9 +246,9 @@ class PrometheusExporter:
 
     def _slow(self, s: _Session, wall: int, n: int) -> None:
         """``n`` rounds of ``wall``: a window of steps at most (then ``w > 1.5 w`` is false)."""
-        win, srt, slow = s.win, s.srt, 0
-        for _ in range(min(n, self._window)):
-            if len(win) >= self._window:
+        win, srt, top, slow = s.win, s.srt, self._window, 0
+        for _ in range(n if n < top else top):  # (not min(): a builtin call costs more)
+            if len(win) >= top:
                 del srt[bisect_left(srt, win.popleft())]
             win.append(wall)
             insort(srt, wall)

@@ -51,7 +51,7 @@ class Hist:
             v = 0  # a clock that stepped back; _sum never goes down
         i = bisect_left(self.bounds, v)
         self.counts[i] += n
-        self.total += v * n
+        self.total += v if n == 1 else v * n  # most rounds are single: skip a long multiply
         if ex is not None:
             self.ex[i] = (ex, v, ts)
 
