@@ -192,6 +192,19 @@ def test_a_batch_a_stuck_exporter_held_past_shutdown_is_not_written_after_it(tmp
                              if os.path.exists(f"/proc/self/fd/{f}")}  # fmt: skip
 
 
+def _agent_writes(ring_dir, env, path):
+    """The agent reads the workers' rings in ``ring_dir`` and writes the requests file."""
+    agent, closers, _ = build_agent(
+        str(ring_dir),
+        env={**env, "MEMRA_OBS_REQUESTS_FILE": str(path)},
+        registry=CollectorRegistry(),
+    )
+    agent.drain(5)
+    agent.close()
+    for close in closers:
+        close()
+
+
 @pytest.mark.parametrize("mode", ["in-process", "agent"])
 def test_an_unsampled_callers_trace_id_is_kept_for_the_join(tmp_path, mode):
     """The caller's sampler dropped the request: no spans, but its line still names the
@@ -207,12 +220,7 @@ def test_an_unsampled_callers_trace_id_is_kept_for_the_join(tmp_path, mode):
         _session(obs, random.Random(1), n=4)
     obs.shutdown(5.0)
     if mode == "agent":
-        env["MEMRA_OBS_REQUESTS_FILE"] = str(path)
-        agent, closers, _ = build_agent(str(tmp_path), env=env, registry=CollectorRegistry())
-        agent.drain(5)
-        agent.close()
-        for close in closers:
-            close()
+        _agent_writes(tmp_path, env, path)
     (line,) = path.read_text().splitlines()
     assert json.loads(line)["trace_id"] == format(sp.get_span_context().trace_id, "032x")
 
@@ -248,12 +256,7 @@ def test_num_spec_tokens_is_the_configured_k_not_the_largest_round_k(tmp_path, m
         got.append(s.spec_decode())
     obs.shutdown(5.0)
     if mode == "agent":
-        env["MEMRA_OBS_REQUESTS_FILE"] = str(path)
-        agent, closers, _ = build_agent(str(tmp_path), env=env, registry=CollectorRegistry())
-        agent.drain(5)
-        agent.close()
-        for close in closers:
-            close()
+        _agent_writes(tmp_path, env, path)
     # By hand: 3 steps (the k = 0 round is none), 3 of 5 drafts accepted, j = 1, 2, 0.
     want = [[2.0, 0.6, [1, 1, 1, 0, 0], 3, 3, 5, 4], [1.0, 0.0, [0, 0, 0, 0, 0], 0, 0, 0, 4]]
     lines = [json.loads(line) for line in path.read_text().splitlines()]
