@@ -28,21 +28,24 @@ VLLM_KEYS = [
 ]  # fmt: skip
 
 
+def _rounds(b, kj):
+    for k, j in kj:
+        b.begin_round()
+        b.end_draft()
+        b.end_verify()
+        b.end_accept()
+        b.end_rollback()
+        b.end_round(k=k, j=j)
+
+
 def _session(obs, rng, n=40):
     with obs.session("glm5") as s:
         truth = []
         for _ in range(4):
             with s.burst(4) as b:
-                for _ in range(n // 4):
-                    k = rng.randint(0, 4)
-                    j = rng.randint(0, k)
-                    truth.append((k, j))
-                    b.begin_round()
-                    b.end_draft()
-                    b.end_verify()
-                    b.end_accept()
-                    b.end_rollback()
-                    b.end_round(k=k, j=j)
+                kj = [(k, rng.randint(0, k)) for k in (rng.randint(0, 4) for _ in range(n // 4))]
+                truth += kj
+                _rounds(b, kj)
         got = s.spec_decode(detailed=True)
     return truth, got
 
@@ -223,16 +226,6 @@ def test_an_unsampled_callers_trace_id_is_kept_for_the_join(tmp_path, mode):
         _agent_writes(tmp_path, env, path)
     (line,) = path.read_text().splitlines()
     assert json.loads(line)["trace_id"] == format(sp.get_span_context().trace_id, "032x")
-
-
-def _rounds(b, kj):
-    for k, j in kj:
-        b.begin_round()
-        b.end_draft()
-        b.end_verify()
-        b.end_accept()
-        b.end_rollback()
-        b.end_round(k=k, j=j)
 
 
 @pytest.mark.parametrize("mode", ["in-process", "agent"])
