@@ -5,6 +5,7 @@ retryable codes), and the default span file rotates at its size limit."""
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import http.server
 import itertools
@@ -273,6 +274,56 @@ def test_a_collector_that_comes_up_late_still_gets_the_spans():
         late.shutdown()
         late.server_close()
     assert ex.exported_spans == SPANS == len(rx.spans) and ex.dropped_spans == 0
+
+
+class Streaming:
+    """An endpoint that answers every POST ``200`` and then streams a chunked body for as long
+    as the client reads (not a collector: a proxy or a mistyped endpoint)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.requests = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                threading.Thread(
+                    target=self._serve, args=(self.sock.accept()[0],), daemon=True
+                ).start()
+
+    def _serve(self, c: socket.socket) -> None:
+        with c, c.makefile("rb") as f, contextlib.suppress(OSError):
+            while head := list(iter(lambda: f.readline().rstrip(b"\r\n"), b"")):  # EOF ends too
+                size = next(
+                    int(h.split(b":")[1]) for h in head if h.lower().startswith(b"content-length")
+                )
+                f.read(size)
+                self.requests += 1
+                c.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for _ in range(100_000):  # 6 GiB: ends the test's thread if the client reads on
+                    c.sendall(b"10000\r\n" + bytes(1 << 16) + b"\r\n")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_an_answer_that_streams_on_does_not_hold_the_exporter():
+    """A 200 whose body never ends: its status is the answer, the rest is not read (1 MiB at
+    most) and its connection is dropped, so the next batch goes on a new one (it read on for
+    good, holding every span after it)."""
+    rx = Streaming()
+    obs, _q, ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url}, prof=False)
+    try:
+        run_session(obs, prof=False)
+        wait_for(lambda: ex.exported_spans == SPANS)
+        run_session(obs, prof=False)
+        wait_for(lambda: ex.exported_spans == 2 * SPANS)
+        assert rx.requests == 2 and ex.dropped_spans == 0
+    finally:
+        obs.shutdown(2)
+        rx.close()
 
 
 def _grpc_collector(script: list[tuple[str, float | None]]):

@@ -115,6 +115,10 @@ def retry_after_s(value: str | None) -> float | None:
 #: not trusted, a protocol the receiver does not speak) is the configuration's.
 _TLS_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
 
+#: The most of an answer read: an OTLP response is a few bytes; an endpoint that streams on
+#: (not a collector) held the sender, and with it every span after, for good.
+_BODY_MAX = 1 << 20
+
 
 class HttpSender:
     """OTLP/HTTP on one keep-alive ``http.client`` connection (protobuf or JSON bodies)."""
@@ -148,7 +152,9 @@ class HttpSender:
                 c.sock.settimeout(timeout_s)
             c.request("POST", self._path, body=body, headers=self._headers)
             r = c.getresponse()
-            data = r.read()
+            data = r.read(_BODY_MAX)
+            if not r.isclosed():  # more left unread: this connection cannot carry another
+                self.close()
         except BaseException as exc:
             self.close()
             if isinstance(exc, ssl.SSLError) and not isinstance(exc, _TLS_CUT):  # a certificate
