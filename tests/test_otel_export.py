@@ -688,6 +688,20 @@ def test_otlp_secrets_are_never_echoed_and_url_credentials_refused(env, why):
     assert _SECRET not in str(exc.value)
 
 
+@pytest.mark.parametrize("proto", ["http/protobuf", "grpc"])
+def test_a_header_key_that_is_no_header_name_is_named_by_position(proto):
+    """A header written HTTP-style (``Authorization: Basic <base64>==``) splits at the base64
+    padding, so its key holds the credential: the error names the item, never that key."""
+    env = {
+        "OTEL_EXPORTER_OTLP_PROTOCOL": proto,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+        "OTEL_EXPORTER_OTLP_HEADERS": f"a=1,,Authorization: Basic {_SECRET}==",
+    }
+    with pytest.raises(ConfigError, match="HEADERS: header number 3 cannot be sent") as exc:
+        build_span_exporter(Settings(), env=env)
+    assert _SECRET not in str(exc.value)
+
+
 def test_the_otlp_configs_repr_leaves_its_headers_out():
     """A traceback that shows locals (or a debugger) prints OtlpConfig's repr: no header values."""
     from memra_obs.otel.config import OtlpConfig

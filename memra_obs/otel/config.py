@@ -169,13 +169,14 @@ class OtlpConfig:
             raise ConfigError(f"{var}={ms!r}: expected a number of milliseconds >= 0")
         hvar, raw = _get(env, "HEADERS") or ("", "")
         headers = tuple(parse_key_values(hvar, raw))
-        for key, val in headers:  # else every request fails in the sender
+        places = [n for n, item in enumerate(raw.split(","), 1) if item.strip()]
+        for n, (key, val) in zip(places, headers, strict=True):  # else every request fails
             if protocol == "grpc":  # the sender lowercases keys
                 sendable = _GRPC_KEY(key.lower()) and _GRPC_VALUE(val)
             else:
                 sendable = _HTTP_KEY(key) and _HTTP_VALUE(val)
             if not sendable:
-                raise ConfigError(f"{hvar}: header {key!r} cannot be sent as given")
+                raise ConfigError(_unsendable(hvar, n, key))
         compression = _choice(env, "COMPRESSION", ("none", "gzip"))
         pems = [_file(env, x) for x in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE")]
         k, c = (_get(env, x) or (_OTLP + x,) for x in ("CLIENT_KEY", "CLIENT_CERTIFICATE"))
@@ -188,6 +189,14 @@ class OtlpConfig:
             why = "not a readable PEM certificate and its unencrypted private key"
             raise ConfigError(f"{c[0]} / {k[0]}: {why} ({exc})") from None
         return cls(protocol, *_endpoint(env, protocol), headers, timeout_s, compression, *pems)
+
+
+def _unsendable(var: str, n: int, key: str) -> str:
+    """A header that cannot be sent, named by its key only when that is a header name: a key
+    that is not (``Authorization: Basic dXNl...`` split at its base64 padding) holds the secret."""
+    if _HTTP_KEY(key):
+        return f"{var}: header {key!r} cannot be sent as given"
+    return f"{var}: header number {n} cannot be sent as given (not shown: it may be secret)"
 
 
 _HTTP_KEY = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+").fullmatch  # RFC 9110's token
