@@ -167,6 +167,21 @@ def _positive_ms(var: str, value: str) -> float:
     return x
 
 
+#: ``memra_obs.analysis.MIN_ROUNDS`` (this module imports nothing of the package; a test ties them).
+_ADVICE_MIN_ROUNDS = 32
+
+
+def _advice_window(var: str, value: str) -> int:
+    """0, or enough rounds for advise() to answer: a window of fewer never publishes a gauge."""
+    n, least = _int_in(0, 1 << 20)(var, value), _ADVICE_MIN_ROUNDS
+    if 0 < n < least:
+        raise ConfigError(
+            f"{var}={value!r}: expected 0 (no advice gauges) or {least}..{1 << 20} "
+            f"(the advisor needs {least} rounds that drafted)"
+        )
+    return n
+
+
 def _nonblank(var: str, value: str) -> str:
     if not value.strip():
         raise ConfigError(f"{var}={value!r}: must not be empty (unset it for the default)")
@@ -284,7 +299,7 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     ("max_families", MEMRA_OBS_MAX_FAMILIES, _int_in(1, 4096)),
     ("requests_file", MEMRA_OBS_REQUESTS_FILE, lambda _, v: v.strip() or None),
     ("requests_detail", MEMRA_OBS_REQUESTS_DETAIL, lambda n, v: _int_in(0, 1)(n, v) == 1),
-    ("advice_window", MEMRA_OBS_ADVICE_WINDOW, _int_in(0, 1 << 20)),
+    ("advice_window", MEMRA_OBS_ADVICE_WINDOW, _advice_window),
     ("plain_step_ms", MEMRA_OBS_PLAIN_STEP_MS, _positive_ms),
 )
 

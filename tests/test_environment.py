@@ -42,6 +42,8 @@ def pem(tmp_path):
         ("MEMRA_OBS_PLAIN_STEP_MS", "1e3", "positive number of milliseconds"),
         ("MEMRA_OBS_PLAIN_STEP_MS", "2000000", "below 1e6"),  # positive, but past the cap
         ("MEMRA_OBS_SINKS", "all,bogus", "unknown sink 'bogus'"),
+        # fewer rounds than advise() needs: the advisor's gauges would never appear
+        ("MEMRA_OBS_ADVICE_WINDOW", "20", "expected 0 .* or 32"),
     ],
 )
 def test_a_bad_value_names_its_variable(var, value, why):

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 import memra_obs.prom.exporter as exporter_mod
-from memra_obs.analysis import advise
+from memra_obs.analysis import MIN_ROUNDS, advise
+from memra_obs.environment import ConfigError, Settings
 from memra_obs.prom import PrometheusExporter
 from memra_obs.prom.advice import POSITIONS
 from memra_obs.timeline import RoundRecord, SessionRecord
@@ -300,3 +301,15 @@ def test_a_run_of_equal_rounds_counts_n_times_in_the_window():
 def test_a_negative_advice_window_is_refused_at_construction():
     with pytest.raises(ValueError, match="advice_window >= 0"):
         PrometheusExporter(CollectorRegistry(), advice_window=-1)
+
+
+def test_an_advice_window_below_min_rounds_is_refused_at_construction():
+    """A window of 1..31 rounds would never publish a gauge (advise() answers None below
+    MIN_ROUNDS), silently: refused, as AdviceWindow refuses it, and so is the knob."""
+    for n in (1, MIN_ROUNDS - 1):
+        with pytest.raises(ValueError, match=f"advice_window={n}: 0 or at least MIN_ROUNDS"):
+            PrometheusExporter(CollectorRegistry(), advice_window=n)
+    with pytest.raises(ConfigError, match=f"MEMRA_OBS_ADVICE_WINDOW='{MIN_ROUNDS - 1}'"):
+        Settings.resolve({"MEMRA_OBS_ADVICE_WINDOW": str(MIN_ROUNDS - 1)})
+    assert Settings.resolve({"MEMRA_OBS_ADVICE_WINDOW": str(MIN_ROUNDS)}).advice_window == 32
+    PrometheusExporter(CollectorRegistry(), advice_window=MIN_ROUNDS).unregister()

@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from ..analysis import advise
+from ..analysis import MIN_ROUNDS, advise
 from ..diagnostics import say_once
 from ..records import FIRST_TOKEN_MS_FIELDS, SPEC_PROF_ROUNDS
 from ..timeline import FirstTokenRecord, Record, RoundRecord, SessionEndRecord, SessionRecord
@@ -69,6 +69,10 @@ class PrometheusExporter:
     ) -> None:
         if slow_window < 1 or max_sessions < 1 or advice_window < 0:
             raise ValueError("slow_window and max_sessions must be >= 1, advice_window >= 0")
+        if 0 < advice_window < MIN_ROUNDS:  # advise() would answer None for ever: no gauges
+            raise ValueError(
+                f"advice_window={advice_window}: 0 or at least MIN_ROUNDS={MIN_ROUNDS}"
+            )
         self.registry = REGISTRY if registry is None else registry
         self.worker, self.worker_label = worker, worker_label
         #: Records this exporter could not aggregate (published as signal="metrics").
