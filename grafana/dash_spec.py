@@ -365,8 +365,9 @@ def advisor(ids: Ids) -> Section:
             "Acceptance by position",
             "Accepted / drafted tokens at each draft position (0-based, as vLLM's "
             "num_accepted_tokens_per_pos): the share of drafts made at that position that were "
-            "accepted, every draft before them accepted too. Its ratio to the previous position "
-            "is the conditional acceptance the k advisor works from (README: Acceptance analytics).",
+            "accepted, every draft before them accepted too. With k constant, its ratio to the "
+            "previous position is the conditional acceptance the k advisor works from; when k "
+            "varies it is not (README: Acceptance by position, right when k varies).",
             [target(f"{sum_rate(acc, by)} / {sum_rate(dr, by)}", "{{family}} pos {{position}}")],
             unit="percentunit",
             min_val=0,
