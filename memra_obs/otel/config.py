@@ -50,10 +50,12 @@ def parse_bool(var: str, value: str | None) -> bool:
     return v == "true"
 
 
-def parse_key_values(var: str, value: str, keys: bool = True) -> list[tuple[str, str]]:
+def parse_key_values(
+    var: str, value: str, keys: bool = True, sendable: Callable[[str, str], bool] | None = None
+) -> list[tuple[str, str]]:
     """The specification's ``key1=value1,key2=value2`` lists: values percent-decoded, and
     ``keys`` too (headers; a resource's keys are left as written, as the SDK's detector does).
-    A bad item is named by its place, never its text: headers hold secrets."""
+    A bad item (or one ``sendable`` refuses) is named by its place, never a secret's text."""
     out = []
     for n, item in enumerate(value.split(","), 1):
         key, sep, val = item.partition("=")
@@ -61,7 +63,10 @@ def parse_key_values(var: str, value: str, keys: bool = True) -> list[tuple[str,
             continue
         if not sep or not key.strip():
             raise ConfigError(f"{var}: item {n} is not key=value (not shown: it may be secret)")
-        out.append((unquote(key.strip()) if keys else key.strip(), unquote(val.strip())))
+        kv = (unquote(key.strip()) if keys else key.strip(), unquote(val.strip()))
+        if sendable is not None and not sendable(*kv):
+            raise ConfigError(_unsendable(var, n, kv[0]))
+        out.append(kv)
     return out
 
 
@@ -168,15 +173,11 @@ class OtlpConfig:
         elif not 0 < timeout_s < 1e6:
             raise ConfigError(f"{var}={ms!r}: expected a number of milliseconds >= 0")
         hvar, raw = _get(env, "HEADERS") or ("", "")
-        headers = tuple(parse_key_values(hvar, raw))
-        places = [n for n, item in enumerate(raw.split(","), 1) if item.strip()]
-        for n, (key, val) in zip(places, headers, strict=True):  # else every request fails
-            if protocol == "grpc":  # the sender lowercases keys
-                sendable = _GRPC_KEY(key.lower()) and _GRPC_VALUE(val)
-            else:
-                sendable = _HTTP_KEY(key) and _HTTP_VALUE(val)
-            if not sendable:
-                raise ConfigError(_unsendable(hvar, n, key))
+        # Checked here, else every request fails in the sender (which lowercases gRPC keys).
+        grpc = protocol == "grpc"
+        headers = tuple(
+            parse_key_values(hvar, raw, sendable=_grpc_header if grpc else _http_header)
+        )
         compression = _choice(env, "COMPRESSION", ("none", "gzip"))
         pems = [_file(env, x) for x in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE")]
         k, c = (_get(env, x) or (_OTLP + x,) for x in ("CLIENT_KEY", "CLIENT_CERTIFICATE"))
@@ -203,6 +204,14 @@ _HTTP_KEY = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+").fullmatch  # RFC 9110's t
 _HTTP_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*").fullmatch  # sent as Latin-1
 _GRPC_KEY = re.compile(r"(?!grpc-)[0-9a-z_.-]+(?<!-bin)").fullmatch  # -bin: bytes, not text
 _GRPC_VALUE = re.compile(r"[\x20-\x7e]*").fullmatch
+
+
+def _http_header(key: str, val: str) -> bool:
+    return bool(_HTTP_KEY(key) and _HTTP_VALUE(val))
+
+
+def _grpc_header(key: str, val: str) -> bool:
+    return bool(_GRPC_KEY(key.lower()) and _GRPC_VALUE(val))
 
 
 def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
