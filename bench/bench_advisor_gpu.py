@@ -504,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(out, indent=1)
     print(text)
     if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         Path(os.environ["OUT"], "advisor.json").write_text(text + "\n")
     return 0
 

@@ -332,6 +332,31 @@ def test_error_sets_status_and_unfinished_sessions_close_at_the_last_stamp():
     assert dict(burst[ATTRS])["memra.spec.rounds"] == 2
 
 
+def test_an_unfinished_session_says_what_it_did_up_to_its_last_stamp():
+    """A request cut off by process exit showed only ``unfinished`` in Jaeger: not how many
+    rounds it drafted, tokens it accepted or where its time went."""
+    obs, keep = observer(prof=False)
+    b = obs.session("glm5").burst(4)
+    for j in (1, 3):
+        b.begin_round()
+        b.end_draft()
+        b.end_verify()
+        b.end_accept()
+        b.end_rollback()
+        b.end_round(k=4, j=j)
+    out: list = []
+    builder = SpanBuilder()
+    builder.add(keep.records, out)
+    builder.finish_open(out)
+    at = dict(next(sp for sp in out if sp[NAME] == "spec.session")[ATTRS])
+    assert at["memra.spec.unfinished"] is True
+    assert at["memra.spec.request.num_spec_steps"] == 2
+    assert at["memra.spec.request.num_draft_tokens"] == 8
+    assert at["memra.spec.request.num_accepted_draft_tokens"] == 4
+    assert at["memra.spec.request.acceptance_histogram"] == (0, 1, 0, 1, 0)
+    assert at["memra.spec.request.draft_ms"] >= 0 and "memra.spec.rounds" not in at
+
+
 def test_orphan_records_and_untraced_sessions_are_skipped():
     """Records whose session record was dropped upstream produce nothing and are counted."""
     obs, keep = observer(prof=False)

@@ -263,6 +263,7 @@ class SpanBuilder:
         status, end = None, max(s.last, r.start_ns_mono + 1)  # Jaeger: end == start "negative"
         if s.b_skipped:
             attrs += (("memra.spec.bursts_unsampled", s.b_skipped),)
+        attrs += _request_attrs(s)  # unfinished: what it did up to its last stamp
         if rec is None:
             attrs += (("memra.spec.unfinished", True),)
         else:
@@ -272,7 +273,7 @@ class SpanBuilder:
                 attrs += (("error.type", rec.error.partition(": ")[0]),)
                 status = (STATUS_ERROR, rec.error)
             end = max(end, rec.end_ns_mono)
-            attrs += _request_attrs(s) + (_advice_attrs(rec.advice) if rec.advice else ())
+            attrs += _advice_attrs(rec.advice) if rec.advice else ()
         start, end = r.start_ns_mono + off, end + off
         out.append(("spec.session", s.tid, s.sid, r.parent_span_id, start, end, attrs, status))
 
