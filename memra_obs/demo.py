@@ -248,7 +248,8 @@ def run_demo(
     dev = device if device is not None else SimDevice()
     seeds = [None if cfg.seed is None else cfg.seed + i for i in range(cfg.concurrency)]
     try:
-        gpus = [GpuWorkload(seed=sd) for sd in seeds] if cfg.gpu else []
+        gpus = [GpuWorkload(seed=seeds[0])] if cfg.gpu else []
+        gpus += [GpuWorkload(seed=sd, weights_of=gpus[0]) for sd in seeds[1:] if gpus]
     except GpuUnavailable:
         raise
     except Exception as exc:  # out of device memory for --concurrency workloads, a CUDA error

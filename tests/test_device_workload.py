@@ -181,7 +181,7 @@ def test_a_device_error_in_a_loop_ends_the_demo_with_it_not_a_partial_success(
 def test_a_device_error_building_the_workloads_is_one_line(
     small: NumpyOps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`--concurrency 64` on one card: the weights of the later workloads do not fit."""
+    """A card too small for the model: the weights do not fit."""
     from memra_obs.demo import DemoConfig, GpuUnavailable, run_demo
     from memra_obs.testing import capture
 
@@ -190,10 +190,35 @@ def test_a_device_error_building_the_workloads_is_one_line(
 
     def randn(self: NumpyOps, shape: tuple[int, ...], scale: float) -> Any:
         calls[0] += 1
-        if calls[0] > 13:  # the second workload's weights do not fit
+        if calls[0] > 5:  # the sixth weight does not fit
             raise MemoryError("Out of memory allocating 469,762,048 bytes")
         return real(self, shape, scale)
 
     monkeypatch.setattr(NumpyOps, "randn", randn)
     with capture(level=0) as cap, pytest.raises(GpuUnavailable, match="building the workloads"):
         run_demo(DemoConfig(requests=1, gpu=True, concurrency=2), cap.observer)
+
+
+def test_concurrent_loops_share_one_copy_of_the_weights(
+    small: NumpyOps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`demo --gpu --concurrency 64` built 64 copies of the model (1.3 GB each): out of memory
+    on an 80 GB H100. A server's requests share one model; so do the demo's loops."""
+    from memra_obs.demo import DemoConfig, run_demo
+    from memra_obs.testing import capture
+
+    built: list[GpuWorkload] = []
+    real = GpuWorkload.__init__
+
+    def init(self: GpuWorkload, *a: Any, **kw: Any) -> None:
+        real(self, *a, **kw)
+        built.append(self)
+
+    monkeypatch.setattr(GpuWorkload, "__init__", init)
+    with capture(level=0) as cap:
+        st = run_demo(DemoConfig(requests=4, gpu=True, concurrency=3, max_tokens=16), cap.observer)
+    assert st.sessions == 4 and len(built) == 3
+    for name in GpuWorkload.WEIGHTS:
+        assert len({id(getattr(w, name)) for w in built}) == 1, name
+    for own in ("scratch", "h_last", "d_ring", "e"):  # each loop's state and stream are its own
+        assert len({id(getattr(w, own)) for w in built}) == 3, own

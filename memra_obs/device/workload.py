@@ -129,10 +129,23 @@ class GpuWorkload:
     D_HIDDEN, D_LAYERS, D_KV = 2048, 2, 256
     CHUNK, MAX_CACHE_BYTES, KMAX = 512, 24 << 30, 64  # the demo's --k: 1..64
 
+    #: The model: read-only, so concurrent loops share one copy (``weights_of``), as a server's
+    #: requests do; 64 private copies (1.3 GB each) did not fit an 80 GB card.
+    WEIGHTS: tuple[str, ...] = ("emb", "d_emb", "w1", "w2", "lm", "wk", "wv", "wo")
+    WEIGHTS += ("d_w1", "d_w2", "d_lm", "d_fc", "d_wkv")
+
     def __init__(
-        self, backend: str | None = None, *, two_streams: bool = False, seed: int | None = None
+        self,
+        backend: str | None = None,
+        *,
+        two_streams: bool = False,
+        seed: int | None = None,
+        weights_of: GpuWorkload | None = None,
     ) -> None:
-        self.x = x = _ops(backend, 0)
+        if weights_of is not None:
+            backend = weights_of.x.name
+        self.x: Any = _ops(backend, 0)
+        x = self.x
         # Acceptance is drawn on the host per session (random weights make argmaxes
         # meaningless); the device still computes and reads back the argmax, as a real accept.
         self.rng, self.alpha = random.Random(seed), 0.7
@@ -145,12 +158,18 @@ class GpuWorkload:
         self.toks: list[Any] = []
         H, F, V, D, Hd, s = self.HIDDEN, self.FFN, self.VOCAB, self.KV_DIM, self.D_HIDDEN, 0.02
         with x.on(self.e):
-            self.emb, self.d_emb = x.randn((V, H), 1.0), x.randn((V, Hd), 1.0)
-            self.w1, self.w2, self.lm = x.randn((H, F), s), x.randn((F, H), s), x.randn((H, V), s)
-            self.wk, self.wv, self.wo = x.randn((H, D), s), x.randn((H, D), s), x.randn((D, H), s)
-            self.d_w1, self.d_w2 = x.randn((Hd, 4 * Hd), s), x.randn((4 * Hd, Hd), s)
-            self.d_lm, self.d_fc = x.randn((Hd, V), s), x.randn((H, Hd), s)
-            self.d_wkv, self.d_ring = x.randn((Hd, self.D_KV), s), x.empty((64, Hd))
+            if weights_of is not None:
+                for name in self.WEIGHTS:
+                    setattr(self, name, getattr(weights_of, name))
+            else:
+                self.emb, self.d_emb = x.randn((V, H), 1.0), x.randn((V, Hd), 1.0)
+                self.w1, self.w2 = x.randn((H, F), s), x.randn((F, H), s)
+                self.wk, self.wv = x.randn((H, D), s), x.randn((H, D), s)
+                self.wo, self.lm = x.randn((D, H), s), x.randn((H, V), s)
+                self.d_w1, self.d_w2 = x.randn((Hd, 4 * Hd), s), x.randn((4 * Hd, Hd), s)
+                self.d_lm, self.d_fc = x.randn((Hd, V), s), x.randn((H, Hd), s)
+                self.d_wkv = x.randn((Hd, self.D_KV), s)
+            self.d_ring = x.empty((64, Hd))
             self.prefix, self.h_last = x.empty((1, H)), x.empty((1, H))
             self.scratch = x.empty((self.layers, 2, self.KMAX + 1, D))
             self.prime_logits = self.vlogits = self._h = self.h_last

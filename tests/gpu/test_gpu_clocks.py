@@ -85,21 +85,30 @@ def test_event_clock_agrees_with_sync_without_waiting(rig: Any) -> None:
     """(3a) Event buckets match the sync clock's; end_verify returns while the GPU is busy."""
     dev = rig.device_ms(VERIFY_MATMULS)
     rounds: dict[str, list[Any]] = {"sync": [], "event": []}
+    ratio: dict[str, list[float]] = {"draft": [], "verify": []}  # event / sync, pair by pair
     waits: list[float] = []
     with capture(level=1, clock="sync") as warm:
         loop(warm.observer, rig, rounds=2)
     for pair in abba(8):
+        ms = {}
         for clock in pair:
             with capture(level=1, clock=clock) as cap:
                 loop(cap.observer, rig, rounds=2, timed=waits if clock == "event" else None)
             rounds[clock].extend(cap.rounds)
+            ms[clock] = per_round_ms(cap.rounds)
+        for p in ratio:
+            ratio[p].append(ms["event"][p] / ms["sync"][p])
     sync, ev = per_round_ms(rounds["sync"]), per_round_ms(rounds["event"])
+    r = {p: statistics.median(v) for p, v in ratio.items()}
     print(
         f"\n[gpu] {rig.x.name} sync {sync}\n[gpu] {rig.x.name} event {ev}\n"
+        f"[gpu] event/sync per pair, median {r}\n"
         f"[gpu] event end_verify host ms (median) {statistics.median(waits):.4f} vs {dev:.2f} ms queued"
     )
-    assert abs(ev["verify"] - sync["verify"]) <= 0.05 * sync["verify"], (sync, ev)
-    assert abs(ev["draft"] - sync["draft"]) <= 0.10 * sync["draft"], (sync, ev)
+    # Per adjacent pair: an H100's speed wandered 8% between pairs (power and clocks), both
+    # clocks alike, and the means over all pairs then differed by that much.
+    assert abs(r["verify"] - 1) <= 0.05, (ratio, sync, ev)
+    assert abs(r["draft"] - 1) <= 0.10, (ratio, sync, ev)
     assert ev["accept"] < 0.1 * dev
     assert statistics.median(waits) < 0.5  # a mark records events; it never waits for the device
 
