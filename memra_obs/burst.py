@@ -93,7 +93,7 @@ class Burst:
     maintenance), one clock mark each."""
 
     __slots__ = (
-        "_at", "_clock", "_ended", "_hook_ns", "_mark", "_pending", "_phases", "_r0", "_s",
+        "_at", "_clock", "_cut", "_ended", "_hook_ns", "_mark", "_pending", "_phases", "_r0", "_s",
         "_seq", "_split", "_t", "_tokens", "_vsplit", "first_round", "index", "k", "rounds",
         "start_ns_mono",
     )  # fmt: skip
@@ -123,7 +123,7 @@ class Burst:
         #: What the open round's verify walk added to SEQ_ROWS and the split, at end_verify.
         self._seq, self._vsplit = 0, _NO_SPLIT
         self._pending: list[tuple[int, int, int, int, int, Any]] = []
-        self._ended = False
+        self._ended = self._cut = False
         self.start_ns_mono = now_ns()
         s._open_burst = self
 
@@ -262,7 +262,9 @@ class Burst:
         self.end()
 
     def _abort(self) -> None:
-        """An exception left the round open: dropped and counted, but unsaid (no misuse)."""
+        """An exception left the burst: its open round dropped and counted, but unsaid (no
+        misuse)."""
+        self._cut = True
         if self._at >= 0:
             self._lose()
 
@@ -301,7 +303,9 @@ class Burst:
         p, tot = self._phases, s._phase_ns
         for i, ns in enumerate(p.phases()):
             tot[i] = (tot[i] + ns) & U64_MAX
-        first = not s._first_token_sent
+        # A first burst cut before any round (a cancel, an OOM) sent no token: no TTFT, no
+        # anchor token; the session's next burst, if any, is its first.
+        first = not s._first_token_sent and not (self._cut and not self.rounds)
         if tokens is None:
             tokens = self._tokens + (1 if first else 0)
         s._tokens += tokens

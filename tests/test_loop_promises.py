@@ -1158,6 +1158,45 @@ def test_a_tag_under_the_parsers_own_prefixes_is_said_and_its_lines_parse_back(k
     assert "starts with none of spec-prof, spec-trace, spec-advice" in caplog.text
 
 
+def test_a_first_burst_cut_before_any_round_publishes_no_first_token():
+    """A client gone (an asyncio cancel) during round 1 of the first burst: no token went out,
+    yet the cut burst was published as the first one, so the request's time to the cancel
+    became a TTFT (``[spec-prof]``, ``memra_spec_first_token_seconds``) and the session said
+    one token served. A session that goes on after such a cut profiles its next burst."""
+
+    async def request(obs, started):
+        with obs.session("glm5") as s:
+            s.lap("prime")
+            b = s.burst(4)
+            b.begin_round()
+            b.end_draft()
+            started.set()
+            await asyncio.sleep(10)  # verify on the device when the client goes away
+
+    async def serve(obs):
+        started = asyncio.Event()
+        task = asyncio.create_task(request(obs, started))
+        await started.wait()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    with capture(level=1, prof=True) as cap:
+        asyncio.run(serve(cap.observer))
+        with cap.observer.session("glm5") as s:
+            with contextlib.suppress(RuntimeError), s.burst(4) as b:
+                raise RuntimeError("CUDA out of memory")  # the loop retries the burst
+            with s.burst(4) as b:
+                one_round(b)
+    assert [(e.error, e.tokens, e.rounds) for e in cap.ends] == [
+        ("CancelledError", 0, 0), ("", 4, 1)
+    ]  # fmt: skip
+    (ft,) = cap.first_tokens
+    assert ft.session == cap.ends[1].session
+    assert (ft.prof.first_burst_rounds, ft.prof.first_burst_tokens) == (1, 4)
+    assert sum(x.startswith("[spec-prof] ") for x in cap.lines) == 1
+
+
 def test_an_exception_out_of_the_loop_is_re_raised_and_not_said_as_misuse(caplog):
     """A CUDA OOM (or a CancelledError) leaving a round half-done through the README's loop
     (``b.end()`` after the rounds) or a ``with`` burst: re-raised unchanged, recorded as the
