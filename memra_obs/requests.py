@@ -17,6 +17,7 @@ from .timeline import (
     PHASES,
     BurstRecord,
     FirstTokenRecord,
+    PriorRecord,
     Record,
     RoundRecord,
     SessionEndRecord,
@@ -93,6 +94,13 @@ class RequestsExporter:
                 c.k = max(c.k, rec.k)
             elif isinstance(rec, FirstTokenRecord):
                 c.first_token = asdict(rec.prof)
+            elif isinstance(rec, PriorRecord):  # agent mode: what an earlier agent read
+                c.ks.extend(rec.ks)
+                c.js.extend(rec.js)
+                c.phases = [t + ns for t, ns in zip(c.phases, rec.phases_ns, strict=True)]
+                c.k = max(c.k, rec.k)
+                if rec.first_token is not None:
+                    c.first_token = asdict(rec.first_token)
             elif isinstance(rec, SessionEndRecord):
                 del self._open[rec.session]
                 lines.append(self._line(c, rec))

@@ -13,8 +13,9 @@ from typing import NamedTuple
 from .records import SpecFirstTokenProf, SpecPhaseNs, SpecRoundProf
 
 __all__ = [
-    "PHASES", "BurstRecord", "FirstTokenRecord", "ProfRowsRecord", "ProfSummaryRecord", "Record",
-    "RoundRecord", "SessionEndRecord", "SessionRecord", "each_round", "to_epoch_ns",
+    "PHASES", "BurstRecord", "FirstTokenRecord", "PriorRecord", "ProfRowsRecord",
+    "ProfSummaryRecord", "Record", "RoundRecord", "SessionEndRecord", "SessionRecord",
+    "each_round", "to_epoch_ns",
 ]  # fmt: skip
 
 #: The five phases of a round, in order; ``RoundRecord.t_ns_mono`` holds their six bounds.
@@ -130,8 +131,21 @@ class SessionEndRecord(NamedTuple):
     advice: str = ""
 
 
+class PriorRecord(NamedTuple):
+    """Agent mode: what a previous agent published of a session still open across its restart,
+    right after the replayed SessionRecord. Only the per-request record reads it (metrics and
+    spans counted those rounds then): without it, the record held only the later rounds."""
+
+    session: int
+    ks: tuple[int, ...]  #: k of each drafting round (k > 0), in order
+    js: tuple[int, ...]  #: j of the same rounds
+    phases_ns: tuple[int, int, int, int, int]  #: phase totals over every round
+    k: int  #: the largest burst k
+    first_token: SpecFirstTokenProf | None
+
+
 Record = (SessionRecord | RoundRecord | BurstRecord | FirstTokenRecord | ProfRowsRecord
-          | ProfSummaryRecord | SessionEndRecord)  # fmt: skip
+          | ProfSummaryRecord | SessionEndRecord | PriorRecord)  # fmt: skip
 
 
 def _shift(t: tuple[int, int, int, int, int, int], d: int) -> tuple[int, int, int, int, int, int]:

@@ -20,6 +20,7 @@ from memra_obs.observer import Observer
 from memra_obs.timeline import (
     BurstRecord,
     FirstTokenRecord,
+    PriorRecord,
     RoundRecord,
     SessionEndRecord,
     SessionRecord,
@@ -144,8 +145,9 @@ def test_graceful_close_leaves_open_sessions_to_the_next_agent(tmp_path):
     cap2 = Collect()
     a2 = Agent(str(tmp_path), [cap2])
     a2.drain(5)
-    assert [type(r) for r in cap2.records] == [SessionRecord, SessionEndRecord]
-    assert cap2.records[1].rounds == 2
+    # the context, then (for the per-request record) what agent 1 published of it
+    assert [type(r) for r in cap2.records] == [SessionRecord, PriorRecord, SessionEndRecord]
+    assert len(cap2.records[1].ks) == cap2.records[2].rounds == 2
     a2.close()
     sink.shutdown()
 
@@ -572,3 +574,41 @@ def test_agent_spans_carry_the_agents_resource_and_each_workers_label(tmp_path):
                     workers.append(a["memra.spec.worker"]["stringValue"])
     assert resources == {("agent-svc", "h1")}
     assert sorted(workers) == ["0", "1"]
+
+
+def test_a_session_open_across_a_graceful_restart_keeps_its_whole_request_record(tmp_path):
+    """The per-request record (the agent's requests file, the session span's
+    ``memra.spec.request.*``) of a session open across a SIGTERMed agent counts every round,
+    as the worker's own ``spec_decode()`` does: it held only the rounds after the restart
+    (num_spec_steps 5 of rounds 9, the first-token profile gone)."""
+    from memra_obs.otel.spans import SpanBuilder
+    from memra_obs.requests import RequestsExporter
+
+    rings, out = tmp_path / "rings", tmp_path / "req.jsonl"
+    rings.mkdir()
+    obs, sink = observer(rings, "w")
+    s = obs.session("glm5")
+    rounds(s, 4, k=4, j=3)
+    agent1 = Agent(str(rings), [Collect()])
+    assert agent1.drain(5)
+    agent1.close()  # graceful: the session stays open for the next agent
+    rounds(s, 5, k=4, j=1)
+    truth = s.spec_decode()
+    s.end()
+    cap, req = Collect(), RequestsExporter(str(out))
+    agent2 = Agent(str(rings), [cap, req])
+    assert agent2.drain(5)
+    agent2.close()
+    sink.shutdown()
+    line = json.loads(out.read_text())
+    assert line["rounds"] == line["num_spec_steps"] == truth["num_spec_steps"] == 9
+    for key in ("acceptance_histogram", "num_accepted_draft_tokens", "phase_ms"):
+        assert line[key] == truth[key], key
+    assert line["first_token"] is not None
+    spans: list = []
+    SpanBuilder().add(cap.records, spans)
+    (session,) = [sp for sp in spans if sp[0] == "spec.session"]
+    attrs = dict(session[6])
+    assert attrs["memra.spec.request.num_spec_steps"] == 9
+    assert attrs["memra.spec.request.num_accepted_draft_tokens"] == 4 * 3 + 5 * 1
+    assert len(cap.of(RoundRecord)) == 5  # the rounds agent 1 published are not published again

@@ -502,6 +502,12 @@ def test_a_session_a_previous_agent_read_is_ended_when_its_writer_dies(tmp_path)
     b.writer_gone()
     out: list = []
     assert b.publish(out, 4096)
-    assert [type(r).__name__ for r in out] == ["SessionRecord", "SessionEndRecord"]
-    assert out[1].error == "WorkerGone" and out[0].session == out[1].session
+    names = [type(r).__name__ for r in out]
+    assert names == [
+        "SessionRecord",
+        "PriorRecord",
+        "SessionEndRecord",
+    ]  # its round, for its record
+    assert out[2].error == "WorkerGone" and out[0].session == out[1].session == out[2].session
+    assert out[1].ks == (4,) and out[1].js == (2,)
     b.close()

@@ -17,11 +17,22 @@ import os
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..timeline import BurstRecord, Record, RoundRecord, SessionEndRecord, SessionRecord
+from ..timeline import (
+    BurstRecord,
+    FirstTokenRecord,
+    PriorRecord,
+    Record,
+    RoundRecord,
+    SessionEndRecord,
+    SessionRecord,
+)
 from . import format as F
+
+if TYPE_CHECKING:
+    from ..records import SpecFirstTokenProf
 
 __all__ = ["FormatError", "Item", "RingReader", "RingStream", "State"]
 
@@ -100,6 +111,8 @@ class RingReader:
             raise FormatError(f"{self.path}: cursor {self.pos}/{self.rec} breaks the rules")
         #: Records read, and lost to overwrite, by this reader, from its first cursor.
         self.read, self.overwritten, self._rec0 = 0, 0, self.rec
+        #: Sessions open below the cursor: what a previous agent published of each.
+        self.prior: dict[int, _Prior] = {}
         self.last = State(self.pos, self.rec, 0, 0, 0, 0)  # as last read (the cursor bounds it)
 
     def _pread(self, n: int, off: int) -> bytes:
@@ -236,13 +249,23 @@ class RingReader:
         return out
 
     def sessions_before(self, pos: int) -> Sessions:
-        """SessionRecords still in the ring below ``pos`` (a previous agent read them)."""
+        """SessionRecords still in the ring below ``pos`` (a previous agent read them), and in
+        ``prior`` what it published of each session still open there."""
         out: Sessions = {}
+        self.prior = {}
         for a in range(max(0, self.state().head - self.geo.slots), pos, 4096):
             for x, _, _, kind, payload in self._walk(a, min(pos, a + 4096), pos):
                 if kind == F.KIND_SESSION:
                     rec, in_table = F.decode(kind, payload)
                     out[rec.session] = (rec, in_table, x)
+                    self.prior[rec.session] = _Prior()
+                    continue
+                with contextlib.suppress(Exception):  # a record that does not decode: not counted
+                    r = F.decode(kind, payload)
+                    if type(r) is SessionEndRecord:
+                        self.prior.pop(r.session, None)
+                    elif r.session in self.prior:
+                        self.prior[r.session].add(r)
         return out
 
     def close(self, unlink: bool = False) -> None:
@@ -251,6 +274,33 @@ class RingReader:
         if unlink:
             with contextlib.suppress(OSError):  # gone already, or not ours to remove
                 os.unlink(self.path)
+
+
+@dataclass(slots=True)
+class _Prior:
+    """What a previous agent published of a session: the per-request record's inputs."""
+
+    ks: list[int] = field(default_factory=list)
+    js: list[int] = field(default_factory=list)
+    ph: list[int] = field(default_factory=lambda: [0] * 5)
+    k: int = 0
+    first_token: SpecFirstTokenProf | None = None
+
+    def add(self, rec: Record) -> None:
+        if isinstance(rec, RoundRecord):
+            if rec.k > 0:
+                self.ks.append(rec.k)
+                self.js.append(rec.j)
+            self.ph = [a + b for a, b in zip(self.ph, rec.phase_ns(), strict=True)]
+        elif isinstance(rec, BurstRecord):
+            self.k = max(self.k, rec.k)
+        elif isinstance(rec, FirstTokenRecord):
+            self.first_token = rec.prof
+
+    def record(self, gid: int) -> PriorRecord:
+        ph = self.ph
+        return PriorRecord(gid, tuple(self.ks), tuple(self.js), (ph[0], ph[1], ph[2], ph[3], ph[4]),
+                           self.k, self.first_token)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -324,8 +374,7 @@ class RingStream(RingReader):
             with contextlib.suppress(FormatError):
                 held = self.open_sessions()
             for sid in self._carried & held.keys() - self._open.keys():
-                self.replayed += 1
-                self._start(*held[sid], out)
+                self._replay(held[sid], out)
             self._carried = set()
         for sid in list(self._open):
             self._end(sid, "WorkerGone", out)
@@ -340,6 +389,16 @@ class RingStream(RingReader):
         self.workers.add(srec.worker or self.worker)
         return st
 
+    def _replay(self, found: tuple[SessionRecord, bool, int], out: list[Record]) -> _Open:
+        """A session's context again; then what a previous agent published of it, for its
+        per-request record (which otherwise counted only the rounds from here on)."""
+        self.replayed += 1
+        st = self._start(*found, out)
+        prior = self.prior.pop(found[0].session, None)
+        if prior is not None:
+            out.append(prior.record(st.gid))
+        return st
+
     def _recover(self, rec: Any, pos: int, out: list[Record]) -> _Open:
         if self._table is None and rec.session not in self._before:
             self._table = {}  # unreadable (the ring shrank): a stand-in, and the batch stays whole
@@ -347,8 +406,7 @@ class RingStream(RingReader):
                 self._table = self.open_sessions()
         found = self._before.get(rec.session) or (self._table or {}).get(rec.session)
         if found is not None:
-            self.replayed += 1
-            return self._start(*found, out)
+            return self._replay(found, out)
         # Same host, same CLOCK_MONOTONIC: the agent's own anchor pair maps the stamps.
         t0 = rec.t_ns_mono[0] if type(rec) is RoundRecord else getattr(rec, "start_ns_mono", 0)
         stand_in = SessionRecord(rec.session, "unknown", "", "", self.worker, t0,

@@ -14,7 +14,14 @@ from typing import Any
 
 from ..diagnostics import say_once
 from ..records import FIRST_TOKEN_FIELDS, U64_MAX
-from ..timeline import BurstRecord, FirstTokenRecord, RoundRecord, SessionEndRecord, SessionRecord
+from ..timeline import (
+    BurstRecord,
+    FirstTokenRecord,
+    PriorRecord,
+    RoundRecord,
+    SessionEndRecord,
+    SessionRecord,
+)
 
 #: (name, trace_id, span_id, parent_span_id, start_ns_epoch, end_ns_epoch, (key, value) pairs,
 #: None or (status code, message)); plain tuples, as they are built on a hot path.
@@ -307,7 +314,16 @@ def _advice_attrs(line: str) -> tuple[tuple[str, Any], ...]:
     return tuple(zip(_ADVICE_KEYS, vals, strict=True))
 
 
+def _prior(self: SpanBuilder, s: _Session, rec: PriorRecord, out: list[Span]) -> None:
+    """Agent mode: the rounds an earlier agent published, for ``memra.spec.request.*`` only."""
+    s.ks.extend(rec.ks)
+    s.js.extend(rec.js)
+    s.ph = [t + ns for t, ns in zip(s.ph, rec.phases_ns, strict=True)]
+    s.k = max(s.k, rec.k)
+
+
 _BY_TYPE: dict[type, Callable[[SpanBuilder, _Session, Any, list[Span]], None]] = {
+    PriorRecord: _prior,
     RoundRecord: SpanBuilder._round,
     BurstRecord: SpanBuilder._burst,
     FirstTokenRecord: SpanBuilder._first_token,
