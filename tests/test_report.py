@@ -722,6 +722,21 @@ def test_trace_only_logs_compare_burst_means_and_an_empty_input_still_reports(tm
     assert k["sessions"] == ["0"] and k["lines"] == ["0"] and k["ttft_median_ms"] == ["-"]
 
 
+def test_long_bursts_of_a_trace_only_log_cost_a_record_each(tmp_path):
+    """A phase line's rounds stay one run (as the tail publishes them), not a record a round:
+    30 lines of 65,536-round bursts (5 KB) took 1.4 GB and 11 s; the page counts every round."""
+    line = ("[glm5-phase] rounds=65536 k=4 total=65536.00ms | draft=13107.20 verify=32768.00 "
+            "accept=6553.60 roll=6553.60 maint=6553.60 | per-round ms: draft=0.200 verify=0.500 "
+            "accept=0.100 roll=0.100 maint=0.100 total=1.000\n")  # fmt: skip
+    (log := tmp_path / "w.log").write_text(line * 8)
+    v = View("w.log", read(str(log)))
+    assert len(v.run.rounds) == 8 * 65536 and len(v.wall_ms) <= 8 * 6  # a burst: <= 6 runs
+    assert sorted({round(w, 6) for w in v.wall_ms}) == [1.0]
+    k = keys(report(log, out=tmp_path / "w.html"))
+    assert k["rounds"] == k["rounds_means"] == [str(8 * 65536)] and k["rounds_own"] == ["0"]
+    assert k["acc_rounds"] == [f"0; {8 * 65536}"]
+
+
 def test_a_pods_log_as_its_collector_wrote_it_reads_as_the_workers(runs, tmp_path):
     """The log as /var/log/pods holds it (CRI: ``<time> stderr F ``) or Docker's json-file:
     the records of the plain log (it was an empty page, exit 0, "a trace-only log"). A log with

@@ -12,7 +12,7 @@ import json
 import os
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -41,6 +41,28 @@ class RoundLog:
     lineno: int = 0
 
 
+class Rounds(Sequence[RoundRecord]):
+    """A run's rounds as they were rebuilt: a run of equal rounds (a burst's means, ``repeat`` =
+    n) stays one record in ``runs``, so a trace-only log costs a record a burst, not a round
+    (bursts of thousands of rounds are ~700 bytes a round expanded). Iterating expands them."""
+
+    def __init__(self, runs: Iterable[RoundRecord] = ()) -> None:
+        self.runs = list(runs)
+
+    def __len__(self) -> int:  # the rounds, not the records
+        return sum(r.repeat for r in self.runs)
+
+    def __iter__(self) -> Iterator[RoundRecord]:
+        return (x for r in self.runs for x in each_round(r))
+
+    def __getitem__(self, i: Any) -> Any:
+        return list(self)[i]
+
+    def __iadd__(self, rounds: Iterable[RoundRecord]) -> Rounds:
+        self.runs += rounds
+        return self
+
+
 @dataclass
 class Run:
     """Everything the page shows of one input."""
@@ -53,7 +75,7 @@ class Run:
     refused: list[tuple[int, str, str]] = field(default_factory=list)  # line, why, its start
     unplaced: list[tuple[int, str]] = field(default_factory=list)  # valid lines not placed
     sessions: list[SessionRecord] = field(default_factory=list)
-    rounds: list[RoundRecord] = field(default_factory=list)
+    rounds: Rounds = field(default_factory=Rounds)
     bursts: list[BurstRecord] = field(default_factory=list)
     first_tokens: list[FirstTokenRecord] = field(default_factory=list)
     logs: list[RoundLog] = field(default_factory=list)
@@ -123,9 +145,9 @@ def _read_log(lines: Iterable[str], run: Run, max_families: int) -> None:
     rb.close()
     run.unplaced += [(0, w) for w in rb.problems]
     into: dict[type, list[Any]] = {SessionRecord: run.sessions, BurstRecord: run.bursts,
-                                   FirstTokenRecord: run.first_tokens, RoundRecord: run.rounds}  # fmt: skip
+                                   FirstTokenRecord: run.first_tokens, RoundRecord: run.rounds.runs}  # fmt: skip
     for r in rb.take():
-        into.get(type(r), []).extend(each_round(r) if isinstance(r, RoundRecord) else (r,))
+        into.get(type(r), []).append(r)  # a run of rounds stays one record (Rounds)
 
 
 def _value(v: dict[str, Any]) -> Any:
@@ -160,12 +182,13 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
     run.kinds["spans"] = sum(map(len, kids.values()))
     parts = ("sessions", "rounds", "bursts", "first_tokens", "refused")
     for sid, (tid, sp) in enumerate(roots, 1):
-        marks, unsampled = [len(getattr(run, p)) for p in parts], run.unsampled
+        lists = [run.rounds.runs if p == "rounds" else getattr(run, p) for p in parts]
+        marks, unsampled = [len(x) for x in lists], run.unsampled
         try:
             _session(sid, tid, sp, kids, run)
         except (TypeError, ValueError, KeyError) as exc:  # a refused session adds nothing
-            for p, m in zip(parts, marks, strict=True):
-                del getattr(run, p)[m:]
+            for x, m in zip(lists, marks, strict=True):
+                del x[m:]
             run.unsampled = unsampled
             run.refused.append((0, f"session span {sp[1]:016x} refused: {exc!r}", ""))
     reached, todo = set[int](), [sp[1] for _, sp in roots]
@@ -188,7 +211,7 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
 
 
 def _session(sid: int, tid: int, sp: Span, kids: Kids, run: Run) -> None:
-    at, fam, before = sp[5], sp[5].get(A + "family", "unknown"), len(run.rounds)
+    at, fam, before = sp[5], sp[5].get(A + "family", "unknown"), len(run.rounds.runs)
     run.sessions.append(SessionRecord(sid, fam, f"{fam}-phase", f"{fam}-phase-v",
                         at.get(A + "worker", ""), sp[3], 0, 0, tid, sp[1], sp[2],
                         at.get(A + "trace_level", 0), bool(at.get(A + "prof"))))  # fmt: skip
@@ -196,7 +219,7 @@ def _session(sid: int, tid: int, sp: Span, kids: Kids, run: Run) -> None:
     rounds = [r for b in mine if b[0] == "spec.burst" for r in _burst(sid, b, kids, run)]
     run.first_tokens += [_first_token(sid, ft, kids) for ft in mine if ft[0] == "spec.first_token"]
     # The worker's round log, exactly: its rows are round_prof_from_ns of these stamps.
-    logged = min(len(run.rounds) - before, LOGGED)
+    logged = min(sum(r.repeat for r in run.rounds.runs[before:]), LOGGED)
     first = [r for r in rounds if r.index < LOGGED]
     if not at.get(A + "prof") or not logged:
         return
@@ -251,10 +274,12 @@ def _burst(sid: int, b: Span, kids: Kids, run: Run) -> list[RoundRecord]:
     each = None if split is None else tuple(x // max(n, 1) for x in split)
     ts = itertools.accumulate(per, initial=rounds[-1].t_ns_mono[5] if rounds else b[3])
     rest = RoundRecord._make((sid, idx, first + n - u, (*ts,), -1, -1, 0, 0, each, u))
-    run.rounds += [*rounds, *each_round(rest)]  # past the span cap: u rounds, back to back
+    run.rounds += [*rounds, rest] if u else rounds  # past the span cap: u rounds, one run
     for r in bad:  # a refused round span: the remainder's mean, at its own index
         ts = itertools.accumulate(per, initial=r[3])
-        run.rounds.append(rest._replace(index=r[5].get(A + "round", 0), t_ns_mono=(*ts,), repeat=1))
+        run.rounds.runs.append(
+            rest._replace(index=r[5].get(A + "round", 0), t_ns_mono=(*ts,), repeat=1)
+        )
     run.unsampled += u
     phases = records.SpecPhaseNs(*tot, n)  # type: ignore[call-arg]
     run.bursts.append(BurstRecord(sid, idx, at.get(A + "k", 0), b[3], b[4], phases, split,

@@ -102,13 +102,14 @@ def round_wall_distribution(ax: Axes, v: View, views: Sequence[View]) -> None:
 def round_wall_over_round_index(ax: Axes, v: View, views: Sequence[View]) -> None:
     """Round wall over the round's index in its session (y cut at 1.3 x the 99.5th percentile)."""
     need(len(v.wall_ms), "no rounds")
-    for sel, color, label in ((~v.own, "#bbb", "burst mean"), (v.own, COLORS["draft"], "own wall")):
-        ax.scatter(v.index[sel], v.wall_ms[sel], s=2.5, c=color, lw=0, label=label, rasterized=True)
+    m, x = ~v.own, v.index[~v.own]  # burst means: a dash over the rounds (a run is one record)
+    ax.hlines(v.wall_ms[m], x - 0.5, x + v.n[m] - 0.5, color="#bbb", label="burst mean")
+    ax.scatter(v.index[v.own], v.wall_ms[v.own], s=2.5, c=COLORS["draft"], lw=0, label="own wall")
     if v.own.any():
         idx = np.unique(v.index[v.own])[:512]
         med = [median(v.wall_ms[v.own & (v.index == i)]) for i in idx]
         ax.plot(idx, med, color="k", lw=0.8, label="median per index")
-    ax.set(ylim=(0, np.quantile(v.wall_ms, 0.995) * 1.3), xlabel="round index in its session")
+    ax.set(ylim=(0, v.wall_quantile(0.995) * 1.3), xlabel="round index in its session")
 
 
 @panels("share", legend="right")
@@ -309,12 +310,12 @@ def totals(v: View) -> list[Row]:
         ("unplaced", ("valid lines the rebuild could not place", "the log's lines"), len(r.unplaced)),
         ("sessions", ("sessions", "all"), len(r.sessions)),
         ("bursts", ("bursts", "all"), len(r.bursts)),
-        ("rounds", ("rounds", "all"), len(r.rounds)),
+        ("rounds", ("rounds", "all"), int(v.n.sum())),
         ("rounds_own", ("rounds with their own measurement", "rows / round spans"), int(own.sum())),
-        ("rounds_means", ("rounds with only their burst's means", "the others"), int((~own).sum())),
+        ("rounds_means", ("rounds with only their burst's means", "the others"), v.without),
         ("drafted", ("drafted tokens (sum of k)", kj), int(v.k[own].sum())),
         ("accepted", ("accepted tokens (sum of j)", kj), int(v.j[own].sum())),
-        ("seq_rows", ("per-row-arm verify rows", kj), sum(x.seq_rows for x in r.rounds if x.k >= 0)),
+        ("seq_rows", ("per-row-arm verify rows", kj), sum(x.seq_rows for x in v.known())),
         ("wall_median_ms", ("median round wall, ms", "own"), _med(v.metric("wall"))),
         ("ttft_n", ("first-token profiles", "sessions with [spec-prof]"), len(v.ttft_ms)),
         ("ttft_median_ms", ("median TTFT, ms", "sessions with [spec-prof]"), _med(v.ttft_ms)),
@@ -343,7 +344,7 @@ def advice(v: View) -> list[Row]:
         return key, (label,), "-" if v.advice is None else value(v.advice)
 
     return [
-        ("acc_rounds", ("rounds with known k, j (used); without",), f"{e.rounds}; {e.skipped}"),
+        ("acc_rounds", ("rounds with known k, j (used); without",), f"{e.rounds}; {v.without}"),
         ("pooled_alpha", ("pooled acceptance (i.i.d.)",), _iv(e.pooled) if e.positions else "-"),
         adv("recommended_k", "recommended k", lambda a: str(a.recommended_k)),
         adv("expected_tokens", "E(k*): expected tokens per round", lambda a: _iv(a.expected_tokens)),

@@ -15,8 +15,8 @@ import numpy as np
 from ..analysis import AcceptanceEstimate, Advice, advise, estimate_acceptance
 from ..records import SpecRoundsLog
 from ..tail.rebuild import UNKNOWN_FAMILY
-from ..timeline import PHASES
-from .inputs import LOGGED, Run
+from ..timeline import PHASES, RoundRecord
+from .inputs import LOGGED, Rounds, Run
 
 AB_METRICS = ("wall", *PHASES)  # the A/B table's rows, per round
 #: Flagged: the CI excludes 0 and |B - A| is at least this share of A's median (rounds of one
@@ -39,15 +39,18 @@ def median(x: np.ndarray) -> float:
 
 
 class View:
-    """One run as the page shows it: label (``A: base.log``), records, rounds as columns; ``own``:
-    rounds with their own measurement (k >= 0), the others carry their burst's per-round means."""
+    """One run as the page shows it: label (``A: base.log``), records, rounds as columns (a run
+    of equal rounds one column, ``n`` its rounds); ``own``: rounds with their own measurement
+    (k >= 0), the others carry their burst's per-round means."""
 
     def __init__(self, label: str, run: Run) -> None:
-        self.label, self.run, rs = label, run, run.rounds
+        self.label, self.run = label, run
+        rs = run.rounds.runs
         t = np.fromiter(chain.from_iterable(r.t_ns_mono for r in rs), np.int64).reshape(-1, 6)
         self.phase_ms, self.wall_ms = np.diff(t, axis=1) / 1e6, (t[:, 5] - t[:, 0]) / 1e6
-        self.index, self.k, self.j = (np.fromiter((getattr(r, a) for r in rs), np.int64, len(rs))
-                                      for a in ("index", "k", "j"))  # fmt: skip
+        self.index, self.k, self.j, self.n = (
+            np.fromiter((getattr(r, a) for r in rs), np.int64, len(rs))
+            for a in ("index", "k", "j", "repeat"))  # fmt: skip
         self.own = self.k >= 0
         ph = [b.phases for b in run.bursts]
         #: Each burst's phase totals, ms (the phase line's numbers), and its rounds.
@@ -57,11 +60,26 @@ class View:
 
     @cached_property  # a run of several families is advised per family only (by_family)
     def advice(self) -> Advice | None:
-        return advise(self.run.rounds, clock=CLOCK)
+        return advise(self.known(), clock=CLOCK)
 
     @cached_property
     def acceptance(self) -> AcceptanceEstimate:
-        return self.advice.acceptance if self.advice else estimate_acceptance(self.run.rounds)
+        return self.advice.acceptance if self.advice else estimate_acceptance(self.known())
+
+    def known(self) -> list[RoundRecord]:
+        """The rounds with known k and j (runs of burst means have none: not expanded)."""
+        return [r for r in self.run.rounds.runs if r.k >= 0]
+
+    def wall_quantile(self, q: float) -> float:
+        """The q-quantile of every round's wall (a run of n equal rounds weighs n)."""
+        order = np.argsort(self.wall_ms)
+        at = np.searchsorted(np.cumsum(self.n[order]), q * self.n.sum())
+        return float(self.wall_ms[order][min(at, len(order) - 1)])
+
+    @property
+    def without(self) -> int:
+        """Rounds with unknown k and j (their burst's means)."""
+        return int(self.n[~self.own].sum())
 
     def metric(self, name: str, first: int | None = None) -> np.ndarray:
         """Per-round ms of ``name`` (``wall``, a phase, ``rollback+maint``) over the rounds with
@@ -76,16 +94,15 @@ def by_family(views: list[View]) -> list[tuple[str, list[View]]]:
     family: acceptance and the advice are a family's, as the live advisor's window is (one over
     two families told a family whose drafts were all refused to draft 6)."""
     fams = [{s.session: s.family for s in v.run.sessions} for v in views]
-    names = sorted(
-        {f.get(r.session, "?") for v, f in zip(views, fams, strict=True) for r in v.run.rounds}
-    )
+    runs = [v.run.rounds.runs for v in views]
+    names = sorted({f.get(r.session, "?") for rs, f in zip(runs, fams, strict=True) for r in rs})
     if len(set(names) - {UNKNOWN_FAMILY, "?"}) < 2:  # a log of rows only is "unknown": A/B kept
         return [("", views)]
     out = []
     for name in names:
-        pairs = zip(views, fams, strict=True)
-        vs = [View(f"{v.label} · {name}", replace(v.run, rounds=rs)) for v, f in pairs
-              if (rs := [r for r in v.run.rounds if f.get(r.session, "?") == name])]  # fmt: skip
+        pairs = zip(views, runs, fams, strict=True)
+        vs = [View(f"{v.label} · {name}", replace(v.run, rounds=Rounds(rs))) for v, run, f in pairs
+              if (rs := [r for r in run if f.get(r.session, "?") == name])]  # fmt: skip
         out.append((name, vs))
     return out
 
