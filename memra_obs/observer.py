@@ -1,9 +1,9 @@
 """The one object a spec loop talks to: clock laps in, plain records out to the sinks.
 
-With everything off, :func:`get_observer` returns :data:`NOOP_OBSERVER`, whose sessions and
-bursts are no-op methods: the loop pays a call per boundary and never writes ``if enabled:``.
-Sinks run on the loop's thread and must not block; nothing here raises into the loop (misuse
-and sink failures are said once, :mod:`memra_obs.diagnostics`).
+With everything off, :func:`memra_obs.get_observer` returns :data:`NOOP_OBSERVER`, whose
+sessions and bursts are no-op methods: the loop pays a call per boundary and never writes
+``if enabled:``. Sinks run on the loop's thread and must not block; nothing here raises into the
+loop (misuse and sink failures are said once, :mod:`memra_obs.diagnostics`).
 """
 
 from __future__ import annotations

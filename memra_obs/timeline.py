@@ -1,4 +1,5 @@
-"""What the observer hands to sinks: plain, immutable records of a session's timeline.
+"""What the observer hands to sinks: plain, immutable records of a session's timeline (and
+the agent's :class:`PriorRecord`, for its exporters only).
 
 One record per thing that happened. Timestamps say their clock: ``*_ns_mono`` is
 ``time.perf_counter_ns()``, ``*_ns_epoch`` Unix time; a session's anchor pair (read back to

@@ -151,3 +151,16 @@ def test_private_copies_name_their_goal() -> None:
     for rel in mods:
         doc = ast.get_docstring(ast.parse((PKG / rel).read_text())) or ""
         assert "Goal (DESIGN §9)" in doc, f"memra_obs/{rel} names no goal in its docstring"
+
+
+def test_rows_go_from_the_bottom_of_the_house_up() -> None:
+    """The doc reads the table top down as the house's floors: a row imports only rows above it
+    (requests.py once sat below session.py and otel/, which import it)."""
+    order = list(RULES)
+    bad = [
+        f"{part} imports {a}, a row below it"
+        for part, allowed in RULES.items()
+        for a in allowed or ()
+        if order.index(a) > order.index(part)
+    ]
+    assert not bad, "\n".join(bad)

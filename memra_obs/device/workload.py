@@ -2,7 +2,8 @@
 real kernels with spec-like shapes (fp16, loosely a 30B-class target with a small drafter), on
 CuPy or else torch. Phases only *queue* work on ``e`` (and ``eh``); the only host waits are a spec
 loop's own (the accept readback, the anchor draw), so the phase clock decides where device time
-lands. The KV cache (96 KiB a token) is allocated per session and given back: free memory moves.
+lands. The KV cache (96 KiB a token) is allocated per session and given back: free memory moves;
+concurrent loops share one copy of the weights (``weights_of``), as a server's requests do.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The legacy tagged lines on stderr, immediately and verbatim: the phase line at trace level
->= 1, the verify split at level 2, ``[spec-prof*]`` with the profile on. Each record's lines
-go out under one lock, in writes of whole lines of at most PIPE_BUF bytes, so neither threads
-nor processes sharing the pipe tear a line.
+>= 1, the verify split at level 2, ``[spec-prof*]`` and ``[spec-advice]`` with the profile on.
+Each record's lines go out under one lock, in writes of whole lines of at most PIPE_BUF bytes,
+so neither threads nor processes sharing the pipe tear a line.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Where the bytes come from: a pipe (or a file read once), or a log file followed through
-its rotations (the README's "Rotation"). Both hand out raw chunks, never lines:
+"""Where the bytes come from: a pipe (or a file read once, gzip'd or not), or a log file
+followed through its rotations (the README's "Rotation"). All hand out raw chunks, never lines:
 ``read(timeout_s)`` returns a chunk, ``b""`` when nothing came in time, or ``None`` at the end
 of the input (a followed file never ends; the caller closes it).
 """
