@@ -774,6 +774,23 @@ def test_resource_keys_are_kept_as_written_and_values_decoded(monkeypatch):
     assert attrs["k%3Dx"] == "1" and "k=x" not in attrs and attrs["site"] == "eu,west"
 
 
+def test_the_resource_comes_from_env_not_os_environ(monkeypatch, tmp_path):
+    """``configure(env=...)`` replaces os.environ: the SDK's detector, which Resource.create
+    runs on os.environ whatever ``env`` says, added the process's own attributes to its spans."""
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "team=other,deployment.environment=staging")
+    path = tmp_path / "spans.jsonl"
+    obs, _q, _ex = make({"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod"},
+                        spans_file=str(path))  # fmt: skip
+    run_session(obs, bursts=(1,), prof=False)
+    obs.shutdown(5)
+    doc = json.loads(path.read_text().splitlines()[0])
+    kvs = doc["resourceSpans"][0]["resource"]["attributes"]
+    attrs = {kv["key"]: kv["value"]["stringValue"] for kv in kvs}
+    assert "team" not in attrs and attrs["deployment.environment"] == "prod"
+    assert attrs["service.name"] == "memra-obs" and attrs["telemetry.sdk.language"] == "python"
+    assert "service.instance.id" in attrs  # the SDK's other detectors still run
+
+
 def test_a_spans_file_it_cannot_write_fails_at_start_up(tmp_path):
     """It used to start, then drop every span (said once at the first write): a missing
     directory, a directory (``new/`` too: it wrote a file ``new``), a file it may not create,

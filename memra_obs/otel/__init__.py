@@ -37,9 +37,7 @@ def build_span_exporter(
     names = traces_exporters(env)
     if not names:
         return None
-    from opentelemetry.sdk.resources import Resource
-
-    resource = Resource.create(resource_attributes(env))
+    resource = _resource(env)
     outputs: list[Output] = []
     try:
         for name in names:
@@ -50,6 +48,21 @@ def build_span_exporter(
             o.sender.close()
         raise
     return SpanExporter(outputs, round_spans=settings.round_spans) if outputs else None
+
+
+def _resource(env: Mapping[str, str]) -> Any:
+    """The SDK's ``Resource.create()`` (``telemetry.sdk.*``, its detectors) with ``env``'s
+    ``OTEL_*`` resource: its own ``OTEL_RESOURCE_ATTRIBUTES`` detector reads ``os.environ``
+    whatever ``env`` says, so the attributes it added from there are taken back out."""
+    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+
+    own = resource_attributes(env)
+    res = Resource.create(own)
+    var = "OTEL_RESOURCE_ATTRIBUTES"
+    if env is os.environ or env.get(var) == os.environ.get(var):
+        return res
+    stray = set(OTELResourceDetector().detect().attributes) - set(own)
+    return Resource({k: v for k, v in res.attributes.items() if k not in stray}, res.schema_url)
 
 
 def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> Output:
