@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import signal
@@ -256,3 +257,48 @@ def test_follow_ends_a_partial_line_at_rotation_and_waits_out_what_is_no_file(tm
         bytes(out.data)
         == b"one\n[spec-prof-rounds] row=3 wall_ms=0.6\ntwo\nafter dir\nafter fifo\n"
     )
+
+
+def cri_parts(lines: list[str], seed: int = 3) -> bytes:
+    """``lines`` as /var/log/pods holds them when the runtime read each in pieces (CRI-O's
+    conmon writes a ``P`` part at each read that ends mid-line): up to three ``P`` parts and the
+    ``F`` rest, stdout lines between the parts, and one line whose last part is the whole line
+    (the read ended just before its newline: an empty ``F`` follows)."""
+    rng, out = random.Random(seed), []
+    for i, line in enumerate(lines):
+        ts = f"2026-12-04T23:30:{i % 60:02d}.{i:09d}Z"
+        cuts = sorted(rng.sample(range(1, len(line)), min(3, len(line) - 1)))
+        if i == 5:
+            cuts = [len(line)]
+        for a, b in zip([0, *cuts[:-1]], cuts, strict=True):
+            out.append(f"{ts} stderr P {line[a:b]}")
+            out.append(f"{ts} stdout F INFO serving")  # the other stream, between the parts
+        out.append(f"{ts} stderr F {line[cuts[-1] :]}")
+    return ("\n".join(out) + "\n").encode()
+
+
+def test_a_pods_log_whose_lines_came_in_cri_parts_gives_every_round():
+    """A CRI log (/var/log/pods) whose lines the runtime wrote in ``P`` parts is read as the
+    worker wrote it: each line joined from its parts, per stream, before it is parsed (each part
+    was another program's line: every round of a split line was lost, unsaid), and a part that
+    held the whole line is read once. The bytes pass through as they were stored."""
+    lines = worker_lines(3)
+    want: list[Any] = []
+    plain = Tail(Rebuilder("w"), want.extend, out=None, notes=lambda s: None)
+    plain.feed(("\n".join(lines) + "\n").encode(), time.perf_counter_ns())
+    plain.close(time.perf_counter_ns())
+    blob, got, out = cri_parts(lines), [], _Out()
+    tail = Tail(Rebuilder("w"), got.extend, out=out, notes=lambda s: None)
+    for i in range(0, len(blob), 4096):  # lines and parts split across reads too
+        tail.feed(blob[i : i + 4096], time.perf_counter_ns())
+    tail.close(time.perf_counter_ns())
+
+    def rounds(records: list[Any]) -> list[tuple[int, int, int, int]]:
+        return [(r.k, r.j, r.ctx, r.repeat) for r in records if type(r) is RoundRecord]
+
+    assert len(rounds(want)) == 3 * 14 and rounds(got) == rounds(want)
+    assert tail.stats.total_malformed == tail.stats.total_orphans == 0
+    assert {k: v for k, v in tail.stats.lines.items() if k != "other"} == {
+        k: v for k, v in plain.stats.lines.items() if k != "other"
+    }
+    assert bytes(out.data) == blob

@@ -30,12 +30,12 @@ from .lines import (
     prof_rounds_lines,
     prof_summary_line,
 )
-from .parse import LegacyParseError, parse_line
+from .parse import CriJoin, LegacyParseError, parse_line
 
 __all__ = [
     "FIRST_TOKEN_FIELDS", "FIRST_TOKEN_MS_FIELDS", "KIND", "PHASE", "PROF_ROUNDS",
-    "PROF_SUMMARY_TAG", "VERIFY", "AdviceLine", "FirstTokenLine", "LegacyLine", "LegacyParseError",
-    "OverrideLine", "PhaseLine", "RoundsLine", "SummaryLine", "VerifyLine", "advice_line", "emit",
-    "format_line", "parse_line", "phase_lines", "prof_line", "prof_rounds_lines",
-    "prof_summary_line",
+    "PROF_SUMMARY_TAG", "VERIFY", "AdviceLine", "CriJoin", "FirstTokenLine", "LegacyLine",
+    "LegacyParseError", "OverrideLine", "PhaseLine", "RoundsLine", "SummaryLine", "VerifyLine",
+    "advice_line", "emit", "format_line", "parse_line", "phase_lines", "prof_line",
+    "prof_rounds_lines", "prof_summary_line",
 ]  # fmt: skip

@@ -33,7 +33,7 @@ from .lines import (
     VerifyLine,
 )
 
-__all__ = ["MAX_TAG", "LegacyParseError", "parse_line", "taggable"]
+__all__ = ["MAX_TAG", "CriJoin", "LegacyParseError", "parse_line", "taggable"]
 
 
 class LegacyParseError(ValueError):
@@ -189,6 +189,37 @@ def _behind_prefix(line: str, rest: str) -> LegacyLine | None:
         return parse_line(rest[m.start() :])
     except LegacyParseError:  # a damaged line behind a prefix may be anyone's (a grep of a
         return None  # tag, a log of this tail's own notes): not claimed, not refused
+
+
+#: A CRI log line's head (/var/log/pods): its time, its stream, and ``P`` (a part: the line goes
+#: on in the stream's next line) or ``F`` (the line ends here).
+_CRI_HEAD = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[^ ]+ (stdout|stderr) ([PF]) ").match
+
+
+class CriJoin:
+    """A CRI log's ``P`` parts joined to their ``F`` line, as the kubelet joins them: a runtime
+    writes a line it got in pieces as parts (CRI-O's conmon at each read of the pipe,
+    containerd past 16 KiB), and each part alone is a damaged line behind a prefix, not claimed:
+    its round was lost unsaid. ``join(line)``: a part is held (per stream, up to ``limit``
+    characters: a longer line is read as nothing) and read as ``""``; the ``F`` line after it
+    comes back whole; other lines as they are."""
+
+    def __init__(self, limit: int = 1 << 20) -> None:
+        self.limit = limit
+        self._held: dict[str, str | None] = {}  # a stream's parts so far; None: past the limit
+
+    def __call__(self, line: str) -> str:
+        m = _CRI_HEAD(line)
+        if m is None:
+            return line
+        at, held = m.end(), self._held.pop(m.group(1), "")
+        if m.group(2) == "P":
+            part = None if held is None else held + line[at:]
+            self._held[m.group(1)] = part if part is None or len(part) <= self.limit else None
+            return ""
+        if held is None:  # the end of a line past the limit: nobody's legacy line
+            return ""
+        return line[:at] + held + line[at:] if held else line
 
 
 def _durations(line: str, values: Sequence[str], kind: str) -> tuple[float, ...]:

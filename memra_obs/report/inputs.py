@@ -18,7 +18,15 @@ from typing import Any, BinaryIO
 
 from .. import records
 from ..environment import utf8
-from ..legacy import KIND, LegacyParseError, RoundsLine, SummaryLine, parse_line, prof_summary_line
+from ..legacy import (
+    KIND,
+    CriJoin,
+    LegacyParseError,
+    RoundsLine,
+    SummaryLine,
+    parse_line,
+    prof_summary_line,
+)
 from ..tail.rebuild import Rebuilder
 from ..tail.source import GZIP_MAGIC
 from ..timeline import PHASES, BurstRecord, FirstTokenRecord, RoundRecord, SessionRecord, each_round
@@ -119,9 +127,10 @@ def _read_log(lines: Iterable[str], run: Run, max_families: int) -> None:
     rb = Rebuilder("report", rng=random.Random(0), epoch_ns=lambda: 0, mono_ns=lambda: 0,
                    max_families=max_families)  # fmt: skip
     log: RoundLog | None = None  # the round log being read
+    cri = CriJoin()  # a pod's log: a line's CRI parts are read as one, as the tail reads them
     for n, line in enumerate(lines, 1):
         try:
-            if (rec := parse_line(line)) is None:
+            if (rec := parse_line(cri(line))) is None:
                 continue
             if type(rec) is RoundsLine and (p := rec.prof).j > p.k:  # the analysis refuses it
                 raise LegacyParseError(line, f"row with k={p.k}, j={p.j}: j must be in 0..k")

@@ -12,7 +12,15 @@ import select
 from collections.abc import Callable
 from typing import BinaryIO
 
-from ..legacy import KIND, PHASE, FirstTokenLine, LegacyParseError, RoundsLine, parse_line
+from ..legacy import (
+    KIND,
+    PHASE,
+    CriJoin,
+    FirstTokenLine,
+    LegacyParseError,
+    RoundsLine,
+    parse_line,
+)
 from ..timeline import Record
 from .rebuild import FAMILY_CAP, Rebuilder
 from .stats import TailStats
@@ -44,6 +52,7 @@ class Tail:
         # through (see tick) and since when; the output at a line boundary; an over-long line.
         self._buf, self._written, self._since, self._bol, self._skipping = b"", 0, 0, True, False
         self._ended = False  # close() ran: no line boundary will come to wait for
+        self._cri = CriJoin(MAX_LINE)  # a pod's log: a line's CRI parts are read as one
 
     def note(self, text: str) -> None:
         """One line of the tail's own on the output, between passed-through lines."""
@@ -146,7 +155,7 @@ class Tail:
         """Parse and place the lines of ``text`` (each ends in a newline), then publish."""
         lines = text.split("\n")[:-1]  # nothing after the last newline
         st, rb = self.stats, self.rebuilder
-        seen, feed, problems = st.lines, rb.feed, rb.problems
+        seen, feed, problems, cri = st.lines, rb.feed, rb.problems, self._cri
         long = len(text) > MAX_LINE  # a line over MAX_LINE can only be whole in a big chunk
         n, other, rows = self.lineno, 0, 0
         for line in lines:
@@ -155,6 +164,8 @@ class Tail:
                 other += 1
                 self._bad(n, _OVERLONG, "")
                 continue
+            if line[:1] != "[":  # no legacy line starts otherwise; a CRI part joins its line
+                line = cri(line)
             try:
                 rec = parse_line(line)
             except LegacyParseError as exc:
