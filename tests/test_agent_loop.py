@@ -612,3 +612,35 @@ def test_a_session_open_across_a_graceful_restart_keeps_its_whole_request_record
     assert attrs["memra.spec.request.num_spec_steps"] == 9
     assert attrs["memra.spec.request.num_accepted_draft_tokens"] == 4 * 3 + 5 * 1
     assert len(cap.of(RoundRecord)) == 5  # the rounds agent 1 published are not published again
+
+
+def test_two_live_workers_given_one_label_are_said_once(tmp_path, caplog):
+    """Two ranks given one MEMRA_OBS_WORKER sum their series under one label: said once, naming
+    both rings; a ring that never published (a forked helper) or a restarted worker is not."""
+    import logging
+
+    from memra_obs import diagnostics
+
+    diagnostics.reset()
+    (a0, r0), (b0, q0) = observer(tmp_path, "0"), observer(tmp_path, "0")
+    (o1, s1), (_, idle1) = observer(tmp_path, "1"), observer(tmp_path, "1")
+    (old, old_sink) = observer(tmp_path, "r")
+    with old.session("glm5") as s:
+        rounds(s, 2)
+    old_sink.shutdown()
+    (new, new_sink) = observer(tmp_path, "r")
+    cap = Collect()
+    a = Agent(str(tmp_path), [cap])
+    with caplog.at_level(logging.WARNING, logger="memra_obs"):
+        for _ in range(2):
+            for o in (a0, b0, o1, new):
+                with o.session("glm5") as s:
+                    rounds(s, 3)
+            assert a.drain(5)
+    said = [r.getMessage() for r in caplog.records if "worker label" in r.getMessage()]
+    assert len(said) == 1 and "'0'" in said[0] and "MEMRA_OBS_WORKER" in said[0], said
+    assert os.path.basename(r0.path) in said[0] and os.path.basename(q0.path) in said[0]
+    assert a.counts()["0"][0] == 2 * a.counts()["1"][0]  # summed: why it is said
+    for sink in (r0, q0, s1, idle1, new_sink):
+        sink.shutdown()
+    a.close()

@@ -31,6 +31,7 @@ from ..environment import (
     MEMRA_OBS_AGENT,
     MEMRA_OBS_METRICS_ADDR,
     MEMRA_OBS_SINKS,
+    MEMRA_OBS_WORKER,
     ConfigError,
     Settings,
     positive,
@@ -173,9 +174,27 @@ class Agent:
                 self._drop(s, exc)
                 continue
             self._polled.append(s)
+        if scan:
+            self._shared_labels()
         if not batch:
             self.taken()  # nothing to export: commit and retire now
         return batch
+
+    def _shared_labels(self) -> None:
+        """Say once per label when two live rings that both published carry it: their series
+        are summed under one ``worker`` (ranks given one ``MEMRA_OBS_WORKER``), which a scrape
+        cannot tell from one busy worker."""
+        seen: dict[str, RingStream] = {}
+        for s in self._streams.values():
+            if s.gone or not s.read:
+                continue
+            other = seen.setdefault(s.worker, s)
+            if other is not s:
+                say_once(f"agent-label:{s.worker}", f"agent: two live rings carry the worker "
+                         f"label {s.worker!r} ({os.path.basename(other.path)}, "
+                         f"{os.path.basename(s.path)}): their series are summed under one "
+                         f"worker; give each process its own {MEMRA_OBS_WORKER} (unset, it is "
+                         "$RANK or the pid)")  # fmt: skip
 
     def taken(self) -> None:
         """The pass is exported: count it. Its cursors are persisted, and finished rings
