@@ -150,3 +150,21 @@ def test_position_counts_sum_to_the_totals(pairs: list[tuple[int, int]]):
     assert pc.accepted == tuple(sum(r.j > i for r in known) for i in range(width))
     assert sum(pc.drafted) == sum(r.k for r in known)
     assert sum(pc.accepted) == sum(r.j for r in known)
+
+
+def test_extrapolated_expected_tokens_cover_under_a_true_flat_tail():
+    """One k for every round (k = 2) from a flat curve, where the flat tail is the truth: E(k)
+    for k = 3..5 leans on a tail pooled from the deepest position, so the two errors are one;
+    its interval still covers at the nominal rate (added as if independent: about 0.87)."""
+    alpha, seeds = CURVES["flat"], 600
+    true_e = [1 + sum(survival(alpha)[:k]) for k in range(6)]
+    rng, hit = random.Random(13), [0] * 6
+    for _ in range(seeds):
+        est = estimate_acceptance(rounds(alpha, 400, rng, lambda r: 2))
+        assert len(est.positions) == 2 and est.tail == est.positions[1].alpha
+        for k in range(3, 6):
+            e = est.expected_tokens(k)
+            hit[k] += e.lo <= true_e[k] <= e.hi
+    cov = [h / seeds for h in hit[3:]]
+    print(f"\nE(3..5) coverage: {cov}")
+    assert all(abs(c - 0.95) <= 3.5 * math.sqrt(0.95 * 0.05 / seeds) for c in cov), cov

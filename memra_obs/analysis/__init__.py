@@ -146,7 +146,8 @@ class AcceptanceEstimate:
 
     def expected_tokens(self, k: int) -> Interval:
         """E(k) = 1 + Σ_{i=1..k} S(i), the tokens a round drafting k commits; its interval has
-        each α's Wilson half-widths through dE/dα (MOVER), past the data the flat tail's."""
+        each α's Wilson half-widths through dE/dα (MOVER), past the data the flat tail's
+        and its covariance with the deepest positions it pools."""
         n = len(self.positions)
         al = [self.positions[i].alpha if i < n else self.tail for i in range(k)]
         surv = list(accumulate((a.value for a in al), mul))
@@ -154,10 +155,27 @@ class AcceptanceEstimate:
         for m in range(k - 1, -1, -1):
             grad[min(m, n)] += (surv[m - 1] if m else 1.0) * r
             r = 1.0 + al[m].value * r
-        terms = [(g, a) for g, a in zip(grad, [*al[:n], self.tail], strict=True) if g]
-        lo = math.sqrt(sum((g * (a.value - a.lo)) ** 2 for g, a in terms))
-        hi = math.sqrt(sum((g * (a.hi - a.value)) ** 2 for g, a in terms))
+        # (weight, α): weight·half-width² adds to the variance; g² of each estimate, and the
+        # tail's covariance with the deepest positions it pools (w_m var(α_m), w_m their share)
+        terms = [(g * g, a) for g, a in zip(grad, [*al[:n], self.tail], strict=True) if g]
+        if k > n:
+            first, _, pooled = _tail_of(self.positions)
+            for p in self.positions[first:]:
+                terms.append((2 * grad[n] * grad[p.position] * p.at_risk / pooled, p.alpha))
+        lo = math.sqrt(sum(w * (a.value - a.lo) ** 2 for w, a in terms))
+        hi = math.sqrt(sum(w * (a.hi - a.value) ** 2 for w, a in terms))
         return Interval(e := 1.0 + sum(surv), max(1.0, e - lo), min(1.0 + k, e + hi))
+
+
+def _tail_of(positions: Sequence[Position]) -> tuple[int, int, int]:
+    """The flat tail's data: (first position pooled, accepted, at risk) of the deepest
+    positions, until TAIL_AT_RISK rounds at risk."""
+    first, x, n = len(positions), 0, 0
+    for p in reversed(positions):
+        if n >= TAIL_AT_RISK:
+            break
+        first, x, n = p.position, x + p.accepted, n + p.at_risk
+    return first, x, n
 
 
 def estimate_acceptance(
@@ -183,11 +201,8 @@ def estimate_acceptance(
             sv = Interval(s, s * math.exp(-math.sqrt(lo2)), min(1.0, s * math.exp(math.sqrt(hi2))))
         prev = Interval(sv.value, min(sv.lo, prev.lo), min(sv.hi, prev.hi))
         positions.append(Position(i, at_risk[i], accepted[i], a, prev))
-    x = n = 0
-    for p in reversed(positions):  # the deepest positions, until TAIL_AT_RISK rounds at risk
-        x, n = (x + p.accepted, n + p.at_risk) if n < TAIL_AT_RISK else (x, n)
     pooled = wilson(sum(p.accepted for p in positions), sum(p.at_risk for p in positions), z)
-    tail = wilson(x, n, z)
+    tail = wilson(*_tail_of(positions)[1:], z)
     return AcceptanceEstimate(st.kj.total(), st.skipped, level, (*positions,), pooled, tail)
 
 
