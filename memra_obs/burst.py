@@ -356,7 +356,7 @@ class Burst:
             fan(fo.on_round, "on_round", rec)
         log = s.log
         if log is not None:
-            if index == 0:
+            if index == 0 and not s._first_token_sent:  # a first burst of no round closed it
                 s._round1 = t
                 s.prof.first_round_tokens = j + 1  # type: ignore[union-attr]
             if len(log.rounds) < SPEC_PROF_ROUNDS:

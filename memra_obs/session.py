@@ -260,7 +260,9 @@ class Session:
             if b is not None:  # an open burst's finished rounds count, as their ks and js do
                 ns = list(map(operator.add, ns, b._phases.phases()))
             out = request_record(self._ks, self._js, ns, detailed, self._k)
-            out["first_token"] = asdict(self.prof) if self.prof is not None else None
+            # Ended before a first token: no profile was published (the requests file's None)
+            prof = None if self._ended and not self._first_token_sent else self.prof
+            out["first_token"] = asdict(prof) if prof is not None else None
             return out
         except Exception as exc:
             say_once("spec-decode", f"Session.spec_decode failed ({exc!r})")

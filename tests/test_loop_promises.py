@@ -823,11 +823,25 @@ def test_profile_calls_after_a_session_ended_without_a_burst_are_said(caplog):
         s.add(prime_tap_dtoh_ms=1.0)
         s.set(draft_prime_rows=3)
         assert s.free_memory("after") == []
-    ft = s.spec_decode()["first_token"]
-    assert (ft["prime_ms"], ft["prime_tap_dtoh_ms"], ft["draft_prime_rows"]) == (0.0, 0.0, 0)
+    ft = s.prof
+    assert (ft.prime_ms, ft.prime_tap_dtoh_ms, ft.draft_prime_rows) == (0.0, 0.0, 0)
+    assert s.spec_decode()["first_token"] is None  # no profile was published
     for call in ("lap", "add", "set", "free_memory"):
         said = f"Session.{call}(...) after the session ended: the first-token profile is closed"
         assert caplog.text.count(said) == 1, call
+
+
+def test_a_first_burst_of_no_round_keeps_its_published_profile():
+    """A first burst that returns the anchor token alone (no round) closes the profile with
+    ``first_round_tokens=0``; the next burst's first round rewrote the live profile, so
+    ``spec_decode()`` said 4 where the ``[spec-prof]`` line and the requests file said 0."""
+    with capture(level=0, prof=True, memory=lambda: []) as cap, cap.observer.session("g") as s:
+        s.burst(4).end()
+        with s.burst(4) as b:
+            one_round(b, k=4, j=3)
+    (ft,) = cap.first_tokens
+    assert ft.prof.first_round_tokens == 0 and ft.prof == s.prof
+    assert s.spec_decode()["first_token"]["first_round_tokens"] == 0
 
 
 def test_a_family_that_is_not_a_name_is_said_and_recorded_under_the_default(caplog):

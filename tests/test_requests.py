@@ -119,6 +119,28 @@ def test_the_record_so_far_mid_burst_counts_the_open_bursts_rounds_whole():
     assert mid["phase_ms"] == end["phase_ms"] and mid["phase_ms"]["draft"] >= 6.0
 
 
+def test_a_session_that_sent_no_token_has_no_first_token_profile(tmp_path):
+    """Ended before a first token (no burst, or a first burst an exception cut before any
+    round): no profile was published, so ``spec_decode()["first_token"]`` is None, as in the
+    requests file (it returned the unpublished buckets, a ``first_burst_ms`` of 0.0)."""
+    from memra_obs.requests import RequestsExporter
+    from memra_obs.testing import capture
+
+    with capture(level=0, prof=True, memory=lambda: []) as cap:
+        quiet = cap.observer.session("glm5")
+        quiet.lap("prime")
+        quiet.end()
+        with pytest.raises(MemoryError), cap.observer.session("glm5") as cut, cut.burst(4) as b:
+            b.begin_round()
+            raise MemoryError
+    ex = RequestsExporter(str(tmp_path / "r.jsonl"))
+    ex.export(cap.records)
+    ex.shutdown()
+    lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [x["first_token"] for x in lines] == [None, None]
+    assert quiet.spec_decode()["first_token"] is None and cut.spec_decode()["first_token"] is None
+
+
 def test_a_requests_file_that_cannot_be_written_fails_at_start_up(tmp_path):
     """A missing directory or a directory: start-up stops naming the variable (it started, and
     every record was lost, said at the first session's end without the variable's name)."""
