@@ -544,8 +544,9 @@ def test_a_forked_child_sends_its_own_spans():
         rx.close()
 
 
-def self_signed(tmp_path):
-    """(certificate, key) for 127.0.0.1, self-signed, one day; skips without the openssl CLI."""
+def self_signed(tmp_path, san="IP:127.0.0.1"):
+    """(certificate, key) for 127.0.0.1 (or ``san``), self-signed, one day; skips without the
+    openssl CLI."""
     import shutil
     import subprocess
 
@@ -553,7 +554,7 @@ def self_signed(tmp_path):
         pytest.skip("openssl CLI not found: cannot make a self-signed certificate")
     crt, key = tmp_path / "c.pem", tmp_path / "k.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-subj", "/CN=localhost", "-addext", f"subjectAltName={san}",
                     "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True,
                    timeout=60)  # fmt: skip
     return crt, key
@@ -622,4 +623,35 @@ def test_a_grpc_tls_handshake_that_fails_is_not_retried(tmp_path):
             finally:
                 sender.close()
     finally:
+        server.stop(0)
+
+
+def test_a_grpc_certificate_for_another_host_is_not_retried(tmp_path):
+    """OTLP/gRPC to a trusted certificate made out to another host (a Collector's certificate
+    for its service name, reached by IP): grpcio says UNAVAILABLE, but no retry can fix it, so
+    the request is dropped at once, as over HTTP (it was retried for the whole export timeout)."""
+    from concurrent import futures
+
+    grpc = pytest.importorskip("grpc")
+    from memra_obs.otel.config import OtlpConfig
+    from memra_obs.otel.transport import GrpcSender, SendError
+
+    crt, key = self_signed(tmp_path, san="DNS:collector.example")
+    handler = grpc.method_handlers_generic_handler(
+        "opentelemetry.proto.collector.trace.v1.TraceService",
+        {"Export": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"")},
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((handler,))
+    creds = grpc.ssl_server_credentials([(key.read_bytes(), crt.read_bytes())])
+    port = server.add_secure_port("127.0.0.1:0", creds)
+    server.start()
+    env = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_CERTIFICATE": str(crt),
+           "OTEL_EXPORTER_OTLP_ENDPOINT": f"https://127.0.0.1:{port}"}  # fmt: skip
+    sender = GrpcSender(OtlpConfig.from_env(env))
+    try:
+        with pytest.raises(SendError, match="Hostname"):
+            sender.send(b"", 10.0)
+    finally:
+        sender.close()
         server.stop(0)

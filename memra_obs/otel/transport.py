@@ -115,6 +115,10 @@ def retry_after_s(value: str | None) -> float | None:
 #: not trusted, a protocol the receiver does not speak) is the configuration's.
 _TLS_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
 
+#: grpcio's words (under UNAVAILABLE) for a handshake that fails: a certificate not trusted, and
+#: one for another host (its own check; retried, it held each export for the whole timeout).
+_GRPC_TLS = ("SSL_ERROR_SSL", "Hostname Verification Check failed")
+
 #: The most of an answer read: an OTLP response is a few bytes; an endpoint that streams on
 #: (not a collector) held the sender, and with it every span after, for good.
 _BODY_MAX = 1 << 20
@@ -223,7 +227,7 @@ class GrpcSender:
             trailers = dict(exc.trailing_metadata() or ())
             after = retry_info_s(trailers.get("grpc-status-details-bin", b""))
             msg = f"grpc {self.url}: {code} {exc.details()}"
-            if "SSL_ERROR_SSL" in msg:  # UNAVAILABLE to grpcio; to OTLP a failed TLS handshake
+            if any(m in msg for m in _GRPC_TLS):  # UNAVAILABLE to grpcio; to OTLP a failed TLS
                 raise SendError(msg + " (a TLS handshake: not retried)") from None
             if code.name in RETRY_GRPC or (code.name == "RESOURCE_EXHAUSTED" and after is not None):
                 raise Retry(msg, after or None) from None  # RetryInfo 0: no advice, back off
