@@ -337,7 +337,10 @@ def _throughput_vs_k(ids: Ids):
         "Throughput vs k (estimate)",
         "The advisor's estimated tokens/s at each draft length k, E(k) / t_round(k), from the "
         "acceptance curve and the phase costs of the window's recent rounds (an estimate, not "
-        "a measurement); the second bar marks the recommended k (every k some worker "
+        "a measurement). It is one loop's rate (one request stream, its rounds back to back), "
+        "not the worker's: the Tokens / s stat adds every busy loop and worker, so it reads "
+        "about that many times higher; compare bars with each other, not with it. The second "
+        "bar marks the recommended k (every k some worker "
         "recommends, when workers disagree: the bars average the workers' curves, each worker "
         "advises from its own). Pick one family: the bars of several families share each k.",
         [

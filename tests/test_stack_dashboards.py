@@ -151,3 +151,14 @@ def test_heatmap_cells_do_not_count_a_round_several_times():
                 p["title"],
                 t["expr"],
             )
+
+
+def test_throughput_vs_k_says_it_is_one_loops_rate():
+    """The advisor's tokens/s is E(k) / t_round(k): one loop's rate. `memra-obs demo
+    --concurrency 4` showed ~590 at the current k beside a Tokens / s stat of ~1570, so the
+    panel must say which it is, or a user reads k as costing 60% of the throughput."""
+    board = json.loads((ROOT / "grafana" / "dashboards" / "memra-spec.json").read_text())
+    (desc,) = [
+        p["description"] for p in _panels(board) if p["title"] == "Throughput vs k (estimate)"
+    ]
+    assert "one loop's rate" in desc and "Tokens / s" in desc, desc
