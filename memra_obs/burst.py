@@ -125,7 +125,6 @@ class Burst:
         self._pending: list[tuple[int, int, int, int, int, Any]] = []
         self._ended = self._cut = False
         self.start_ns_mono = now_ns()
-        s._open_burst = self
 
     def begin_round(self) -> None:
         if self._at != -1 and self._at != -2:  # a round left open, or the burst ended
@@ -396,10 +395,13 @@ def new_burst(s: Session, k: int, ranges: tuple[Any, ...]) -> Burst:
         return Burst(s, k)
     own = _RANGE_OWNER.get(threading.get_ident())
     if own is not None and own._thread is threading.current_thread():  # not a dead thread's
-        say_once("range-interleaved", "two bursts open at once on one thread (asyncio tasks?): "
-                 "NVTX ranges are a stack per thread, so a burst begun while another is open "
-                 "gets none")  # fmt: skip
-        return Burst(s, k)
+        if own._ended:  # ended from another thread (a cancel): its ranges close here
+            own._close_ranges()
+        else:
+            say_once("range-interleaved", "two bursts open at once on one thread (asyncio "
+                     "tasks?): NVTX ranges are a stack per thread, so a burst begun while "
+                     "another is open gets none")  # fmt: skip
+            return Burst(s, k)
     return _RangedBurst(s, k, ranges)
 
 
@@ -468,11 +470,17 @@ class _RangedBurst(Burst):
             self._pop_to(1)
 
     def end(self, tokens: int | None = None) -> None:
+        # A stack per thread: ended from another (a cancel), its ranges wait for their own
+        # thread's end() or next burst (they popped the canceller's stack).
+        if self._thread is threading.current_thread():
+            self._close_ranges()
+        super().end(tokens)
+
+    def _close_ranges(self) -> None:
         self._pop_to(0)
         self._mark = self._clock_mark  # drops the self-reference
         if _RANGE_OWNER.get(self._tid) is self:
             del _RANGE_OWNER[self._tid]
-        super().end(tokens)
 
 
 def _range_failed(h: object, exc: BaseException) -> None:

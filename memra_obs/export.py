@@ -315,10 +315,14 @@ class QueueSink(Sink):
         late = self.worker.stop(timeout_s)
         with self._room:  # what came in while the exporters shut down: counted, not lost
             self._closed = True
-            self.dropped += late + len(self._q)
+            late += len(self._q)
+            self.dropped += late
             self._q.clear()
             self._room.notify_all()
         _LIVE.discard(self)
+        if late:  # said: no /metrics is left to show this count (at exit, nothing else is)
+            say_once(f"queue-late:{id(self)}", f"shutdown: {late} records not exported in its "
+                     "time (loop threads still running, or a stuck exporter): dropped")  # fmt: skip
 
     def _after_fork(self) -> None:
         """In a forked child: the parent's queued records (and counts) are the parent's."""

@@ -228,12 +228,15 @@ class Session:
                      "ending it now (call Burst.end() when a burst returns)")  # fmt: skip
             b.end()
         self._k = max(self._k, k)
-        return new_burst(self, k, self._obs._fan.ranges)
+        # held once built: a cancel from another thread saw a ranged one half made (raised)
+        b = self._open_burst = new_burst(self, k, self._obs._fan.ranges)
+        return b
 
     def end(self, error: BaseException | str | None = None) -> None:
         """End the session (an open burst first): the round-log summary, then the end record."""
         if self._ended:
             return
+        self._ended = True  # first: a cancel racing the loop's own end made two end records
         b = self._open_burst
         if b is not None:
             if error:  # the loop failed mid-burst (an OOM, a cancel): no misuse
@@ -241,7 +244,6 @@ class Session:
             else:
                 say_once("burst-open-end", "Session.end() with a burst not ended: ending it now")
             b.end()
-        self._ended = True
         fo = self._obs._fan
         log = self.log
         if log is not None and not log.summarized:

@@ -290,3 +290,88 @@ def test_a_forked_child_gets_ranges_though_its_parent_had_a_burst_open() -> None
         got = in_child(lambda: type(cap.observer.session("b").burst(4)).__name__.encode())
         b.end()
     assert got == b"_RangedBurst"
+
+
+class ThreadStacks(FakeDomain):
+    """A range stack per thread, as NVTX keeps them; counts pops on an empty one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stacks: dict[str, list[str]] = {}
+        self.underflows = 0
+
+    def push_range(self, attributes: Any) -> None:
+        self.stacks.setdefault(threading.current_thread().name, []).append(attributes[1])
+
+    def pop_range(self) -> None:
+        stack = self.stacks.setdefault(threading.current_thread().name, [])
+        if stack:
+            stack.pop()
+        else:
+            self.underflows += 1
+
+
+def test_a_session_ended_from_another_thread_leaves_each_thread_its_own_ranges() -> None:
+    """A cancel (``s.end()`` from a server thread) mid-burst popped the canceller's stack and
+    left three ranges on the loop thread's for ever, one more nest at every cancel."""
+    d = ThreadStacks()
+    with capture(level=1, sinks=[NvtxSink(domain=d)]) as cap:
+
+        def loop() -> None:
+            for i in range(4):
+                s = cap.observer.session("a")
+                b = s.burst(4)
+                b.begin_round()
+                b.end_draft()
+                th = threading.Thread(target=s.end, name="server")
+                th.start()
+                th.join()
+                b.end_verify()
+                if i % 2:  # the loop ends its burst, or goes straight to its next request
+                    b.end()
+
+        th = threading.Thread(target=loop, name="loop")
+        th.start()
+        th.join()
+        with cap.observer.session("b") as s, s.burst(4) as b:  # a ranged burst still comes
+            assert type(b) is not Burst
+    assert d.underflows == 0
+    assert d.stacks == {"loop": [], "MainThread": []}
+
+
+def test_a_cancel_while_the_loop_builds_its_burst_raises_nowhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The session held a ranged burst before it was built: a thread ending the session
+    then (a cancel) got an AttributeError from ``s.end()``."""
+    from memra_obs import burst as burst_mod
+
+    raised: list[BaseException] = []
+    calls: list[int] = []
+    with capture(level=1, sinks=[NvtxSink(domain=ThreadStacks())]) as cap:
+        s = cap.observer.session("a")
+
+        def cancel() -> None:
+            try:
+                s.end()
+            except BaseException as exc:
+                raised.append(exc)
+
+        class Hooked:  # the cancel lands where the burst is being built
+            def __getattr__(self, name: str) -> Any:
+                return getattr(threading, name)
+
+            def get_ident(self) -> int:
+                calls.append(1)
+                if len(calls) == 2:
+                    th = threading.Thread(target=cancel)
+                    th.start()
+                    th.join()
+                return threading.get_ident()
+
+        monkeypatch.setattr(burst_mod, "threading", Hooked())
+        b = s.burst(4)
+        one_round(b)
+        b.end()
+    assert len(calls) >= 2
+    assert raised == []

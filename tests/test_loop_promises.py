@@ -1237,3 +1237,35 @@ def test_an_exception_out_of_the_loop_is_re_raised_and_not_said_as_misuse(caplog
     assert cap.observer.dropped_rounds == 3
     assert [x.split(" k=")[0] for x in cap.lines] == ["[glm5-phase] rounds=1"] * 3
     assert not [r for r in caplog.records if r.name == "memra_obs"], caplog.text
+
+
+def test_a_session_ended_by_a_cancel_and_its_loop_at_once_ends_once():
+    """A server thread ends the session (a cancel) while its loop leaves ``with s:``: both got
+    past the ended check while the open burst published, so two end records went out, the
+    first before the burst's first token (requests file ``first_token: null``, no
+    ``spec.first_token`` spans, ``[spec-prof-summary]`` before ``[spec-prof]``)."""
+    from memra_obs.sinks.base import Sink
+    from memra_obs.timeline import SessionEndRecord
+
+    publishing, done = threading.Event(), threading.Event()
+
+    class Slow(Sink):  # the canceller is still publishing the open burst
+        def on_burst(self, rec):
+            if threading.current_thread().name == "server":
+                publishing.set()
+                done.wait(5)
+
+    with capture(level=1, prof=True, sinks=[Slow()]) as cap:
+        s = cap.observer.session("glm5")
+        one_round(s.burst(4))
+        th = threading.Thread(target=s.end, name="server")
+        th.start()
+        assert publishing.wait(5)
+        s.end()  # the loop's own end
+        done.set()
+        th.join()
+        kinds = [type(r) for r in cap.records]
+        lines = [ln.split("]")[0] for ln in cap.lines]
+    assert kinds.count(SessionEndRecord) == 1 and kinds[-1] is SessionEndRecord
+    assert kinds.index(FirstTokenRecord) < kinds.index(SessionEndRecord)
+    assert lines.index("[spec-prof") < lines.index("[spec-prof-summary")

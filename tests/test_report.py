@@ -323,6 +323,32 @@ def test_refused_lines_are_listed_by_number(tmp_path):
     assert keys(html)["refused"] == ["2"] and "phase line truncated or malformed" in html
 
 
+def test_a_line_over_one_mib_is_refused_as_the_tail_refuses_it_never_held_whole(tmp_path):
+    """A log with a 200 MB line of binary junk (no newline) took 2.5 GB: the report read each
+    line whole, where the tail reads past a line over 1 MiB. Now such a line (first, inside,
+    last without its newline) is refused by number, read past in chunks, and every round of the
+    good lines is kept."""
+    import tracemalloc
+
+    good = [x.encode() for x in bench_report.worker_log(3, seed=9)]
+    junk = b"\x00\xff[glm5-phase] rounds=" + b"j" * (24 << 20)
+    path, clean = tmp_path / "junk.log", tmp_path / "clean.log"
+    clean.write_bytes(b"\n".join(good) + b"\n")
+    path.write_bytes(b"\n".join([junk[: 3 << 20], *good[:5], junk, *good[5:], junk]))
+    tracemalloc.start()
+    try:
+        run = read(str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak  # it held the 24 MiB line and its text: > 48 MiB
+    n = len(good) + 3
+    refused = [(i, "a line over 1048576 bytes" in why) for i, why, _ in run.refused]
+    assert refused == [(1, True), (7, True), (n, True)]
+    assert run.lines == n and run.size == path.stat().st_size
+    assert len(run.rounds) == len(read(str(clean)).rounds) > 0
+
+
 def spans_edited(src: Path, dst: Path, keep: Callable[[dict], bool]) -> Path:
     """``src``'s spans that ``keep`` keeps (it may change them), written to ``dst``."""
     lines = []

@@ -125,6 +125,21 @@ def test_values_no_clock_produces_are_reported_by_line():
     assert out == [] and tail.stats.total_malformed == 4
 
 
+def test_a_refusal_quoting_a_long_value_is_one_short_note():
+    """A refusal quotes the value it refused: a [spec-prof] whose draft_prime_arm or prime_ms
+    is 300,000 characters gave a 300-600 KB note on the tail's stderr (and a report table cell
+    as long, 200 of them a page). The reason is cut to 200 characters, the excerpt to 80."""
+    prof = prof_line(SpecFirstTokenProf(first_burst_rounds=6))
+    lines = [
+        re.sub(r"draft_prime_arm=\S*", "draft_prime_arm=" + "\u00e9" * 300_000, prof),
+        re.sub(r"prime_ms=\S*", "prime_ms=" + "9" * 300_000 + "x", prof),
+    ]
+    notes, out, tail = _tail_notes(lines)
+    assert out == [] and [n.split(":")[1] for n in notes] == ["1", "2"], [n[:100] for n in notes]
+    assert "draft_prime_arm must be a word" in notes[0] and "prime_ms='999" in notes[1]
+    assert max(map(len, notes)) < 400 and tail.stats.total_malformed == 2
+
+
 def test_new_tags_mint_at_most_max_families_of_series():
     """A hostile stream: 200 new tags (each family ~156 series: 2,000 made 312,000 series, a
     27 MB /metrics) and a 900 KB tag (a 140 MB /metrics, GBs of memory). Past

@@ -40,6 +40,8 @@ class LegacyParseError(ValueError):
     """A line with a legacy tag but not its shape; ``kind``: the kind it claims (for counts)."""
 
     def __init__(self, line: str, reason: str, kind: str = PHASE) -> None:
+        if len(reason) > 200:  # it quotes a value of the line: a 300 KB one, a 300 KB note
+            reason = reason[:197] + "..."
         super().__init__(f"{reason}: {line[:200]!r}")
         self.line, self.reason, self.kind = line, reason, kind
 

@@ -6,6 +6,7 @@ span cap have none: they get their burst's remainder spread evenly, k and j unkn
 
 from __future__ import annotations
 
+import functools
 import gzip
 import itertools
 import json
@@ -27,10 +28,12 @@ from ..legacy import (
     parse_line,
     prof_summary_line,
 )
+from ..tail.passthrough import MAX_LINE
 from ..tail.rebuild import Rebuilder
-from ..tail.source import GZIP_MAGIC
+from ..tail.source import CHUNK, GZIP_MAGIC
 from ..timeline import PHASES, BurstRecord, FirstTokenRecord, RoundRecord, SessionRecord, each_round
 
+_OVERLONG = f"a line over {MAX_LINE} bytes, not parsed (as the tail reads it)"
 LOGGED = records.SPEC_PROF_ROUNDS  # rows a session's round log keeps
 Progress = Callable[[int, int], None]  # (bytes read, total or 0: unknown)
 A, FT = "memra.spec.", "memra.spec.first_token."
@@ -98,7 +101,7 @@ def read(path: str, progress: Progress | None = None, max_families: int = 64) ->
         run, gz = Run("stdin" if path == "-" else utf8(path)), raw.peek(2)[:2] == GZIP_MAGIC
         f: Any = gzip.open(raw) if gz else raw  # noqa: SIM115  (a banked log, compressed)
         run.size = 0 if path == "-" or gz else os.fstat(raw.fileno()).st_size
-        first = f.readline()
+        first = f.readline(MAX_LINE + 1)
         lines = _lines(f, first, run, progress)
         if first.lstrip()[:1] == b"{" and b'"resourceSpans"' in first[:65536]:
             run.kind = "spans"
@@ -110,10 +113,18 @@ def read(path: str, progress: Progress | None = None, max_families: int = 64) ->
 
 def _lines(f: BinaryIO, first: bytes, run: Run, progress: Progress | None) -> Iterator[str]:
     """Lines split on ``\\n`` only (as the tail splits), each decoded whole: bytes that are not
-    UTF-8 become U+FFFD, so such a tagged line is refused by the parser, with its reason."""
+    UTF-8 become U+FFFD, so such a tagged line is refused by the parser, with its reason. A line
+    over ``MAX_LINE`` bytes is refused as the tail refuses it and read past in chunks, never
+    held whole (a log with a 200 MB line of binary junk took 2.5 GB): an empty line here."""
     done = mark = 0
-    for raw in itertools.chain((first,) if first else (), f):
+    rest = iter(functools.partial(f.readline, MAX_LINE + 1), b"")
+    for raw in itertools.chain((first,) if first else (), rest):
         run.lines, done = run.lines + 1, done + len(raw)
+        if len(raw) > MAX_LINE and raw[-1:] != b"\n":
+            run.refused.append((run.lines, _OVERLONG, raw[:160].decode("utf-8", "replace")))
+            while raw[-1:] != b"\n" and (raw := f.readline(CHUNK)):
+                done += len(raw)
+            raw = b""
         if progress is not None and done >= mark:
             progress(done, run.size)
             mark = done + (1 << 20)
