@@ -485,3 +485,36 @@ def test_an_unfinished_session_with_no_stamps_is_not_zero_length():
     b.finish_open(out)
     (session,) = out
     assert session[5] > session[4]
+
+
+def test_a_phase_that_took_no_time_still_gets_a_span_jaeger_accepts():
+    """The event clock charges host work hidden under the device's tail nothing (accept and
+    rollback end where verify ended): those spans were empty, and Jaeger flagged each one
+    "Negative duration detected". Each gets 1 ns of the round's longest phase; the round keeps
+    its start, end and wall, the phases still tile it."""
+
+    class HiddenHostWork:  # marks: begin, draft, verify, accept, rollback, maint
+        immediate = True
+
+        def __init__(self, e, eh):
+            self.steps = itertools.cycle((1000, 2000, 3000, 0, 0, 500))
+            self.t = 0
+
+        def mark(self):
+            self.t += next(self.steps)
+            return self.t
+
+        def settle(self, stamps):
+            return stamps
+
+    keep = RecordingSink(wants_trace_ids=True)
+    obs = Observer([keep], level=1, prof=False, clock=HiddenHostWork)
+    drive(obs, bursts=(2,), prof=False)
+    spans = build(keep.records)
+    assert all(sp[END] > sp[START] for sp in spans), [sp[:1] + sp[4:6] for sp in spans]
+    for r in (sp for sp in spans if sp[NAME] == "spec.round"):
+        phases = [sp for sp in spans if sp[PID] == r[SID]]
+        assert phases[0][START] == r[START] and phases[-1][END] == r[END]
+        assert all(a[END] == b[START] for a, b in itertools.pairwise(phases))
+        assert [p[END] - p[START] for p in phases] == [2000, 2998, 1, 1, 500]
+        assert dict(r[ATTRS])["memra.spec.wall_ns"] == r[END] - r[START] == 5500

@@ -8,6 +8,7 @@ multiply) for ``n = 8 * index + kind``, so a round's span can be named from outs
 
 from __future__ import annotations
 
+import itertools
 from array import array
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -82,6 +83,20 @@ def _split_attrs(verify_ns: int, split: tuple[int, int, int, int]) -> tuple[tupl
     rest = verify_ns - ((kda + mla) & U64_MAX)  # saturating_sub of a wrapping sum, as the line
     k0, k1, k2, k3, k4 = _SPLIT
     return ((k0, kda), (k1, scan), (k2, mla), (k3, rest if rest > 0 else 0), (k4, ffn))
+
+
+def _widen(t: tuple[int, ...]) -> tuple[int, ...]:
+    """A round's span boundaries with every phase >= 1 ns, taken from its longest phase (the
+    event clock charges host work hidden under the device's tail nothing, and Jaeger flags an
+    empty span "Negative duration detected"); the round's own start and end stay. As they are
+    when the round is too short to share."""
+    w = [b - a for a, b in itertools.pairwise(t)]
+    zeros, m = w.count(0), w.index(max(w))
+    if w[m] <= zeros:
+        return t
+    w = [x or 1 for x in w]
+    w[m] -= zeros
+    return tuple(itertools.accumulate(w, initial=t[0]))
 
 
 class _Session:
@@ -173,6 +188,8 @@ class SpanBuilder:
         sid, tid = s.sid, s.tid
         bid = (sid ^ (((8 * b + 1) * _GAMMA) & _M64)) or 1
         split = () if rec.split_ns is None else _split_attrs(t2 - t1, rec.split_ns)
+        if not t0 < t1 < t2 < t3 < t4 < t5:  # a phase that took no time (the event clock)
+            t0, t1, t2, t3, t4, t5 = _widen(t)
         # A run of equal rounds (the tail's burst means) gets a span per round, up to the cap.
         for i in range(min(rep, self.round_spans - rec.index)):
             idx, d = rec.index + i, s.off + i * wall
