@@ -138,4 +138,4 @@ def configure(
         return _observer
 
 
-_KNOBS = frozenset(f.name for f in fields(Settings))
+_KNOBS = frozenset(f.name for f in fields(Settings) if f.compare)  # not Settings.given

@@ -13,7 +13,7 @@ import os
 import re
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -66,9 +66,10 @@ def parse_addr(var: str, value: str, check: bool = True) -> tuple[str, int] | No
         raise ConfigError(f"{var}={value!r}: expected host:port, e.g. 127.0.0.1:9464")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    p = int(port)
+    p = _number(port, integer=True) or 0
     if p > 65535:
-        raise ConfigError(f"{var}={value!r}: port {p} is out of range 0..65535")
+        raise ConfigError(f"{var}={value!r}: port {port} is out of range 0..65535")
+    p = int(p)
     if not check:
         return host, p
     try:
@@ -118,8 +119,8 @@ def decimal(value: str, *, otel: bool = False) -> float | None:
 def _number(value: str, integer: bool = False) -> float | None:
     """A knob's number (:func:`decimal`); with ``integer``, digits only."""
     v = value.strip()
-    if integer:
-        return int(v) if v.isascii() and v.isdigit() else None
+    if integer:  # int() raises past 4,300 digits (a traceback): past 30, too large for a knob
+        return (int(v) if len(v) <= 30 else math.inf) if v.isascii() and v.isdigit() else None
     return decimal(v)
 
 
@@ -251,12 +252,18 @@ class Settings:
     requests_detail: bool = False  #: the requests file's lines carry the per-step lists
     advice_window: int = 2048  #: rounds per family behind the k advisor's gauges (0: none)
     plain_step_ms: float | None = None  #: a measured plain decode step (None: from the verify fit)
+    #: field -> ``argument <field>`` for what an argument set: messages name what the user set
+    given: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+
+    def named(self, name: str) -> str:
+        """What a message calls knob ``name``: the argument that set it, else its variable."""
+        return f"argument {name}" if name in self.given else _VARS[name]
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Arguments (non-None ``overrides``) > environment > default, validated."""
         env = os.environ if env is None else env
-        unknown = set(overrides) - {f.name for f in fields(cls)}
+        unknown = set(overrides) - _VARS.keys()
         if unknown:
             raise TypeError(f"unknown setting {sorted(unknown)[0]!r}")
         values: dict[str, Any] = {}
@@ -276,14 +283,15 @@ class Settings:
                 values[name] = parse(var, env[var])
         # the rest: defaults
         values.setdefault("worker", utf8(env.get("RANK") or str(os.getpid())))
-        _check_tls(values.get("metrics_tls_cert"), values.get("metrics_tls_key"))
-        return cls(**values)
+        st = cls(**values, given=frozenset(k for k, v in overrides.items() if v is not None))
+        _check_tls(st)
+        return st
 
 
 _TABLE: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     ("sinks", MEMRA_OBS_SINKS, _parse_sinks),
     ("metrics_addr", MEMRA_OBS_METRICS_ADDR, parse_addr),
-    ("spans_file", MEMRA_OBS_SPANS_FILE, _nonblank),
+    ("spans_file", MEMRA_OBS_SPANS_FILE, lambda n, v: _nonblank(n, v).strip()),
     ("spans_file_max_bytes", MEMRA_OBS_SPANS_FILE_MAX_BYTES, _int_in(0, 1 << 50)),
     ("agent", MEMRA_OBS_AGENT, lambda _, v: v.strip() or None),
     ("clock", MEMRA_OBS_CLOCK, _parse_clock),
@@ -304,13 +312,18 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
 )
 
 
-def _check_tls(cert: str | None, key: str | None) -> None:
+_VARS = {name: var for name, var, _ in _TABLE}
+_TLS = ("metrics_tls_cert", "metrics_tls_key")
+
+
+def _check_tls(st: Settings) -> None:
     """Both or neither, and a certificate chain with its key, both PEM."""
-    if bool(cert) != bool(key):
-        raise ConfigError(
-            f"{MEMRA_OBS_METRICS_TLS_CERT} and {MEMRA_OBS_METRICS_TLS_KEY} go together: "
-            "set both (HTTPS) or neither"
-        )
+    cert, key = st.metrics_tls_cert, st.metrics_tls_key
+    c, k = st.named("metrics_tls_cert"), st.named("metrics_tls_key")
+    if bool(cert) != bool(key):  # half a pair an argument set: the other is an argument too
+        by_arg = bool(st.given.intersection(_TLS))
+        c, k = (f"argument {x}" if by_arg else _VARS[x] for x in _TLS)
+        raise ConfigError(f"{c} and {k} go together: set both (HTTPS) or neither")
     if cert and key:
         import ssl
 
@@ -318,6 +331,6 @@ def _check_tls(cert: str | None, key: str | None) -> None:
             ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
         except (ssl.SSLError, OSError) as exc:
             raise ConfigError(
-                f"{MEMRA_OBS_METRICS_TLS_CERT}={cert!r} / {MEMRA_OBS_METRICS_TLS_KEY}={key!r}: "
-                f"not a PEM certificate chain and its private key ({exc})"
+                f"{c}={cert!r} / {k}={key!r}: not a PEM certificate chain and its private key "
+                f"({exc})"
             ) from None

@@ -17,8 +17,6 @@ from .diagnostics import say_once
 from .environment import (
     MEMRA_OBS_AGENT,
     MEMRA_OBS_METRICS_ADDR,
-    MEMRA_OBS_REQUESTS_FILE,
-    MEMRA_OBS_SINKS,
     ConfigError,
     Settings,
 )
@@ -70,7 +68,7 @@ def build_exporters(
     out = Exporters()
     try:
         if st.requests_file:
-            out.requests = _requests(st, os.environ if env is None else env)
+            out.requests = _requests(st)
             out.where.append(f"requests -> {st.requests_file}")
         if "otel" in st.sinks:
             from .otel import build_span_exporter
@@ -111,15 +109,13 @@ def build_exporters(
     return out
 
 
-def _requests(st: Settings, env: Mapping[str, str]) -> RecordExporter:
+def _requests(st: Settings) -> RecordExporter:
     from .requests import RequestsExporter
 
     try:
         return RequestsExporter(st.requests_file or "", detailed=st.requests_detail)
     except OSError as exc:  # a missing directory, a directory, no permission
-        var = MEMRA_OBS_REQUESTS_FILE  # else configure(requests_file=...) set it
-        if env.get(var, "").strip() != st.requests_file:
-            var = "argument requests_file"
+        var = st.named("requests_file")
         raise ConfigError(f"{var}={st.requests_file!r}: {exc.strerror}") from None
 
 
@@ -170,12 +166,12 @@ def _ring(st: Settings, registry: Any) -> RingSink | None:
     if not st.agent:
         return None
     if not st.sinks & {"otel", "prometheus"}:
-        say_once("agent-no-sinks", f"{MEMRA_OBS_AGENT}={st.agent}: no ring is written, since "
-                 f"{MEMRA_OBS_SINKS} names neither otel nor prometheus (set "
-                 f"{MEMRA_OBS_SINKS}=otel,prometheus)")  # fmt: skip
+        say_once("agent-no-sinks", f"{st.named('agent')}={st.agent}: no ring is written, since "
+                 f"{st.named('sinks')} names neither otel nor prometheus (set "
+                 f"{st.named('sinks')}=otel,prometheus)")  # fmt: skip
         return None
     if registry is not None and "prometheus" in st.sinks:
-        say_once("agent-registry", f"{MEMRA_OBS_AGENT}={st.agent}: the registry argument is "
+        say_once("agent-registry", f"{st.named('agent')}={st.agent}: the registry argument is "
                  "not used: in agent mode memra-obs agent publishes the metrics")  # fmt: skip
     return RingSink.create(st.agent, worker=st.worker, slots=st.ring_slots)
 

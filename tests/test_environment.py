@@ -188,3 +188,55 @@ def test_one_number_grammar_for_knobs_and_otel_variables(raw, knob, otel):
 
     assert decimal(raw) == knob
     assert decimal(raw, otel=True) == otel
+
+
+def test_a_tls_pair_an_argument_set_is_refused_naming_the_arguments(pem):
+    """``configure(metrics_tls_cert=...)`` alone, or with a key that is not its pair, was refused
+    naming MEMRA_OBS_METRICS_TLS_CERT / _KEY, set or not (set to a good file: the message quoted
+    the argument's value under the variable's name)."""
+    cert, key, junk = pem
+    with pytest.raises(ConfigError) as e:
+        Settings.resolve({}, metrics_tls_cert=cert)
+    assert str(e.value).startswith("argument metrics_tls_cert and argument metrics_tls_key go")
+    with pytest.raises(ConfigError, match="not a PEM") as e:
+        Settings.resolve({"MEMRA_OBS_METRICS_TLS_CERT": cert}, metrics_tls_cert=junk,
+                         metrics_tls_key=key)  # fmt: skip
+    assert f"argument metrics_tls_cert={junk!r} / argument metrics_tls_key=" in str(e.value)
+    assert "MEMRA_OBS_METRICS_TLS_CERT" not in str(e.value)
+    with pytest.raises(
+        ConfigError, match=r"^MEMRA_OBS_METRICS_TLS_CERT and MEMRA_OBS_METRICS_TLS_"
+    ):
+        Settings.resolve({"MEMRA_OBS_METRICS_TLS_CERT": cert})  # the variables' refusal stays
+
+
+def test_an_otlp_timeout_past_a_million_seconds_is_no_limit():
+    """``OTEL_EXPORTER_OTLP_TIMEOUT=2147483647``, the specification's own "very long time" that
+    ``0`` stands for, was refused as "expected a number of milliseconds >= 0"."""
+    from memra_obs.otel.config import NO_LIMIT_S, OtlpConfig
+
+    for ms in ("2147483647", "3e9", "1e12"):
+        assert OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_TIMEOUT": ms}).timeout_s == NO_LIMIT_S
+    assert OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_TIMEOUT": "999999999"}).timeout_s < NO_LIMIT_S
+    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_TIMEOUT='-5'"):
+        OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_TIMEOUT": "-5"})
+
+
+def test_a_padded_spans_file_is_trimmed_as_the_other_paths():
+    """``MEMRA_OBS_SPANS_FILE='s.jsonl '`` wrote a file named with the space (the requests file,
+    the ring directory and the TLS files were trimmed)."""
+    assert Settings.resolve({"MEMRA_OBS_SPANS_FILE": " /x/s.jsonl "}).spans_file == "/x/s.jsonl"
+
+
+def test_a_number_of_thousands_of_digits_is_refused_not_a_traceback():
+    """int() raises ValueError past 4,300 digits: a command printed a traceback, not one line."""
+    import argparse
+
+    from memra_obs.environment import positive
+
+    huge = "1" * 5000
+    for var, value in (("MEMRA_OBS_QUEUE_SIZE", huge), ("MEMRA_OBS_METRICS_ADDR", f"h:{huge}")):
+        with pytest.raises(ConfigError, match=f"^{var}=.*(expected 16|out of range)"):
+            Settings.resolve({var: value})
+    with pytest.raises(argparse.ArgumentTypeError, match="not a positive integer"):
+        positive(int)(huge)
+    assert Settings.resolve({"MEMRA_OBS_QUEUE_SIZE": "00064"}).queue_size == 64

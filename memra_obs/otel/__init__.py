@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..environment import MEMRA_OBS_SPANS_FILE, ConfigError, Settings
+from ..environment import ConfigError, Settings
 from ..version import __version__
 from .config import OTEL_TRACES_EXPORTER, OtlpConfig, resource_attributes, traces_exporters
 from .exporter import Output, SpanExporter
@@ -79,11 +79,7 @@ def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> 
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
             sender = FileSender(path, settings.spans_file_max_bytes)
         except OSError as exc:
-            # neither the variable's value nor the default: configure(spans_file=...) set it
-            var = MEMRA_OBS_SPANS_FILE
-            if path not in (env.get(var), Settings.spans_file):
-                var = "argument spans_file"
-            raise ConfigError(f"{var}={path!r}: {exc.strerror}") from None
+            raise ConfigError(f"{settings.named('spans_file')}={path!r}: {exc.strerror}") from None
         return Output(name, enc(JsonEncoder), sender, max_bytes=256 << 10)
     if name not in _FORCED:
         from importlib.metadata import entry_points

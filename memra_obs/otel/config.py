@@ -167,11 +167,10 @@ class OtlpConfig:
         protocol = protocol or _choice(env, "PROTOCOL", ("http/protobuf", "http/json", "grpc"))
         var, ms = _get(env, "TIMEOUT") or ("", "10000")  # 10 s
         n = decimal(ms, otel=True)  # not "١٢" or "1_000"
-        timeout_s = -1.0 if n is None else n / 1000.0
-        if timeout_s == 0:  # the specification's "no limit": its "very long time", 2**31-1 ms
-            timeout_s = NO_LIMIT_S
-        elif not 0 < timeout_s < 1e6:
+        if n is None or n < 0:
             raise ConfigError(f"{var}={ms!r}: expected a number of milliseconds >= 0")
+        # 0 is the specification's "no limit", its "very long time" 2**31-1 ms: so is more
+        timeout_s = min(n / 1000.0, NO_LIMIT_S) or NO_LIMIT_S
         hvar, raw = _get(env, "HEADERS") or ("", "")
         # Checked here, else every request fails in the sender (which lowercases gRPC keys).
         grpc = protocol == "grpc"
