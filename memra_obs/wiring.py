@@ -214,6 +214,11 @@ def build_observer(
         )
     if ring is not None:
         built.where.append(f"records -> agent rings in {ring.directory}")
+    elif built.prom is not None and (env or os.environ).get("PROMETHEUS_MULTIPROC_DIR"):
+        say_once("multiproc", "PROMETHEUS_MULTIPROC_DIR is set: prometheus_client's multiprocess "
+                 "/metrics (MultiProcessCollector) does not reach memra_obs's metrics, and drops "
+                 f"exemplars; one /metrics for the host's workers: agent mode ({MEMRA_OBS_AGENT}, "
+                 "memra-obs agent)")  # fmt: skip
     if "nvtx" in st.sinks:  # off (no profiler attached, no nvtx): no sink, nothing to pay
         from .sinks.nvtx import NvtxSink
 

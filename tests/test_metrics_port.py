@@ -16,6 +16,7 @@ import pytest
 from forked import in_child
 from prometheus_client import CollectorRegistry, generate_latest
 
+from memra_obs import diagnostics
 from memra_obs.environment import ConfigError, Settings
 from memra_obs.prom import exporter as prom_exporter
 from memra_obs.wiring import build_exporters, build_observer
@@ -138,3 +139,24 @@ def test_a_forked_child_leaves_the_port_to_its_parent():
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
+
+
+def test_prometheus_multiproc_dir_is_answered_with_agent_mode(caplog, tmp_path):
+    """DESIGN §2 names PROMETHEUS_MULTIPROC_DIR: a gunicorn app serving prometheus_client's
+    multiprocess /metrics (MultiProcessCollector) never shows memra_obs's collector, silently.
+    The in-process observer says so once, naming agent mode; agent mode says nothing."""
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    with caplog.at_level(logging.WARNING, logger="memra_obs"):
+        for _ in range(2):
+            obs = build_observer(level=0, prof=False, env=env, registry=CollectorRegistry(),
+                                 sinks="prometheus", metrics_addr="")  # fmt: skip
+            obs.shutdown()
+    said = [r.getMessage() for r in caplog.records if "PROMETHEUS_MULTIPROC_DIR" in r.getMessage()]
+    assert len(said) == 1 and "MEMRA_OBS_AGENT" in said[0] and "exemplars" in said[0]
+    caplog.clear()
+    diagnostics.reset()
+    with caplog.at_level(logging.WARNING, logger="memra_obs"):
+        obs = build_observer(level=0, prof=False, env={**env, "MEMRA_OBS_AGENT": str(tmp_path)},
+                             sinks="prometheus")  # fmt: skip
+        obs.shutdown()
+    assert not [r for r in caplog.records if "PROMETHEUS_MULTIPROC_DIR" in r.getMessage()]
