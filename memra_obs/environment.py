@@ -247,7 +247,7 @@ class Settings:
     #: environment; an argument may name a file too.
     metrics_basic_auth: tuple[str, str] | None = field(default=None, repr=False)
     max_devices: int = 64  #: CUDA ordinals published at most (bounds a garbled profile)
-    max_families: int = 64  #: families the tail and the report take from tags (a hostile log's)
+    max_families: int = 64  #: families with series on /metrics, and the report's (a log's tags)
     requests_file: str | None = None  #: one JSON line per ended session (the spec-decode record)
     requests_detail: bool = False  #: the requests file's lines carry the per-step lists
     advice_window: int = 2048  #: rounds per family behind the k advisor's gauges (0: none)

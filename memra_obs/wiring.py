@@ -89,6 +89,7 @@ def build_exporters(
                 worker_label=worker_label,
                 round_span_id=round_span_ids(st.round_spans) if out.spans is not None else None,
                 advice_window=st.advice_window,
+                max_families=st.max_families,
                 plain_step_ns=None if st.plain_step_ms is None else st.plain_step_ms * 1e6,
                 traced=out.spans is not None,
             )

@@ -4,10 +4,11 @@ fresh registry per test)."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from forked import in_child
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from memra_obs.export import QueueSink
 from memra_obs.observer import Observer
@@ -420,3 +421,41 @@ def test_state_of_sessions_whose_records_were_lost_is_bounded(reg):
         tracemalloc.stop()
     assert held < 1.5 * bound, f"{held / 2**20:.1f} MiB held; 1000 sessions: {bound / 2**20:.1f}"
     assert val(reg, "memra_spec_rounds_total", family="unknown") == 60_000
+
+
+def test_a_family_per_request_mints_no_series_past_max_families(reg, caplog):
+    """A loop naming a family per request (``session(f"req_{i}")``): each family is ~250
+    series, and 15,000 such sessions held 1.1 million (80 MB /metrics, 0.5 GB), growing for
+    ever. Past ``max_families`` a new family's rounds count under ``unknown``, said once; the
+    knob reaches a configured observer's exporter."""
+    import memra_obs
+
+    ex = PrometheusExporter(reg, max_families=3)
+    recs: list = []
+    for sid in range(1, 201):
+        recs += [session(sid, family=f"req_{sid}"), rnd(sid, 0, (1, 1, 0, 0, 0))]
+        recs.append(SessionEndRecord(sid, 0, 1, 1, 3, ""))
+    ex.export([*recs, session(999, family="req_2"), rnd(999, 0, (1, 1, 0, 0, 0))])
+    text = generate_latest(reg).decode()
+    assert set(re.findall(r'family="([^"]*)"', text)) == {"req_1", "req_2", "req_3", "unknown"}
+    assert val(reg, "memra_spec_rounds_total", family="unknown") == 197
+    assert val(reg, "memra_spec_rounds_total", family="req_2") == 2  # a known family goes on
+    assert [r.getMessage() for r in caplog.records].count(
+        "metrics: over 3 families (MEMRA_OBS_MAX_FAMILIES); 'req_4' and every new one are "
+        "counted under family='unknown'"
+    ) == 1
+    reg2 = CollectorRegistry()
+    obs = memra_obs.configure(
+        sinks="prometheus", metrics_addr="", registry=reg2, max_families=2, env={}
+    )
+    try:
+        for i in range(5):
+            with obs.session(f"req_{i}") as s:
+                b = s.burst(k=4)
+                b.begin_round(), b.end_draft(), b.end_verify(), b.end_accept(), b.end_rollback()
+                b.end_round(k=4, j=2)
+                b.end()
+        obs.flush()
+        assert reg2.get_sample_value("memra_spec_rounds_total", {"family": "unknown"}) == 3
+    finally:
+        memra_obs.configure(env={})

@@ -1,6 +1,7 @@
 """``PrometheusExporter``: records in, children updated, off the loop's thread. Slow rounds:
 the seed's rule on a sliding window (wall > 1.5x the median of the session's last 64 rounds,
-itself included). At most ``max_sessions`` sessions are kept: lost end records cost no memory.
+itself included). At most ``max_sessions`` sessions are kept: lost end records cost no memory;
+at most ``max_families`` families get series (a family per request must not grow /metrics).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from .model import SpecCollector
 
 __all__ = ["PrometheusExporter"]
 
-#: ``family`` of rounds whose SessionRecord never arrived (dropped by a full queue).
+#: ``family`` of rounds whose SessionRecord never arrived (dropped by a full queue), and of
+#: sessions of a family past ``max_families``.
 UNKNOWN_FAMILY = "unknown"
 
 
@@ -62,13 +64,14 @@ class PrometheusExporter:
         slow_factor: float = 1.5,
         slow_window: int = SPEC_PROF_ROUNDS,
         max_sessions: int = 8192,
+        max_families: int = 64,
         round_span_id: Callable[[SessionRecord, RoundRecord], int] | None = None,
         advice_window: int = 2048,
         plain_step_ns: float | None = None,
         traced: bool = True,
     ) -> None:
-        if slow_window < 1 or max_sessions < 1 or advice_window < 0:
-            raise ValueError("slow_window and max_sessions must be >= 1, advice_window >= 0")
+        if min(slow_window, max_sessions, max_families) < 1 or advice_window < 0:
+            raise ValueError("slow_window, max_sessions, max_families >= 1, advice_window >= 0")
         if 0 < advice_window < MIN_ROUNDS:  # advise() would answer None for ever: no gauges
             raise ValueError(
                 f"advice_window={advice_window}: 0 or at least MIN_ROUNDS={MIN_ROUNDS}"
@@ -78,6 +81,7 @@ class PrometheusExporter:
         #: Records this exporter could not aggregate (published as signal="metrics").
         self.export_errors = 0
         self._factor, self._window, self._max_sessions = slow_factor, slow_window, max_sessions
+        self._families, self._max_families = set[str](), max_families
         self._span_id, self._traced = round_span_id, traced
         self._advice_window, self._plain_step_ns = advice_window, plain_step_ns
         self._advised = -ADVICE_EVERY_S  # monotonic time of the last advice
@@ -152,6 +156,7 @@ class PrometheusExporter:
                 f.children.clear()
         self._loops.clear()
         self._sessions.clear()
+        self._families.clear()
         self.export_errors, self._advised = 0, -ADVICE_EVERY_S
         if self.fork_note:  # the parent's server thread (and its port) did not come along
             say_once(f"fork-metrics:{id(self)}", self.fork_note)
@@ -199,7 +204,7 @@ class PrometheusExporter:
 
     def _open(self, sid: int, rec: SessionRecord | None) -> _Session:
         w = ((rec.worker if rec else "") or self.worker,) if self.worker_label else ()
-        key = (*w, rec.family if rec else UNKNOWN_FAMILY)
+        key = (*w, self._family(rec.family) if rec else UNKNOWN_FAMILY)
         if (loop := self._loops.get(key)) is None:
             loop = self._loops[key] = LoopChildren(self.families, key, self._advice_window)
         if rec is not None and rec.clock:
@@ -209,6 +214,19 @@ class PrometheusExporter:
         if len(self._sessions) > self._max_sessions:  # end records lost, or very many open
             del self._sessions[next(iter(self._sessions))]
         return s
+
+    def _family(self, fam: str) -> str:
+        """``fam``, or past ``max_families`` new ones (said once) ``unknown``: each family is
+        ~250 series, and ``session(f"req_{i}")`` made a million (80 MB /metrics, 0.5 GB)."""
+        fams = self._families
+        if fam not in fams and fam != UNKNOWN_FAMILY:
+            if len(fams) >= self._max_families:
+                say_once("prom-families", f"metrics: over {self._max_families} "
+                         f"families (MEMRA_OBS_MAX_FAMILIES); {fam!r} and every new one are "
+                         f"counted under family={UNKNOWN_FAMILY!r}")  # fmt: skip
+                return UNKNOWN_FAMILY
+            fams.add(fam)
+        return fam
 
     def _round(self, r: RoundRecord) -> None:
         # One unpacking: a NamedTuple's fields read by name are a descriptor call each.
