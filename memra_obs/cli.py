@@ -87,10 +87,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, rest = _parser().parse_known_args(argv)
-    if rest and args.command in ("demo", "report"):
-        _parser().error(f"unrecognized arguments: {' '.join(rest)}")
-    try:
+    try:  # Ctrl-C while the parser imports the commands: 130, no traceback
+        args, rest = _parser().parse_known_args(argv)
+        if rest and args.command in ("demo", "report"):
+            _parser().error(f"unrecognized arguments: {' '.join(rest)}")
         if args.command == "demo":
             return _demo(args)
         if args.command == "tail":

@@ -246,3 +246,15 @@ def test_demo_piped_to_head_exits_0(tmp_path: Path) -> None:
                        cwd=tmp_path, env=env, stderr=w, timeout=60)  # fmt: skip
     os.close(w)
     assert p.returncode == 0
+
+
+def test_ctrl_c_while_the_parser_imports_the_commands_is_130() -> None:
+    """Ctrl-C in the first fraction of a second (the parser imports every command's options):
+    status 130 and no traceback, as later (it was a KeyboardInterrupt traceback)."""
+    code = (
+        "from memra_obs import cli\n"
+        "def interrupted():\n    raise KeyboardInterrupt\n"
+        "cli._parser = interrupted\nraise SystemExit(cli.main(['tail', '-']))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stderr) == (130, ""), p.stderr

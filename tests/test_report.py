@@ -610,6 +610,24 @@ def test_standard_input_is_read(runs):
     assert keys(html)["sessions"] == ["8"] and "stdin" in html
 
 
+def test_standard_input_redirected_from_the_output_is_refused_and_o_dash_is_stdout(runs, tmp_path):
+    """``report - -o worker.log < worker.log``: refused as ``-o worker.log`` naming the input is
+    (the page replaced the log); ``-o -`` writes the page to standard output (it made a file
+    named ``-``)."""
+    (log := tmp_path / "w.log").write_bytes(runs["log"].read_bytes())
+    cmd = [sys.executable, "-m", "memra_obs.cli", "report", "-q", "-", "-o"]
+    with open(log, "rb") as fin:
+        p = subprocess.run([*cmd, "w.log"], stdin=fin, capture_output=True, text=True,
+                           env=_env(), cwd=tmp_path, timeout=300)  # fmt: skip
+    assert p.returncode == 2 and p.stderr == "memra-obs report: -o w.log is the input -\n"
+    assert log.read_bytes() == runs["log"].read_bytes()
+    with open(log, "rb") as fin:
+        p = subprocess.run([*cmd, "-"], stdin=fin, capture_output=True, text=True,
+                           env=_env(), cwd=tmp_path, timeout=300)  # fmt: skip
+    assert p.returncode == 0 and p.stdout.startswith("<!DOCTYPE html>"), p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["w.log"]
+
+
 def test_page_is_self_contained_and_small(runs):
     """No script, no URL but data: and in-page anchors, under 5 MB; every section there."""
     html = report(runs["log"], runs["spans"], out=runs["tmp"] / "ab2.html")

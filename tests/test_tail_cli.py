@@ -197,6 +197,8 @@ def test_an_empty_worker_label_is_refused_under_its_own_name():
     for env, label in (({"MEMRA_OBS_WORKER": "r7"}, b"'r7'"), ({}, b"'stdin'")):
         p = _tail("-", data=b"", env=env)
         assert p.returncode == 0 and b"reading stdin as worker " + label in p.stderr
+    p = _tail("", data=b"")  # `memra-obs tail "$LOG"`, LOG unset: the file named, not a worker
+    assert p.returncode == 2 and b"argument FILE|-: must not be empty" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("sinks", ["", None])

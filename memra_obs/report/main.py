@@ -22,7 +22,9 @@ LARGE = 8 << 20  # inputs this large (or of unknown size: a pipe) get a progress
 
 def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="worker log or span file; - = stdin")
-    p.add_argument("-o", "--output", default="report.html", help="HTML file (default report.html)")
+    p.add_argument(
+        "-o", "--output", default="report.html", help="HTML file (default report.html; - = stdout)"
+    )
     p.add_argument("--progress", action="store_true", help="progress bar even when not a terminal")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no closing line")
 
@@ -67,9 +69,11 @@ def main(args: argparse.Namespace) -> int:
     if not args.output.strip():  # "" was ": Is a directory", " " a file named " "
         sys.stderr.write(f"memra-obs report: -o {args.output!r}: name a file (or /dev/stdout)\n")
         return 2
-    for path in args.inputs:  # the page would replace the log it was made from
+    args.output = "/dev/stdout" if args.output == "-" else args.output  # was a file named "-"
+    for path in args.inputs:  # the page would replace the log it was made from (`- < log`)
         with contextlib.suppress(OSError):
-            if path != "-" and os.path.samefile(path, args.output):
+            st = os.fstat(0) if path == "-" else os.stat(path)
+            if stat.S_ISREG(st.st_mode) and os.path.samestat(st, os.stat(args.output)):
                 print(f"memra-obs report: -o {args.output} is the input {path}", file=sys.stderr)
                 return 2
     from ..environment import utf8

@@ -52,6 +52,8 @@ def _options(rest: Sequence[str], ns: argparse.Namespace) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="memra-obs tail", usage=usage, add_help=False)
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
+    if not ns.path:  # ("$LOG" unset) it was refused as an empty worker label
+        p.error("argument FILE|-: must not be empty (- for standard input)")
     if ns.worker is not None and not ns.worker.strip():  # never replaced by the file's name
         p.error("argument --worker: must not be empty (leave it out for the file's name)")
     return ns
