@@ -50,9 +50,10 @@ def f32(x: float) -> float:
 
 
 def _uint(name: str, v: object, top: int) -> int:
-    # bool is an int in Python; a True/False count is always a caller bug. numpy's ints count.
+    # bool is an int in Python; a True/False count is always a caller bug. numpy's ints count,
+    # numpy's bool not (numpy < 2.3, all of Python 3.10's, still gives it an ``__index__``).
     if type(v) is not int:
-        if isinstance(v, bool) or not hasattr(v, "__index__"):
+        if type(v).__name__ in ("bool", "bool_") or not hasattr(v, "__index__"):
             raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
         v = operator.index(v)
     if v < 0 or v > top:

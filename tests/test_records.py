@@ -67,6 +67,18 @@ def test_first_token_prof_refuses_bad_values_naming_the_field(field, value, kind
         SpecFirstTokenProf(**{field: value})
 
 
+def test_numpy_bool_is_refused_as_a_count_whatever_the_numpy():
+    """numpy < 2.3 (the newest Python 3.10 gets is 2.2) gives ``np.True_`` an ``__index__``
+    (deprecated): it was taken as the count 1 where a Python ``True`` is refused."""
+    np = pytest.importorskip("numpy")
+    old_np_bool = type("bool", (), {"__index__": lambda self: 1})()  # numpy 2.2's, as seen
+    for v in (old_np_bool, np.True_):
+        with pytest.raises(TypeError, match="draft_prime_chunks must be an int, got bool"):
+            SpecFirstTokenProf(draft_prime_chunks=v)
+        with pytest.raises(TypeError, match=r"SpecRoundProf\.k must be an int"):
+            SpecRoundProf(k=v)
+
+
 def test_first_token_prof_unknown_field_is_an_error():
     """A misspelt field is not silently created."""
     with pytest.raises(AttributeError, match="prime_msec"):
