@@ -177,6 +177,30 @@ def _ring(st: Settings, registry: Any) -> RingSink | None:
     return RingSink.create(st.agent, worker=st.worker, slots=st.ring_slots)
 
 
+def _seed_flags(
+    env: Mapping[str, str] | None, level: int | None, prof: bool | None
+) -> tuple[int, bool]:
+    """The seed's flags: the arguments, else read from ``env`` when given, else (once) from
+    ``os.environ``."""
+    if env is not None:
+        if level is None:
+            level = flags.spec_trace_level_from(
+                env.get(flags.MEMRA_SPEC_TRACE), env.get(flags.MEMRA_GLM5_SPEC_TRACE)
+            )
+        if prof is None:
+            prof = env.get(flags.MEMRA_SPEC_PROF) == "1"
+    lvl = flags.spec_trace_level() if level is None else level
+    return lvl, flags.spec_prof_on() if prof is None else prof
+
+
+#: DESIGN §2's ecosystem variable, answered: that mode's /metrics cannot show this collector.
+_MULTIPROC = (
+    "PROMETHEUS_MULTIPROC_DIR is set: prometheus_client's multiprocess /metrics "
+    "(MultiProcessCollector) does not reach memra_obs's metrics, and drops exemplars; one "
+    f"/metrics for the host's workers: agent mode ({MEMRA_OBS_AGENT}, memra-obs agent)"
+)
+
+
 def build_observer(
     *,
     level: int | None = None,
@@ -195,14 +219,7 @@ def build_observer(
     consumers behind the queue, ``strict`` as in :func:`build_exporters`. Nothing on ->
     :data:`NOOP_OBSERVER`."""
     st = Settings.resolve(env, **knobs)
-    if env is not None and level is None:  # the seed's flags from env (else os.environ, once)
-        level = flags.spec_trace_level_from(
-            env.get(flags.MEMRA_SPEC_TRACE), env.get(flags.MEMRA_GLM5_SPEC_TRACE)
-        )
-    if env is not None and prof is None:
-        prof = env.get(flags.MEMRA_SPEC_PROF) == "1"
-    lvl = flags.spec_trace_level() if level is None else level
-    prf = flags.spec_prof_on() if prof is None else prof
+    lvl, prf = _seed_flags(env, level, prof)
     sinks: list[Sink] = [StderrSink(lvl, prf)] if lvl >= 1 or prf else []
     built = Exporters()  # first: an address that cannot be served is the one line said
     here, ring = st, _ring(st, registry)  # what this process publishes itself
@@ -216,10 +233,7 @@ def build_observer(
     if ring is not None:
         built.where.append(f"records -> agent rings in {ring.directory}")
     elif built.prom is not None and (env or os.environ).get("PROMETHEUS_MULTIPROC_DIR"):
-        say_once("multiproc", "PROMETHEUS_MULTIPROC_DIR is set: prometheus_client's multiprocess "
-                 "/metrics (MultiProcessCollector) does not reach memra_obs's metrics, and drops "
-                 f"exemplars; one /metrics for the host's workers: agent mode ({MEMRA_OBS_AGENT}, "
-                 "memra-obs agent)")  # fmt: skip
+        say_once("multiproc", _MULTIPROC)
     if "nvtx" in st.sinks:  # off (no profiler attached, no nvtx): no sink, nothing to pay
         from .sinks.nvtx import NvtxSink
 
