@@ -493,3 +493,36 @@ def test_exemplars_name_only_traces_that_are_sent(tmp_path, sinks):
     assert 'memra_spec_rounds_total{family="glm5",worker="w"} 6.0' in body
     assert ('# {span_id="' in body) is ("otel" in sinks)
     assert ("trace_id=" in body) is ("otel" in sinks)
+
+
+def test_a_finished_log_tailed_to_a_span_file_keeps_every_session(tmp_path, monkeypatch, capfd):
+    """The README's ``memra-obs tail rank0.err`` with spans to a file: a local output (file,
+    console) holds the tail back as its record queue does, never drops (a demo's 27,945-line
+    log kept 338 of its 366 sessions' spans: the sender thread starved behind the encoder)."""
+    import json
+
+    from memra_obs.demo import DemoConfig, run_demo
+    from memra_obs.otel import exporter, transport
+    from memra_obs.testing import capture
+
+    with capture(level=2, prof=True) as cap:
+        run_demo(DemoConfig(requests=24, seed=3, speed=100), cap.observer)
+    log, spans = tmp_path / "rank0.err", tmp_path / "run42.jsonl"
+    log.write_text("\n".join(cap.lines) + "\n")
+    send = transport.FileSender.send
+    monkeypatch.setattr(exporter, "_QUEUE_BYTES", 1 << 20)  # a few requests: a slow disk's
+    monkeypatch.setattr(transport.FileSender, "send", lambda s, p, t=0.0: time.sleep(0.05) or send(s, p))  # fmt: skip
+    monkeypatch.setenv("MEMRA_OBS_SINKS", "otel")
+    monkeypatch.setenv("MEMRA_OBS_SPANS_FILE", str(spans))
+    assert cli_main(["tail", str(log)]) == 0
+    err = capfd.readouterr().err
+    sessions = [
+        s
+        for line in spans.read_text().splitlines()
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+        if s["name"] == "spec.session"
+    ]
+    assert "dropped (counted in dropped_spans)" not in err
+    assert len(sessions) == 24 and "24 sessions" in err

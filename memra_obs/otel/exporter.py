@@ -35,7 +35,10 @@ def backoff_s(n: int) -> float:
 class Output:
     """One destination: an encoder (None: span tuples pass through), a sender, and the bounded
     queue and thread between them. A request is sealed at about ``max_spans`` spans or
-    ``max_bytes`` bytes (under gRPC's 4 MiB) or at the worker's tick: the cost is per request."""
+    ``max_bytes`` bytes (under gRPC's 4 MiB) or at the worker's tick: the cost is per request.
+    ``hold``: a full queue waits for room instead of dropping (the tail, to a local output)."""
+
+    hold = False
 
     def __init__(
         self,
@@ -96,8 +99,12 @@ class Output:
         self._frags, self._size = [], 0
         with self._cv:
             self._sealed = upto = self.added
-            late = self._stop_at < math.inf
-            full = len(self._q) >= self._qmax or self._qbytes + size > _QUEUE_BYTES
+            while True:
+                late = self._stop_at < math.inf
+                full = len(self._q) >= self._qmax or self._qbytes + size > _QUEUE_BYTES
+                if not (full and self.hold and not late and self._thread.is_alive()):
+                    break
+                self._cv.wait(0.05)  # the tail, to a local output: held back, not dropped
             if not (late or full):
                 self._q.append((n, payload, size, upto))
                 self._qbytes += size

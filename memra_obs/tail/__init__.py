@@ -143,6 +143,8 @@ def _run(
 ) -> bool:
     """Pump until the input ends or SIGINT/SIGTERM, then flush the exporters (bounded: 10 s).
     Returns whether a signal stopped it."""
+    for o in getattr(built.spans, "outputs", ()):  # a local span output (file, console) holds
+        o.hold = o.sender.timeout_s == float("inf")  # it back too; a network one drops (down)
     stop: list[int] = []
     old = {
         s: signal.signal(s, lambda n, f: stop.append(n)) for s in (signal.SIGINT, signal.SIGTERM)
