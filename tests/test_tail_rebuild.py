@@ -436,6 +436,20 @@ def test_a_session_without_rounds_still_has_a_sane_span():
     assert e.end_ns_mono == s.start_ns_mono and (e.rounds, e.bursts) == (0, 0)
 
 
+def test_a_session_without_rounds_is_of_the_streams_family_as_in_the_worker(fake_clock):
+    """A request cancelled before its first round (``rounds=0`` summary) is a session of the
+    worker's family, with the profile on, as the worker's own record says: not a
+    ``family="unknown"`` set of series on /metrics that the worker never publishes."""
+    with capture(level=1, prof=True) as cap:
+        drive(cap.observer, [6])
+        with cap.observer.session("glm5"):
+            pass
+    assert cap.lines[-1] == "[spec-prof-summary] rounds=0"
+    got, _ = rebuild(cap.lines)
+    worker = [(r.family, r.prof) for r in cap.records if type(r) is SessionRecord]
+    assert [(r.family, r.prof) for r in of(got, SessionRecord)] == worker == [("glm5", True)] * 2
+
+
 def test_a_session_without_rounds_in_a_backlog_follows_the_sessions_before_it(fake_clock):
     """A backlog lays sessions back to back past the arrival: a ``rounds=0`` one comes after
     the session before it, not inside it."""

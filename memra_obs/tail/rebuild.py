@@ -113,6 +113,7 @@ class Rebuilder:
         self._off: int | None = None  # epoch - mono of the sessions' anchor pairs
         self._seen_phase = False
         self._roll_share = 0.5  # rollback's share of rest_ms: the latest phase line's
+        self._latest = ("", 0)  # the latest session's tag and level (a worker's family)
         self._spare = 0  # a session id drawn for a burst that was refused: the next one's
         #: The end of a session its summary closed, held for the [spec-advice] line the worker
         #: prints right after it (maybe in the next chunk) until another line or ``linger_ns``.
@@ -259,10 +260,15 @@ class Rebuilder:
         return None
 
     def _open(self, b: _Burst | None, sid: int, start: int, t: int, at: int) -> _Session:
-        """A session for burst ``b`` (None: a session without rounds), its record at ``at``."""
-        tag, v = (b.tag, b.verify) if b is not None else ("", None)
-        s = self._session = _Session(sid, tag, b is not None and b.prof is not None, start, t)
-        level = 0 if b is None or b.phase is None else (1 if v is None else 2)
+        """A session for burst ``b`` (None: a session without rounds, by its summary line: the
+        profile is on, its tag and level the stream's latest), its record at ``at``."""
+        v = b.verify if b is not None else None
+        if b is None:
+            tag, level = self._latest
+        else:
+            tag, level = b.tag, 0 if b.phase is None else (1 if v is None else 2)
+            self._latest = (tag, level)
+        s = self._session = _Session(sid, tag, b is None or b.prof is not None, start, t)
         tag_v = v.tag if v is not None else (f"{tag}-v" if tag else "")
         rng, self.sessions = self._rng, self.sessions + 1
         tid, span = rng.getrandbits(128) or 1, rng.getrandbits(64) or 1
