@@ -222,6 +222,27 @@ def test_a_line_behind_a_log_collectors_prefix_is_ours():
             assert parse_line(wrapped) == want, wrapped
 
 
+def test_a_line_in_a_json_record_is_ours_whatever_its_field():
+    """A JSON record a line keeps the line under ``log`` (Docker's json-file, Fluent Bit's CRI
+    parser: not its first field), ``message`` (Vector's file sink, ``stern -o json``),
+    ``MESSAGE`` (``journalctl -o json``) or ``line`` (``logcli -o jsonl``). Only ``{"log":``
+    was read: the others were a tail of 0 legacy lines, a report of "no tagged line"."""
+    import json
+
+    t = "2026-12-04T23:30:04.123456789Z"
+    for line in GOLDEN.read_text().splitlines():
+        want = parse_line(line)
+        for rec in (
+            {"time": t, "stream": "stderr", "_p": "F", "log": line},
+            {"file": "/var/log/w.err", "host": "h", "message": line, "timestamp": t},
+            {"__CURSOR": "s=1;i=2", "_PID": "42", "MESSAGE": line, "_SYSTEMD_UNIT": "w.service"},
+            {"labels": {"app": "worker"}, "line": line, "timestamp": t},
+        ):
+            assert parse_line(json.dumps(rec)) == want, rec
+    deep = '{"log":' + "[" * 100_000 + '"[glm5-phase] rounds=1"'  # json's RecursionError
+    assert parse_line(deep) is None and parse_line('{"msg":"[spec-prof] x"}') is None
+
+
 @pytest.mark.parametrize(
     ("line", "why"),
     [

@@ -171,17 +171,19 @@ def parse_line(line: str) -> LegacyLine | None:
 
 
 _CSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]").sub
+_MESSAGE = ("log", "message", "MESSAGE", "line")  # a JSON record's line (see _behind_prefix)
 
 
 def _behind_prefix(line: str, rest: str) -> LegacyLine | None:
     """The legacy line in ``rest`` (of ``line``) behind what a log collector puts first: a
-    timestamp, ``kubectl logs --prefix``'s ``[pod/p/c] ``, CRI's ``<time> stderr F ``, Docker's
-    ``{"log": "..."}`` (they read as no line at all: a pod's logs made an empty report). Only a
-    whole, well-formed line is taken there."""
-    if rest.startswith('{"log":'):
+    timestamp, ``kubectl logs --prefix``'s ``[pod/p/c] ``, CRI's ``<time> stderr F ``, a JSON
+    record's ``log`` (Docker, Fluent Bit), ``message`` (Vector, stern), ``MESSAGE`` (journald),
+    ``line`` (logcli): they read as no line at all. Only a whole, well-formed line is taken."""
+    if rest[:1] == "{" and _WRAPPED(rest):  # one JSON record a line: the line is a field of it
         try:
-            rest = str(json.loads(rest)["log"])
-        except (ValueError, KeyError, TypeError, RecursionError):  # "[[[[..." a mile deep
+            rec = json.loads(rest)
+            rest = str(next(rec[k] for k in _MESSAGE if k in rec))
+        except (ValueError, TypeError, RecursionError, StopIteration):  # "[[[..." a mile deep
             return None
     if "\x1b" in rest:  # a coloured line: its escape codes are no part of the legacy line
         rest = _CSI("", rest)
