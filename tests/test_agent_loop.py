@@ -14,7 +14,8 @@ from collections import Counter, defaultdict
 import pytest
 from forked import in_child
 
-from memra_obs.agent.main import Agent, AgentBusy, build_agent
+from memra_obs.agent.main import HELD_RINGS, Agent, AgentBusy, build_agent
+from memra_obs.agent.reader import RingReader
 from memra_obs.agent.ring import RingSink
 from memra_obs.observer import Observer
 from memra_obs.timeline import (
@@ -213,6 +214,48 @@ def test_a_killed_writer_is_read_to_the_end_and_cleaned_up(tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".ring")]
     assert a.rings_removed == 1 and a.rings == 0
     a.close()
+
+
+class Stuck(Collect):
+    """A span exporter whose receiver is down: nothing it is handed settles until told."""
+
+    delivered = False
+
+    def mark(self):
+        return len(self.records)
+
+    def settled(self, mark) -> bool:
+        return self.delivered
+
+
+@pytest.mark.parametrize("cleanup", [True, False])
+def test_finished_rings_waiting_on_an_exporter_that_cannot_deliver_are_capped(tmp_path, cleanup):
+    """A collector down for minutes, workers churning: finished workers' rings wait for their
+    spans' delivery only up to HELD_RINGS (files and descriptors); older ones retire anyway
+    (cursor committed, removed unless --keep), so /dev/shm cannot fill and stop new workers."""
+    n = HELD_RINGS + 3
+    for i in range(n):
+        obs, sink = observer(tmp_path, f"w{i}")
+        with obs.session("glm5") as s:
+            rounds(s, 2)
+        sink.shutdown()
+    paths = sorted(str(p) for p in tmp_path.glob("*.ring"))
+    fds = len(os.listdir("/proc/self/fd"))
+    stuck = Stuck()
+    agent = Agent(str(tmp_path), [stuck], cleanup=cleanup)
+    assert agent.drain(5) and agent.rings == 0 and agent.rings_retired == n - HELD_RINGS
+    assert len(os.listdir("/proc/self/fd")) <= fds + 1 + HELD_RINGS  # + the lock
+    if cleanup:
+        assert len(list(tmp_path.glob("*.ring"))) == HELD_RINGS
+    else:  # kept, and read to the end by this agent: the next one does not publish them again
+        ends = [(r.pos, r.state().head) for r in map(RingReader, paths)]
+        assert sum(pos == head for pos, head in ends) == n - HELD_RINGS
+    published = len(stuck.records)
+    stuck.delivered = True
+    agent.step()
+    assert agent.rings_retired == n and len(stuck.records) == published == agent.published
+    assert len(list(tmp_path.glob("*.ring"))) == (0 if cleanup else n)
+    agent.close()
 
 
 def test_one_agent_per_directory(tmp_path):

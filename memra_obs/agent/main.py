@@ -49,6 +49,9 @@ SCAN_S, TICK_S = 0.25, 0.2
 #: How long a finished worker's series stay (a few scrapes take their last values) before
 #: they are dropped: with pids for labels, each restart would add a set that never goes.
 FORGET_S = 300.0
+#: Finished rings kept (file and descriptor) until the span exporters deliver their spans;
+#: past it the oldest retires at once: a collector down for minutes must not fill /dev/shm.
+HELD_RINGS = 4
 
 
 class AgentBusy(RuntimeError):
@@ -78,6 +81,7 @@ class Agent:
         self._late: list[Any] = [x for x in self.worker.exporters if hasattr(x, "settled")]
         #: Passes out but not yet delivered: (the span exporters' marks, cursors, finished rings).
         self._unsettled: deque[tuple[list[Any], dict[RingStream, Any], list[RingStream]]] = deque()
+        self._held: dict[RingStream, None] = {}  # their finished rings, oldest first
         #: worker -> (records read, lost, written) over every ring so far (a scrape reads it).
         self.totals: dict[str, tuple[int, int, int]] = {}
         #: Over every ring, forgotten workers' too: records published, lost; rounds the loops
@@ -208,6 +212,7 @@ class Agent:
         for s in self._done:  # read no more, retired below
             del self._streams[s.path]
             self._skip.add(s.path)
+            self._held[s] = None
         last = self._unsettled[-1] if self._unsettled else None
         if last is not None and last[0] == marks:  # nothing exported since: one pass
             last[1].update(cursors)
@@ -216,6 +221,10 @@ class Agent:
             self._unsettled.append((marks, cursors, self._done))
         self._polled, self._done = [], []
         self._settle()
+        while len(self._held) > HELD_RINGS:  # the oldest go, their spans still queued
+            s = next(iter(self._held))
+            s.commit(s.cursor())  # kept (--keep): the next agent does not publish it again
+            self._retire(s)
 
     def _settle(self, all_of_it: bool = False) -> None:
         """Persist the cursors and retire the rings of each pass now delivered, in order."""
@@ -226,12 +235,19 @@ class Agent:
             for s, cursor in cursors.items():
                 s.commit(cursor)
             for s in done:
-                self._retired.append((time.monotonic() + self.forget_s, s.workers))
-                self.rings_retired += 1
-                s.close(unlink=self.cleanup)
-                if self.cleanup and not os.path.exists(s.path):
-                    self._skip.discard(s.path)
-                    self.rings_removed += 1
+                self._retire(s)
+
+    def _retire(self, s: RingStream) -> None:
+        """Close (and remove) a finished ring; its workers' series go ``forget_s`` later."""
+        if s not in self._held:  # retired already, past the cap
+            return
+        del self._held[s]
+        self._retired.append((time.monotonic() + self.forget_s, s.workers))
+        self.rings_retired += 1
+        s.close(unlink=self.cleanup)
+        if self.cleanup and not os.path.exists(s.path):
+            self._skip.discard(s.path)
+            self.rings_removed += 1
 
     def _forget(self, now: float) -> None:
         """Drop the series of workers retired ``forget_s`` ago that no live ring carries."""
