@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from memra_obs.burst import SETTLE_ROUNDS
-from memra_obs.clock import SyncClock
+from memra_obs.clock import ProfClock, SyncClock
 from memra_obs.device import event_clock as events_mod
 from memra_obs.device.event_clock import EventClock
 from memra_obs.observer import Burst
@@ -434,3 +434,18 @@ def test_burst_type_is_plain_without_range_hooks() -> None:
     """No NVTX sink: bursts are the plain Burst, whose boundary is one clock mark."""
     with capture(level=1) as cap, cap.observer.session("t") as s:
         assert type(s.burst(4)) is Burst
+
+
+def test_prof_clock_laps_drain_both_streams_and_return_the_ms_between_them() -> None:
+    """The seed's ``ProfClock`` (README: used directly): ``start(e, eh)`` and every ``lap()``
+    drain both streams, so queued device work lands in the lap that queued it; a lap is the
+    ms since the previous one, and a lap may name other streams."""
+    e, eh, other = SimStream(), SimStream(), SimStream()
+    p = ProfClock.start(e, eh)
+    assert (e.syncs, eh.syncs) == (1, 1)
+    e.enqueue(20.0)
+    eh.enqueue(30.0)
+    first = p.lap()
+    assert (e.syncs, eh.syncs) == (2, 2) and 29.0 <= first < 1000.0
+    other.enqueue(15.0)
+    assert 14.0 <= p.lap(other) < first and (other.syncs, e.syncs, eh.syncs) == (1, 2, 3)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from memra_obs.environment import ConfigError, Settings
+from memra_obs.environment import ConfigError, Settings, parse_addr
 
 
 @pytest.fixture
@@ -51,6 +51,11 @@ def test_a_bad_value_names_its_variable(var, value, why):
     with pytest.raises(ConfigError, match=why) as e:
         Settings.resolve({var: value})
     assert var in str(e.value)
+
+
+def test_a_bracketed_ipv6_metrics_address_binds_the_host_inside_the_brackets():
+    """``[::1]:9464`` is IPv6 loopback, port 9464 (the brackets are not part of the host)."""
+    assert parse_addr("MEMRA_OBS_METRICS_ADDR", " [::1]:9464 ", check=False) == ("::1", 9464)
 
 
 def test_env_replaces_os_environ_for_the_default_worker(monkeypatch):

@@ -643,6 +643,11 @@ def test_spans_off(env):
         ({"OTEL_TRACES_EXPORTER": "jaeger-thrift-nope"}, "OTEL_TRACES_EXPORTER"),
         ({"OTEL_TRACES_EXPORTER": "nope"}, "OTEL_TRACES_EXPORTER='nope': .* known: .*file"),
         ({"OTEL_TRACES_EXPORTER": "none,otlp"}, "OTEL_TRACES_EXPORTER"),
+        ({"OTEL_TRACES_EXPORTER": "otlp, otlp"}, "OTEL_TRACES_EXPORTER=.*named twice"),
+        (  # a gRPC endpoint is host:port or an http(s) URL: ftp:// is no scheme gRPC speaks
+            {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": "ftp://h:1"},
+            re.escape("OTEL_EXPORTER_OTLP_ENDPOINT='ftp://h:1': expected http(s)://host:port"),
+        ),
         ({"OTEL_RESOURCE_ATTRIBUTES": "a"}, "OTEL_RESOURCE_ATTRIBUTES"),
     ],
 )

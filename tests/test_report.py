@@ -252,6 +252,18 @@ def test_ab_against_an_input_without_rounds_exits_2(runs, tmp_path):
     assert p.stderr == "memra-obs report: no A/B comparison: B: empty.log has no rounds\n"
 
 
+def test_three_inputs_or_two_from_standard_input_exit_2(tmp_path, capsys):
+    """A report is of one input, or two (A/B): more, or standard input twice, is said, exit 2."""
+    from memra_obs.cli import main
+
+    out = tmp_path / "r.html"
+    for inputs in (["a.log", "b.log", "c.log"], ["-", "-"]):
+        assert main(["report", *inputs, "-o", str(out)]) == 2 and not out.exists()
+        assert capsys.readouterr().err == (
+            "memra-obs report: one input, or two for A/B (at most one of them -)\n"
+        )
+
+
 def test_gzipped_inputs_are_read(runs, tmp_path):
     """Logs and span files banked compressed read as they are; one cut short is refused."""
     import gzip

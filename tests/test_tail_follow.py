@@ -128,6 +128,22 @@ def test_follow_survives_rename_and_copytruncate(tmp_path: Path):
     assert sum(1 for r in records if type(r) is RoundRecord) == 6 * 14
 
 
+def test_follow_waits_for_a_file_not_there_yet_and_reads_it_from_its_start(tmp_path: Path):
+    """``memra-obs tail -f`` started before the worker made its log: said once, then the file
+    is read whole when it comes (not from its end: all of it is new); renamed away and not
+    created again yet, the tail waits for the next one the same way."""
+    path, notes = tmp_path / "worker.err", []
+    src = FollowSource(str(path), poll_s=0.01, on_wait=notes.append)
+    assert notes == [f"{path} does not exist yet; waiting for it"] and src.read(0.05) == b""
+    path.write_bytes(b"one\n")
+    assert src.read(1.0) == b"one\n"
+    os.rename(path, tmp_path / "worker.err.1")
+    assert src.read(0.05) == b""
+    path.write_bytes(b"two\n")
+    assert src.read(1.0) == b"two\n" and len(notes) == 1
+    src.close()
+
+
 def _scrape(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as r:
         return r.read().decode()

@@ -125,6 +125,16 @@ def test_values_no_clock_produces_are_reported_by_line():
     assert out == [] and tail.stats.total_malformed == 4
 
 
+def test_past_the_report_limit_bad_lines_are_counted_and_that_is_said_once():
+    """A log of thousands of bad lines must not flood the tail's stderr: the first
+    ``report_limit`` are said one by one, then one line says the rest are only counted."""
+    bad = PHASE.replace("draft=9.49", "draft=-9.49")
+    notes, out, tail = _tail_notes([bad] * 5, report_limit=2)
+    assert [n.split(":")[1] for n in notes[:2]] == ["1", "2"] and len(notes) == 3, notes
+    assert notes[2].startswith("more than 2 bad lines; counting the rest without reporting")
+    assert out == [] and tail.stats.total_malformed == 5
+
+
 def test_a_refusal_quoting_a_long_value_is_one_short_note():
     """A refusal quotes the value it refused: a [spec-prof] whose draft_prime_arm or prime_ms
     is 300,000 characters gave a 300-600 KB note on the tail's stderr (and a report table cell
