@@ -1,12 +1,19 @@
 """Clock attribution without a GPU: a simulated asynchronous stream whose queued work completes
 only with time (and is waited for only by ``.synchronize()``), with torch-style timing events
 on a device clock of its own. The same loop is run under the sync clock, a no-drain control
-and the event clock, and the buckets say where the queued device time landed."""
+and the event clock, and the buckets say where the queued device time landed.
+
+The simulation models host code as taking no time, so a stalled host (a garbage collection, a
+busy CI core) moves buckets away from the nominal ones; never by more than the host's own time
+in that run, which :func:`measure` reads (wall time beyond the sleeps the simulation asked for)
+and adds to the bounds: a fraction of a ms on a quiet host, the same checks."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
@@ -23,6 +30,15 @@ MS = 1_000_000
 DEVICE_OFFSET_NS = 987_654_321_000
 
 
+SLEPT_NS = [0]  # every sleep the simulation asked for, summed
+
+
+def sleep_ns(ns: int) -> None:
+    if ns > 0:
+        SLEPT_NS[0] += ns
+        time.sleep(ns / 1e9)
+
+
 class SimEvent:
     """A timing event on :class:`SimStream`'s device clock (torch's duck API)."""
 
@@ -31,9 +47,7 @@ class SimEvent:
         self.t_dev = 0
 
     def synchronize(self) -> None:
-        wait = (self.t_dev - DEVICE_OFFSET_NS) - time.perf_counter_ns()
-        if wait > 0:
-            time.sleep(wait / 1e9)
+        sleep_ns((self.t_dev - DEVICE_OFFSET_NS) - time.perf_counter_ns())
 
     def elapsed_time(self, end: SimEvent) -> float:
         return (end.t_dev - self.t_dev) / 1e6
@@ -54,9 +68,7 @@ class SimStream:
 
     def synchronize(self) -> None:
         self.syncs += 1
-        wait = self.busy_until_ns - time.perf_counter_ns()
-        if wait > 0:
-            time.sleep(wait / 1e9)
+        sleep_ns(self.busy_until_ns - time.perf_counter_ns())
 
     def wait_for(self, other: SimStream) -> None:
         """Later work here starts after what is queued on ``other`` (cudaStreamWaitEvent)."""
@@ -114,50 +126,78 @@ def per_round_ms(cap: Any) -> dict[str, float]:
     return {n: sum(r.phase_ns()[i] for r in rs) / len(rs) / MS for i, n in enumerate(names)}
 
 
+#: The host's own time a quiet run takes a round (capture, marks: ~0.5 ms here), in the bounds.
+QUIET_MS = 1.0
+
+
+@dataclass
+class Run:
+    """One measured run: per-round bucket means (ms), and ``slack``: the host's own time a round
+    beyond a quiet run's (ms), the most a stall can have moved a mean (a bound's allowance)."""
+
+    ms: dict[str, float]
+    slack: float
+    out: Any
+
+    def within(self, name: str, lo: float = float("-inf"), hi: float = float("inf")) -> bool:
+        return lo - self.slack <= self.ms[name] <= hi + self.slack
+
+
+def measure(clock: Any, go: Callable[[Any], Any], tries: int = 3) -> Run:
+    """``go(observer)`` (fresh streams each time) in a capture under ``clock``, measured again
+    while the host stalled in it (only the measurement is redone, judged by the host's time,
+    never by its result), at most ``tries`` runs: the least stalled one."""
+    best: Run | None = None
+    for _ in range(tries):
+        slept, t0 = SLEPT_NS[0], time.perf_counter_ns()
+        with capture(level=1, clock=clock) as cap:
+            out = go(cap.observer)
+        host_ms = (time.perf_counter_ns() - t0 - (SLEPT_NS[0] - slept)) / MS
+        run = Run(per_round_ms(cap), max(0.0, host_ms / len(cap.rounds) - QUIET_MS), out)
+        best = run if best is None or run.slack < best.slack else best
+        if best.slack == 0:
+            break
+    assert best is not None
+    return best
+
+
 def no_drain(e: Any, eh: Any) -> SyncClock:
     return SyncClock(None, None)
 
 
 def test_sync_clock_puts_queued_verify_work_in_verify() -> None:
     """The seed's contract: the boundary after verify drains, so verify's 40 ms land there."""
-    e = SimStream()
-    with capture(level=1, clock="sync") as cap:
-        run_rounds(cap.observer, e)
-    ms = per_round_ms(cap)
-    assert 38 <= ms["verify"] <= 60, ms
-    assert ms["accept"] < 3, ms
-    assert 4.5 <= ms["draft"] <= 15, ms
+    run = measure("sync", lambda obs: run_rounds(obs, SimStream()))
+    assert run.within("verify", 38, 60), run
+    assert run.within("accept", hi=3), run
+    assert run.within("draft", 4.5, 15), run
 
 
 def test_no_drain_control_moves_verify_work_to_the_next_phase() -> None:
     """Without drains the same work shows up where the loop next waits (accept's readback):
     the control that proves the sync test can fail."""
-    e = SimStream()
-    with capture(level=1, clock=no_drain) as cap:
-        run_rounds(cap.observer, e)
-    ms = per_round_ms(cap)
-    assert ms["verify"] < 3, ms
-    assert ms["accept"] >= 40, ms
+    run = measure(no_drain, lambda obs: run_rounds(obs, SimStream()))
+    assert run.within("verify", hi=3), run
+    assert run.within("accept", lo=40), run
 
 
 def test_event_clock_matches_sync_without_draining_inside_rounds() -> None:
     """Events resolve to the same buckets; the only drains are the loop's own readbacks and
-    one per burst. The two clocks time separate runs of sleeps, so a busy host's scheduling
-    can part them by a few ms: up to three pairs of runs, one of which must agree."""
-    for _ in range(3):
-        e_sync, e_ev = SimStream(), SimStream()
-        with capture(level=1, clock="sync") as cs:
-            run_rounds(cs.observer, e_sync, rounds=4)
-        with capture(level=1, clock="event") as ce:
-            run_rounds(ce.observer, e_ev, rounds=4)
-        # 4 rounds x 1 readback + the burst's one drain + the session's final one.
-        assert e_ev.syncs == 4 + 1 + 1
-        assert e_sync.syncs > 4 * 6
-        sync, ev = per_round_ms(cs), per_round_ms(ce)
-        far = [n for n in sync if abs(ev[n] - sync[n]) > max(1.5, 0.08 * sync[n])]
-        if not far and 38 <= ev["verify"] <= 60:
-            return
-    pytest.fail(f"the clocks disagreed in all three pairs of runs: {far}, {sync}, {ev}")
+    one per burst. The two clocks time separate runs of sleeps: both runs' host time is
+    allowed on top of the tolerance (a busy host's scheduling parted them by 1.9 ms once)."""
+
+    def go(obs: Any) -> SimStream:
+        run_rounds(obs, e := SimStream(), rounds=4)
+        return e
+
+    cs, ce = measure("sync", go), measure("event", go)
+    # 4 rounds x 1 readback + the burst's one drain + the session's final one.
+    assert ce.out.syncs == 4 + 1 + 1
+    assert cs.out.syncs > 4 * 6
+    sync, ev, slack = cs.ms, ce.ms, cs.slack + ce.slack
+    far = [n for n in sync if abs(ev[n] - sync[n]) > max(1.5, 0.08 * sync[n]) + slack]
+    assert not far, (far, cs, ce)
+    assert ce.within("verify", 38, 60), ce
 
 
 def test_event_clock_burst_ends_after_its_settled_device_work() -> None:
@@ -213,21 +253,15 @@ def test_host_only_work_hides_under_the_device_tail_with_events() -> None:
     """A host-only phase after queued device work: the sync clock serializes (host time adds
     on top), the event clock charges only what sticks out past the device tail."""
 
-    def host_10ms() -> None:
-        time.sleep(0.010)
+    def go(obs: Any) -> None:
+        e = SimStream()
+        host_10ms = partial(sleep_ns, 10 * MS)
+        phases = {"draft": lambda: e.enqueue(20), "verify": host_10ms, "accept": lambda: None}
+        run_rounds(obs, e, rounds=2, phases=phases)
 
-    phases = {"draft": lambda: e.enqueue(20), "verify": host_10ms, "accept": lambda: None}
-    e = SimStream()
-    with capture(level=1, clock="sync") as cs:
-        run_rounds(cs.observer, e, rounds=2, phases=phases)
-    sync = per_round_ms(cs)
-    e = SimStream()
-    phases = {"draft": lambda: e.enqueue(20), "verify": host_10ms, "accept": lambda: None}
-    with capture(level=1, clock="event") as ce:
-        run_rounds(ce.observer, e, rounds=2, phases=phases)
-    ev = per_round_ms(ce)
-    assert sync["draft"] >= 19 and sync["verify"] >= 9.5, sync
-    assert ev["draft"] >= 19 and ev["verify"] < 3, ev
+    sync, ev = measure("sync", go), measure("event", go)
+    assert sync.within("draft", lo=19) and sync.within("verify", lo=9.5), sync
+    assert ev.within("draft", lo=19) and ev.within("verify", hi=3), ev
 
 
 def _head_verify(e: SimStream, eh: SimStream, dependent: bool) -> Callable[[], None]:
@@ -239,33 +273,32 @@ def _head_verify(e: SimStream, eh: SimStream, dependent: bool) -> Callable[[], N
     return verify
 
 
+def _two_streams(obs: Any, dependent: bool) -> None:
+    """Two rounds with verify's work on the head stream ``eh``, accept a readback of it."""
+    e, eh = SimStream(), SimStream()
+    phases = {"verify": _head_verify(e, eh, dependent), "accept": eh.synchronize}
+    run_rounds(obs, e, eh, rounds=2, phases=phases)
+
+
 def test_event_clock_takes_the_later_of_both_streams() -> None:
     """Work queued on the head stream in verify closes verify under both clocks."""
     for clock in ("sync", "event"):
-        e, eh = SimStream(), SimStream()
-        phases = {"verify": _head_verify(e, eh, True), "accept": eh.synchronize}
-        with capture(level=1, clock=clock) as cap:
-            run_rounds(cap.observer, e, eh, rounds=2, phases=phases)
-        ms = per_round_ms(cap)
-        assert 28 <= ms["verify"] <= 45, (clock, ms)
-        assert 4.5 <= ms["draft"] <= 10, (clock, ms)
-        assert ms["accept"] < 3, (clock, ms)
+        run = measure(clock, partial(_two_streams, dependent=True))
+        assert run.within("verify", 28, 45), (clock, run)
+        assert run.within("draft", 4.5, 10), (clock, run)
+        assert run.within("accept", hi=3), (clock, run)
 
 
 def test_event_clock_charges_cross_stream_overlap_to_the_earlier_phase() -> None:
     """Independent head work runs beside the draft's tail on e: the sync clock serializes it
     (verify = all 30 ms), the event clock leaves the overlap in draft (verify = 30 - 5 ms) and
     its buckets add up to the real, overlapped wall (README, "Device truth", e / eh overlap)."""
-    out = {}
-    for clock in ("sync", "event"):
-        e, eh = SimStream(), SimStream()
-        phases = {"verify": _head_verify(e, eh, False), "accept": eh.synchronize}
-        with capture(level=1, clock=clock) as cap:
-            run_rounds(cap.observer, e, eh, rounds=2, phases=phases)
-        out[clock] = per_round_ms(cap)
-    assert 28 <= out["sync"]["verify"] <= 45, out
-    assert 22 <= out["event"]["verify"] <= 27.5, out
-    assert 4.5 <= out["event"]["draft"] <= 10, out
+    out = {
+        clock: measure(clock, partial(_two_streams, dependent=False)) for clock in ("sync", "event")
+    }
+    assert out["sync"].within("verify", 28, 45), out
+    assert out["event"].within("verify", 22, 27.5), out
+    assert out["event"].within("draft", 4.5, 10), out
 
 
 def test_same_stream_as_e_and_eh_drains_once() -> None:
