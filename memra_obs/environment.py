@@ -66,10 +66,8 @@ def parse_addr(var: str, value: str, check: bool = True) -> tuple[str, int] | No
         raise ConfigError(f"{var}={value!r}: expected host:port, e.g. 127.0.0.1:9464")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    p = _number(port, integer=True) or 0
-    if p > 65535:
+    if len(port) > 5 or (p := int(port)) > 65535:  # not int() of 5,000 digits (it raises)
         raise ConfigError(f"{var}={value!r}: port {port} is out of range 0..65535")
-    p = int(p)
     if not check:
         return host, p
     try:

@@ -232,7 +232,9 @@ def build_observer(
         )
     if ring is not None:
         built.where.append(f"records -> agent rings in {ring.directory}")
-    elif built.prom is not None and (env or os.environ).get("PROMETHEUS_MULTIPROC_DIR"):
+    elif built.prom is not None and (os.environ if env is None else env).get(
+        "PROMETHEUS_MULTIPROC_DIR"
+    ):
         say_once("multiproc", _MULTIPROC)
     if "nvtx" in st.sinks:  # off (no profiler attached, no nvtx): no sink, nothing to pay
         from .sinks.nvtx import NvtxSink
