@@ -24,7 +24,7 @@ __all__ = [
     "MEMRA_OBS_PLAIN_STEP_MS", "MEMRA_OBS_QUEUE_SIZE", "MEMRA_OBS_REQUESTS_DETAIL",
     "MEMRA_OBS_REQUESTS_FILE", "MEMRA_OBS_RING_SLOTS", "MEMRA_OBS_ROUND_SPANS", "MEMRA_OBS_SINKS",
     "MEMRA_OBS_SPANS_FILE", "MEMRA_OBS_SPANS_FILE_MAX_BYTES", "MEMRA_OBS_WORKER", "ConfigError",
-    "Settings", "parse_addr", "positive", "utf8",
+    "Settings", "parse_addr", "positive", "unknown_knobs", "utf8",
 ]  # fmt: skip
 
 
@@ -311,6 +311,25 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
 
 
 _VARS = {name: var for name, var, _ in _TABLE}
+#: Names of the prefix that are not knobs: the compose replay's mount, the test scripts' own.
+_NOT_KNOBS = frozenset(("MEMRA_OBS_SPANS_DIR", "MEMRA_OBS_REQUIRE_PEERS", "MEMRA_OBS_PEERS_CACHE"))
+
+
+def unknown_knobs(env: Mapping[str, str]) -> list[str]:
+    """A note per ``MEMRA_OBS_*`` name in ``env`` that no knob reads, with the knob it is
+    likely a misspelling of: ``MEMRA_OBS_SINK=prometheus`` otherwise publishes nothing, unsaid."""
+    import difflib
+
+    known = list(_VARS.values())
+    notes = []
+    for var in sorted(v for v in env if v.startswith("MEMRA_OBS_") and v not in _NOT_KNOBS):
+        if var not in _VARS.values():
+            near = difflib.get_close_matches(var, known, n=1, cutoff=0.8)
+            hint = f"did you mean {near[0]}?" if near else "the knobs: README, Knobs"
+            notes.append(f"{var} is not a memra_obs knob ({hint}); ignored")
+    return notes
+
+
 _TLS = ("metrics_tls_cert", "metrics_tls_key")
 
 

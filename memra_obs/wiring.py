@@ -19,6 +19,7 @@ from .environment import (
     MEMRA_OBS_METRICS_ADDR,
     ConfigError,
     Settings,
+    unknown_knobs,
 )
 from .export import QueueSink, RecordExporter
 from .observer import NOOP_OBSERVER, NoOpObserver, Observer
@@ -66,6 +67,7 @@ def build_exporters(
     series ``worker``. An address that cannot be bound is a :class:`ConfigError` with
     ``strict`` (the CLI), else said once and no ``/metrics``."""
     out = Exporters()
+    _say_unknown(env)
     try:
         if st.requests_file:
             out.requests = _requests(st)
@@ -108,6 +110,11 @@ def build_exporters(
         out.close()
         raise
     return out
+
+
+def _say_unknown(env: Mapping[str, str] | None) -> None:
+    for note in unknown_knobs(os.environ if env is None else env):
+        say_once(f"unknown-knob:{note.split()[0]}", note)
 
 
 def _requests(st: Settings) -> RecordExporter:
@@ -219,6 +226,7 @@ def build_observer(
     consumers behind the queue, ``strict`` as in :func:`build_exporters`. Nothing on ->
     :data:`NOOP_OBSERVER`."""
     st = Settings.resolve(env, **knobs)
+    _say_unknown(env)  # before a typo in MEMRA_OBS_SINKS makes a silent no-op observer
     lvl, prf = _seed_flags(env, level, prof)
     sinks: list[Sink] = [StderrSink(lvl, prf)] if lvl >= 1 or prf else []
     built = Exporters()  # first: an address that cannot be served is the one line said

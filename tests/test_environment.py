@@ -245,3 +245,23 @@ def test_a_number_of_thousands_of_digits_is_refused_not_a_traceback():
     with pytest.raises(argparse.ArgumentTypeError, match="not a positive integer"):
         positive(int)(huge)
     assert Settings.resolve({"MEMRA_OBS_QUEUE_SIZE": "00064"}).queue_size == 64
+
+
+def test_a_misspelled_knob_is_said_once_with_the_knob_it_is_near(caplog, tmp_path):
+    """``MEMRA_OBS_SINK=prometheus`` (no S) published nothing and said nothing: a no-op
+    observer. A name of the prefix no knob reads is said once, with its near knob; the
+    compose file's and the scripts' own names are not knobs and are not said."""
+    from memra_obs.wiring import build_exporters, build_observer
+
+    env = {"MEMRA_OBS_SINK": "prometheus", "MEMRA_OBS_ROUNDSPANS": "8", "MEMRA_OBS_X": "1",
+           "MEMRA_OBS_SPANS_DIR": "/data", "MEMRA_OBS_REQUIRE_PEERS": "1"}  # fmt: skip
+    with caplog.at_level("WARNING", logger="memra_obs"):
+        build_observer(env=env)
+        build_exporters(Settings.resolve(env), env=env)  # the agent's and the tail's way in
+    said = [r.getMessage() for r in caplog.records if "not a memra_obs knob" in r.getMessage()]
+    assert said == [
+        "MEMRA_OBS_ROUNDSPANS is not a memra_obs knob (did you mean MEMRA_OBS_ROUND_SPANS?); "
+        "ignored",
+        "MEMRA_OBS_SINK is not a memra_obs knob (did you mean MEMRA_OBS_SINKS?); ignored",
+        "MEMRA_OBS_X is not a memra_obs knob (the knobs: README, Knobs); ignored",
+    ]
