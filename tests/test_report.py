@@ -654,6 +654,20 @@ def test_page_is_self_contained_and_small(runs):
         assert f'<section id="{s}">' in html
 
 
+def test_the_generated_time_says_its_utc_offset_not_an_ambiguous_zone_name(tmp_path):
+    """A page made in Shanghai said "CST", as one made in Chicago does (-0600): the stamp
+    carries the UTC offset (TZ="CST-8": China Standard Time, no tz database needed)."""
+    log, out = tmp_path / "w.log", tmp_path / "p.html"
+    log.write_text("[glm5-phase] rounds=3 k=4 total=6.00ms | draft=1.50 verify=3.00 accept=0.60 "
+                   "roll=0.45 maint=0.45 | per-round ms: draft=0.500 verify=1.000 accept=0.200 "
+                   "roll=0.150 maint=0.150 total=2.000\n")  # fmt: skip
+    cmd = [sys.executable, "-m", "memra_obs.cli", "report", str(log), "-o", str(out)]
+    p = subprocess.run(cmd, capture_output=True, env=_env(TZ="CST-8"), timeout=300)
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    stamp = re.search(r"generated (\S+ \S+ \S+) by memra_obs", out.read_text())
+    assert stamp and stamp.group(1).endswith(" +0800"), stamp
+
+
 def test_without_matplotlib_it_says_what_to_install(tmp_path):
     """matplotlib missing: exit 2, one line naming the extra."""
     code = ("import sys; sys.modules['matplotlib'] = None; from memra_obs.cli import main; "

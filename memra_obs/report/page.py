@@ -481,7 +481,7 @@ def render(views: Sequence[View], ab: Sequence[ABRow] | None, step: Callable[[st
     said = [f"<p class=note>{escape(v.label)}: {escape(n)}</p>" for v in views for n in v.run.notes]
     parts = [
         f"<header><h1>memra-obs report</h1><p class=meta>{names}<br>generated "
-        f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} by memra_obs {__version__}</p></header><nav>{nav}</nav>",
+        f"{time.strftime('%Y-%m-%d %H:%M:%S %z')} by memra_obs {__version__}</p></header><nav>{nav}</nav>",
         sec("ab", "A/B: B against A", lambda _: _ab(ab)) if ab else "",
         sec("totals", "Totals and what they cover", lambda vs: by_run(vs, ["quantity", "covers"], totals)),
         sec("round-wall", "Round wall", round_wall_distribution, round_wall_over_round_index),
