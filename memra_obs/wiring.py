@@ -137,6 +137,8 @@ def sessions_sampled(env: Mapping[str, str] | None = None) -> Callable[[int], bo
 
 def _serve(st: Settings, prom: Any, strict: bool) -> Any:
     """``/metrics`` for ``prom`` (the note its forked children say), or None (said once)."""
+    from prometheus_client import REGISTRY
+
     from .prom import serve_metrics
 
     host, port = st.metrics_addr  # type: ignore[misc]
@@ -156,6 +158,10 @@ def _serve(st: Settings, prom: Any, strict: bool) -> Any:
         )
         if strict:
             raise ConfigError(msg) from None
+        if exc.errno == errno.EADDRINUSE and prom.registry is REGISTRY:  # the app's own server?
+            msg += (f"; if this process serves prometheus_client's REGISTRY there itself "
+                    f"(opentelemetry-exporter-prometheus's default port is 9464), that /metrics "
+                    f"has memra_obs's metrics already: set {MEMRA_OBS_METRICS_ADDR} empty")  # fmt: skip
         say_once(f"metrics-addr:{host}:{port}", msg + "; carrying on without /metrics")
         return None
     prom.fork_note = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -264,4 +265,25 @@ def test_a_misspelled_knob_is_said_once_with_the_knob_it_is_near(caplog, tmp_pat
         "ignored",
         "MEMRA_OBS_SINK is not a memra_obs knob (did you mean MEMRA_OBS_SINKS?); ignored",
         "MEMRA_OBS_X is not a memra_obs knob (the knobs: README, Knobs); ignored",
+    ]
+
+
+def test_an_otlp_timeout_in_seconds_for_opentelemetry_python_is_said(caplog):
+    """The application's own opentelemetry-python exporter, in the same process, reads
+    ``OTEL_EXPORTER_OTLP_TIMEOUT=10`` as 10 s; memra_obs, as the specification, as 10 ms: every
+    span was dropped ("timed out") with no word of why. It is taken as written, and said once."""
+    from memra_obs import diagnostics
+    from memra_obs.otel.config import OtlpConfig
+
+    diagnostics.reset()
+    with caplog.at_level(logging.WARNING, logger="memra_obs"):
+        for ms in ("10", "10", "2500", "0"):
+            OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_TIMEOUT": ms})
+        assert OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "10"}).timeout_s == 0.01
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "OTEL_EXPORTER_OTLP_TIMEOUT='10': 10 ms, the specification's unit (opentelemetry-python "
+        "reads it as seconds: 10000 here for 10 s)",
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT='10': 10 ms, the specification's unit "
+        "(opentelemetry-python reads it as seconds: 10000 here for 10 s)",
     ]

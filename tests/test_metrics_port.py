@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,33 @@ def test_prometheus_multiproc_dir_is_answered_with_agent_mode(caplog, tmp_path):
                              sinks="prometheus")  # fmt: skip
         obs.shutdown()
     assert not [r for r in caplog.records if "PROMETHEUS_MULTIPROC_DIR" in r.getMessage()]
+
+
+def test_a_port_this_processs_own_server_holds_is_said_to_serve_the_metrics_already(caplog):
+    """9464 is also opentelemetry-exporter-prometheus's default, served by the application's
+    ``start_http_server`` on prometheus_client's REGISTRY, where memra_obs's metrics land: that
+    /metrics shows them, yet the one line said only "carrying on without /metrics" and pointed
+    to agent mode. With the default registry it now says what to set."""
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(0, addr="127.0.0.1")  # the application's /metrics
+    port = server.server_address[1]
+    diagnostics.reset()
+    try:
+        with caplog.at_level(logging.WARNING, logger="memra_obs"):
+            for registry in (CollectorRegistry(), None):
+                st = Settings.resolve({}, sinks="prometheus", metrics_addr=f"127.0.0.1:{port}")
+                built = build_exporters(st, registry=registry, strict=False)
+                assert built.server is None
+                built.prom.unregister()
+                diagnostics.reset()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
+            assert b"python_info" in r.read()  # the application's server is untouched
+    finally:
+        server.shutdown()
+        server.server_close()
+    own, default = [r.getMessage() for r in caplog.records]
+    assert "REGISTRY" not in own and "MEMRA_OBS_AGENT" in own
+    assert default.startswith(own.removesuffix("; carrying on without /metrics"))
+    assert "opentelemetry-exporter-prometheus" in default and "REGISTRY there itself" in default
+    assert default.endswith("set MEMRA_OBS_METRICS_ADDR empty; carrying on without /metrics")

@@ -169,6 +169,9 @@ class OtlpConfig:
         n = decimal(ms, otel=True)  # not "١٢" or "1_000"
         if n is None or n < 0:
             raise ConfigError(f"{var}={ms!r}: expected a number of milliseconds >= 0")
+        if 0 < n < 100:  # seconds meant for opentelemetry-python, which shares this variable
+            say_once(var, f"{var}={ms!r}: {ms} ms, the specification's unit (opentelemetry-python "
+                     f"reads it as seconds: {n * 1000:g} here for {ms} s)")  # fmt: skip
         # 0 is the specification's "no limit", its "very long time" 2**31-1 ms: so is more
         timeout_s = min(n / 1000.0, NO_LIMIT_S) or NO_LIMIT_S
         hvar, raw = _get(env, "HEADERS") or ("", "")
