@@ -152,9 +152,12 @@ def _demo(args: argparse.Namespace) -> int:
         for sig, handler in old.items():
             signal.signal(sig, handler)
     acc = stats.accepted / stats.drafted if stats.drafted else 0.0
+    lost = getattr(getattr(obs, "queue", None), "dropped", 0)  # said: no /metrics is left
     _say(
         f"[memra-obs] demo done: sessions={stats.sessions} rounds={stats.rounds} "
         f"tokens={stats.tokens} accept={acc:.3f}"
+        + f"; {lost} records dropped (a full queue): spans and requests lack them"
+        * bool(lost)
     )
     return 0
 

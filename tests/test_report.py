@@ -321,6 +321,32 @@ def test_rounds_past_the_span_cap_are_rebuilt_and_said(runs):
     assert keys(html)["round_logs"] == ["0"]  # 16 < 64: the summaries' rows are not in the file
 
 
+def test_rounds_a_burst_span_counts_without_their_spans_are_kept_and_said(runs, tmp_path):
+    """Round records a worker dropped (a full queue) leave their burst span counting rounds that
+    have no spec.round span: they keep their burst's means, so the round count and every burst's
+    sums are the log's, and the page says how many (6,597 of a demo's 47,925 were left out unsaid)."""
+    cut: set[str] = set()
+
+    def keep(s: dict) -> bool:  # round 2 of each session, with its phase spans
+        at = {a["key"]: a["value"] for a in s.get("attributes", ())}
+        if s["name"] == "spec.round" and at.get("memra.spec.round") == {"intValue": "2"}:
+            cut.add(s["spanId"])
+        return s["spanId"] not in cut and s.get("parentSpanId") not in cut
+
+    spans_edited(runs["spans"], tmp_path / "twice.jsonl", keep)  # phase spans precede their round
+    spans = spans_edited(tmp_path / "twice.jsonl", tmp_path / "dropped.jsonl", keep)
+    a, b = read(str(runs["log"])), read(str(spans))
+    assert len(cut) == len(b.sessions) == 8 and len(b.rounds) == len(a.rounds)
+    assert sum(r.k < 0 for r in b.rounds) == 8 and b.unsampled == 0
+    for x in b.bursts:
+        mine = [r for r in b.rounds if r.session == x.session and r.burst == x.index]
+        assert len(mine) == x.phases.rounds
+        assert abs(sum(r.phase_ns()[1] for r in mine) - x.phases.verify) < len(mine)
+    html = report(spans, out=tmp_path / "dropped.html")
+    assert "8 rounds their spec.burst spans count have no spec.round span" in html
+    assert keys(html)["rounds"] == [str(len(a.rounds))]
+
+
 def test_refused_lines_are_listed_by_number(tmp_path):
     """Truncated and non-UTF-8 tagged lines: refused with their line number and reason, the
     rest of the log still reported."""

@@ -35,6 +35,7 @@ from ..timeline import PHASES, BurstRecord, FirstTokenRecord, RoundRecord, Sessi
 
 _OVERLONG = f"a line over {MAX_LINE} bytes, not parsed (as the tail reads it)"
 LOGGED = records.SPEC_PROF_ROUNDS  # rows a session's round log keeps
+LOST = "rounds_without_spans"  # rounds a burst span counts that have no round span (dropped)
 Progress = Callable[[int, int], None]  # (bytes read, total or 0: unknown)
 A, FT = "memra.spec.", "memra.spec.first_token."
 SPLIT = tuple(f"{A}verify.{p}_ns" for p in ("kda", "kda_scan", "mla", "ffn"))
@@ -203,13 +204,13 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
     parts = ("sessions", "rounds", "bursts", "first_tokens", "refused")
     for sid, (tid, sp) in enumerate(roots, 1):
         lists = [run.rounds.runs if p == "rounds" else getattr(run, p) for p in parts]
-        marks, unsampled = [len(x) for x in lists], run.unsampled
+        marks, unsampled, gone = [len(x) for x in lists], run.unsampled, run.kinds[LOST]
         try:
             _session(sid, tid, sp, kids, run)
         except (TypeError, ValueError, KeyError) as exc:  # a refused session adds nothing
             for x, m in zip(lists, marks, strict=True):
                 del x[m:]
-            run.unsampled = unsampled
+            run.unsampled, run.kinds[LOST] = unsampled, gone
             run.refused.append((0, f"session span {sp[1]:016x} refused: {exc!r}", ""))
     reached, todo = set[int](), [sp[1] for _, sp in roots]
     while todo:  # the spans under a session (a set: spans that are their own parents end too)
@@ -219,11 +220,16 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
                 todo.append(k[1])
     if lost := run.kinds["spans"] - len(roots) - len(reached):
         run.notes.append(f"{lost} spec.* spans are under no spec.session of this input (a rotated "
-                         "span file: cat FILE.1 FILE | memra-obs report -); they are left out.")  # fmt: skip
+                         "span file: cat FILE.1 FILE | memra-obs report -; or session records the "
+                         "worker dropped: memra_obs_dropped_total); they are left out.")  # fmt: skip
     if hidden := run.kinds["sessions_without_log"]:
         run.notes.append(f"{hidden} profiled sessions have rounds of their first {LOGGED} without "
                          "spans (or without k, j): their [spec-prof-summary] cannot be recomputed, "
                          "and they are left out of the slow-round count.")  # fmt: skip
+    if gone := run.kinds.pop(LOST, 0):
+        run.notes.append(f"{gone} rounds their spec.burst spans count have no spec.round span (records "
+                         "the worker dropped: memra_obs_dropped_total): they carry their burst's "
+                         "remainder spread evenly, their k and j unknown.")  # fmt: skip
     if run.unsampled:
         run.notes.append(f"{run.unsampled} of {len(run.rounds)} rounds were past the span cap "
                          "(MEMRA_OBS_ROUND_SPANS) and have no spans: their phase times are their burst's"
@@ -286,6 +292,11 @@ def _burst(sid: int, b: Span, kids: Kids, run: Run) -> list[RoundRecord]:
     if not (all(type(x) is int and 0 <= x < 1 << 32 for x in ints) and u <= n <= MAX_ROUNDS):
         raise ValueError(f"spec.burst {b[1]:016x}: rounds={n}, rounds_unsampled={u} or a round "
                          "index that is not a count")  # fmt: skip
+    run.unsampled += u
+    # rounds the burst counts that have no span, nor past the cap: records the worker dropped
+    gone = max(n - u - len(rounds) - len(bad), 0)
+    run.kinds[LOST] += gone
+    u += gone  # both kinds: the burst's remainder, spread evenly
     own = [sum(r.phase_ns()[i] for r in rounds) for i in range(5)]
     tot = [at[f"{A}{p}_ns"] for p in PHASES] if f"{A}draft_ns" in at else own  # unfinished: own
     split = tuple(at[a] for a in SPLIT) if SPLIT[0] in at else None
@@ -294,13 +305,12 @@ def _burst(sid: int, b: Span, kids: Kids, run: Run) -> list[RoundRecord]:
     each = None if split is None else tuple(x // max(n, 1) for x in split)
     ts = itertools.accumulate(per, initial=rounds[-1].t_ns_mono[5] if rounds else b[3])
     rest = RoundRecord._make((sid, idx, first + n - u, (*ts,), -1, -1, 0, 0, each, u))
-    run.rounds += [*rounds, rest] if u else rounds  # past the span cap: u rounds, one run
+    run.rounds += [*rounds, rest] if u else rounds  # past the span cap (or dropped): one run
     for r in bad:  # a refused round span: the remainder's mean, at its own index
         ts = itertools.accumulate(per, initial=r[3])
         run.rounds.runs.append(
             rest._replace(index=r[5].get(A + "round", 0), t_ns_mono=(*ts,), repeat=1)
         )
-    run.unsampled += u
     phases = records.SpecPhaseNs(*tot, n)  # type: ignore[call-arg]
     run.bursts.append(BurstRecord(sid, idx, at.get(A + "k", 0), b[3], b[4], phases, split,
                                   at.get(A + "tokens", 0), at.get(A + "hook_ns", 0), first))  # fmt: skip
