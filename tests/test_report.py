@@ -487,6 +487,17 @@ def test_a_refused_round_span_keeps_its_burst_whole_a_refused_session_adds_nothi
     assert len(run.first_tokens) == 7 and len(run.logs) == len(good.logs) - 1
 
 
+def test_a_session_span_whose_family_is_no_string_is_refused_not_a_crash(runs, tmp_path):
+    """A span file (any OTLP-JSON producer's) whose session says ``memra.spec.family`` = 7
+    beside sessions of ``glm5``: that session is refused with its reason and the page is
+    written (sorting the families raised a TypeError: a traceback, no page)."""
+    seven = _first("spec.session", lambda s: _set(s, "memra.spec.family", {"intValue": "7"}))
+    spans = spans_edited(runs["spans"], tmp_path / "fam.jsonl", seven)
+    run = read(str(spans))
+    assert len(run.refused) == 1 and "memra.spec.family 7 is not a string" in run.refused[0][1]
+    assert keys(report(spans, out=tmp_path / "fam.html"))["sessions"] == ["7"]
+
+
 def test_a_round_whose_phase_spans_run_backwards_is_refused(runs, tmp_path):
     """A damaged span file (a draft span ending at 0, a rollback ending a second late): that
     round is refused and carries its burst's means; no crash, no negative phase time."""
@@ -599,6 +610,30 @@ def test_an_output_link_is_written_through_never_replaced(runs, tmp_path):
     cmd = [sys.executable, "-m", "memra_obs.cli", "report", "-q", str(runs["log"]), "-o", str(out)]
     p = subprocess.run(cmd, capture_output=True, env=_env(), timeout=300)
     assert p.returncode == 0 and out.is_symlink() and p.stdout.startswith(b"<!DOCTYPE html>")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's link needs root (lchown)")
+def test_a_link_another_user_planted_in_a_sticky_directory_is_not_followed(tmp_path):
+    """``-o /tmp/r.html`` where another user made ``r.html`` (or a directory on the way) a link
+    to the victim's file: refused, the file intact, as the kernel's fs.protected_symlinks
+    refuses ``> /tmp/r.html`` (realpath + rename went around it: the page replaced the victim's
+    file). The user's own link there is still written through."""
+    from memra_obs.report.main import _write
+
+    (tmp := tmp_path / "tmp").mkdir()
+    tmp.chmod(0o1777)
+    (victim := tmp_path / "victim").write_text("theirs")
+    (link := tmp / "r.html").symlink_to(victim)
+    (up := tmp / "d").symlink_to(tmp_path)
+    for x in (link, up):
+        os.lchown(x, 65534, 65534)
+    for out in (link, up / "victim", tmp_path / "via" / ".." / "tmp" / "r.html"):
+        with pytest.raises(PermissionError, match="another user's link in a sticky directory"):
+            _write(str(out), "page")
+    assert victim.read_text() == "theirs"
+    os.lchown(link, os.geteuid(), -1)
+    _write(str(link), "page")
+    assert victim.read_text() == "page" and link.is_symlink()
 
 
 def test_the_page_goes_through_no_planted_temp_link_and_keeps_the_outputs_mode(tmp_path):

@@ -238,6 +238,8 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
 
 def _session(sid: int, tid: int, sp: Span, kids: Kids, run: Run) -> None:
     at, fam, before = sp[5], sp[5].get(A + "family", "unknown"), len(run.rounds.runs)
+    if type(fam) is not str:  # an int among strings failed sorting them: no page at all
+        raise ValueError(f"{A}family {fam!r} is not a string")
     run.sessions.append(SessionRecord(sid, fam, f"{fam}-phase", f"{fam}-phase-v",
                         at.get(A + "worker", ""), sp[3], 0, 0, tid, sp[1], sp[2],
                         at.get(A + "trace_level", 0), bool(at.get(A + "prof"))))  # fmt: skip

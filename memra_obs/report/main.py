@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import re
 import stat
@@ -147,9 +148,33 @@ def _descriptor(path: str) -> int | None:
     return None
 
 
+def _planted(path: str) -> str | None:
+    """The first link on ``path``'s way that another user made in a sticky world-writable
+    directory (/tmp): the kernel's ``fs.protected_symlinks`` follows none, and neither do we
+    (``realpath`` and a rename would have replaced what it points at: a victim's file)."""
+    # As written, and as realpath reads it ("x/.." where no x is: nothing, not ENOENT).
+    todo, links = [os.path.join(os.getcwd(), path), os.path.abspath(path)], 0
+    while todo and links <= 40:  # the kernel's own limit on links in one lookup
+        parts = todo.pop().split("/")
+        for p in ("/".join(parts[:i]) for i in range(2, len(parts) + 1)):
+            with contextlib.suppress(OSError):
+                if stat.S_ISLNK((st := os.lstat(p)).st_mode):
+                    d = os.stat(os.path.dirname(p) or "/")
+                    if d.st_mode & 0o1002 == 0o1002 and st.st_uid not in (os.geteuid(), d.st_uid):
+                        return p
+                    todo.append(os.path.join(os.path.dirname(p), os.readlink(p)))
+                    links += 1
+    return None
+
+
 def _write(path: str, page: str) -> None:
     """A file (or a link to one) is replaced whole, never left half written; anything else (a
-    pipe, ``/dev/stdout``) is written as it is (a link is never replaced by a file)."""
+    pipe, ``/dev/stdout``) is written as it is (a link is never replaced by a file); a link
+    another user planted in /tmp is not followed (:func:`_planted`)."""
+    if planted := _planted(path):
+        raise PermissionError(
+            errno.EACCES, f"{planted} is another user's link in a sticky directory"
+        )
     fd = _descriptor(path)
     try:
         regular = fd is None and stat.S_ISREG(os.stat(path).st_mode)
