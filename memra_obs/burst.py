@@ -24,7 +24,7 @@ from .timeline import BurstRecord, ProfRowsRecord, RoundRecord
 if TYPE_CHECKING:
     from .session import Session
 
-__all__ = ["SETTLE_ROUNDS", "Burst", "new_burst"]
+__all__ = ["SETTLE_ROUNDS", "Burst", "NoOpBurst", "new_burst"]
 
 #: The event clock settles (one drain) at least every this many rounds of a burst.
 SETTLE_ROUNDS = 1024
@@ -47,7 +47,7 @@ def _nop(*args: object, **kw: object) -> None: ...
 _NULL = nullcontext()  # reusable: one shared no-op hook
 
 
-class _NoOpBurst:
+class NoOpBurst:
     """Everything off, or a burst that cannot be recorded: a no-op per boundary."""
 
     __slots__ = ()
@@ -58,11 +58,11 @@ class _NoOpBurst:
     def hook(self) -> nullcontext[None]:
         return _NULL
 
-    def __enter__(self) -> _NoOpBurst:
+    def __enter__(self) -> NoOpBurst:
         return self
 
 
-_NOOP_BURST = _NoOpBurst()
+_NOOP_BURST = NoOpBurst()
 
 
 def _discard_walk(obs: Any, level2: bool) -> None:
@@ -73,7 +73,7 @@ def _discard_walk(obs: Any, level2: bool) -> None:
         obs.verify_split.drain()
 
 
-class _DiscardingBurst(_NoOpBurst):
+class _DiscardingBurst(NoOpBurst):
     """A burst a live session cannot record: each round's walk is discarded at ``end_round``."""
 
     __slots__ = ("_level2", "_obs")

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import flags
-from .burst import _NOOP_BURST, Burst, _NoOpBurst, _nop
+from .burst import _NOOP_BURST, Burst, NoOpBurst, _nop
 from .clock import PhaseClock, Stream, SyncClock
 from .diagnostics import forked_set, say_once
 from .fanout import Fanout
@@ -25,13 +25,15 @@ from .records import SEQ_ROWS, VERIFY_SPLIT, SeqRows, VerifySplit
 from .session import Session
 from .sinks.base import Sink
 
-__all__ = ["NOOP_OBSERVER", "Burst", "NoOpObserver", "Observer", "Session"]
+__all__ = [
+    "NOOP_OBSERVER", "Burst", "NoOpBurst", "NoOpObserver", "NoOpSession", "Observer", "Session",
+]  # fmt: skip
 
 _ClockFactory = Callable[[Stream | None, Stream | None], PhaseClock]
 
 
 # Everything off (like the OTel API's NoOpTracer): one call per boundary to a no-op.
-class _NoOpSession:
+class NoOpSession:
     __slots__ = ()
     prof = log = None
     id = 0
@@ -43,17 +45,17 @@ class _NoOpSession:
     def free_memory(self, point: str) -> list[tuple[int, int]]:
         return []
 
-    def burst(self, k: int) -> _NoOpBurst:
+    def burst(self, k: int) -> NoOpBurst:
         return _NOOP_BURST
 
     def spec_decode(self, detailed: bool = False) -> dict[str, Any]:
         return {}
 
-    def __enter__(self) -> _NoOpSession:
+    def __enter__(self) -> NoOpSession:
         return self
 
 
-_NOOP_SESSION = _NoOpSession()
+_NOOP_SESSION = NoOpSession()
 
 
 class NoOpObserver:
@@ -69,7 +71,7 @@ class NoOpObserver:
     #: Set by configure() while another observer is the process's: a session here goes nowhere.
     _replaced = False
 
-    def session(self, family: str = "spec", **kw: object) -> _NoOpSession:
+    def session(self, family: str = "spec", **kw: object) -> NoOpSession:
         if self._replaced:
             _say_replaced("this no-op observer was replaced by configure()")
         return _NOOP_SESSION
@@ -191,7 +193,7 @@ class Observer:
         e: Stream | None = None,
         eh: Stream | None = None,
         **unknown: object,
-    ) -> Session | _NoOpSession:
+    ) -> Session | NoOpSession:
         """One request's session; ``tag``/``tag_v`` default to ``{family}-phase``/``-phase-v``.
         An unknown keyword is said once and ignored, as the no-op observer takes any; after
         :meth:`shutdown` the session is a no-op, said once."""

@@ -128,9 +128,9 @@ class VerifySplit:
         self._v = [_uint(f"VerifySplit.{n}", v, U64_MAX) for n, v in vals.items()]
         self._lock = threading.Lock()
 
-    def add(self, kda: int = 0, kda_scan: int = 0, mla: int = 0, ffn: int = 0) -> None:
-        """Add nanoseconds to any of the buckets (wrapping u64, like ``fetch_add``)."""
-        v = (kda, kda_scan, mla, ffn)
+    def add(self, kda: float = 0, kda_scan: float = 0, mla: float = 0, ffn: float = 0) -> None:
+        """Add nanoseconds (floats rounded) to the buckets (wrapping u64, like ``fetch_add``)."""
+        v: tuple[Any, ...] = (kda, kda_scan, mla, ffn)  # ints here, or _added_ns rounds them
         fast = type(kda) is type(kda_scan) is type(mla) is type(ffn) is int and min(v) >= 0
         if (d := v if fast else _added_ns("VerifySplit.add", v)) is None:
             return

@@ -16,7 +16,7 @@ from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from .analysis import EXPLORE, advise
-from .burst import Burst, _DiscardingBurst, _NoOpBurst, new_burst
+from .burst import Burst, NoOpBurst, _DiscardingBurst, new_burst
 from .clock import Stream, SyncClock, clock, now_ns
 from .diagnostics import say_once
 from .fanout import Fanout, fan
@@ -211,7 +211,7 @@ class Session:
             return True
         return False
 
-    def burst(self, k: int) -> Burst | _NoOpBurst:
+    def burst(self, k: int) -> Burst | NoOpBurst:
         """Enter a burst drafting ``k`` per round; one still open is ended first (said once).
         An ended session, or a ``k`` no loop drafts, gets a burst that records nothing."""
         try:

@@ -39,7 +39,7 @@ class RecordingSink(Sink):
     on_session = on_round = on_burst = on_first_token = on_prof_rows = _keep
     on_prof_summary = on_session_end = _keep
 
-    def of(self, kind: type) -> list[Any]:
+    def of(self, kind: type[_R]) -> list[_R]:
         return [r for r in self.records if isinstance(r, kind)]
 
 
