@@ -87,6 +87,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if sys.stderr is None:  # started with 2>&-: notes to /dev/null on fd 2 (a file took it)
+        if (fd := os.open(os.devnull, os.O_WRONLY)) != 2:  # fd 0 or 1 if closed too: not theirs
+            os.dup2(fd, 2)
+            os.close(fd)
+        sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
     try:  # Ctrl-C while the parser imports the commands: 130, no traceback
         args, rest = _parser().parse_known_args(argv)
         if rest and args.command in ("demo", "report"):

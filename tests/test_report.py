@@ -701,6 +701,24 @@ def test_standard_input_redirected_from_the_output_is_refused_and_o_dash_is_stdo
     assert sorted(x.name for x in tmp_path.iterdir()) == ["w.log"]
 
 
+def test_a_closed_stderr_or_stdout_is_one_status_not_a_traceback(runs, tmp_path):
+    """Started with stderr closed (``2>&-``, a cron line): the page is written, status 0 (an
+    AttributeError on ``sys.stderr``: status 1, no page); ``-o -`` with stdout closed too is
+    status 2, nothing written elsewhere (``sys.stdout.flush()``: a traceback)."""
+    cmd = ["sh", "-c", 'exec "$0" -m memra_obs.cli report "$@" 2>&-', sys.executable]
+    p = subprocess.run([*cmd, str(runs["log"]), "-o", "p.html"], capture_output=True,
+                       text=True, env=_env(), cwd=tmp_path, timeout=300)  # fmt: skip
+    assert p.returncode == 0 and p.stdout == ""
+    assert (tmp_path / "p.html").read_text().startswith("<!DOCTYPE html>")
+    cmd[2] = cmd[2].replace("2>&-", ">&-")
+    p = subprocess.run([*cmd, str(runs["log"]), "-o", "-"], capture_output=True, text=True,
+                       env=_env(), cwd=tmp_path, timeout=300)  # fmt: skip
+    assert p.returncode == 2 and p.stderr == "memra-obs report: /dev/stdout: Bad file descriptor\n"
+    cmd[2] = cmd[2].replace(">&-", ">&- 2>&-")
+    p = subprocess.run([*cmd, str(runs["log"]), "-o", "-"], env=_env(), cwd=tmp_path, timeout=300)
+    assert p.returncode == 2 and sorted(x.name for x in tmp_path.iterdir()) == ["p.html"]
+
+
 def test_page_is_self_contained_and_small(runs):
     """No script, no URL but data: and in-page anchors, under 5 MB; every section there."""
     html = report(runs["log"], runs["spans"], out=runs["tmp"] / "ab2.html")

@@ -181,7 +181,8 @@ def _write(path: str, page: str) -> None:
     except FileNotFoundError:
         regular = True
     if not regular:
-        sys.stdout.flush()
+        if sys.stdout is not None:  # None: started with it closed (`>&-`)
+            sys.stdout.flush()
         with open(path if fd is None else fd, "w", encoding="utf-8", closefd=fd is None) as f:
             f.write(page)
         return
