@@ -271,7 +271,7 @@ class QueueSink(Sink):
             self.dropped += 1
         if self._closed:
             say_once(f"queue-closed:{id(self)}", "records of a session still open when its "
-                     "observer was shut down (by configure() or shutdown()): dropped, counted "
+                     "observer was shut down (by configure(), shutdown() or the exit): dropped, counted "
                      "in that observer's queue only; end sessions before replacing it")  # fmt: skip
 
     on_session = on_round = on_burst = on_first_token = on_session_end = _put

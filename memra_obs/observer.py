@@ -198,7 +198,7 @@ class Observer:
         An unknown keyword is said once and ignored, as the no-op observer takes any; after
         :meth:`shutdown` the session is a no-op, said once."""
         if self._closed:
-            _say_replaced("this observer was shut down (by configure() or shutdown())")
+            _say_replaced("this observer was shut down (by configure(), shutdown() or the exit)")
             return _NOOP_SESSION
         for name in unknown:
             say_once(f"session-kw:{name}", f"Observer.session({name}=...): not a keyword of "

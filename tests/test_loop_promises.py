@@ -777,7 +777,7 @@ def test_a_session_on_a_replaced_observer_says_so(caplog, monkeypatch):
         for _ in range(2):
             with old.session("glm5") as s:
                 one_round(s.burst(4))
-        assert caplog.text.count("was shut down (by configure() or shutdown())") == 1
+        assert caplog.text.count("was shut down (by configure(), shutdown() or the exit)") == 1
         assert "get_observer() returns the current one" in caplog.text
         assert old.dropped_rounds == 0
     finally:
