@@ -7,6 +7,7 @@ everything; nothing imports it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -14,7 +15,7 @@ import threading
 from collections.abc import Sequence
 
 from .device.workload import GpuUnavailable
-from .environment import MEMRA_OBS_SINKS, ConfigError, positive
+from .environment import MEMRA_OBS_SINKS, ConfigError, positive, stop_signals
 from .linewriter import stderr_writer
 from .version import __version__
 
@@ -114,6 +115,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:  # the reader gone (`| head`): what stdout/stderr still hold goes nowhere, or
+        for f in (sys.stdout, sys.stderr):  # Python's exit flush fails it: status 120
+            try:
+                f.flush()
+            except BrokenPipeError:
+                with contextlib.suppress(Exception):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), f.fileno())
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -149,7 +157,7 @@ def _demo(args: argparse.Namespace) -> int:
     kind = "GPU" if cfg.gpu else "simulated"
     _say(f"[memra-obs] demo: {kind} worker, {bound}; " + "; ".join(where))
     stop = threading.Event()
-    old = install_stop_handlers(stop)
+    old = install_stop_handlers(stop, stop_signals())
     try:
         stats = run_demo(cfg, obs, stop=stop, device=dev)
     finally:

@@ -286,7 +286,9 @@ def run_demo(
     return st
 
 
-def install_stop_handlers(stop: Event) -> dict[int, Any]:
+def install_stop_handlers(
+    stop: Event, signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
+) -> dict[int, Any]:
     """Ctrl-C / SIGTERM end the demo after the bursts in flight (then the flush); a second one
     ends it at once, as its default would. Returns the old handlers."""
 
@@ -294,6 +296,7 @@ def install_stop_handlers(stop: Event) -> dict[int, Any]:
         if stop.is_set():
             signal.signal(n, signal.SIG_DFL)
             os.kill(os.getpid(), n)
+            os._exit(128 + n)  # PID 1 (a container's): the kernel ignores a default action
         stop.set()
 
-    return {s: signal.signal(s, on) for s in (signal.SIGINT, signal.SIGTERM)}
+    return {s: signal.signal(s, on) for s in signals}

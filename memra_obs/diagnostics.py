@@ -15,7 +15,8 @@ import threading
 
 from .linewriter import forked_set, stderr_writer
 
-__all__ = ["LOGGER_NAME", "MAX_SAID", "PREFIX", "forked_set", "logger", "reset", "say_once"]
+__all__ = ["LOGGER_NAME", "MAX_SAID", "PREFIX", "forked_set", "logger", "reset", "say_once",
+           "stderr_writer"]  # fmt: skip
 
 LOGGER_NAME = "memra_obs"
 #: What a message carries in front when it goes to stderr by the fallback.

@@ -2,7 +2,8 @@
 
 Argument > environment > default; a bad value is a :class:`ConfigError` at start-up that names
 the variable, never a silent fallback. (The seed's trace flags in :mod:`memra_obs.flags` mean
-off on junk, by the seed's law; ``OTEL_*`` settings are read where they are used.)
+off on junk, by the seed's law; ``OTEL_*`` settings are read where they are used.) Also what
+the environment leaves a command to stop on (:func:`stop_signals`: ``nohup`` keeps a hangup's).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import math
 import os
 import re
+import signal
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ __all__ = [
     "MEMRA_OBS_PLAIN_STEP_MS", "MEMRA_OBS_QUEUE_SIZE", "MEMRA_OBS_REQUESTS_DETAIL",
     "MEMRA_OBS_REQUESTS_FILE", "MEMRA_OBS_RING_SLOTS", "MEMRA_OBS_ROUND_SPANS", "MEMRA_OBS_SINKS",
     "MEMRA_OBS_SPANS_FILE", "MEMRA_OBS_SPANS_FILE_MAX_BYTES", "MEMRA_OBS_WORKER", "ConfigError",
-    "Settings", "parse_addr", "positive", "unknown_knobs", "utf8",
+    "Settings", "parse_addr", "positive", "stop_signals", "unknown_knobs", "utf8",
 ]  # fmt: skip
 
 
@@ -185,6 +187,13 @@ def _nonblank(var: str, value: str) -> str:
     if not value.strip():
         raise ConfigError(f"{var}={value!r}: must not be empty (unset it for the default)")
     return value
+
+
+def stop_signals() -> tuple[int, ...]:
+    """What a command stops on, flushing first: Ctrl-C, SIGTERM and a hangup (its terminal or
+    ssh session closed), unless it was started ignoring the hangup (``nohup``)."""
+    hup = signal.getsignal(signal.SIGHUP) != signal.SIG_IGN
+    return (signal.SIGINT, signal.SIGTERM) + (signal.SIGHUP,) * hup
 
 
 def utf8(value: str) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..diagnostics import say_once
+from ..diagnostics import say_once, stderr_writer
 from ..environment import (
     MEMRA_OBS_AGENT,
     MEMRA_OBS_METRICS_ADDR,
@@ -35,6 +35,7 @@ from ..environment import (
     ConfigError,
     Settings,
     positive,
+    stop_signals,
 )
 from ..export import ExportWorker, RecordExporter
 from ..timeline import Record
@@ -408,7 +409,7 @@ def set_priority(priority: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``memra-obs agent``: runs until SIGTERM/SIGINT (or ``--once``); 0 on a clean exit."""
+    """``memra-obs agent``: runs until SIGTERM, SIGINT or SIGHUP (or ``--once``); 0 then."""
     p = argparse.ArgumentParser(
         prog="memra-obs agent",
         description="Publish every local worker's ring (agent mode): spans as configured by "
@@ -436,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def on_signal(*_: object) -> None:
         threading.Thread(target=stop.set, daemon=True).start()
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    old = {s: signal.signal(s, on_signal) for s in stop_signals()}
     try:
         agent, closers, server = build_agent(
             args.dir, poll_s=args.poll_ms / 1e3, cleanup=not args.keep
@@ -445,7 +446,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # started: an idle server thread made a scrape wait seconds on a busy host.
         set_priority(args.priority)
         metrics = "" if server is None else f"; /metrics on {server.url}"
-        print(f"[memra-obs agent] publishing rings in {agent.directory}{metrics}", file=sys.stderr)
+        say = stderr_writer().write_lines  # never raises: a closed stderr stops no agent
+        say([f"[memra-obs agent] publishing rings in {agent.directory}{metrics}"])
         try:
             if args.once:
                 agent.drain()
@@ -455,8 +457,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             agent.close()
             for close in closers:
                 close()
-        print(f"[memra-obs agent] done: published={agent.published} lost={agent.lost_total()} "
-              f"rings_removed={agent.rings_removed}", file=sys.stderr, flush=True)  # fmt: skip
+        say([f"[memra-obs agent] done: published={agent.published} lost={agent.lost_total()} "
+             f"rings_removed={agent.rings_removed}"])  # fmt: skip
         return 0
     except AgentBusy as exc:
         print(f"memra-obs agent: {exc}", file=sys.stderr)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..environment import MEMRA_OBS_SINKS, MEMRA_OBS_WORKER, Settings, positive
+from ..environment import MEMRA_OBS_SINKS, MEMRA_OBS_WORKER, Settings, positive, stop_signals
 from ..export import QueueSink
 from ..wiring import Exporters, build_exporters, sessions_sampled
 from .passthrough import Tail
@@ -141,14 +141,13 @@ def _source(
 def _run(
     tail: Tail, source: PipeSource | FollowSource, queue: QueueSink | None, built: Exporters
 ) -> bool:
-    """Pump until the input ends or SIGINT/SIGTERM, then flush the exporters (bounded: 10 s).
+    """Pump until the input ends or a stop signal (SIGTERM, ...), then flush the exporters
+    (bounded: 10 s).
     Returns whether a signal stopped it."""
     for o in getattr(built.spans, "outputs", ()):  # a local span output (file, console) holds
         o.hold = o.sender.timeout_s == float("inf")  # it back too; a network one drops (down)
     stop: list[int] = []
-    old = {
-        s: signal.signal(s, lambda n, f: stop.append(n)) for s in (signal.SIGINT, signal.SIGTERM)
-    }
+    old = {s: signal.signal(s, lambda n, f: stop.append(n)) for s in stop_signals()}
     try:
         pump(tail, source, stop=lambda: bool(stop))
     finally:
