@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     finally:  # the reader gone (`| head`): what stdout/stderr still hold goes nowhere, or
-        for f in (sys.stdout, sys.stderr):  # Python's exit flush fails it: status 120
+        for f in filter(None, (sys.stdout, sys.stderr)):  # the exit flush fails: 120 (None: >&-)
             try:
                 f.flush()
             except BrokenPipeError:
