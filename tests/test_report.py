@@ -228,6 +228,47 @@ def test_ab_two_runs_of_one_configuration_are_not_flagged(tmp_path):
     assert set(_ab(tmp_path, {"seed": 1}, {"seed": 3}).values()) == {"0"}
 
 
+def _ab_rows(tmp: Path, sessions: int, a: dict, b: dict) -> list:
+    (pa := tmp / "a.log").write_text("\n".join(bench_report.worker_log(sessions, **a)) + "\n")
+    (pb := tmp / "b.log").write_text("\n".join(bench_report.worker_log(sessions, **b)) + "\n")
+    return ab_table(View("A", read(str(pa))), View("B", read(str(pb))))
+
+
+def test_ab_resamples_sessions_so_two_small_runs_of_one_configuration_are_not_flagged(tmp_path):
+    """Rounds of one session share its prompt and acceptance: resampled round by round, three of
+    these six pairs of 12-session runs of one configuration flagged rollback, maint or the wall
+    (13 of 20 such pairs); resampling sessions flags none. A 10% verify slowdown still is."""
+    for i in range(6):
+        rows = _ab_rows(tmp_path, 12, {"seed": 1000 + i}, {"seed": 2000 + i})
+        assert [r.metric for r in rows if r.flagged] == [], i
+        assert all(r.sessions == (12, 12) for r in rows)
+    rows = _ab_rows(tmp_path, 12, {"seed": 1000}, {"seed": 2000, "verify_scale": 1.1})
+    assert [r.metric for r in rows if r.flagged] == ["wall", "verify"]
+
+
+def test_ab_of_a_handful_of_sessions_says_too_few_and_faster_is_not_red(tmp_path):
+    """Three sessions a run (~200 rounds) were flagged "B faster by 3.6%" on no evidence: fewer
+    than 6 sessions a run is never flagged and says so. A faster B was as red as a slower one."""
+    from memra_obs.report.page import _ab
+
+    rows = _ab_rows(tmp_path, 3, {"seed": 1}, {"seed": 2, "verify_scale": 0.8})
+    assert min(r.n_a for r in rows) >= 6 and not any(r.flagged for r in rows)
+    assert all(r.verdict == "too few sessions (6 a run needed)" for r in rows)
+    rows = _ab_rows(tmp_path, 12, {"seed": 1}, {"seed": 2, "verify_scale": 0.8})
+    assert re.search(r'data-ab="verify" data-flag="1" class="flag better">.*B faster', _ab(rows))
+
+
+def test_ab_says_when_a_and_b_were_not_recorded_alike(tmp_path):
+    """One run at trace level 2, the same at level 1: the demo's level-1 run read "accept B faster
+    by 7.0%" (the level-2 line's own cost), and the page did not say the levels differed."""
+    lines = bench_report.worker_log(12, seed=1)
+    (a := tmp_path / "a.log").write_text("\n".join(lines) + "\n")
+    (b := tmp_path / "b.log").write_text("\n".join(x for x in lines if "-phase-v]" not in x))
+    html = report(a, b, out=tmp_path / "ab.html")
+    assert "not recorded alike (level-2 verify split: A yes, B no)" in html
+    assert "not recorded alike" not in report(a, a, out=tmp_path / "aa.html")
+
+
 def test_a_log_against_its_own_span_file_compares_one_population(runs):
     """A log's rounds of their own are each session's first 64 (and its rollback and maint a
     split of one rest_ms); a span file has them all: A/B of one run in both forms compares the

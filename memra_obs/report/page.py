@@ -26,7 +26,7 @@ from ..legacy import KIND, SummaryLine
 from ..records import FIRST_TOKEN_FIELDS, f32
 from ..timeline import PHASES
 from ..version import __version__
-from .stats import CAP, CLOCK, N_BOOT, REL_THRESHOLD, ABRow, View, by_family, median, slow_rounds
+from .stats import AB_METHOD, CLOCK, ABRow, View, by_family, median, slow_rounds
 
 COLORS = dict(zip(PHASES, ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2"), strict=True))
 # Names are text: an input called "w$_$.log" is no formula (text.parse_math).
@@ -278,7 +278,7 @@ figure img{width:100%;height:auto}figcaption,.note,.meta{color:#555;font-size:12
 table{border-collapse:collapse;font-size:12.5px;margin:6px 0}td,th{border:1px solid #ddd;padding:2px 7px}
 th{background:#f4f4f4;text-align:left}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .cols{display:grid;grid-template-columns:repeat(auto-fit,minmax(320px,1fr));gap:18px}
-.flag,.bad{background:#fde2e1}.flag{font-weight:600}.scroll{overflow-x:auto}
+.flag,.bad{background:#fde2e1}.flag{font-weight:600}.flag.better{background:#dff3df}.scroll{overflow-x:auto}
 @media print{nav{display:none}section,figure,table{break-inside:avoid}body{max-width:none}}"""
 NOTES = """<ul>
 <li><b>Own measurement</b>: a log's rounds with a <code>[spec-prof-rounds]</code> row (the first
@@ -377,23 +377,19 @@ def by_run(views: Sequence[View], head: Sequence[str], rows: Callable[[View], li
     return table([*head, *(v.label for v in views)], body)
 
 
-def _ab(rows: Sequence[ABRow]) -> str:
+def _ab(rows: Sequence[ABRow], unlike: str = "") -> str:
+    said = unlike and (f"<p class=flag>A and B were not recorded alike ({escape(unlike)}): each run "
+                       "is compared as it is, so this difference is in the numbers too.</p>")  # fmt: skip
     out = []
     for r in rows:
-        by = f"by {abs(r.rel):.1%}" if r.med_a else "(median A is 0)"
-        change = f"B {'slower' if r.diff > 0 else 'faster'} {by}"
-        verdict = change if r.flagged else "no change shown"
+        cls = f' class="flag{" better" * (r.diff < 0)}"' * r.flagged  # faster: green, not red
         nums = (r.n_a, r.n_b, f"{r.med_a:.4f}", f"{r.med_b:.4f}", f"{r.diff:+.4f}",
                 f"[{r.lo:+.4f}, {r.hi:+.4f}]", f"{r.rel:+.2%}" if r.med_a else "-")  # fmt: skip
-        out.append(f'<tr data-ab="{r.metric}" data-flag="{int(r.flagged)}"{" class=flag" * r.flagged}>'
-                   f"<td>{r.metric}</td><td>{r.population}</td>{''.join(map(td, nums))}<td>{verdict}</td></tr>")  # fmt: skip
+        out.append(f'<tr data-ab="{r.metric}" data-flag="{int(r.flagged)}"{cls}>'
+                   f"<td>{r.metric}</td><td>{r.population}</td>{''.join(map(td, nums))}<td>{r.verdict}</td></tr>")  # fmt: skip
     head = ("per round", "population", "n A", "n B", "median A, ms", "median B, ms", "B - A",
             "95% CI (bootstrap)", "relative", "verdict")  # fmt: skip
-    return table(head, out) + (
-        "<p class=note>Medians are the seed's (sorted[n/2]). The CI resamples A and B "
-        f"independently ({N_BOOT} resamples, fixed seed, at most {CAP:,} values a run). Flagged: "
-        f"the CI excludes 0 and |B - A| is at least {REL_THRESHOLD:.0%} of median A.</p>"
-    )
+    return f"{said}{table(head, out)}<p class=note>{AB_METHOD}; red slower, green faster.</p>"
 
 
 def acceptance(views: Sequence[View]) -> str:
@@ -482,7 +478,7 @@ def render(views: Sequence[View], ab: Sequence[ABRow] | None, step: Callable[[st
     parts = [
         f"<header><h1>memra-obs report</h1><p class=meta>{names}<br>generated "
         f"{time.strftime('%Y-%m-%d %H:%M:%S %z')} by memra_obs {__version__}</p></header><nav>{nav}</nav>",
-        sec("ab", "A/B: B against A", lambda _: _ab(ab)) if ab else "",
+        sec("ab", "A/B: B against A", lambda vs: _ab(ab, vs[0].unlike(vs[1]))) if ab else "",
         sec("totals", "Totals and what they cover", lambda vs: by_run(vs, ["quantity", "covers"], totals)),
         sec("round-wall", "Round wall", round_wall_distribution, round_wall_over_round_index),
         sec("phases", "Phase shares", phase_shares_per_round, phase_shares_per_burst, _split),

@@ -22,12 +22,19 @@ AB_METRICS = ("wall", *PHASES)  # the A/B table's rows, per round
 #: Flagged: the CI excludes 0 and |B - A| is at least this share of A's median (rounds of one
 #: session are not independent draws: a CI alone flags shifts nobody would act on).
 REL_THRESHOLD = 0.02
-#: Fewest values a run for a flag: below 6, no interval of a median reaches 95% (0.5**5 * 2 >
-#: 0.05), and a bootstrap of one value is a point that "excludes 0" whatever the noise.
+#: Fewest sessions a run for a flag: below 6, no interval of a median reaches 95% (0.5**5 * 2 >
+#: 0.05), and a bootstrap of one session is a point that "excludes 0" whatever the noise.
 MIN_N = 6
 #: Bootstrap resamples; values a run they are drawn from (past it, a fixed-seed subsample: a
 #: wider interval, never a narrower one); seed.
 N_BOOT, CAP, SEED = 1000, 20_000, 0
+#: The method, as the page states it.
+AB_METHOD = (
+    "Medians are the seed's (sorted[n/2]). The CI resamples A's sessions and B's independently, "
+    f"each with its rounds ({N_BOOT} resamples, fixed seed, at most {CAP:,} values a run). "
+    f"Flagged: {MIN_N} sessions a run or more, the CI excludes 0 and |B - A| is at least "
+    f"{REL_THRESHOLD:.0%} of median A"
+)
 #: The advisor's clock: neither the legacy lines nor the spans say which clock timed the phases,
 #: and "host" claims no device (the page says the clock is unknown).
 CLOCK = "host"
@@ -48,9 +55,9 @@ class View:
         rs = run.rounds.runs
         t = np.fromiter(chain.from_iterable(r.t_ns_mono for r in rs), np.int64).reshape(-1, 6)
         self.phase_ms, self.wall_ms = np.diff(t, axis=1) / 1e6, (t[:, 5] - t[:, 0]) / 1e6
-        self.index, self.k, self.j, self.n = (
+        self.index, self.k, self.j, self.n, self.session = (
             np.fromiter((getattr(r, a) for r in rs), np.int64, len(rs))
-            for a in ("index", "k", "j", "repeat"))  # fmt: skip
+            for a in ("index", "k", "j", "repeat", "session"))  # fmt: skip
         self.own = self.k >= 0
         ph = [b.phases for b in run.bursts]
         #: Each burst's phase totals, ms (the phase line's numbers), and its rounds.
@@ -86,7 +93,20 @@ class View:
         their own (``first``: of those, the first ``first`` rounds of each session)."""
         ms = self.phase_ms[:, 3] + self.phase_ms[:, 4] if name == "rollback+maint" else (
             self.wall_ms if name == "wall" else self.phase_ms[:, PHASES.index(name)])  # fmt: skip
-        return ms[self.own if first is None else self.own & (self.index < first)]
+        return ms[self.measured(first)]
+
+    def unlike(self, b: View) -> str:
+        """What this run and B hold, where it differs ("" where nothing does): instrumentation
+        takes time in the loop (in the demo, the round profile ~5% of accept, level 2 ~7%)."""
+        x, y = ({"families": ", ".join(sorted({s.family for s in v.run.sessions})) or "none",
+                 "level-2 verify split": "yes" if any(r.split_ns for r in v.run.bursts) else "no",
+                 "round profile": "yes" if v.own.any() else "no",
+                 "first-token profile": "yes" if v.run.first_tokens else "no"} for v in (self, b))  # fmt: skip
+        return "; ".join(f"{k}: A {x[k]}, B {y[k]}" for k in x if x[k] != y[k])
+
+    def measured(self, first: int | None = None) -> np.ndarray:
+        """Which records :meth:`metric` takes."""
+        return self.own if first is None else self.own & (self.index < first)
 
 
 def by_family(views: list[View]) -> list[tuple[str, list[View]]]:
@@ -112,17 +132,27 @@ def slow_rounds(run: Run) -> list[int]:
     return [SpecRoundsLog(rounds=log.rows).slow_rounds() for log in run.logs]
 
 
-def bootstrap(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
-    """``median(b) - median(a)`` and its 95% percentile-bootstrap interval (A and B resampled
-    independently, N_BOOT times, from at most CAP values each)."""
-    rng, diff = np.random.default_rng(SEED), median(b) - median(a)
-    a, b = (x if len(x) <= CAP else rng.choice(x, CAP, replace=False) for x in (a, b))
-    out, step = np.empty(N_BOOT), max(1, 2_000_000 // max(len(a), len(b)))  # ~16 MB of indices
-    for i in range(0, N_BOOT, step):
-        m = min(step, N_BOOT - i)
-        ma, mb = (np.partition(x[rng.integers(0, len(x), (m, len(x)))], len(x) // 2, axis=1)
-                  [:, len(x) // 2] for x in (a, b))  # fmt: skip
-        out[i : i + m] = mb - ma
+def bootstrap(a: np.ndarray, b: np.ndarray, ga: np.ndarray | None = None,
+              gb: np.ndarray | None = None) -> tuple[float, float, float]:  # fmt: skip
+    """``median(b) - median(a)`` and its 95% percentile-bootstrap interval: A and B resampled
+    independently, N_BOOT times, from at most CAP values each, by session (``ga``, ``gb``: each
+    value's session; None: each value its own). Rounds of one session share its prompt and its
+    acceptance: resampled one by one, twelve sessions against twelve others of one configuration
+    "differed" by 3% in half the pairs."""
+    rng, diff, out = np.random.default_rng(SEED), median(b) - median(a), np.zeros(N_BOOT)
+    for x, g, sign in ((a, ga, -1), (b, gb, 1)):
+        g = np.arange(len(x)) if g is None else np.unique(g, return_inverse=True)[1].ravel()
+        if len(x) > CAP:
+            keep = rng.choice(len(x), CAP, replace=False)
+            x, g = x[keep], np.unique(g[keep], return_inverse=True)[1].ravel()
+        order = np.argsort(x, kind="stable")
+        x, g, s = x[order], g[order], int(g.max()) + 1
+        step = max(1, 2_000_000 // len(x))  # ~16 MB of weights
+        for i in range(0, N_BOOT, step):  # each session drawn w times: its rounds weigh w
+            at = rng.integers(0, s, (m := min(step, N_BOOT - i), s)) + s * np.arange(m)[:, None]
+            w = np.bincount(at.ravel(), minlength=m * s).astype(np.int32).reshape(m, s)[:, g]
+            w = w.cumsum(axis=1, dtype=np.int32)
+            out[i : i + m] += sign * x[(w <= w[:, -1:] // 2).sum(axis=1)]  # sorted[n // 2]
     lo, hi = np.quantile(out, [0.025, 0.975])
     return diff, float(lo), float(hi)
 
@@ -139,6 +169,8 @@ class ABRow(NamedTuple):
     n_a: int
     n_b: int
     population: str
+    #: Sessions of A and B the values came from (the bootstrap's unit); None: each value its own.
+    sessions: tuple[int, int] | None = None
 
     @property
     def rel(self) -> float:
@@ -147,9 +179,21 @@ class ABRow(NamedTuple):
         return math.copysign(math.inf, self.diff) if self.diff else 0.0  # from 0: any change
 
     @property
+    def enough(self) -> bool:
+        """At least MIN_N sessions (values, when they are each their own) in each run."""
+        return min(self.sessions or (self.n_a, self.n_b)) >= MIN_N
+
+    @property
     def flagged(self) -> bool:
-        return (min(self.n_a, self.n_b) >= MIN_N and (self.lo > 0 or self.hi < 0)
+        return (self.enough and (self.lo > 0 or self.hi < 0)
                 and abs(self.rel) >= REL_THRESHOLD)  # fmt: skip
+
+    @property
+    def verdict(self) -> str:
+        if not self.flagged:
+            return "no change shown" if self.enough else f"too few sessions ({MIN_N} a run needed)"
+        by = f"by {abs(self.rel):.1%}" if self.med_a else "(median A is 0)"
+        return f"B {'slower' if self.diff > 0 else 'faster'} {by}"
 
 
 def ab_table(a: View, b: View) -> list[ABRow]:
@@ -160,13 +204,17 @@ def ab_table(a: View, b: View) -> list[ABRow]:
     compared on those rounds, on rollback + maint."""
     own = bool(a.own.any() and b.own.any())
     pop, rows = "rounds with their own times" if own else "bursts' per-round means", []
+    pop += "" if own else " (a trace-only log has no session bounds: each burst its own)"
     first = LOGGED if own and a.run.kind != b.run.kind else None
     metrics = AB_METRICS if first is None else (*AB_METRICS[:4], "rollback+maint")
     pop += "" if first is None else f", the first {LOGGED} of each session"
     per = [v.burst_ms[v.burst_n > 0] / v.burst_n[v.burst_n > 0, None] for v in (a, b)]
+    ga, gb = (v.session[v.measured(first)] for v in (a, b))
+    n_s = (len(np.unique(ga)), len(np.unique(gb))) if own else None
     for i, m in enumerate(metrics):
         means = (t.sum(axis=1) if i == 0 else t[:, i - 1] for t in per)  # a trace-only log
         xa, xb = (a.metric(m, first), b.metric(m, first)) if own else means
         if len(xa) and len(xb):
-            rows.append(ABRow(m, median(xa), median(xb), *bootstrap(xa, xb), len(xa), len(xb), pop))
+            ci = bootstrap(xa, xb, ga, gb) if own else bootstrap(xa, xb)
+            rows.append(ABRow(m, median(xa), median(xb), *ci, len(xa), len(xb), pop, n_s))
     return rows
