@@ -29,11 +29,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 WINDOW_S = 8.0  # each of before / during the outage / after
 #: How far a window's median round wall (~4.6 ms at --speed 1) may move. Every round is drawn
-#: from one distribution; measured on the shared 2-core machine, the three windows' medians
-#: (~250-400 bursts each) agree within 1-2%, outage or not; 15% leaves room for a busier CI
-#: neighbour. A loop that waited on its exporter would move it by far more: a stalled send
-#: waits for the 2 s timeout, i.e. hundreds of rounds' worth.
-TOLERANCE = 0.15
+#: from one distribution; the demo alone gives four windows within 2% (4.30-4.40 ms), but
+#: beside Jaeger on the shared 2 cores one window in four has been 20-25% off, faster as often
+#: as slower and outage or not. A loop that waited on its exporter would move it by far more:
+#: a stalled send waits for the 2 s timeout, i.e. hundreds of rounds' worth.
+TOLERANCE = 0.35
 
 
 class LineClock:
