@@ -15,8 +15,7 @@ import threading
 
 from .linewriter import forked_set, stderr_writer
 
-__all__ = ["LOGGER_NAME", "MAX_SAID", "PREFIX", "forked_set", "logger", "reset", "say_once",
-           "stderr_writer"]  # fmt: skip
+__all__ = ["LOGGER_NAME", "MAX_SAID", "PREFIX", "forked_set", "logger", "reset", "say_once"]
 
 LOGGER_NAME = "memra_obs"
 #: What a message carries in front when it goes to stderr by the fallback.

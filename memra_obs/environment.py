@@ -331,8 +331,8 @@ def unknown_knobs(env: Mapping[str, str]) -> list[str]:
 
     known = list(_VARS.values())
     notes = []
-    for var in sorted(v for v in env if v.startswith("MEMRA_OBS_") and v not in _NOT_KNOBS):
-        if var not in _VARS.values():
+    for var in sorted(v for v in env if v.startswith("MEMRA_OBS_")):
+        if var not in known and var not in _NOT_KNOBS:
             near = difflib.get_close_matches(var, known, n=1, cutoff=0.8)
             hint = f"did you mean {near[0]}?" if near else "the knobs: README, Knobs"
             notes.append(f"{var} is not a memra_obs knob ({hint}); ignored")

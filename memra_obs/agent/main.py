@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..diagnostics import say_once, stderr_writer
+from ..diagnostics import say_once
 from ..environment import (
     MEMRA_OBS_AGENT,
     MEMRA_OBS_METRICS_ADDR,
@@ -38,6 +38,7 @@ from ..environment import (
     stop_signals,
 )
 from ..export import ExportWorker, RecordExporter
+from ..linewriter import stderr_writer
 from ..timeline import Record
 from ..wiring import build_exporters
 from .reader import RingStream
