@@ -3,10 +3,13 @@ spellings, CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER parsing, and every fallback.
 
 from __future__ import annotations
 
+import os
+import signal
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from forked import in_child
 
 from memra_obs.device.memory import (
     MIB,
@@ -394,3 +397,46 @@ def test_a_framework_that_sees_no_device_falls_back_to_nvml_and_says_so() -> Non
     m, said = fm(FakeNvml(CARDS), FakeCuda([]))
     assert m.snapshot() == [(0, 1000), (1, 2000), (2, 3000), (3, 4000)]
     assert len(said) == 1 and "sees no CUDA device but NVML sees 4" in said[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_child_forked_while_nvml_warms_up_takes_its_snapshots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """configure(prof=True) starts NVML on a thread; gunicorn --preload or a Pool forked in its
+    ~50 ms (seconds without persistence mode): the child inherited the warm-up's lock held by a
+    thread it has not, and its first s.free_memory() waited for ever. fork() now waits for the
+    warm-up (bounded): the child reads NVML's devices, started once, in the parent."""
+    import threading
+    import time
+
+    from memra_obs.device import memory
+
+    started, loads = threading.Event(), []
+
+    def slow_nvml() -> Any:
+        loads.append(1)
+        started.set()
+        time.sleep(0.3)
+        return FakeNvml(CARDS)
+
+    fm = FreeMemory(nvml=slow_nvml, cuda=lambda: FakeCuda(CUDA_BUS[:1]), report=lambda k, s: None)
+    monkeypatch.setattr(memory, "_default", fm)
+    memory.warm()
+    assert started.wait(5.0)
+
+    def child() -> bytes:
+        signal.alarm(5)  # a child that waits for ever dies: b"" back
+        return repr((memory.free_mb_snapshot(), len(loads))).encode()
+
+    assert in_child(child) == b"([(0, 1000)], 1)"
+    assert memory.free_mb_snapshot() == [(0, 1000)] and loads == [1]
+    # an nvmlInit stuck past FORK_WAIT_S holds no fork: that child records no free memory
+    fm2 = FreeMemory(nvml=lambda: time.sleep(1.0), cuda=lambda: None, report=lambda k, s: None)
+    monkeypatch.setattr(memory, "_default", fm2)
+    monkeypatch.setattr(memory, "FORK_WAIT_S", 0.05)
+    memory.warm()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    assert in_child(lambda: repr(memory.free_mb_snapshot()).encode()) == b"[]"
+    assert time.monotonic() - t0 < 0.9

@@ -544,6 +544,33 @@ def test_a_forked_child_sends_its_own_spans():
         rx.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_sends_under_its_own_service_instance_id(tmp_path):
+    """The SDK's ``service.instance.id`` is one per process (its providers renew it at fork, as
+    the specification wants one per instance): every gunicorn worker forked from the master
+    sent under the master's, one instance in Jaeger for them all. One the user set stays."""
+    for env in ({}, {"OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=mine"}):
+        path = tmp_path / f"spans{len(env)}.jsonl"
+        obs, q, _ex = make(env, prof=False, spans_file=str(path))
+        try:
+            run_session(obs, prof=False)
+            assert q.flush(5.0)
+            in_child(lambda o=obs, q=q: b"%d" % (run_session(o, prof=False) or q.flush(5.0)))
+            run_session(obs, prof=False)
+            assert q.flush(5.0)
+        finally:
+            q.shutdown(2.0)
+        ids = []
+        for line in path.read_text().splitlines():
+            for rs in json.loads(line)["resourceSpans"]:
+                kvs = {a["key"]: a["value"]["stringValue"] for a in rs["resource"]["attributes"]}
+                ids.append(kvs["service.instance.id"])
+        if env:
+            assert set(ids) == {"mine"}
+        else:
+            assert len(set(ids)) == 2 and ids[0] == ids[-1] != ids[1]
+
+
 def self_signed(tmp_path, san="IP:127.0.0.1"):
     """(certificate, key) for 127.0.0.1 (or ``san``), self-signed, one day; skips without the
     openssl CLI."""

@@ -343,6 +343,34 @@ def _process() -> FreeMemory:
         return _default
 
 
+#: The longest ``fork()`` waits for a warm-up under way (a stuck ``nvmlInit`` must not hold it).
+FORK_WAIT_S = 10.0
+_held: list[threading.Lock] = []
+
+
+def _before_fork() -> None:
+    """A child forked mid-warm-up got its lock held by a thread it has not (and NVML half
+    started): its first snapshot waited for ever. The fork waits for it, as ``logging`` does."""
+    if _default is not None and _default._lock.acquire(timeout=FORK_WAIT_S):
+        _held.append(_default._lock)
+
+
+def _after_fork(child: bool = False) -> None:
+    global _default_lock
+    while _held:
+        _held.pop().release()
+    if child:
+        _default_lock = threading.Lock()
+        if _default is not None and _default._lock.locked():  # NVML stuck in the parent
+            _default._lock, _default._slots = threading.Lock(), []
+            say_once("memory:fork", "free memory: NVML was still starting when this process "
+                     "forked; none recorded here")  # fmt: skip
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork,
+                    after_in_child=lambda: _after_fork(child=True))  # fmt: skip
+
+
 def free_mb_snapshot() -> list[tuple[int, int]]:
     """Free MiB per CUDA ordinal for this process (NVML by bus id, cudaMemGetInfo fallback)."""
     return _process().snapshot()

@@ -66,11 +66,13 @@ def _resource(env: Mapping[str, str]) -> Any:
 
 
 def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> Output:
-    from .otlp import JsonEncoder, ProtoEncoder
+    from .otlp import INSTANCE, JsonEncoder, ProtoEncoder
     from .transport import FileSender, GrpcSender, HttpSender, SdkSender
 
-    def enc(cls: Any) -> Any:
-        return cls(dict(res.attributes), SCOPE_NAME, __version__, schema_url=res.schema_url)
+    def enc(cls: Any) -> Any:  # the SDK's own service.instance.id: a forked child's is its own
+        renew = INSTANCE not in resource_attributes(env)
+        return cls(dict(res.attributes), SCOPE_NAME, __version__, schema_url=res.schema_url,
+                   renew_instance=renew)  # fmt: skip
 
     if name == "file":  # lines well under the Collector file receivers' 1 MiB line limit
         path = settings.spans_file

@@ -167,6 +167,8 @@ class Output:
         """In a forked child: an empty queue, a fresh lock and thread, no parent's connection."""
         self._empty()
         getattr(self.sender, "after_fork", lambda: None)()
+        if self.encoder is not None:
+            self.encoder.after_fork()
         if self._stop_at == math.inf:  # not shut down
             self._thread.start()
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import struct
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _jascii  # the C escaper
 from typing import Any
@@ -32,6 +33,7 @@ _F64 = struct.Struct("<d")
 _RANGE = struct.Struct("<QQQQ")  # JSON: refuse the times and ids the protobuf writer refuses
 #: Span.flags: W3C sampled + "has is_remote" (the parent is local), as the SDK writes it.
 SPAN_FLAGS = 0x101
+INSTANCE = "service.instance.id"
 _FLAGS = b"\x85\x01" + struct.pack("<I", SPAN_FLAGS)  # field 16, wire type 5
 _JFLAGS = f',"flags":{SPAN_FLAGS}}}'
 _KIND_INTERNAL = b"\x30\x01"
@@ -120,23 +122,34 @@ class Encoder:
     """What both writers share: ``spans()`` (a span the format cannot carry is skipped and
     counted in ``bad``) and caches of names, keys (a fixed vocabulary) and live trace ids."""
 
-    __slots__ = ("_head", "_keys", "_last_parent", "_names", "_traces", "bad")
+    __slots__ = ("_head", "_keys", "_last_parent", "_made", "_names", "_traces", "bad")
     _SEP = 0  # bytes between fragments in a request
     max_traces = 4096
     span: Callable[[Span], Any]
     request: Callable[[Sequence[Any], int], bytes]  # fragments and the size spans() added
     _heads: Callable[[Mapping[str, Any], str, str, str], Any]
     _trace_head: Callable[[int], Any]
+    _made: tuple[Mapping[str, Any], str, str, str] | None
 
     def __init__(
-        self, resource: Mapping[str, Any], scope: str, version: str = "", *, schema_url: str = ""
-    ) -> None:
+        self, resource: Mapping[str, Any], scope: str, version: str = "", *, schema_url: str = "",
+        renew_instance: bool = False,
+    ) -> None:  # fmt: skip
         self._head = self._heads(resource, scope, version, schema_url)
+        self._made = (resource, scope, version, schema_url) if renew_instance else None
         self._names: dict[str, Any] = {}
         self._keys: dict[str, Any] = {}
         self._traces: dict[int, Any] = {}
         self.bad = 0
         self._last_parent: Any = (0, b"")  # phase spans come in fives under one round
+
+    def after_fork(self) -> None:
+        """In a forked child: a ``service.instance.id`` of its own where the SDK made the
+        parent's (``renew_instance``), as the SDK's providers renew theirs: one per instance."""
+        if self._made is not None and INSTANCE in self._made[0]:
+            res, scope, version, schema = self._made
+            self._made = ({**res, INSTANCE: str(uuid.uuid4())}, scope, version, schema)
+            self._head = self._heads(*self._made)
 
     def spans(self, spans: Sequence[Span], out: list[Any]) -> int:
         """Append one fragment per span to ``out``; returns the size added."""
