@@ -65,26 +65,24 @@ class NoOpBurst:
 _NOOP_BURST = NoOpBurst()
 
 
-def _discard_walk(obs: Any, level2: bool) -> None:
+def _discard(self: Burst | _DiscardingBurst, *args: object, **kw: object) -> None:
     """A round nothing records: what its walk added to SEQ_ROWS and (level 2) the verify
     split goes with it, not to the next recorded round."""
-    obs.seq_rows.take()
-    if level2:
-        obs.verify_split.drain()
+    self._obs.seq_rows.take()
+    if self._split is not None:
+        self._obs.verify_split.drain()
 
 
 class _DiscardingBurst(NoOpBurst):
-    """A burst a live session cannot record: each round's walk is discarded at ``end_round``."""
+    """A burst a live session cannot record: each round's walk is discarded at ``end_round``,
+    and at ``end_verify`` (its walk so far: another asyncio task's round must not take it)."""
 
-    __slots__ = ("_level2", "_obs")
+    __slots__ = ("_obs", "_split")
 
     def __init__(self, obs: Any, level2: bool) -> None:
-        self._obs, self._level2 = obs, level2
+        self._obs, self._split = obs, () if level2 else None
 
-    def end_round(self, *args: object, **kw: object) -> None:
-        _discard_walk(self._obs, self._level2)
-
-    end_verify = end_round  # its walk so far: another asyncio task's round must not take it
+    end_round = end_verify = _discard
 
 
 class Burst:
@@ -93,14 +91,14 @@ class Burst:
     maintenance), one clock mark each."""
 
     __slots__ = (
-        "_at", "_clock", "_cut", "_ended", "_hook_ns", "_mark", "_pending", "_phases", "_r0", "_s",
-        "_seq", "_split", "_t", "_tokens", "_vsplit", "first_round", "index", "k", "rounds",
+        "_at", "_clock", "_cut", "_ended", "_hook_ns", "_mark", "_obs", "_pending", "_phases", "_r0",
+        "_s", "_seq", "_split", "_t", "_tokens", "_vsplit", "first_round", "index", "k", "rounds",
         "start_ns_mono",
     )  # fmt: skip
 
     def __init__(self, s: Session, k: int) -> None:
         self._s = s
-        obs = s._obs
+        self._obs = obs = s._obs
         last = getattr(_drained_for, "obs", None)
         if last is None or last() is not obs:  # a weak reference: the observer may go
             _drained_for.obs = weakref.ref(obs)
@@ -161,7 +159,7 @@ class Burst:
             return
         self._at = 2
         self._t.append(self._mark())
-        obs = self._s._obs
+        obs = self._obs
         self._seq = obs.seq_rows.take()
         if self._split is not None:
             self._vsplit = obs.verify_split.drain()
@@ -192,7 +190,7 @@ class Burst:
         self._at = -1  # before the mark: a ranged burst's mark reads it as "the round closed"
         t.append(self._mark())
         try:
-            obs = self._s._obs
+            obs = self._obs
             seq = self._seq + obs.seq_rows.take() if seq_rows is None else _index(seq_rows)
             k, j, ctx = _index(k), _index(j), _index(ctx)  # type: ignore[arg-type]  # None: drop
             if not (0 <= j <= k <= U16_MAX and 0 <= ctx <= U32_MAX and 0 <= seq <= U32_MAX):
@@ -261,8 +259,7 @@ class Burst:
         self.end()
 
     def _abort(self) -> None:
-        """An exception left the burst: its open round dropped and counted, but unsaid (no
-        misuse)."""
+        """An exception left the burst: its open round dropped and counted, unsaid (no misuse)."""
         self._cut = True
         if self._at >= 0:
             self._lose()
@@ -272,7 +269,7 @@ class Burst:
         event clock's marks of rounds dropped one after another go at a bound (a burst that
         drops every round would otherwise keep them all until its end)."""
         self._at = -2
-        self._s._obs.dropped_rounds += 1
+        self._obs.dropped_rounds += 1
         self._discard()
         if len(self._t) >= _MAX_MARKS:
             if self._pending:
@@ -292,23 +289,22 @@ class Burst:
             last = settled[-1]
         except Exception as exc:
             say_once("settle", f"clock settle failed ({exc!r}); those rounds are dropped")
-            self._s._obs.dropped_rounds += len(self._pending)
+            self._obs.dropped_rounds += len(self._pending)
         self._pending.clear()
         self._t = []
         return last
 
     def _publish(self, end: int, tokens: int | None) -> None:
         s = self._s
-        p, tot = self._phases, s._phase_ns
-        for i, ns in enumerate(p.phases()):
-            tot[i] = (tot[i] + ns) & U64_MAX
+        ph = self._phases.phases()
+        s._phase_ns = [(a + b) & U64_MAX for a, b in zip(s._phase_ns, ph, strict=True)]
         # A first burst cut before any round (a cancel, an OOM) sent no token: no TTFT, no
         # anchor token; the session's next burst, if any, is its first.
         first = not s._first_token_sent and not (self._cut and not self.rounds)
         if tokens is None:
             tokens = self._tokens + (1 if first else 0)
         s._tokens += tokens
-        fo = s._obs._fan
+        fo = self._obs._fan
         # u64 sums wrap, as the seed's fetch_add: a split past 2**64 is not a refused record
         split = tuple(x & U64_MAX for x in self._split) if self._split is not None else None
         rec = BurstRecord(s.id, self.index, self.k, self.start_ns_mono, end, self._phases,
@@ -349,7 +345,7 @@ class Burst:
             s._ks.append(k)
             s._js.append(j)
         t = (t0, t1, t2, t3, t4, t5)
-        fo = s._obs._fan
+        fo = self._obs._fan
         if fo.on_round:
             rec = RoundRecord(s.id, self.index, index, t, k, j, ctx, seq_rows, split)
             fan(fo.on_round, "on_round", rec)
@@ -382,8 +378,7 @@ class Burst:
         say_once(f"round-order:{call}:{at}", f"Burst.{call}() after {after} (expected {want}); "
                  "the round is dropped (memra_obs_dropped_total{signal=\"rounds\"})")  # fmt: skip
 
-    def _discard(self) -> None:
-        _discard_walk(self._s._obs, self._split is not None)
+    _discard = _discard
 
 
 def new_burst(s: Session, k: int, ranges: tuple[Any, ...]) -> Burst:

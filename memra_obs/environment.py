@@ -20,13 +20,9 @@ from decimal import Decimal
 from typing import Any
 
 __all__ = [
-    "MEMRA_OBS_ADVICE_WINDOW", "MEMRA_OBS_AGENT", "MEMRA_OBS_CLOCK", "MEMRA_OBS_EXPORT_INTERVAL_MS",
-    "MEMRA_OBS_MAX_DEVICES", "MEMRA_OBS_MAX_FAMILIES", "MEMRA_OBS_METRICS_ADDR",
-    "MEMRA_OBS_METRICS_BASIC_AUTH_FILE", "MEMRA_OBS_METRICS_TLS_CERT", "MEMRA_OBS_METRICS_TLS_KEY",
-    "MEMRA_OBS_PLAIN_STEP_MS", "MEMRA_OBS_QUEUE_SIZE", "MEMRA_OBS_REQUESTS_DETAIL",
-    "MEMRA_OBS_REQUESTS_FILE", "MEMRA_OBS_RING_SLOTS", "MEMRA_OBS_ROUND_SPANS", "MEMRA_OBS_SINKS",
-    "MEMRA_OBS_SPANS_FILE", "MEMRA_OBS_SPANS_FILE_MAX_BYTES", "MEMRA_OBS_WORKER", "ConfigError",
-    "Settings", "parse_addr", "positive", "stop_signals", "unknown_knobs", "utf8",
+    "MEMRA_OBS_AGENT", "MEMRA_OBS_MAX_FAMILIES", "MEMRA_OBS_METRICS_ADDR", "MEMRA_OBS_SINKS",
+    "MEMRA_OBS_WORKER", "ConfigError", "Settings", "parse_addr", "positive", "stop_signals",
+    "unknown_knobs", "utf8",
 ]  # fmt: skip
 
 
@@ -34,27 +30,12 @@ class ConfigError(ValueError):
     """A knob holds a value the project cannot use; the message names the variable."""
 
 
-# The variables, one per :class:`Settings` field (documented there).
+# The variables other modules name; every one is in _TABLE (each documented in Settings).
 MEMRA_OBS_SINKS = "MEMRA_OBS_SINKS"
 MEMRA_OBS_METRICS_ADDR = "MEMRA_OBS_METRICS_ADDR"
-MEMRA_OBS_SPANS_FILE = "MEMRA_OBS_SPANS_FILE"
-MEMRA_OBS_SPANS_FILE_MAX_BYTES = "MEMRA_OBS_SPANS_FILE_MAX_BYTES"
 MEMRA_OBS_AGENT = "MEMRA_OBS_AGENT"
-MEMRA_OBS_RING_SLOTS = "MEMRA_OBS_RING_SLOTS"
-MEMRA_OBS_CLOCK = "MEMRA_OBS_CLOCK"
-MEMRA_OBS_ROUND_SPANS = "MEMRA_OBS_ROUND_SPANS"
-MEMRA_OBS_QUEUE_SIZE = "MEMRA_OBS_QUEUE_SIZE"
-MEMRA_OBS_EXPORT_INTERVAL_MS = "MEMRA_OBS_EXPORT_INTERVAL_MS"
 MEMRA_OBS_WORKER = "MEMRA_OBS_WORKER"
-MEMRA_OBS_METRICS_TLS_CERT = "MEMRA_OBS_METRICS_TLS_CERT"
-MEMRA_OBS_METRICS_TLS_KEY = "MEMRA_OBS_METRICS_TLS_KEY"
-MEMRA_OBS_MAX_DEVICES = "MEMRA_OBS_MAX_DEVICES"
 MEMRA_OBS_MAX_FAMILIES = "MEMRA_OBS_MAX_FAMILIES"
-MEMRA_OBS_REQUESTS_FILE = "MEMRA_OBS_REQUESTS_FILE"
-MEMRA_OBS_REQUESTS_DETAIL = "MEMRA_OBS_REQUESTS_DETAIL"
-MEMRA_OBS_ADVICE_WINDOW = "MEMRA_OBS_ADVICE_WINDOW"
-MEMRA_OBS_PLAIN_STEP_MS = "MEMRA_OBS_PLAIN_STEP_MS"
-MEMRA_OBS_METRICS_BASIC_AUTH_FILE = "MEMRA_OBS_METRICS_BASIC_AUTH_FILE"
 
 
 def parse_addr(var: str, value: str, check: bool = True) -> tuple[str, int] | None:
@@ -215,8 +196,8 @@ def _readable_file(var: str, value: str) -> str | None:
 
 
 def _basic_auth_file(var: str, value: str) -> tuple[str, str] | None:
-    path = _readable_file(var, value)
-    if path is None:
+    path = value.strip()
+    if not path:
         return None
     try:
         with open(path, encoding="utf-8-sig") as f:  # a BOM (Windows editors) is not the user
@@ -288,7 +269,6 @@ class Settings:
                 values[name] = parse(f"argument {name}", v)
             elif var in env:
                 values[name] = parse(var, env[var])
-        # the rest: defaults
         values.setdefault("worker", utf8(env.get("RANK") or str(os.getpid())))
         st = cls(**values, given=frozenset(k for k, v in overrides.items() if v is not None))
         _check_tls(st)
@@ -298,24 +278,24 @@ class Settings:
 _TABLE: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     ("sinks", MEMRA_OBS_SINKS, _parse_sinks),
     ("metrics_addr", MEMRA_OBS_METRICS_ADDR, parse_addr),
-    ("spans_file", MEMRA_OBS_SPANS_FILE, lambda n, v: _nonblank(n, v).strip()),
-    ("spans_file_max_bytes", MEMRA_OBS_SPANS_FILE_MAX_BYTES, _int_in(0, 1 << 50)),
+    ("spans_file", "MEMRA_OBS_SPANS_FILE", lambda n, v: _nonblank(n, v).strip()),
+    ("spans_file_max_bytes", "MEMRA_OBS_SPANS_FILE_MAX_BYTES", _int_in(0, 1 << 50)),
     ("agent", MEMRA_OBS_AGENT, lambda _, v: v.strip() or None),
-    ("clock", MEMRA_OBS_CLOCK, _parse_clock),
-    ("round_spans", MEMRA_OBS_ROUND_SPANS, _int_in(0, 1 << 20)),
-    ("queue_size", MEMRA_OBS_QUEUE_SIZE, _int_in(16, 1 << 24)),
-    ("export_interval_ms", MEMRA_OBS_EXPORT_INTERVAL_MS, _int_in(1, 60_000)),
+    ("clock", "MEMRA_OBS_CLOCK", _parse_clock),
+    ("round_spans", "MEMRA_OBS_ROUND_SPANS", _int_in(0, 1 << 20)),
+    ("queue_size", "MEMRA_OBS_QUEUE_SIZE", _int_in(16, 1 << 24)),
+    ("export_interval_ms", "MEMRA_OBS_EXPORT_INTERVAL_MS", _int_in(1, 60_000)),
     ("worker", MEMRA_OBS_WORKER, lambda n, v: utf8(_nonblank(n, v))),
-    ("ring_slots", MEMRA_OBS_RING_SLOTS, _ring_slots),
-    ("metrics_tls_cert", MEMRA_OBS_METRICS_TLS_CERT, _readable_file),
-    ("metrics_tls_key", MEMRA_OBS_METRICS_TLS_KEY, _readable_file),
-    ("metrics_basic_auth", MEMRA_OBS_METRICS_BASIC_AUTH_FILE, _basic_auth_file),
-    ("max_devices", MEMRA_OBS_MAX_DEVICES, _int_in(1, 4096)),
+    ("ring_slots", "MEMRA_OBS_RING_SLOTS", _ring_slots),
+    ("metrics_tls_cert", "MEMRA_OBS_METRICS_TLS_CERT", _readable_file),
+    ("metrics_tls_key", "MEMRA_OBS_METRICS_TLS_KEY", _readable_file),
+    ("metrics_basic_auth", "MEMRA_OBS_METRICS_BASIC_AUTH_FILE", _basic_auth_file),
+    ("max_devices", "MEMRA_OBS_MAX_DEVICES", _int_in(1, 4096)),
     ("max_families", MEMRA_OBS_MAX_FAMILIES, _int_in(1, 4096)),
-    ("requests_file", MEMRA_OBS_REQUESTS_FILE, lambda _, v: v.strip() or None),
-    ("requests_detail", MEMRA_OBS_REQUESTS_DETAIL, lambda n, v: _int_in(0, 1)(n, v) == 1),
-    ("advice_window", MEMRA_OBS_ADVICE_WINDOW, _advice_window),
-    ("plain_step_ms", MEMRA_OBS_PLAIN_STEP_MS, _positive_ms),
+    ("requests_file", "MEMRA_OBS_REQUESTS_FILE", lambda _, v: v.strip() or None),
+    ("requests_detail", "MEMRA_OBS_REQUESTS_DETAIL", lambda n, v: _int_in(0, 1)(n, v) == 1),
+    ("advice_window", "MEMRA_OBS_ADVICE_WINDOW", _advice_window),
+    ("plain_step_ms", "MEMRA_OBS_PLAIN_STEP_MS", _positive_ms),
 )
 
 

@@ -139,10 +139,8 @@ class Observer:
         #: Rounds dropped for misuse (memra_obs_dropped_total{signal="rounds"}).
         self.dropped_rounds = 0
         _LIVE.add(self)
-        self.settings = settings
-        self.queue = queue
-        self._closers = tuple(closers)
-        self.where = tuple(where)
+        self.settings, self.queue = settings, queue
+        self._closers, self.where = tuple(closers), tuple(where)
         self.sampled = sampled  # OTEL_TRACES_SAMPLER's decision on a session's trace id
 
     @property
@@ -160,24 +158,13 @@ class Observer:
             self._fan = Fanout(tuple(s for s in self._fan.all if s is not sink))
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        ok = True
-        for s in self._fan.all:
-            try:
-                ok = s.flush(timeout_s) and ok
-            except Exception as exc:
-                say_once(f"sink:{id(s)}:flush", f"sink {type(s).__name__}.flush raised {exc!r}")
-                ok = False
-        return ok
+        return _each_sink(self._fan.all, "flush", timeout_s)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         if self._closed:
             return
         self._closed = True
-        for s in self._fan.all:
-            try:
-                s.shutdown(timeout_s)
-            except Exception as exc:
-                say_once(f"sink:{id(s)}:stop", f"sink {type(s).__name__}.shutdown raised {exc!r}")
+        _each_sink(self._fan.all, "shutdown", timeout_s)
         for close in self._closers:
             try:
                 close()
@@ -217,6 +204,18 @@ class Observer:
         except Exception as exc:
             say_once("memory", f"free-memory snapshot raised {exc!r}; recording none")
             return []
+
+
+def _each_sink(sinks: tuple[Sink, ...], method: str, timeout_s: float) -> bool:
+    """``method(timeout_s)`` of every sink; one that raises is said once and makes it False."""
+    ok = True
+    for s in sinks:
+        try:
+            ok = getattr(s, method)(timeout_s) and ok
+        except Exception as exc:
+            say_once(f"sink:{id(s)}:{method}", f"sink {type(s).__name__}.{method} raised {exc!r}")
+            ok = False
+    return ok
 
 
 def _taggable(name: str, t: object) -> str | None:

@@ -79,11 +79,9 @@ def _stream(name: str, v: Stream | None) -> Stream | None:
     """A stream the clock can drain (``.synchronize()``), or None after saying why."""
     if v is None or callable(getattr(v, "synchronize", None)):
         return v
-    say_once(
-        f"stream:{type(v).__name__}",
-        f"Observer.session({name}={type(v).__name__}): expected a stream with .synchronize() "
-        "(CuPy, torch) or None; this session's boundaries do not drain it",
-    )
+    say_once(f"stream:{type(v).__name__}", f"Observer.session({name}={type(v).__name__}): "
+             "expected a stream with .synchronize() (CuPy, torch) or None; this session's "
+             "boundaries do not drain it")  # fmt: skip
     return None
 
 
@@ -141,9 +139,8 @@ class Session:
         if self.prof is None or self._closed("lap"):
             return 0.0
         if bucket not in LAP_BUCKETS:
-            say_once(
-                f"lap:{bucket}", f"Session.lap({bucket!r}): not a bucket of {LAP_BUCKETS}; ignored"
-            )
+            say_once(f"lap:{bucket}",
+                     f"Session.lap({bucket!r}): not a bucket of {LAP_BUCKETS}; ignored")  # fmt: skip
             return 0.0
         try:
             # Inside an open round (round 1's drafter prime) the bucket starts at the round's
@@ -166,24 +163,24 @@ class Session:
 
     def add(self, **shares_ms: float) -> None:
         """Add ms to share buckets that sit inside others (``prime_tap_dtoh_ms``, ...)."""
-        for name, ms in shares_ms.items():
-            self._put("add", name, _SHARES, lambda p, n=name, x=ms: getattr(p, n) + x)
+        self._put("add", _SHARES, shares_ms)
 
     def set(self, **fields: object) -> None:
         """Set the drafter-prime geometry (``draft_prime_rows``, ..., ``draft_kv_mb``)."""
-        for name, v in fields.items():
-            self._put("set", name, _GEOMETRY, lambda p, x=v: x)
+        self._put("set", _GEOMETRY, fields)
 
-    def _put(self, call: str, name: str, allowed: frozenset[str], value: Any) -> None:
-        if self.prof is None or self._closed(call):
-            return
-        if name not in allowed:
-            say_once(f"{call}:{name}", f"Session.{call}({name}=...): not one of {sorted(allowed)}")
-            return
-        try:
-            setattr(self.prof, name, value(self.prof))
-        except Exception as exc:
-            say_once(f"{call}:{name}:bad", f"Session.{call}: {exc}; ignored")
+    def _put(self, call: str, allowed: frozenset[str], values: dict[str, Any]) -> None:
+        for name, v in values.items():
+            if self.prof is None or self._closed(call):
+                return
+            if name not in allowed:
+                say_once(f"{call}:{name}",
+                         f"Session.{call}({name}=...): not one of {sorted(allowed)}")  # fmt: skip
+                continue
+            try:
+                setattr(self.prof, name, getattr(self.prof, name) + v if call == "add" else v)
+            except Exception as exc:
+                say_once(f"{call}:{name}:bad", f"Session.{call}: {exc}; ignored")
 
     def free_memory(self, point: str) -> list[tuple[int, int]]:
         """Free device memory per CUDA ordinal into ``free_mb_<point>`` (``before`` the trunk
@@ -244,14 +241,12 @@ class Session:
             else:
                 say_once("burst-open-end", "Session.end() with a burst not ended: ending it now")
             b.end()
-        fo = self._obs._fan
-        log = self.log
+        fo, log = self._obs._fan, self.log
         if log is not None and not log.summarized:
             self._summarize(fo, log)
         err = error if isinstance(error, str) else _error_text(error) if error else ""
-        rec = SessionEndRecord(
-            self.id, now_ns(), self._rounds, self._bursts, self._tokens, err, self._advice
-        )
+        rec = SessionEndRecord(self.id, now_ns(), self._rounds, self._bursts, self._tokens, err,
+                               self._advice)  # fmt: skip
         fan(fo.on_session_end, "on_session_end", rec)
 
     def spec_decode(self, detailed: bool = False) -> dict[str, Any]:
@@ -303,8 +298,7 @@ class Session:
         prof.first_burst_hook_ms += burst._hook_ns / 1e6
         prof.first_burst_rounds = burst.rounds
         prof.first_burst_tokens = tokens
-        iv = self._intervals
-        r1 = self._round1
+        iv, r1 = self._intervals, self._round1
         if r1 is not None:
             bounds = (max(r1[0], self._prime_end), *r1[1:])
             for name, a, b in zip(_ROUND1, bounds, bounds[1:], strict=False):

@@ -266,7 +266,6 @@ class CostModel:
 
 
 def fit_costs(rounds: Iterable[RoundLike] | Stats, *, clock: str, level: float = 0.95) -> CostModel:
-    """The cost model of ``rounds`` (or their :class:`Stats`) timed by ``clock``."""
     m = rounds if isinstance(rounds, Stats) else Stats(rounds)
     n, sk, skk, z = m.s(ONE, ONE), m.s(ONE, K), m.s(K, K), z_of(level, clock)
     if n < 3:
@@ -368,9 +367,8 @@ def advise(rounds: Iterable[RoundLike] | Stats, *, max_k: int = 16,
         raise ValueError(f"plain_step_ns={plain_step_ns!r}: expected a positive time in ns")
     st = rounds if isinstance(rounds, Stats) else Stats(rounds)
     acc = estimate_acceptance(st, level=level)
-    if not acc.positions or acc.positions[0].at_risk < MIN_ROUNDS or max_k < 1:
-        return None
-    if st.s(ONE, WALL) <= 0:  # rounds that took no time: billions of tokens/s, a nan speedup
+    wall = st.s(ONE, WALL)  # <= 0: rounds that took no time (billions of tokens/s, nan speedup)
+    if not acc.positions or acc.positions[0].at_risk < MIN_ROUNDS or max_k < 1 or wall <= 0:
         return None
     c = fit_costs(st, clock=clock, level=level)
     curve = []
@@ -390,7 +388,7 @@ def advise(rounds: Iterable[RoundLike] | Stats, *, max_k: int = 16,
         plain, source = float(plain_step_ns), "measured"
     mean_k = sum(k * n for (k, _), n in st.kj.items()) / acc.rounds
     now = curve[min(max_k, max(1, round(mean_k))) - 1].tokens_per_s
-    tokens, wall = sum((j + 1) * n for (_, j), n in st.kj.items()), st.s(ONE, WALL)
+    tokens = sum((j + 1) * n for (_, j), n in st.kj.items())
     speedup = _ratio(best.expected_tokens, max(0.0, var), z, plain / tk)
     return Advice(
         k, best.expected_tokens, best.tokens_per_s, speedup, plain, source, seen, mean_k, now,

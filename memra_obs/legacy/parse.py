@@ -134,8 +134,18 @@ def parse_line(line: str) -> LegacyLine | None:
         return _behind_prefix(line, line)
     text = line.rstrip("\r\n")
     try:
-        if text.startswith(_ROW_HEAD):  # most legacy lines are rows
-            return _row(line, text)
+        if text.startswith(_ROW_HEAD):  # most legacy lines are rows: fullmatch in place
+            r = _ROW(text, _ROW_AT)
+            if r is None:
+                raise LegacyParseError(
+                    line, "[spec-prof-rounds] row truncated or malformed", PROF_ROUNDS
+                )
+            i, w, d, v, a, e, k, j, c, q = r.groups()
+            # A bad value is refused by the record, naming the field (said below).
+            prof = round_prof(
+                float(w), float(d), float(v), float(a), float(e), int(k), int(j), int(c), int(q)
+            )
+            return _tuple_new(RoundsLine, (int(i), prof))
         m = _TAG_HEAD(text)
         if m is None:
             if text.startswith("[spec-"):
@@ -251,42 +261,23 @@ def _own(line: str, kind: str, body: str) -> LegacyLine:
     if kind is PROF:
         return FirstTokenLine(_prof(line, body))
     if kind is PROF_SUMMARY:
-        return _summary(line, body)
+        if body == "rounds=0":
+            return SummaryLine(0)
+        if (m := _SUMMARY(body)) is None:
+            raise LegacyParseError(line, "[spec-prof-summary] truncated or malformed", PROF_SUMMARY)
+        g = m.groups()
+        f = _durations(line, (*g[1:9], g[10], g[11]), PROF_SUMMARY)
+        return SummaryLine._make((int(g[0]), *f[:8], int(g[9]), *f[8:], *map(int, g[12:])))
     if kind is ADVICE:
-        a = _ADVICE(body)
-        if a is None:
+        if (a := _ADVICE(body)) is None:
             raise LegacyParseError(line, "[spec-advice] truncated or malformed", ADVICE)
         g = a.groups()
-        f = [float(x) for x in g[4:13]]
-        iv = (f[0], f[1], f[2]), (f[3], f[4], f[5]), (f[6], f[7], f[8])
+        v = [float(x) for x in g[4:13]]
+        iv = (v[0], v[1], v[2]), (v[3], v[4], v[5]), (v[6], v[7], v[8])
         return AdviceLine(int(g[0]), g[1], float(g[2]), int(g[3]), *iv, float(g[13]), g[14])
-    o = _OVERRIDE(body)
-    if o is None:
+    if (o := _OVERRIDE(body)) is None:
         raise LegacyParseError(line, "not the flag-override line", OVERRIDE)
     return OverrideLine(int(o.group(1)), int(o.group(2)))
-
-
-def _row(line: str, text: str) -> RoundsLine:
-    m = _ROW(text, _ROW_AT)  # fullmatch from the body's start: no slice
-    if m is None:
-        raise LegacyParseError(line, "[spec-prof-rounds] row truncated or malformed", PROF_ROUNDS)
-    i, w, d, v, a, r, k, j, c, q = m.groups()
-    # A bad value is refused by the record, naming the field (parse_line says it).
-    prof = round_prof(
-        float(w), float(d), float(v), float(a), float(r), int(k), int(j), int(c), int(q)
-    )
-    return _tuple_new(RoundsLine, (int(i), prof))
-
-
-def _summary(line: str, body: str) -> SummaryLine:
-    if body == "rounds=0":
-        return SummaryLine(0)
-    m = _SUMMARY(body)
-    if m is None:
-        raise LegacyParseError(line, "[spec-prof-summary] truncated or malformed", PROF_SUMMARY)
-    g = m.groups()
-    f = _durations(line, (*g[1:9], g[10], g[11]), PROF_SUMMARY)
-    return SummaryLine._make((int(g[0]), *f[:8], int(g[9]), *f[8:], *map(int, g[12:])))
 
 
 def _prof(line: str, body: str) -> SpecFirstTokenProf:

@@ -50,12 +50,11 @@ def parse_bool(var: str, value: str | None) -> bool:
     return v == "true"
 
 
-def parse_key_values(
-    var: str, value: str, keys: bool = True, sendable: Callable[[str, str], bool] | None = None
-) -> list[tuple[str, str]]:
-    """The specification's ``key1=value1,key2=value2`` lists: values percent-decoded, and
-    ``keys`` too (headers; a resource's keys are left as written, as the SDK's detector does).
-    A bad item (or one ``sendable`` refuses) is named by its place, never a secret's text."""
+def parse_key_values(var: str, value: str, grpc: bool | None = None) -> list[tuple[str, str]]:
+    """The specification's ``key1=value1,key2=value2`` lists: values percent-decoded, and keys
+    too for headers (``grpc`` not None: checked sendable over gRPC or HTTP; a resource's keys are
+    left as written, as the SDK's detector does). A bad item is named by its place, never a
+    secret's text."""
     out = []
     for n, item in enumerate(value.split(","), 1):
         key, sep, val = item.partition("=")
@@ -63,10 +62,13 @@ def parse_key_values(
             continue
         if not sep or not key.strip():
             raise ConfigError(f"{var}: item {n} is not key=value (not shown: it may be secret)")
-        kv = (unquote(key.strip()) if keys else key.strip(), unquote(val.strip()))
-        if sendable is not None and not sendable(*kv):
-            raise ConfigError(_unsendable(var, n, kv[0]))
-        out.append(kv)
+        key, val = key.strip(), unquote(val.strip())
+        if grpc is not None:
+            key = unquote(key)
+            ok_key, ok_val = _GRPC if grpc else _HTTP
+            if not (ok_key(key.lower() if grpc else key) and ok_val(val)):
+                raise ConfigError(_unsendable(var, n, key))
+        out.append((key, val))
     return out
 
 
@@ -96,7 +98,7 @@ def traces_exporters(env: Mapping[str, str]) -> list[str]:
 def resource_attributes(env: Mapping[str, str]) -> dict[str, Any]:
     """``OTEL_RESOURCE_ATTRIBUTES``; ``service.name``: OTEL_SERVICE_NAME, theirs or memra-obs."""
     var = "OTEL_RESOURCE_ATTRIBUTES"
-    attrs: dict[str, Any] = dict(parse_key_values(var, env.get(var, ""), keys=False))
+    attrs: dict[str, Any] = dict(parse_key_values(var, env.get(var, "")))
     svc = env.get("OTEL_SERVICE_NAME", "").strip()
     attrs["service.name"] = svc or attrs.get("service.name") or "memra-obs"
     return attrs
@@ -148,14 +150,11 @@ class OtlpConfig:
     """Where and how OTLP spans are sent. Build with :meth:`from_env`."""
 
     protocol: str  #: http/protobuf, http/json or grpc
-    #: HTTP: the full URL (``.../v1/traces``). gRPC: ``host:port``.
-    endpoint: str
-    #: gRPC: TLS on (HTTP decides by the URL's scheme).
-    secure: bool
+    endpoint: str  #: HTTP: the full URL (``.../v1/traces``). gRPC: ``host:port``.
+    secure: bool  #: gRPC: TLS on (HTTP decides by the URL's scheme).
     #: Not in the repr: credentials (a traceback that shows locals would print them).
     headers: tuple[tuple[str, str], ...] = field(repr=False)
-    #: What one export may take, its retries included.
-    timeout_s: float
+    timeout_s: float  #: What one export may take, its retries included.
     compression: str  #: none or gzip
     certificate: str | None  #: PEM files
     client_key: str | None
@@ -176,10 +175,7 @@ class OtlpConfig:
         timeout_s = min(n / 1000.0, NO_LIMIT_S) or NO_LIMIT_S
         hvar, raw = _get(env, "HEADERS") or ("", "")
         # Checked here, else every request fails in the sender (which lowercases gRPC keys).
-        grpc = protocol == "grpc"
-        headers = tuple(
-            parse_key_values(hvar, raw, sendable=_grpc_header if grpc else _http_header)
-        )
+        headers = tuple(parse_key_values(hvar, raw, grpc=protocol == "grpc"))
         compression = _choice(env, "COMPRESSION", ("none", "gzip"))
         pems = [_file(env, x) for x in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE")]
         k, c = (_get(env, x) or (_OTLP + x,) for x in ("CLIENT_KEY", "CLIENT_CERTIFICATE"))
@@ -203,22 +199,20 @@ def _unsendable(var: str, n: int, key: str) -> str:
 
 
 _HTTP_KEY = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+").fullmatch  # RFC 9110's token
-_HTTP_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*").fullmatch  # sent as Latin-1
-_GRPC_KEY = re.compile(r"(?!grpc-)[0-9a-z_.-]+(?<!-bin)").fullmatch  # -bin: bytes, not text
-_GRPC_VALUE = re.compile(r"[\x20-\x7e]*").fullmatch
-
-
-def _http_header(key: str, val: str) -> bool:
-    return bool(_HTTP_KEY(key) and _HTTP_VALUE(val))
-
-
-def _grpc_header(key: str, val: str) -> bool:
-    return bool(_GRPC_KEY(key.lower()) and _GRPC_VALUE(val))
+#: Sendable headers: (key, value) checks. HTTP values go as Latin-1; gRPC's keys are lowercased
+#: and a ``-bin`` key's value is bytes, not text.
+_HTTP = _HTTP_KEY, re.compile(r"[\t\x20-\x7e\x80-\xff]*").fullmatch
+_GRPC_KEY = re.compile(r"(?!grpc-)[0-9a-z_.-]+(?<!-bin)").fullmatch
+_GRPC = _GRPC_KEY, re.compile(r"[\x20-\x7e]*").fullmatch
 
 
 def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
     """(endpoint, secure): HTTP's full URL, or gRPC's ``host:port`` with TLS on or off."""
     var, url = _get(env, "ENDPOINT") or ("(default)", "")
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"{var}={shown_url(url)!r}: {why}")
+
     authority = re.split(r"[/?#]", url.split("://", 1)[-1], maxsplit=1)[0]
     if "@" in authority and not url.startswith("unix"):  # http.client would drop it, unsaid
         raise ConfigError(f"{var}: user:password@ in the URL is never sent (not shown); put "
@@ -231,8 +225,7 @@ def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
         else:
             u = urlsplit(url)
             if u.scheme not in ("http", "https") or not u.netloc:
-                why = "expected http(s)://host:port or host:port"
-                raise ConfigError(f"{var}={shown_url(url)!r}: {why}")
+                raise bad("expected http(s)://host:port or host:port")
             secure, target = u.scheme == "https", u.netloc
         if target.startswith(("unix:", "unix-abstract:")):  # grpcio's socket targets
             return target, secure
@@ -240,10 +233,9 @@ def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
             target += ":443" if secure else ":4317"
         host, port = target.rsplit(":", 1)
         if not host.strip("[]/"):  # "/" or "///" would be ":443": nowhere, every span dropped
-            raise ConfigError(f"{var}={shown_url(url)!r}: no host")
-        if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
-            # (gRPC would take it modulo 65536)
-            raise ConfigError(f"{var}={shown_url(url)!r}: bad port")
+            raise bad("no host")
+        if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):  # gRPC would wrap it
+            raise bad("bad port")
         return target, secure
     if var == _OTLP + "ENDPOINT":  # the general endpoint: the signal's path appended
         u = urlsplit(url)  # to the path, before any ?query
@@ -253,11 +245,10 @@ def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
     try:
         u.port  # noqa: B018  (raises on a bad port)
     except ValueError:
-        raise ConfigError(f"{var}={shown_url(url)!r}: bad port") from None
+        raise bad("bad port") from None
     if u.scheme not in ("http", "https") or not u.hostname:
-        raise ConfigError(f"{var}={shown_url(url)!r}: expected an http:// or https:// URL")
+        raise bad("expected an http:// or https:// URL")
     if re.search(r"[^\x21-\x7e]", u.path + u.query):  # http.client refuses it at every send,
         # its error quoting the request line, ?api_key= and all
-        why = "a space, control or non-ASCII character in its path or query: percent-encode it"
-        raise ConfigError(f"{var}={shown_url(url)!r}: {why}")
+        raise bad("a space, control or non-ASCII character in its path or query: percent-encode it")
     return url, u.scheme == "https"

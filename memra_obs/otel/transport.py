@@ -21,6 +21,7 @@ import ssl
 import time
 from collections.abc import Sequence
 from datetime import timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -130,20 +131,18 @@ class HttpSender:
     def __init__(self, cfg: OtlpConfig, *, json: bool = False) -> None:
         u = urlsplit(cfg.endpoint)
         self.url, self.timeout_s, self._json = shown_url(cfg.endpoint), cfg.timeout_s, json
-        self._addr = (u.hostname or "localhost", u.port or (443 if u.scheme == "https" else 80))
+        addr = (u.hostname or "localhost", u.port or (443 if u.scheme == "https" else 80))
         self._path = (u.path or "/") + (f"?{u.query}" if u.query else "")
-        self._cls: Any = http.client.HTTPConnection
-        self._kw: dict[str, Any] = {}
+        self._connect: Any = partial(http.client.HTTPConnection, *addr)
         if u.scheme == "https":
             ctx = ssl.create_default_context(cafile=cfg.certificate)
             if cfg.client_certificate:
                 ctx.load_cert_chain(cfg.client_certificate, cfg.client_key)
-            self._cls, self._kw = http.client.HTTPSConnection, {"context": ctx}
+            self._connect = partial(http.client.HTTPSConnection, *addr, context=ctx)
         self._gzip = cfg.compression == "gzip"
         ct = "application/json" if json else "application/x-protobuf"
-        gz = [("Content-Encoding", "gzip")] if self._gzip else []
-        self._headers = dict([("Content-Type", ct), ("User-Agent", _AGENT), *gz])
-        self._headers.update(cfg.headers)
+        gz = {"Content-Encoding": "gzip"} if self._gzip else {}
+        self._headers = {"Content-Type": ct, "User-Agent": _AGENT, **gz, **dict(cfg.headers)}
         self._conn: http.client.HTTPConnection | None = None
 
     def send(self, payload: bytes, timeout_s: float) -> int:
@@ -151,7 +150,7 @@ class HttpSender:
         c = self._conn
         try:
             if c is None:
-                c = self._conn = self._cls(*self._addr, timeout=timeout_s, **self._kw)
+                c = self._conn = self._connect(timeout=timeout_s)
             elif c.sock is not None:
                 c.sock.settimeout(timeout_s)
             c.request("POST", self._path, body=body, headers=self._headers)

@@ -35,9 +35,8 @@ class LoopAdvisor:
     def __init__(self, f: dict[str, Family], lv: tuple[str, ...], window: int) -> None:
         self.f, self.lv = f, lv
         self.by_k, self.by_j = [0] * (POSITIONS + 1), [0] * (POSITIONS + 1)
-        self.top = 0  # positions with series so far
+        self.top, self.dirty = 0, False  # top: positions with series so far
         self.win: deque[RoundRecord] | None = deque(maxlen=window) if window else None
-        self.dirty = False
         self.clock = ""  # the clock that timed this label set's phases ("" until a session says)
         self.info: tuple[str, ...] = ()  # the info series' label values (none yet: ())
 

@@ -1,8 +1,6 @@
 """``PrometheusExporter``: records in, children updated, off the loop's thread. Slow rounds:
-the seed's rule on a sliding window (wall > 1.5x the median of the session's last 64 rounds,
-itself included). At most ``max_sessions`` sessions are kept: lost end records cost no memory;
-at most ``max_families`` families get series (a family per request must not grow /metrics).
-"""
+the seed's rule on a sliding window. At most ``max_sessions`` sessions are kept (lost end
+records cost no memory) and ``max_families`` families get series."""
 
 from __future__ import annotations
 
@@ -23,8 +21,6 @@ from ..timeline import FirstTokenRecord, Record, RoundRecord, SessionEndRecord, 
 from .advice import ADVICE_EVERY_S, MAX_K
 from .families import FIRST_TOKEN_PHASES, LoopChildren, spec_families
 from .model import SpecCollector
-
-__all__ = ["PrometheusExporter"]
 
 #: ``family`` of rounds whose SessionRecord never arrived (dropped by a full queue), and of
 #: sessions of a family past ``max_families``.
@@ -78,20 +74,14 @@ class PrometheusExporter:
             )
         self.registry = REGISTRY if registry is None else registry
         self.worker, self.worker_label = worker, worker_label
-        #: Records this exporter could not aggregate (published as signal="metrics").
-        self.export_errors = 0
         self._factor, self._window, self._max_sessions = slow_factor, slow_window, max_sessions
-        self._families, self._max_families = set[str](), max_families
-        self._span_id, self._traced = round_span_id, traced
+        self._max_families, self._span_id, self._traced = max_families, round_span_id, traced
         self._advice_window, self._plain_step_ns = advice_window, plain_step_ns
-        self._advised = -ADVICE_EVERY_S  # monotonic time of the last advice
-        self._lock = threading.Lock()
         #: Said once by a forked child, whose parent serves this /metrics (set where it is).
         self.fork_note = ""
         self.families = spec_families(worker_label)
         self._readers: dict[tuple[str, str], list[Callable[[], float]]] = {}
-        self._loops: dict[tuple[str, ...], LoopChildren] = {}
-        self._sessions: dict[int, _Session] = {}
+        self._reset()
         self._dispatch: dict[type, Callable[[Any], Any]] = {
             RoundRecord: self._round,
             SessionRecord: lambda rec: self._open(rec.session, rec),
@@ -100,6 +90,17 @@ class PrometheusExporter:
         }
         self.collector = SpecCollector(self.families.values(), self._lock)
         self.collector.register(self.registry)
+
+    def _reset(self) -> None:
+        """Series-free state, and a fresh lock (a forked child: the parent's thread may have
+        held it)."""
+        self._lock = threading.Lock()
+        self._loops: dict[tuple[str, ...], LoopChildren] = {}
+        self._sessions: dict[int, _Session] = {}
+        self._families = set[str]()
+        #: Records this exporter could not aggregate (published as signal="metrics").
+        self.export_errors = 0
+        self._advised = -ADVICE_EVERY_S  # monotonic time of the last advice
 
     def export(self, batch: Sequence[Record]) -> None:
         get = self._dispatch.get
@@ -129,7 +130,7 @@ class PrometheusExporter:
         self._advised = time.monotonic()
         with self._lock:
             # A label set with no clock (legacy lines) is fitted as sync; its info series says so.
-            advisors = [L.adv for L in self._loops.values()]
+            advisors = list(self._loops.values())
             work = [(a, a.clock or "sync", w) for a in advisors if (w := a.take()) is not None]
         for a, clock, rounds in work:
             try:
@@ -146,18 +147,14 @@ class PrometheusExporter:
         self.collector.live = False
 
     def after_fork(self) -> None:
-        """In a forked child: a fresh lock (the parent's export thread may have held it), and
-        series from zero: the parent's rounds are the parent's to publish (else N workers
-        forked from a master each count its warm-up again). The self-metrics keep their
-        readers."""
-        self._lock = self.collector._lock = threading.Lock()
+        """In a forked child: series from zero: the parent's rounds are the parent's to publish
+        (else N workers forked from a master each count its warm-up again). The self-metrics
+        keep their readers."""
+        self._reset()
+        self.collector._lock = self._lock
         for f in self.families.values():
             if not f.name.startswith("memra_obs_"):
                 f.children.clear()
-        self._loops.clear()
-        self._sessions.clear()
-        self._families.clear()
-        self.export_errors, self._advised = 0, -ADVICE_EVERY_S
         if self.fork_note:  # the parent's server thread (and its port) did not come along
             say_once(f"fork-metrics:{id(self)}", self.fork_note)
             self.fork_note = ""  # a child of this child forks from a process that serves none
@@ -187,14 +184,12 @@ class PrometheusExporter:
             self.families[name].child((signal,), lambda: sum(r() for r in readers))
 
     def attach_queue(self, qsink: Any) -> None:
-        """Publish the queue's drops and, through :meth:`attach_worker`, its worker's."""
         self.watch("dropped", "records", lambda: qsink.dropped)
         self.attach_worker(qsink.worker)
 
     def attach_worker(self, worker: Any) -> None:
-        """Publish an export worker's failures and each of its exporters' own counts (int
-        ``dropped_spans`` / ``export_errors``, under its ``signal``, else ``spans``): the same
-        self-metrics in-process, in the agent and in the tail."""
+        """An export worker's failures and its exporters' int ``dropped_spans`` / ``export_errors``
+        (under their ``signal``, else ``spans``): the same self-metrics in every publisher."""
         self.watch("errors", "records", lambda: worker.errors)
         for ex in worker.exporters:
             sig = ex.signal if isinstance(getattr(ex, "signal", None), str) else "spans"
@@ -208,7 +203,7 @@ class PrometheusExporter:
         if (loop := self._loops.get(key)) is None:
             loop = self._loops[key] = LoopChildren(self.families, key, self._advice_window)
         if rec is not None and rec.clock:
-            loop.adv.clock = rec.clock
+            loop.clock = rec.clock
         self.families["memra_spec_first_token_seconds"].child(w)  # from the worker's first session
         s = self._sessions[sid] = _Session(rec, loop, w, self._traced)
         if len(self._sessions) > self._max_sessions:  # end records lost, or very many open
@@ -253,7 +248,7 @@ class PrometheusExporter:
             L.drafted.observe(k, ex, ts, n)
             L.accepted.observe(j, ex, ts, n)
             L.seq_rows.v += seq_rows * n
-            L.adv.add(r, k, j, n)
+            L.add(r, k, j, n)
         elif k >= 0:  # j outside 0..k, which no loop counts: kept from the advisor's window
             self.export_errors += 1  # (its every refit would fail and freeze the gauges)
         if split_ns is not None:
@@ -264,10 +259,7 @@ class PrometheusExporter:
             sp[2].observe(mla, ex, ts, n)
             sp[3].observe(t2 - t1 - (kda + mla), ex, ts, n)  # vrest; observe() saturates at 0
             sp[4].observe(ffn, ex, ts, n)
-        self._slow(s, wall, n)
-
-    def _slow(self, s: _Session, wall: int, n: int) -> None:
-        """``n`` rounds of ``wall``: a window of steps at most (then ``w > 1.5 w`` is false)."""
+        # Slow rounds: n of wall are a window of steps at most (then w > 1.5 w is false).
         win, srt, top, slow = s.win, s.srt, self._window, 0
         for _ in range(n if n < top else top):  # (not min(): a builtin call costs more)
             if len(win) >= top:
@@ -275,7 +267,7 @@ class PrometheusExporter:
             win.append(wall)
             insort(srt, wall)
             slow += wall > self._factor * srt[len(srt) >> 1]
-        s.loop.slow.v += slow
+        L.slow.v += slow
 
     def _first_token(self, rec: FirstTokenRecord) -> None:
         s = self._sessions.get(rec.session) or self._open(rec.session, None)

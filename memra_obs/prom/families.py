@@ -116,17 +116,13 @@ def spec_families(worker_label: bool) -> dict[str, Family]:
     }
 
 
-class LoopChildren:
-    """The children of one ``(worker,) family`` label set, bound once."""
+class LoopChildren(LoopAdvisor):
+    """The children of one ``(worker,) family`` label set, bound once, and its advisor."""
 
-    __slots__ = (
-        "accepted", "adv", "drafted", "lv", "phases", "round", "seq_rows", "slow", "split",
-        "split_family",
-    )  # fmt: skip
+    __slots__ = ("accepted", "drafted", "phases", "round", "seq_rows", "slow", "split")
 
     def __init__(self, f: dict[str, Family], lv: tuple[str, ...], window: int = 0) -> None:
-        self.lv, self.split_family = lv, f["memra_spec_verify_split_seconds"]
-        self.adv = LoopAdvisor(f, lv, window)
+        super().__init__(f, lv, window)
         self.round: Hist = f["memra_spec_round_seconds"].child(lv)
         phase = f["memra_spec_phase_seconds"]
         self.phases: tuple[Hist, ...] = tuple(phase.child((*lv, p)) for p in PHASES)
@@ -142,5 +138,6 @@ class LoopChildren:
         self.slow: Value = f["memra_spec_slow_rounds"].child(lv)
 
     def bind_split(self) -> tuple[Hist, ...]:
-        self.split = tuple(self.split_family.child((*self.lv, p)) for p in SPLIT_PARTS)
+        split = self.f["memra_spec_verify_split_seconds"]
+        self.split = tuple(split.child((*self.lv, p)) for p in SPLIT_PARTS)
         return self.split

@@ -36,11 +36,11 @@ class Hist:
 
     __slots__ = ("bounds", "counts", "ex", "memo", "prefixes", "total")
 
-    def __init__(self, bounds: tuple[float, ...]) -> None:
+    def __init__(self, bounds: tuple[float, ...], prefixes: tuple[str, ...] = ()) -> None:
         self.bounds, self.counts = bounds, [0] * (len(bounds) + 1)
         self.ex: list[ExState | None] = [None] * (len(bounds) + 1)
         self.total: float = 0
-        self.prefixes: tuple[str, ...] = ()  # sample names and labels: bucket, count, sum
+        self.prefixes = prefixes  # sample names and labels: bucket, count, sum
         self.memo: dict[bool, tuple[int, str]] = {}  # openmetrics -> (n, its text at n)
 
     def observe(
@@ -64,9 +64,9 @@ class Value:
 
     __slots__ = ("prefix", "read", "v")
 
-    def __init__(self, read: Callable[[], float] | None = None) -> None:
+    def __init__(self, prefix: str, read: Callable[[], float] | None = None) -> None:
         self.v: float = 0
-        self.read, self.prefix = read, ""
+        self.prefix, self.read = prefix, read
 
     def state(self) -> float:
         if self.read is not None:
@@ -107,16 +107,12 @@ class Family:
         if c is None:
             base = list(zip(self.labelnames, lv, strict=True))
             if self.kind == "histogram":
-                c = Hist(self.bounds)
-                c.prefixes = (
-                    *(f"{self.name}_bucket{labelstr([*base, ('le', le)])} " for le in self.les),
-                    f"{self.name}_count{labelstr(base)} ",
-                    f"{self.name}_sum{labelstr(base)} ",
-                )
+                buckets = (f"{self.name}_bucket{labelstr([*base, ('le', le)])} " for le in self.les)
+                ends = (f"{self.name}_{s}{labelstr(base)} " for s in ("count", "sum"))
+                c = Hist(self.bounds, (*buckets, *ends))
             else:
-                c = Value(read)
                 total = "_total" if self.kind == "counter" else ""
-                c.prefix = f"{self.name}{total}{labelstr(base)} "
+                c = Value(f"{self.name}{total}{labelstr(base)} ", read)
             self.children[lv] = c
         return c
 
@@ -161,7 +157,6 @@ _FAST: ContextVar[list[SpecCollector] | None] = ContextVar("memra_prom_fast", de
 #: The collector of the exporter currently publishing into each registry (for take-over).
 _owner: weakref.WeakKeyDictionary[Any, SpecCollector] = weakref.WeakKeyDictionary()
 _owner_lock = threading.Lock()
-_EOF = b"# EOF\n"
 
 
 class SpecCollector:
@@ -195,13 +190,12 @@ class SpecCollector:
         there (an observer being replaced; said once if it was not shut down, as its series
         stop there); any other clash raises ValueError."""
         with _owner_lock:
-            old = _owner.pop(registry, None)
-            if old is not None and old.live:
-                say_once("prom-takeover", "a second PrometheusExporter on one registry takes its "
-                         "names over: the first one's series are no longer published (one "
-                         "observer a process, its family label tells models apart; or one "
-                         "registry each)")  # fmt: skip
-            if old is not None:
+            if (old := _owner.pop(registry, None)) is not None:
+                if old.live:
+                    say_once("prom-takeover", "a second PrometheusExporter on one registry takes "
+                             "its names over: the first one's series are no longer published (one "
+                             "observer a process, its family label tells models apart; or one "
+                             "registry each)")  # fmt: skip
                 with suppress(KeyError):  # its exporter unregistered it meanwhile
                     registry.unregister(old)
             registry.register(self)
@@ -236,7 +230,7 @@ def encode(
         if fast:
             om = content_type.startswith("application/openmetrics-text")
             ours = "".join(c.render(om) for c in fast).encode()
-            body = body[: -len(_EOF)] + ours + _EOF if om else body + ours
+            body = body.removesuffix(b"# EOF\n") + ours + b"# EOF\n" if om else body + ours
     headers = [("Content-Type", content_type)]
     if gzip_ok:
         # Level 1: ~5x smaller for a fraction of level 9's CPU, which the loop's process pays.

@@ -309,10 +309,8 @@ def _burst(sid: int, b: Span, kids: Kids, run: Run) -> list[RoundRecord]:
     rest = RoundRecord._make((sid, idx, first + n - u, (*ts,), -1, -1, 0, 0, each, u))
     run.rounds += [*rounds, rest] if u else rounds  # past the span cap (or dropped): one run
     for r in bad:  # a refused round span: the remainder's mean, at its own index
-        ts = itertools.accumulate(per, initial=r[3])
-        run.rounds.runs.append(
-            rest._replace(index=r[5].get(A + "round", 0), t_ns_mono=(*ts,), repeat=1)
-        )
+        bounds = (*itertools.accumulate(per, initial=r[3]),)
+        run.rounds += [rest._replace(index=r[5].get(A + "round", 0), t_ns_mono=bounds, repeat=1)]
     phases = records.SpecPhaseNs(*tot, n)  # type: ignore[call-arg]
     run.bursts.append(BurstRecord(sid, idx, at.get(A + "k", 0), b[3], b[4], phases, split,
                                   at.get(A + "tokens", 0), at.get(A + "hook_ns", 0), first))  # fmt: skip

@@ -194,7 +194,9 @@ def _write(path: str, page: str) -> None:
             try:  # the report it replaces keeps its mode; a new one gets a new file's
                 mode = os.stat(real).st_mode & 0o777
             except FileNotFoundError:
-                mode = 0o666 & ~_umask()
+                mask = os.umask(0o022)  # the umask: only setting one reads it
+                os.umask(mask)
+                mode = 0o666 & ~mask
             os.fchmod(f.fileno(), mode)
             f.write(page)
         os.replace(tmp, real)
@@ -202,10 +204,3 @@ def _write(path: str, page: str) -> None:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
-
-
-def _umask() -> int:
-    """The process's umask: only setting one reads it."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask

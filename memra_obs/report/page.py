@@ -406,17 +406,17 @@ def acceptance(views: Sequence[View]) -> str:
 
 
 def _no_counts(v: View) -> str:
-    if not v.run.rounds:
-        return "no round at all"
+    """Why a run has no acceptance estimate."""
+    if v.acceptance.rounds:
+        return "no round drafted (k = 0 throughout)"
+    why = "its round spans carry no k, j"
     if v.run.kind == "log":
-        return "a trace-only log: its lines carry no per-round counts"
-    return "its round spans carry no k, j"
+        why = "a trace-only log: its lines carry no per-round counts"
+    return f"no round with known k and j ({why if v.run.rounds else 'no round at all'})"
 
 
 def _acceptance(views: Sequence[View]) -> str:
-    out = [f"<p>{escape(v.label)}: no round drafted (k = 0 throughout), so no acceptance estimate.</p>"
-           if v.acceptance.rounds else f"<p>{escape(v.label)}: no round with known k and j "
-           f"({_no_counts(v)}), so no acceptance estimate.</p>"
+    out = [f"<p>{escape(v.label)}: {_no_counts(v)}, so no acceptance estimate.</p>"
            for v in views if not v.acceptance.positions]  # fmt: skip
     out += [f(views) for f in (acceptance_by_position, expected_tokens_per_round, throughput_vs_k)]
     out.append(by_run(views, ["estimate, 95% interval"], advice) + "<div class=cols>")

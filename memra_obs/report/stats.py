@@ -59,6 +59,7 @@ class View:
             np.fromiter((getattr(r, a) for r in rs), np.int64, len(rs))
             for a in ("index", "k", "j", "repeat", "session"))  # fmt: skip
         self.own = self.k >= 0
+        self.without = int(self.n[~self.own].sum())  # rounds with unknown k, j (burst means)
         ph = [b.phases for b in run.bursts]
         #: Each burst's phase totals, ms (the phase line's numbers), and its rounds.
         self.burst_ms = np.array([p.phases() for p in ph], dtype=float).reshape(-1, 5) / 1e6
@@ -82,11 +83,6 @@ class View:
         order = np.argsort(self.wall_ms)
         at = np.searchsorted(np.cumsum(self.n[order]), q * self.n.sum())
         return float(self.wall_ms[order][min(at, len(order) - 1)])
-
-    @property
-    def without(self) -> int:
-        """Rounds with unknown k and j (their burst's means)."""
-        return int(self.n[~self.own].sum())
 
     def metric(self, name: str, first: int | None = None) -> np.ndarray:
         """Per-round ms of ``name`` (``wall``, a phase, ``rollback+maint``) over the rounds with
@@ -185,8 +181,7 @@ class ABRow(NamedTuple):
 
     @property
     def flagged(self) -> bool:
-        return (self.enough and (self.lo > 0 or self.hi < 0)
-                and abs(self.rel) >= REL_THRESHOLD)  # fmt: skip
+        return self.enough and (self.lo > 0 or self.hi < 0) and abs(self.rel) >= REL_THRESHOLD
 
     @property
     def verdict(self) -> str:

@@ -142,8 +142,7 @@ def _run(
     tail: Tail, source: PipeSource | FollowSource, queue: QueueSink | None, built: Exporters
 ) -> bool:
     """Pump until the input ends or a stop signal (SIGTERM, ...), then flush the exporters
-    (bounded: 10 s).
-    Returns whether a signal stopped it."""
+    (bounded: 10 s). Returns whether a signal stopped it."""
     for o in getattr(built.spans, "outputs", ()):  # a local span output (file, console) holds
         o.hold = o.sender.timeout_s == float("inf")  # it back too; a network one drops (down)
     stop: list[int] = []

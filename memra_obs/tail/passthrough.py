@@ -12,15 +12,7 @@ import select
 from collections.abc import Callable
 from typing import BinaryIO
 
-from ..legacy import (
-    KIND,
-    PHASE,
-    CriJoin,
-    FirstTokenLine,
-    LegacyParseError,
-    RoundsLine,
-    parse_line,
-)
+from ..legacy import KIND, PHASE, CriJoin, FirstTokenLine, LegacyParseError, RoundsLine, parse_line
 from ..timeline import Record
 from .rebuild import FAMILY_CAP, Rebuilder
 from .stats import TailStats
@@ -179,9 +171,11 @@ class Tail:
             if type(rec) is RoundsLine:  # most lines: counted once a chunk
                 rows += 1
             else:
-                if type(rec) is FirstTokenLine and self._too_many_devices(rec, n, line):
-                    continue
                 seen[KIND[type(rec)]] += 1
+                if type(rec) is FirstTokenLine and (why := self._too_many_devices(rec)):
+                    st.malformed[KIND[FirstTokenLine]] += 1
+                    self._bad(n, f"malformed prof line: {why}", line)
+                    continue
             why = feed(rec, t)
             if why is not None:
                 self._bad(n, why, line, KIND[type(rec)])
@@ -192,17 +186,12 @@ class Tail:
         seen[KIND[RoundsLine]] += rows
         self._publish()
 
-    def _too_many_devices(self, rec: FirstTokenLine, n: int, line: str) -> bool:
-        top, prof = self.max_devices, rec.prof
+    def _too_many_devices(self, rec: FirstTokenLine) -> str | None:
         for name in ("free_mb_before", "free_mb_after"):
-            snap = getattr(prof, name)
+            snap, top = getattr(rec.prof, name), self.max_devices
             if len(snap) > top or any(o >= top for o, _ in snap):
-                self.stats.malformed[KIND[type(rec)]] += 1
-                self.stats.lines[KIND[type(rec)]] += 1
-                why = f"{name} names more than {top} devices (MEMRA_OBS_MAX_DEVICES)"
-                self._bad(n, f"malformed prof line: {why}", line)
-                return True
-        return False
+                return f"{name} names more than {top} devices (MEMRA_OBS_MAX_DEVICES)"
+        return None
 
     def _bad(self, lineno: int, why: str, text: str, orphan: str = "") -> None:
         """Report a bad line (``orphan``: the kind of a valid line that could not be placed,

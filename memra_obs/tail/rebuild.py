@@ -101,8 +101,7 @@ class Rebuilder:
                  sampled: Callable[[int], bool] | None = None) -> None:  # fmt: skip
         self.worker, self.linger_ns, self.max_bursts = worker, linger_ns, max_bursts
         self.max_families, self._families, self._tags = max_families, set[str](), set[str]()
-        self.sampled = sampled
-        self.session_gap_ns = session_gap_ns
+        self.sampled, self.session_gap_ns = sampled, session_gap_ns
         self._rng, self._epoch, self._mono = rng or random.Random(), epoch_ns, mono_ns
         self._out: list[Any] = []
         self._pending: _Burst | None = None
@@ -149,8 +148,12 @@ class Rebuilder:
             return self._prof(rec.prof, t)
         if type(rec) is SummaryLine:
             return self._summary(rec.rounds, t)
-        if type(rec) is AdviceLine:
-            self._advice(rec)
+        if type(rec) is AdviceLine:  # onto its session's end, as the worker's own span has it
+            if (e := self._held) is not None:
+                self._held = None
+                self._out.append(e._replace(advice=rec.line()))
+            elif (s := self._session) is not None and s.summarized:  # a full log: it may go on
+                s.advice = rec.line()
         return None  # the flag-override line: nothing to place
 
     def tick(self, now: int) -> None:
@@ -183,8 +186,14 @@ class Rebuilder:
             self._finish(self._pending)
         if p.rounds > MAX_BURST_ROUNDS or p.k > MAX_BURST_ROUNDS:  # (a k wraps on the wire)
             return f"rounds={p.rounds} k={p.k} is past any plausible burst (> {MAX_BURST_ROUNDS})"
-        if p.tag not in self._tags and (why := self._admit(p.tag)):
-            return why
+        if p.tag not in self._tags:  # each family is ~150 series on /metrics, a report section
+            fam = family_of(p.tag)
+            if fam not in self._families:
+                if len(self._families) >= self.max_families:
+                    top = self.max_families
+                    return f"{FAMILY_CAP}{top}: family {fam!r} (and every new one) not published"
+                self._families.add(fam)
+            self._tags.add(p.tag)
         self._pending = self._fresh = _Burst(p.tag, p.rounds, p.k, p, t)
         return None
 
@@ -297,14 +306,6 @@ class Rebuilder:
         else:
             self._held, self._held_t = rec, held
 
-    def _advice(self, a: AdviceLine) -> None:
-        """The worker's advice onto its session's end, as the worker's own span carries it."""
-        if (e := self._held) is not None:
-            self._held = None
-            self._out.append(e._replace(advice=a.line()))
-        elif (s := self._session) is not None and s.summarized:  # a full log: it may go on
-            s.advice = a.line()
-
     def _release(self) -> None:
         self._out.append(self._held)
         self._held = None
@@ -359,18 +360,6 @@ class Rebuilder:
         s.last_end, s.last_line = end, (b.last if b.last > s.last_line else s.last_line)
         if s.bursts == 1 and prof is None and b.phase is not None:
             self._first = b
-
-    def _admit(self, tag: str) -> str | None:
-        """Why a phase line's tag is refused (None: taken): a family past ``max_families``
-        (each is ~150 series on /metrics, a section of the report; a log can hold any tags)."""
-        fam = family_of(tag)
-        if fam not in self._families:
-            if len(self._families) >= self.max_families:
-                top = self.max_families
-                return f"{FAMILY_CAP}{top}: family {fam!r} (and every new one) not published"
-            self._families.add(fam)
-        self._tags.add(tag)
-        return None
 
     def _lay(self, b: _Burst, key: Key, t: int, r0: tuple[int, ...]) -> tuple[int, int, SpecPhaseNs, int]:  # fmt: skip
         """The burst's rounds back to back from ``t``: round 0 from the profile, the rows, then
