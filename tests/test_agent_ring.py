@@ -113,6 +113,34 @@ def test_a_session_from_a_writer_without_the_callers_trace_id_reads_as_none(rec)
     assert len(F.encode(back)[1]) == len(payload) - F._PAIR.size
 
 
+def test_a_session_without_a_caller_reads_none_after_the_ring_wraps(tmp_path):
+    """A session's last slot is written whole: what an earlier lap left after its strings
+    read as the caller's trace id (the agent's requests file joined an unsampled session to
+    a trace that never was)."""
+    sink = RingSink(str(tmp_path), worker="w", slots=64)
+    reader = RingReader(sink.path)
+    for i in range(64):  # a lap of rounds: no slot is zero any more
+        sink.on_round(RoundRecord(7, 0, i, tuple(range(1 << 40, (1 << 40) + 6)), 4, 2, 9, 0, None))
+    reader.poll()  # read (the last MAXSPAN slots may count as lost)
+    fam = "deepseek"  # a session of 2 slots, the second mostly free
+    s = SessionRecord(1, fam, f"{fam}-phase", f"{fam}-phase-v", "w", 1, 1, 1, 0, 0, 0, 1, False)
+    sink.on_session(s)
+    (item,) = reader.poll()
+    assert item.rec[0] == s
+    sink.shutdown()
+
+
+def test_a_ring_of_another_format_version_names_both(tmp_path, monkeypatch):
+    """Mid rolling deploy a worker's ring of another version is refused at attach naming both
+    versions (it said "not a memra-obs ring v2"), never decoded."""
+    monkeypatch.setattr(F, "VERSION", 3)
+    sink = RingSink(str(tmp_path), worker="w", slots=64)
+    monkeypatch.setattr(F, "VERSION", 2)
+    with pytest.raises(FormatError, match="ring format v3, this agent reads v2"):
+        RingReader(sink.path)
+    sink.shutdown()
+
+
 @given(st.lists(records, max_size=30))
 def test_records_round_trip_through_a_ring(tmp_path_factory, recs):
     """What the sink writes, the reader reads back equal and in order (multi-slot included)."""

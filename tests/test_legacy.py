@@ -53,6 +53,19 @@ def test_a_spec_prof_line_from_before_unattributed_ms_still_parses():
     assert rec.prof.prime_ms == parse_line(new).prof.prime_ms  # type: ignore[union-attr]
 
 
+def test_a_verify_line_from_before_vffn_still_parses():
+    """A seed from before lane/glm5-vrest prints no ``(vffn=...)``: its level-2 lines read
+    with vffn 0.000 (they were refused, one stderr line each); a cut one is still refused."""
+    new = next(x for x in GOLDEN.read_text().splitlines() if " (vffn=" in x)
+    old = new.rsplit(" (vffn=", 1)[0]
+    rec, full = parse_line(old), parse_line(new)
+    assert isinstance(rec, VerifyLine) and isinstance(full, VerifyLine)
+    assert rec == full._replace(vffn_ms=0.0)
+    for cut in (old[:-1], old + " ", new[:-2]):
+        with pytest.raises(LegacyParseError):
+            parse_line(cut)
+
+
 def test_phase_line_known_bytes():
     """A burst's two lines, checked by hand against the seed's format strings."""
     p = SpecPhaseNs(

@@ -97,6 +97,9 @@ class RingReader:
                               f", not by this agent's uid {uid} alone")  # fmt: skip
         magic, version, slot, slots, maxspan, entries, entry, data_off, _, _, n, label = (
             F.IDENT.unpack(self._pread(F.IDENT.size, 0)))  # fmt: skip
+        if magic == F.MAGIC and version != F.VERSION:  # a rolling deploy: left for its agent
+            raise FormatError(f"{self.path}: ring format v{version}, this agent reads "
+                              f"v{F.VERSION}: run workers and agent of one memra-obs release")  # fmt: skip
         if (magic, version, slot, maxspan, entry) != THIS_VERSION:
             raise FormatError(f"{self.path}: not a memra-obs ring v{F.VERSION}")
         try:

@@ -178,8 +178,10 @@ class RingSink(Sink):
             self._count(refused=1)
             return False
         pos, r, p = self._pos, self.written, F.PAYLOAD
+        # Whole slots: an earlier lap's bytes after a session would read as its caller's trace id.
+        body = payload.ljust(n * p, b"\0")
         data = b"".join(F.SLOT_HEAD.pack(pos + i + 1, r << 16 | (kind << 8 | n if i == 0 else i))
-                        + payload[i * p : (i + 1) * p] for i in range(n))  # fmt: skip
+                        + body[i * p : (i + 1) * p] for i in range(n))  # fmt: skip
         if entry >= 0:  # before head: a reader that sees the record published sees its entry
             off = F.HEADER + entry * F.TABLE_ENTRY
             self._pwrite(F.TABLE_ENTRY_HEAD.pack(0, sid, len(payload)) + payload, off)

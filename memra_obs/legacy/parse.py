@@ -79,9 +79,10 @@ _PHASE = re.compile(
     rf"maint={_F2} \| per-round ms: draft={_F3} verify={_F3} accept={_F3} roll={_F3} "
     rf"maint={_F3} total={_F3}"
 ).fullmatch
+#: A seed from before lane/glm5-vrest prints no ``(vffn=...)``: read as 0.000.
 _VERIFY = re.compile(
-    rf"rounds={_N} k={_N} \| per-round ms: vkda={_F3} \(scan={_F3}\) vmla={_F3} vrest={_F3} "
-    rf"\(vffn={_F3}\)"
+    rf"rounds={_N} k={_N} \| per-round ms: vkda={_F3} \(scan={_F3}\) vmla={_F3} vrest={_F3}"
+    rf"(?: \(vffn={_F3}\))?"
 ).fullmatch
 _SUMMARY = re.compile(
     rf"rounds={_N} k_mean={_F2} j_mean={_F2} accept={_F3} tok_per_round={_F2} "
@@ -171,7 +172,7 @@ def parse_line(line: str) -> LegacyLine | None:
             v = _VERIFY(text, at)
             if v is None:
                 raise LegacyParseError(line, "verify sub-split line truncated or malformed", VERIFY)
-            g = v.groups()
+            g = v.groups("0.000")
             return VerifyLine(tag, int(g[0]), int(g[1]), *_durations(line, g[2:], VERIFY))
         raise LegacyParseError(line, "tagged rounds= line of no known shape", PHASE)
     except LegacyParseError:
