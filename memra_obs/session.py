@@ -6,6 +6,7 @@ buckets cover the wall from the drained start to the first burst's return; the r
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import random
@@ -142,10 +143,21 @@ class Session:
             say_once(f"lap:{bucket}",
                      f"Session.lap({bucket!r}): not a bucket of {LAP_BUCKETS}; ignored")  # fmt: skip
             return 0.0
+        b = self._open_burst
+        # Creation buckets run before the first burst, the drafter prime in its round 1:
+        # elsewhere a lap counted its stretch twice (the TTFT past the wall) or out of place.
+        if not (b is not None and b._at >= 0 if bucket == "draft_prime" else b is None):
+            where = "outside a round" if bucket == "draft_prime" else "inside a burst"
+            say_once(f"lap-where:{bucket}", f"Session.lap({bucket!r}) {where}: its time stays "
+                     "in first_burst_ms / unattributed_ms; ignored")  # fmt: skip
+            if b is None:  # drained: unattributed, not the next bucket's
+                with contextlib.suppress(Exception):
+                    self._last_ns = clock(self.e, self.eh)
+            return 0.0
         try:
             # Inside an open round (round 1's drafter prime) the bucket starts at the round's
             # entry, or at a lap's earlier in it; otherwise at the profile's previous boundary.
-            b, start = self._open_burst, self._last_ns
+            start = self._last_ns
             if b is not None and b._at >= 0:
                 start = max(b._t[b._r0], start)
             end = clock(self.e, self.eh)
@@ -305,8 +317,8 @@ class Session:
                 setattr(prof, name + "_ms", max(b - a, 0) / 1e6)
                 iv.append((name, a, b))
         iv.append(("first_burst", start, end))
-        # What no bucket covers (snapshots, burst set-up).
-        wall_ms = (end - self.record.start_ns_mono) / 1e6
-        prof.unattributed_ms = max(wall_ms - prof.total_ms(), 0.0)
+        # What no bucket covers (snapshots, burst set-up), in whole ns as every bucket.
+        left = end - self.record.start_ns_mono - round(prof.total_ms() * 1e6)
+        prof.unattributed_ms = max(left, 0) / 1e6
         fan(self._obs._fan.on_first_token, "on_first_token", FirstTokenRecord(
             self.id, replace(prof), tuple(iv)))  # fmt: skip
