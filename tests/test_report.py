@@ -1093,3 +1093,40 @@ def test_a_round_span_with_counts_no_worker_writes_is_refused(runs, tmp_path):
         assert len(run.refused) == 1 and "counts no worker writes" in run.refused[0][1]
         assert View("k", run).advice is not None and max(r.k for r in run.rounds) < 2**16
     assert keys(report(tmp_path / "k.jsonl", out=tmp_path / "k.html"))["refused"] == ["1"]
+
+
+def _section(html: str, sid: str) -> str:
+    return html.split(f'<section id="{sid}">')[1].split("</section>")[0]
+
+
+def test_a_span_files_sessions_and_refusals_name_their_trace_ids(runs, tmp_path):
+    """A span file's summary rows and its refused spans name the trace id Jaeger looks up (the
+    rows said "recomputed", a refusal a span id: Ctrl-F for a slow trace found nothing)."""
+    each = [s for line in runs["spans"].read_text().splitlines()
+            for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"]
+            for s in ss["spans"]]  # fmt: skip
+    sessions = {s["traceId"] for s in each if s["name"] == "spec.session"}
+    html = report(runs["spans"], out=tmp_path / "s.html")
+    rows = re.findall(r'<tr><td class="">([0-9a-f]{32})</td>', _section(html, "summaries"))
+    assert len(rows) == len(read(str(runs["spans"])).logs) > 0 and set(rows) <= sessions
+    seen: list[dict] = []
+    spans = spans_edited(runs["spans"], tmp_path / "nov.jsonl",
+                         _first("spec.verify", lambda s: seen.append(s) or False))  # fmt: skip
+    refused = _section(report(spans, out=tmp_path / "r.html"), "refused")
+    assert f"of trace {seen[0]['traceId']} lacks a phase span" in refused
+
+
+def test_tabs_tell_reports_apart_and_a_span_file_says_when_it_ran(runs, tmp_path):
+    """The tab title starts with the input (every tab read "memra-obs report: ..." cut short);
+    a span file's sessions' start times are on the page, in UTC (nothing said when the data was
+    recorded: every span file is memra-obs-spans.jsonl); a log's lines carry none: "-"."""
+    html = report(runs["spans"], out=tmp_path / "s.html")
+    assert re.search(r"<title>demo\.jsonl - memra-obs report</title>", html)
+    starts = [int(s["startTimeUnixNano"]) // 10**9 for line in runs["spans"].read_text().splitlines()
+              for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"]
+              for s in ss["spans"] if s["name"] == "spec.session"]  # fmt: skip
+    at = [time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(x)) for x in (min(starts), max(starts))]
+    assert keys(html)["recorded"] == [f"{at[0]} to {at[1]}"]
+    html = report(runs["log"], runs["spans"], out=tmp_path / "ab.html")
+    assert "<title>A: demo.log vs B: demo.jsonl - memra-obs report</title>" in html
+    assert keys(html)["recorded"] == ["-", f"{at[0]} to {at[1]}"]

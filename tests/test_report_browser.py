@@ -110,3 +110,29 @@ def test_report_renders_in_headless_chromium(browser, pages, which):
     assert facts["sections"]["acceptance"]["figures"] >= 5  # 3 figures, the estimates' tables
     _not_blank(shot)
     (pages[which].parent / f"{which}.png").write_bytes(shot)
+
+
+def test_a_printed_page_keeps_every_column_and_its_colours(browser, pages):
+    """Printed (A4's 720 CSS px), no table is cut at the page's edge (the summaries' 18 columns
+    scrolled: on paper, the slow-round columns were gone), and the red and green marks print
+    (browsers leave backgrounds out unless the page asks)."""
+    page = browser.new_page()
+    page.goto(pages["ab"].resolve().as_uri(), wait_until="load")
+    page.emulate_media(media="print")
+    page.set_viewport_size({"width": 720, "height": 1000})
+    cut = page.evaluate("""() => [...document.querySelectorAll('table')].map(t => [
+        t.closest('section').id, t.getBoundingClientRect().right]).filter(x => x[1] > 721)""")
+    adjust = page.evaluate("getComputedStyle(document.querySelector('td')).printColorAdjust")
+    page.close()
+    assert cut == [] and adjust == "exact"
+
+
+def test_a_screen_reader_hears_each_numbers_row_and_column(browser, pages):
+    """Each number of the totals and the A/B tables has a row header (a screen reader read
+    "A: a.log, 467", not which quantity), and the A/B's differences say their unit."""
+    page = browser.new_page()
+    page.goto(pages["ab"].resolve().as_uri(), wait_until="load")
+    assert page.locator("#totals").get_by_role("rowheader", name="rounds", exact=True).count() == 1
+    assert page.locator("#ab").get_by_role("rowheader", name="verify", exact=True).count() == 1
+    assert page.locator("#ab").get_by_role("columnheader", name="B - A, ms").count() == 1
+    page.close()

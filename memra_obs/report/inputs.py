@@ -46,11 +46,12 @@ Kids = dict[int, list[Span]]  # spans by parent id
 @dataclass
 class RoundLog:
     """A session's round log: the rows its summary covers (the first 64 rounds), that summary
-    and its line (0: recomputed from a span file)."""
+    and its line (0: recomputed from a span file, whose session's trace id it keeps)."""
 
     rows: list[records.SpecRoundProf] = field(default_factory=list)
     summary: SummaryLine | None = None
     lineno: int = 0
+    trace_id: int = 0
 
 
 class Rounds(Sequence[RoundRecord]):
@@ -211,7 +212,9 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
             for x, m in zip(lists, marks, strict=True):
                 del x[m:]
             run.unsampled, run.kinds[LOST] = unsampled, gone
-            run.refused.append((0, f"session span {sp[1]:016x} refused: {exc!r}", ""))
+            run.refused.append(
+                (0, f"session span {sp[1]:016x} of trace {tid:032x} refused: {exc!r}", "")
+            )
     reached, todo = set[int](), [sp[1] for _, sp in roots]
     while todo:  # the spans under a session (a set: spans that are their own parents end too)
         for k in kids.get(todo.pop(), ()):
@@ -244,7 +247,7 @@ def _session(sid: int, tid: int, sp: Span, kids: Kids, run: Run) -> None:
                         at.get(A + "worker", ""), sp[3], 0, 0, tid, sp[1], sp[2],
                         at.get(A + "trace_level", 0), bool(at.get(A + "prof"))))  # fmt: skip
     mine = sorted(kids.get(sp[1], []), key=lambda k: k[3])
-    rounds = [r for b in mine if b[0] == "spec.burst" for r in _burst(sid, b, kids, run)]
+    rounds = [r for b in mine if b[0] == "spec.burst" for r in _burst(sid, tid, b, kids, run)]
     run.first_tokens += [_first_token(sid, ft, kids) for ft in mine if ft[0] == "spec.first_token"]
     # The worker's round log, exactly: its rows are round_prof_from_ns of these stamps.
     logged = min(sum(r.repeat for r in run.rounds.runs[before:]), LOGGED)
@@ -258,7 +261,7 @@ def _session(sid: int, tid: int, sp: Span, kids: Kids, run: Run) -> None:
                                r.k, r.j, r.ctx, r.seq_rows) for r in first]  # fmt: skip
     line = parse_line(prof_summary_line(records.SpecRoundsLog(rounds=rows)))
     assert isinstance(line, SummaryLine)
-    run.logs.append(RoundLog(rows, line))
+    run.logs.append(RoundLog(rows, line, trace_id=tid))
 
 
 #: The most k, j, ctx and seq_rows a worker writes (a round past the 64 rows is checked by none).
@@ -267,7 +270,7 @@ _TOPS = (records.U16_MAX, records.U16_MAX, records.U32_MAX, records.U32_MAX)
 MAX_ROUNDS = 1 << 24
 
 
-def _burst(sid: int, b: Span, kids: Kids, run: Run) -> list[RoundRecord]:
+def _burst(sid: int, tid: int, b: Span, kids: Kids, run: Run) -> list[RoundRecord]:
     """A burst span and its round spans (returned); rounds past the cap and refused round spans
     (no phase span, j outside 0..k) get its totals' remainder, spread evenly."""
     at, idx, rounds, bad = b[5], b[5].get(A + "burst", 0), list[RoundRecord](), list[Span]()
@@ -283,7 +286,7 @@ def _burst(sid: int, b: Span, kids: Kids, run: Run) -> list[RoundRecord]:
         if any(x > y for x, y in itertools.pairwise(t)):
             why = "has phase spans that end before they start or out of order"
         if why:
-            run.refused.append((0, f"spec.round span {r[1]:016x} {why}", ""))
+            run.refused.append((0, f"spec.round span {r[1]:016x} of trace {tid:032x} {why}", ""))
             bad.append(r)
             continue
         split = tuple(ph["verify"][5][a] for a in SPLIT) if SPLIT[0] in ph["verify"][5] else None

@@ -26,7 +26,7 @@ from ..legacy import KIND, SummaryLine
 from ..records import FIRST_TOKEN_FIELDS, f32
 from ..timeline import PHASES
 from ..version import __version__
-from .stats import AB_METHOD, CLOCK, ABRow, View, by_family, median, slow_rounds
+from .stats import AB_METHOD, CLOCK, ABRow, View, by_family, median, slow_rounds, started
 
 COLORS = dict(zip(PHASES, ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2"), strict=True))
 # Names are text: an input called "w$_$.log" is no formula (text.parse_math).
@@ -276,10 +276,11 @@ h1{font-size:22px;margin:18px 0 4px}h2{font-size:17px;border-bottom:1px solid #c
 h3{font-size:14px;margin:14px 0 4px}nav a{margin-right:10px}figure{margin:10px 0}
 figure img{width:100%;height:auto}figcaption,.note,.meta{color:#555;font-size:12.5px}
 table{border-collapse:collapse;font-size:12.5px;margin:6px 0}td,th{border:1px solid #ddd;padding:2px 7px}
-th{background:#f4f4f4;text-align:left}td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f4f4f4;text-align:left}th[scope]{background:none;font-weight:normal}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .cols{display:grid;grid-template-columns:repeat(auto-fit,minmax(320px,1fr));gap:18px}
 .flag,.bad{background:#fde2e1}.flag{font-weight:600}.flag.better{background:#dff3df}.scroll{overflow-x:auto}
-@media print{nav{display:none}section,figure,table{break-inside:avoid}body{max-width:none}}"""
+@media print{nav{display:none}section,figure,table{break-inside:avoid}body{max-width:none}
+*{print-color-adjust:exact;-webkit-print-color-adjust:exact}.scroll{overflow:visible}table{font-size:9.5px}td,th{padding:1px 3px;overflow-wrap:anywhere}td.n{white-space:nowrap}}"""
 NOTES = """<ul>
 <li><b>Own measurement</b>: a log's rounds with a <code>[spec-prof-rounds]</code> row (the first
 64 rounds of each session; exact to the worker's f32, rollback and maint split from rest_ms in
@@ -303,6 +304,7 @@ def totals(v: View) -> list[Row]:
     return [
         ("input", ("input", ""), f"{r.name} ({r.kind})"),
         ("bytes", ("bytes", ""), r.size),
+        ("recorded", ("sessions started, UTC", "span start times"), started(v)),
         ("lines", ("lines", ""), r.lines),
         *((f"lines_{k}", (f"{k} lines", lines), r.kinds[k])
           for k in (*KIND.values(), "spans")),
@@ -326,10 +328,8 @@ def totals(v: View) -> list[Row]:
     ]  # fmt: skip
 
 
-def _med(x: Any) -> str:
-    """A median, ``-`` when there is none (a trace-only log has no round of its own)."""
-    m = median(x)
-    return "-" if m != m else f"{m:.3f}"
+def _med(x: Any) -> str:  # "-": no median (a trace-only log has no round of its own)
+    return "-" if (m := median(x)) != m else f"{m:.3f}"
 
 
 def _iv(x: Interval, f: str = ".3f") -> str:
@@ -371,7 +371,7 @@ def table(head: Iterable[str], rows: Iterable[str]) -> str:
 def by_run(views: Sequence[View], head: Sequence[str], rows: Callable[[View], list[Row]]) -> str:
     """A table of one row a quantity and one column a run."""
     cols = [rows(v) for v in views]
-    body = (f"<tr>{''.join(f'<td>{escape(c)}</td>' for c in cells)}"
+    body = (f"<tr><th scope=row>{escape(cells[0])}</th>{''.join(f'<td>{escape(c)}</td>' for c in cells[1:])}"
             + "".join(td(col[i][2], key) for col in cols) + "</tr>"
             for i, (key, cells, _) in enumerate(cols[0]))  # fmt: skip
     return table([*head, *(v.label for v in views)], body)
@@ -386,9 +386,9 @@ def _ab(rows: Sequence[ABRow], unlike: str = "") -> str:
         nums = (r.n_a, r.n_b, f"{r.med_a:.4f}", f"{r.med_b:.4f}", f"{r.diff:+.4f}",
                 f"[{r.lo:+.4f}, {r.hi:+.4f}]", f"{r.rel:+.2%}" if r.med_a else "-")  # fmt: skip
         out.append(f'<tr data-ab="{r.metric}" data-flag="{int(r.flagged)}"{cls}>'
-                   f"<td>{r.metric}</td><td>{r.population}</td>{''.join(map(td, nums))}<td>{r.verdict}</td></tr>")  # fmt: skip
-    head = ("per round", "population", "n A", "n B", "median A, ms", "median B, ms", "B - A",
-            "95% CI (bootstrap)", "relative", "verdict")  # fmt: skip
+                   f"<th scope=row>{r.metric}</th><td>{r.population}</td>{''.join(map(td, nums))}<td>{r.verdict}</td></tr>")  # fmt: skip
+    head = ("per round", "population", "n A", "n B", "median A, ms", "median B, ms", "B - A, ms",
+            "95% CI (bootstrap), ms", "relative", "verdict")  # fmt: skip
     return f"{said}{table(head, out)}<p class=note>{AB_METHOD}; red slower, green faster.</p>"
 
 
@@ -441,12 +441,14 @@ def _summaries(v: View) -> str:
         (g, slow), m = item, item[0].summary
         vals = [getattr(m, x) if m is not None else "-" for x in fs]
         bad = m is None or m.slow_rounds != slow or m.rounds != len(g.rows)
-        line = g.lineno or ("recomputed" if m is not None else "none")
-        return (f"<tr>{td(line)}{td(len(g.rows))}{''.join(map(td, vals[:10]))}"
+        line = g.lineno or (f"{g.trace_id:032x}" if m is not None else "none")
+        return (f"<tr>{td(line, cls='')}{td(len(g.rows))}{''.join(map(td, vals[:10]))}"
                 f"{td(slow, cls='n bad' if bad else 'n')}{''.join(map(td, vals[10:]))}</tr>")  # fmt: skip
 
     items = list(zip(v.run.logs, slow_rounds(v.run), strict=True))
-    return _listed(v, "", ["line", "rows", *fs[:10], "slow (the rule, rows)", *fs[10:]], items, row)
+    said = "<p class=note>Recomputed from the round spans, a row a session by its trace id.</p>"
+    head = ["line / trace id", "rows", *fs[:10], "slow (the rule, rows)", *fs[10:]]
+    return _listed(v, said * (v.run.kind == "spans"), head, items, row)
 
 
 def _refused(v: View) -> str:
@@ -491,5 +493,5 @@ def render(views: Sequence[View], ab: Sequence[ABRow] | None, step: Callable[[st
     ]  # fmt: skip
     return ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
             'content="width=device-width,initial-scale=1"><link rel="icon" href="data:,">'
-            f"<title>memra-obs report: {names}</title><style>{CSS}</style></head><body>"
+            f"<title>{names} - memra-obs report</title><style>{CSS}</style></head><body>"
             + "\n".join(parts) + "</body></html>\n")  # fmt: skip

@@ -5,6 +5,7 @@ rows; medians ``sorted[n // 2]``; estimates: ``analysis``)."""
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 from functools import cached_property
 from itertools import chain
@@ -213,3 +214,11 @@ def ab_table(a: View, b: View) -> list[ABRow]:
             ci = bootstrap(xa, xb, ga, gb) if own else bootstrap(xa, xb)
             rows.append(ABRow(m, median(xa), median(xb), *ci, len(xa), len(xb), pop, n_s))
     return rows
+
+
+def started(v: View) -> str:
+    """First and last session start of a span file, UTC (a log's lines carry no time)."""
+    t = [s.start_ns_mono // 10**9 for s in v.run.sessions if 0 < s.start_ns_mono < 1 << 63]
+    if not t or v.run.kind != "spans":
+        return "-"
+    return " to ".join(time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(x)) for x in (min(t), max(t)))
