@@ -406,7 +406,7 @@ def test_a_child_forked_while_nvml_warms_up_takes_its_snapshots(
     """configure(prof=True) starts NVML on a thread; gunicorn --preload or a Pool forked in its
     ~50 ms (seconds without persistence mode): the child inherited the warm-up's lock held by a
     thread it has not, and its first s.free_memory() waited for ever. fork() now waits for the
-    warm-up (bounded): the child reads NVML's devices, started once, in the parent."""
+    warm-up (bounded): the child reads NVML (started again there: see the next test)."""
     import threading
     import time
 
@@ -429,7 +429,7 @@ def test_a_child_forked_while_nvml_warms_up_takes_its_snapshots(
         signal.alarm(5)  # a child that waits for ever dies: b"" back
         return repr((memory.free_mb_snapshot(), len(loads))).encode()
 
-    assert in_child(child) == b"([(0, 1000)], 1)"
+    assert in_child(child) == b"([(0, 1000)], 2)"  # the parent's start, and the child's own
     assert memory.free_mb_snapshot() == [(0, 1000)] and loads == [1]
     # an nvmlInit stuck past FORK_WAIT_S holds no fork: that child records no free memory
     fm2 = FreeMemory(nvml=lambda: time.sleep(1.0), cuda=lambda: None, report=lambda k, s: None)
@@ -440,3 +440,55 @@ def test_a_child_forked_while_nvml_warms_up_takes_its_snapshots(
     t0 = time.monotonic()
     assert in_child(lambda: repr(memory.free_mb_snapshot()).encode()) == b"[]"
     assert time.monotonic() - t0 < 0.9
+
+
+class ForkedNvml(FakeNvml):
+    """As the real library (measured on an H100): uninitialised in a forked child until
+    nvmlInit() there, and the parent's handles then refused (Invalid Argument)."""
+
+    def __init__(self, cards: list[dict[str, Any]]) -> None:
+        super().__init__(cards)
+        self.pid = self.handles_pid = 0
+
+    def nvmlInit(self) -> None:
+        self.pid = os.getpid()
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        self.handles_pid = os.getpid()
+        return super().nvmlDeviceGetHandleByIndex(i)
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        if self.pid != os.getpid():
+            raise FakeNvmlError(1)  # NVML_ERROR_UNINITIALIZED
+        if self.handles_pid != os.getpid():
+            raise FakeNvmlError(2)  # NVML_ERROR_INVALID_ARGUMENT
+        return super().nvmlDeviceGetMemoryInfo(h)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_reads_nvml_not_a_cuda_context_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NVML started in the parent is uninitialised in a forked child (gunicorn --preload, a
+    Pool): every child's first read said "NVML refused ordinal 0 (Uninitialized)" and fell back
+    to cudaMemGetInfo for good, a CUDA context of its own (~500 MiB on an H100) in the number it
+    reports. The child starts NVML again and reads it."""
+    from memra_obs.device import memory
+
+    said: list[str] = []
+    nv, cuda = ForkedNvml(CARDS), FakeCuda(CUDA_BUS[:1], [7])
+
+    def load() -> Any:
+        nv.nvmlInit()
+        return nv
+
+    f = FreeMemory(nvml=load, cuda=lambda: cuda, report=lambda k, s: said.append(s))
+    monkeypatch.setattr(memory, "_default", f)
+    memory.warm(wait=True)
+    assert memory.free_mb_snapshot() == [(0, 1000)]
+
+    def child() -> bytes:
+        signal.alarm(5)
+        return repr((memory.free_mb_snapshot(), cuda.reads, said)).encode()
+
+    assert in_child(child) == b"([(0, 1000)], 0, [])"

@@ -365,6 +365,21 @@ def _after_fork(child: bool = False) -> None:
             _default._lock, _default._slots = threading.Lock(), []
             say_once("memory:fork", "free memory: NVML was still starting when this process "
                      "forked; none recorded here")  # fmt: skip
+        elif _default is not None and _default._nv is not None:
+            # NVML is uninitialised in a forked child, the parent's handles invalid (measured:
+            # every read failed, then a CUDA context of the child's own for cudaMemGetInfo).
+            # Started again on a thread, as the warm-up; a snapshot waits for it.
+            _default._lock.acquire()
+            threading.Thread(target=_restart, args=(_default,), name="memra-obs-nvml",
+                             daemon=True).start()  # fmt: skip
+
+
+def _restart(fm: FreeMemory) -> None:
+    try:
+        fm._loaded = False
+        fm._load()  # nvmlInit() and the devices' handles again; the ordinal plan stands
+    finally:
+        fm._lock.release()
 
 
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork,
