@@ -56,7 +56,14 @@ def _trace_ids(sampled: Callable[[int], bool] | None = None) -> tuple[int, int, 
     try:
         from opentelemetry import trace
 
-        ctx = trace.get_current_span().get_span_context()
+        span = trace.get_current_span()
+        ctx = span.get_span_context()
+        if ctx.is_valid and getattr(span, "end_time", None) is not None:  # an SDK span, ended
+            say_once("ended-parent", "Observer.session() under a span that has ended (a loop "
+                     "task started inside a request keeps that request's span current): a "
+                     "trace of its own; attach each request's context where its session opens")  # fmt: skip
+            with trace.use_span(trace.INVALID_SPAN):  # the sampler's parent too
+                return _trace_ids(sampled)
         caller = ctx.trace_id if ctx.is_valid else 0
         tid = caller or _bits(128) or 1
         if not (sampled(tid) if sampled else not ctx.is_valid or ctx.trace_flags.sampled):

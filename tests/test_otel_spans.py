@@ -518,3 +518,48 @@ def test_a_phase_that_took_no_time_still_gets_a_span_jaeger_accepts():
         assert all(a[END] == b[START] for a, b in itertools.pairwise(phases))
         assert [p[END] - p[START] for p in phases] == [2000, 2998, 1, 1, 500]
         assert dict(r[ATTRS])["memra.spec.wall_ns"] == r[END] - r[START] == 5500
+
+
+def test_a_span_that_has_ended_is_no_later_sessions_parent():
+    """A loop task started inside the first request (vLLM's AsyncLLMEngine starts its
+    background loop so) keeps that request's span current for good: every later session of the
+    process joined the first request's trace (its parent, its sampling decision, its trace id in
+    the requests file). A span that has ended is no parent: a trace of its own, said once."""
+    import asyncio
+
+    from memra_obs.otel.config import traces_sampler
+
+    tracer = TracerProvider().get_tracer("app")
+
+    def serve(env):
+        obs, keep = observer(prof=False)
+        obs.sampled = traces_sampler(env)
+
+        async def main():
+            q, task, reqs = asyncio.Queue(), None, []
+
+            async def engine_loop():
+                while True:
+                    fut = await q.get()
+                    drive(obs, bursts=(1,), prof=False)
+                    fut.set_result(None)
+
+            for _ in range(3):
+                with tracer.start_as_current_span("POST /generate") as req:
+                    task = task or asyncio.get_running_loop().create_task(engine_loop())
+                    fut = asyncio.get_running_loop().create_future()
+                    await q.put(fut)
+                    await fut
+                reqs.append(req.get_span_context())
+            task.cancel()
+            return reqs
+
+        reqs = asyncio.run(main())
+        return reqs, [r for r in keep.records if type(r) is SessionRecord]
+
+    reqs, (first, *later) = serve({})
+    assert (first.trace_id, first.parent_span_id) == (reqs[0].trace_id, reqs[0].span_id)
+    assert all(r.trace_id and r.parent_span_id == r.caller_trace_id == 0 for r in later)
+    assert len({r.trace_id for r in (first, *later)}) == 3
+    _, (first, *later) = serve({"OTEL_TRACES_SAMPLER": "parentbased_always_off"})
+    assert first.trace_id and [r.trace_id for r in later] == [0, 0]  # a root's decision
