@@ -273,6 +273,10 @@ class QueueSink(Sink):
             say_once(f"queue-closed:{id(self)}", "records of a session still open when its "
                      "observer was shut down (by configure(), shutdown() or the exit): dropped, counted "
                      "in that observer's queue only; end sessions before replacing it")  # fmt: skip
+        else:  # without prometheus no /metrics shows the count: spans went missing unsaid
+            say_once(f"queue-full:{id(self)}", f"record queue full ({self._cap} records, "
+                     "MEMRA_OBS_QUEUE_SIZE; the exporters are behind): the newest are dropped, "
+                     "counted in memra_obs_dropped_total{signal=\"records\"}")  # fmt: skip
 
     on_session = on_round = on_burst = on_first_token = on_session_end = _put
 

@@ -1,7 +1,8 @@
 """Whole lines, never interleaved: to a text stream under one lock per stream (every legacy
-line goes out through :class:`LineWriter`, which never raises: a broken pipe or a closed stderr
-is counted in ``errors``; writes of at most PIPE_BUF bytes, so processes sharing a pipe never
-tear a line), and appended to a file that processes share (:class:`AppendFile`).
+line goes out through :class:`LineWriter`, which never raises: the lines a broken pipe or a
+closed stderr refused are counted in ``errors``; writes of at most PIPE_BUF bytes, so
+processes sharing a pipe never tear a line), and appended to a file that processes share
+(:class:`AppendFile`).
 """
 
 from __future__ import annotations
@@ -136,10 +137,14 @@ class LineWriter:
                     stream.write(chunk)
                     stream.flush()
             except Exception:
-                self.errors += 1
+                self.errors += len(lines)  # export_errors_total{signal="lines"}
 
 
-_WRITERS = forked_set(lambda w: setattr(w, "_lock", threading.Lock()))
+def _fresh_in_child(w: LineWriter) -> None:  # a child counts its own losses, as its queue
+    w._lock, w.errors = threading.Lock(), 0
+
+
+_WRITERS = forked_set(_fresh_in_child)
 
 _STDERR = LineWriter(None)
 

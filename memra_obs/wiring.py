@@ -234,7 +234,7 @@ def build_observer(
     st = Settings.resolve(env, **knobs)
     _say_unknown(env)  # before a typo in MEMRA_OBS_SINKS makes a silent no-op observer
     lvl, prf = _seed_flags(env, level, prof)
-    sinks: list[Sink] = [StderrSink(lvl, prf)] if lvl >= 1 or prf else []
+    sinks: list[Sink] = [lines := StderrSink(lvl, prf)] if lvl >= 1 or prf else []
     built = Exporters()  # first: an address that cannot be served is the one line said
     here, ring = st, _ring(st, registry)  # what this process publishes itself
     if ring is not None:  # agent mode: the agent publishes; here, the requests file only
@@ -269,6 +269,8 @@ def build_observer(
     if built.prom is not None:
         built.prom.attach_queue(qsink)
         built.prom.watch("dropped", "rounds", lambda: obs.dropped_rounds)
+        if lvl >= 1 or prf:  # the legacy lines a closed stderr refused (said once)
+            built.prom.watch("errors", "lines", lambda: lines.writer.errors)
     if ring is not None:  # the agent publishes it
         ring.dropped_rounds = lambda: obs.dropped_rounds
     return obs

@@ -394,6 +394,25 @@ def test_a_forked_child_without_a_ring_of_its_own_says_so(tmp_path, monkeypatch)
     sink.shutdown()
 
 
+def test_records_after_the_ring_is_shut_are_said_once(tmp_path, caplog):
+    """A session still open when its observer was shut down (configure() again, the exit
+    with a loop thread running): the queue says its drops so, the ring went silent."""
+    sink = RingSink(str(tmp_path), slots=64)
+    obs = Observer([sink], level=0, prof=False)
+    s = obs.session("glm5")
+    obs.shutdown()
+    for _ in range(3):
+        b = s.burst(4)
+        b.begin_round()
+        for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+            end()
+        b.end_round(k=4, j=1)
+        b.end()
+    s.end()
+    said = [r.getMessage() for r in caplog.records if "still open when" in r.getMessage()]
+    assert len(said) == 1 and sink.path in said[0] and sink.written == 1
+
+
 def test_a_file_that_is_not_a_ring_is_refused(tmp_path):
     """Junk in the directory is a FormatError, not a crash."""
     p = tmp_path / "junk.ring"

@@ -252,6 +252,54 @@ def test_full_queue_drops_newest_and_counts_without_blocking():
     assert len(q) == 16 and q.dropped == 1 + 40 + 1 + 1 - 16
 
 
+def test_a_full_queue_is_said_once_naming_the_knob(caplog):
+    """A full hand-off queue dropped records unsaid: with spans only (no prometheus, so no
+    /metrics) 4,186 of a burst-heavy session's records went missing from its trace in silence."""
+    held = Held()
+    q = QueueSink([held], capacity=16)
+    try:
+        for _ in range(200):
+            q.on_round(None)  # type: ignore[arg-type]
+        assert q.dropped > 100
+        said = [r.getMessage() for r in caplog.records if "queue full" in r.getMessage()]
+        assert len(said) == 1 and "MEMRA_OBS_QUEUE_SIZE" in said[0], said
+        assert 'memra_obs_dropped_total{signal="records"}' in said[0]
+    finally:
+        held.release.set()
+        q.shutdown(1)
+
+
+def test_legacy_lines_a_closed_stderr_refuses_are_counted_on_metrics(monkeypatch, caplog):
+    """stderr a pipe whose reader died (the log shipper restarted): every legacy line was
+    lost, counted in a writer's ``errors`` that no /metrics showed and nothing said."""
+    from prometheus_client import CollectorRegistry
+
+    from memra_obs.wiring import build_observer
+
+    class Broken:
+        def write(self, s):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+    reg = CollectorRegistry()
+    obs = build_observer(level=1, registry=reg, sinks="prometheus", metrics_addr="")
+    monkeypatch.setattr("sys.stderr", Broken())
+    try:
+        s = obs.session("glm5")
+        for _ in range(3):
+            run_rounds(s, 2)
+        s.end()
+        obs.flush(5)
+        lost = reg.get_sample_value("memra_obs_export_errors_total", {"signal": "lines"})
+        assert lost == 3  # one phase line a burst
+        said = [r.getMessage() for r in caplog.records if "stderr refused" in r.getMessage()]
+        assert len(said) == 1 and 'export_errors_total{signal="lines"}' in said[0]
+    finally:
+        obs.shutdown(2)
+
+
 def test_records_put_while_the_exporters_shut_down_are_counted_dropped():
     """A record the loop hands over while shutdown waits on the exporters is never exported:
     it is counted in ``dropped`` (it used to stay in the queue, neither sent nor counted)."""

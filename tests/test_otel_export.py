@@ -413,9 +413,9 @@ def test_file_default_writes_otlp_json_lines(tmp_path):
     assert n == ex.exported_spans and doc["resourceSpans"][0]["resource"]["attributes"]
 
 
-def test_retryable_status_is_retried_and_partial_success_counts_rejects():
+def test_retryable_status_is_retried_and_partial_success_counts_rejects(caplog):
     """503 then 200: delivered after a retry. A partial-success answer: the rejected spans
-    are counted as dropped."""
+    are counted as dropped, and said once (they were counted only)."""
     resp = ExportTraceServiceResponse()
     resp.partial_success.rejected_spans = 2
     rx = Receiver(statuses=[503], response=resp.SerializeToString())
@@ -426,6 +426,8 @@ def test_retryable_status_is_retried_and_partial_success_counts_rejects():
         assert len(rx.headers) == 2 and len(rx.requests) == 1
         assert ex.export_errors == 0 and ex.dropped_spans == 2
         assert ex.exported_spans == len(rx.spans) - 2
+        said = [r.getMessage() for r in caplog.records if "receiver rejected" in r.getMessage()]
+        assert len(said) == 1 and "rejected 2 of" in said[0] and "dropped_spans" in said[0]
     finally:
         rx.close()
 

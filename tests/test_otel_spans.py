@@ -367,6 +367,28 @@ def test_orphan_records_and_untraced_sessions_are_skipped():
     assert out == [] and builder.orphans == len(keep.records) - 1
 
 
+def test_sessions_past_max_open_close_the_oldest_and_say_so(caplog):
+    """More sessions open at once than the builder keeps (an agent's 8 workers x 512
+    requests): the oldest closed unfinished and its later rounds made no spans, unsaid."""
+    obs, keep = observer(prof=False)
+    first = obs.session("glm5")
+    others = [obs.session("glm5") for _ in range(3)]
+    b = first.burst(4)
+    b.begin_round()
+    for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+        end()
+    b.end_round(k=4, j=1)
+    b.end()
+    for s in (first, *others):
+        s.end()
+    builder, out = SpanBuilder(max_open=3), []
+    builder.add(keep.records, out)
+    assert [sp[NAME] for sp in out].count("spec.session") == 4
+    assert "spec.round" not in {sp[NAME] for sp in out}  # what the evicted one did later
+    said = [r.getMessage() for r in caplog.records if "sessions open at once" in r.getMessage()]
+    assert len(said) == 1 and "over 3 sessions" in said[0]
+
+
 def test_forget_open_drops_state_without_publishing():
     """The agent's hand-over: open sessions are forgotten, not closed as unfinished."""
     obs, keep = observer(prof=False)

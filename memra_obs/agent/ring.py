@@ -70,6 +70,9 @@ def fs_type(path: str) -> str:
     return kinds[-1] if kinds else ""  # the longest mount point, and the last of equals
 
 
+_SHUT = -2  #: a RingSink's descriptor once shut down (-1: a forked child got no ring)
+
+
 class RingSink(Sink):
     """Every exported record into this process's ring (ProfRows/ProfSummary only feed the
     legacy lines). Never raises: a record the format cannot hold, or a write the file refuses,
@@ -167,6 +170,10 @@ class RingSink(Sink):
                 and self._pwrite(self._head, F.OFF_HEAD)):  # fmt: skip
             if self._fd >= 0:
                 self._count(refused=1)
+            elif self._fd == _SHUT:  # no header to count it in: said, as the queue says its own
+                say_once(f"ring-shut:{self.path}", f"ring {self.path}: records of a session still "
+                         "open when its observer was shut down (by configure(), shutdown() or the "
+                         "exit) are not published; end sessions before replacing it")  # fmt: skip
             return False
         self._pos, self.written = pos + n, self.written + 1
         return True
@@ -262,7 +269,7 @@ class RingSink(Sink):
                 self._note_rounds()
                 self._pwrite(F.WSTAT.pack(self.refused, self.table_full, 1), F.OFF_WSTAT)
                 os.close(self._fd)
-                self._fd = -1
+                self._fd = _SHUT
 
 
 _RINGS = forked_set(RingSink._after_fork)

@@ -126,6 +126,8 @@ class Output:
             try:
                 rejected = min(max(self._deliver(payload), 0), n)
                 got: tuple[Any, ...] = (n - rejected, rejected, 0)
+                if rejected:  # said too: a worker without /metrics never knew
+                    got += ("rejected", f"the receiver rejected {rejected} of {n} spans")
             except SendError as exc:
                 got = (0, n, 1, "send", str(exc))
             except Exception as exc:  # a sender bug must not kill the thread

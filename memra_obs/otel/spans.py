@@ -121,7 +121,7 @@ class _Session:
 class SpanBuilder:
     """Records of interleaved sessions, fed in order, to span tuples; rounds past ``round_spans``
     get none. At most ``max_open`` sessions stay open (a lost end must not leak: the oldest
-    closes unfinished). Skipped, counted: ``orphans`` (no SessionRecord came) and
+    closes unfinished, said once). Skipped, counted: ``orphans`` (no SessionRecord came) and
     ``bad_records`` (they raised)."""
 
     __slots__ = ("_open", "bad_records", "max_open", "orphans", "round_spans")
@@ -143,6 +143,9 @@ class SpanBuilder:
                         continue
                     if len(sessions) >= self.max_open:
                         self._close(sessions.pop(next(iter(sessions))), None, out)
+                        say_once("spans-open", f"spans: over {self.max_open} sessions open at "
+                                 "once; the oldest is closed unfinished and what it records "
+                                 "later makes no spans")  # fmt: skip
                     sessions[rec.session] = _Session(rec)
                     continue
                 do = _BY_TYPE.get(t)

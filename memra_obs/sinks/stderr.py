@@ -47,17 +47,25 @@ class StderrSink(Sink):
     def on_session_end(self, rec: tl.SessionEndRecord) -> None:
         self._tags.pop(rec.session, None)
 
+    def _write(self, lines: list[str]) -> None:
+        w = self.writer
+        lost = w.errors
+        w.write_lines(lines)
+        if w.errors != lost:  # a closed stderr, a pipe whose reader died: the app's handlers
+            say_once("stderr-lines", "legacy lines: stderr refused a write; those lines are "
+                     'lost, counted in memra_obs_export_errors_total{signal="lines"}')  # fmt: skip
+
     def on_burst(self, rec: tl.BurstRecord) -> None:
         tag, tag_v = self._tags.get(rec.session, ("spec-phase", "spec-phase-v"))
         split = VerifySplit(*rec.split_ns) if rec.split_ns is not None else None
-        self.writer.write_lines(phase_lines(rec.phases, tag, tag_v, rec.k, self.level, split))
+        self._write(phase_lines(rec.phases, tag, tag_v, rec.k, self.level, split))
 
     def on_first_token(self, rec: tl.FirstTokenRecord) -> None:
-        self.writer.write_lines([prof_line(rec.prof)])
+        self._write([prof_line(rec.prof)])
 
     def on_prof_rows(self, rec: tl.ProfRowsRecord) -> None:
-        self.writer.write_lines(prof_rounds_lines(rec.rows, rec.start))
+        self._write(prof_rounds_lines(rec.rows, rec.start))
 
     def on_prof_summary(self, rec: tl.ProfSummaryRecord) -> None:
         lines = [f"[{PROF_SUMMARY_TAG}] {rec.summary}"]
-        self.writer.write_lines([*lines, rec.advice] if rec.advice else lines)
+        self._write([*lines, rec.advice] if rec.advice else lines)
