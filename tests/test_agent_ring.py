@@ -558,3 +558,25 @@ def test_a_session_a_previous_agent_read_is_ended_when_its_writer_dies(tmp_path)
     assert out[2].error == "WorkerGone" and out[0].session == out[1].session == out[2].session
     assert out[1].ks == (4,) and out[1].js == (2,)
     b.close()
+
+
+def test_the_readme_sizes_the_ring_directory_for_the_rings_it_holds(tmp_path):
+    """README, "Running it": a ring directory sized as it says holds (workers + HELD_RINGS)
+    rings of the default size (it said 8 MiB each and 96 MiB for 8 ranks: 12 rings of 8.3 MiB
+    do not fit, and the last worker to start finds the tmpfs full)."""
+    import re
+    from pathlib import Path
+
+    from memra_obs.agent.main import HELD_RINGS
+
+    sink = RingSink(str(tmp_path), worker="w")
+    size = max(p.stat().st_size for p in tmp_path.glob("*.ring"))
+    sink.shutdown()
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    m = re.search(
+        r"([\d.]+) MiB each at the default .*?so (\d+) ranks want ≥ (\d+) MiB", text, re.S
+    )
+    assert m, "README, Running it: the ring directory's size"
+    each, ranks, want = float(m[1]), int(m[2]), int(m[3])
+    assert each * 2**20 >= size
+    assert want * 2**20 >= (ranks + HELD_RINGS) * size

@@ -90,3 +90,33 @@ def test_the_otlp_extra_is_what_the_package_imports():
                 continue
             bad = [n for n in names if n.startswith(unused)]
             assert not bad, f"{f.relative_to(ROOT)} imports {bad}"
+
+
+def test_the_readme_quotes_metrics_as_they_are_exposed():
+    """Every `memra_...{labels}` the README quotes names labels its family has, a quoted sample
+    line names all of them (`memra_spec_advice_info` was quoted without `family`), and every
+    `le="..."` is spelt as the exposition spells the bound (`le="0"` matches nothing: it is
+    `le="0.0"`, as Prometheus 3 stores it too)."""
+    from prometheus_client.utils import floatToGoString
+
+    from memra_obs.agent.main import _COUNTERS
+    from memra_obs.prom.families import spec_families
+    from memra_obs.tail.stats import _FAMILIES
+
+    labels: dict[str, set[str]] = {}
+    for f in spec_families(True).values():
+        ends = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+        for end in ends.get(f.kind, ("",)):
+            labels[f.name + end] = {*f.labelnames, *(("le",) if end == "_bucket" else ())}
+    for name, _, label in _FAMILIES:
+        labels[f"memra_obs_tail_{name}_total"] = {"worker", *((label,) if label else ())}
+    labels.update({f"{name}_total": {"worker"} for name, _ in _COUNTERS})
+    text = (ROOT / "README.md").read_text()
+    quotes = re.findall(r"\b(memra_\w+)\{([^}]*)\}( [\d.]+)?", text)
+    assert len(quotes) > 20
+    for name, inside, value in quotes:
+        said = set(re.findall(r"(\w+)(?==|,|$)", inside))
+        assert said <= labels[name], (name, inside)
+        assert not value or labels[name] - said <= {"worker"}, (name, inside)
+    for bound in re.findall(r'\ble="([^"]+)"', text):
+        assert bound == floatToGoString(float(bound)), bound

@@ -585,3 +585,29 @@ def test_a_span_that_has_ended_is_no_later_sessions_parent():
     assert len({r.trace_id for r in (first, *later)}) == 3
     _, (first, *later) = serve({"OTEL_TRACES_SAMPLER": "parentbased_always_off"})
     assert first.trace_id and [r.trace_id for r in later] == [0, 0]  # a root's decision
+
+
+def test_every_session_span_attribute_is_in_the_readme_table():
+    """README, "Attributes" names every attribute a `spec.session` span carries: an errored
+    session with the profile's advice, one past the burst-span cap, one closed unfinished
+    (`memra.spec.request.*`, `.advice.*`, `.bursts_unsampled`, `.unfinished` were missing)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = text.split("### Attributes\n\n", 1)[1].split("\n\n", 1)[0]
+    obs, keep = observer(level=1, prof=True)
+    drive(obs, bursts=(20, 20), error=RuntimeError("oom"))
+    drive(obs, bursts=(1,) * 300, prof=False)
+    out = build(keep.records, round_spans=0)
+    open_ = observer(prof=False)
+    s = open_[0].session("glm5")
+    s.burst(4).begin_round()
+    builder = SpanBuilder()
+    builder.add(open_[1].records, out)
+    builder.finish_open(out)
+    keys = {k for sp in out if sp[NAME] == "spec.session" for k, _ in sp[ATTRS]}
+    for prefix in ("memra.spec.request.", "memra.spec.advice."):
+        assert any(k.startswith(prefix) for k in keys), prefix
+        keys = {prefix + "*" if k.startswith(prefix) else k for k in keys}
+    assert {"memra.spec.bursts_unsampled", "memra.spec.unfinished", "error.type"} <= keys
+    assert not [k for k in sorted(keys) if f"`{k}`" not in table]
