@@ -21,8 +21,8 @@ from typing import Any
 
 __all__ = [
     "MEMRA_OBS_AGENT", "MEMRA_OBS_MAX_FAMILIES", "MEMRA_OBS_METRICS_ADDR", "MEMRA_OBS_SINKS",
-    "MEMRA_OBS_WORKER", "ConfigError", "Settings", "parse_addr", "positive", "stop_signals",
-    "unknown_knobs", "utf8",
+    "MEMRA_OBS_WORKER", "ConfigError", "Settings", "idle_knobs", "parse_addr", "positive",
+    "stop_signals", "unknown_knobs", "utf8",
 ]  # fmt: skip
 
 
@@ -317,6 +317,23 @@ def unknown_knobs(env: Mapping[str, str]) -> list[str]:
             hint = f"did you mean {near[0]}?" if near else "the knobs: README, Knobs"
             notes.append(f"{var} is not a memra_obs knob ({hint}); ignored")
     return notes
+
+
+#: Knobs that only their sink reads: set with that sink off, they silently did nothing.
+_SINK_OF = {
+    "metrics_addr": "prometheus", "metrics_tls_cert": "prometheus",
+    "metrics_tls_key": "prometheus", "metrics_basic_auth": "prometheus",
+    "spans_file": "otel", "spans_file_max_bytes": "otel", "round_spans": "otel",
+}  # fmt: skip
+
+
+def idle_knobs(st: Settings, env: Mapping[str, str]) -> list[str]:
+    """A note per knob ``env`` sets for a sink ``st`` leaves off (``MEMRA_OBS_METRICS_ADDR``
+    alone published nothing and said nothing)."""
+    on = ",".join(sorted(st.sinks)) or "none"
+    return [f"{_VARS[n]} is set, but {st.named('sinks')} ({on}) has no {sink}: it does "
+            f"nothing (add {sink} there)" for n, sink in _SINK_OF.items()
+            if sink not in st.sinks and n not in st.given and _VARS[n] in env]  # fmt: skip
 
 
 _TLS = ("metrics_tls_cert", "metrics_tls_key")

@@ -19,6 +19,7 @@ from .environment import (
     MEMRA_OBS_METRICS_ADDR,
     ConfigError,
     Settings,
+    idle_knobs,
     unknown_knobs,
 )
 from .export import QueueSink, RecordExporter
@@ -246,10 +247,13 @@ def build_observer(
         )
     if ring is not None:
         built.where.append(f"records -> agent rings in {ring.directory}")
-    elif built.prom is not None and (os.environ if env is None else env).get(
-        "PROMETHEUS_MULTIPROC_DIR"
-    ):
-        say_once("multiproc", _MULTIPROC)
+    else:  # (in agent mode the agent reads them: its own sinks decide)
+        for note in idle_knobs(st, os.environ if env is None else env):
+            say_once(f"idle-knob:{note.split()[0]}", note)
+        if built.prom is not None and (os.environ if env is None else env).get(
+            "PROMETHEUS_MULTIPROC_DIR"
+        ):
+            say_once("multiproc", _MULTIPROC)
     if "nvtx" in st.sinks:  # off (no profiler attached, no nvtx): no sink, nothing to pay
         from .sinks.nvtx import NvtxSink
 

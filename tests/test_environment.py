@@ -268,6 +268,27 @@ def test_a_misspelled_knob_is_said_once_with_the_knob_it_is_near(caplog, tmp_pat
     ]
 
 
+def test_a_knob_whose_sink_is_off_is_said_once(caplog, tmp_path):
+    """``MEMRA_OBS_METRICS_ADDR=:9464`` alone (no ``prometheus`` in ``MEMRA_OBS_SINKS``)
+    published nothing and said nothing. Each knob only an off sink reads is said once, naming
+    the sink; one the argument set, or in agent mode (the agent's own sinks decide), is not."""
+    from memra_obs import diagnostics
+    from memra_obs.wiring import build_observer
+
+    diagnostics.reset()
+    env = {"MEMRA_OBS_METRICS_ADDR": "127.0.0.1:0", "MEMRA_OBS_SPANS_FILE": "s.jsonl",
+           "MEMRA_OBS_SINKS": "otel", "MEMRA_OBS_ROUND_SPANS": "8"}  # fmt: skip
+    with caplog.at_level("WARNING", logger="memra_obs"):
+        for _ in range(2):
+            build_observer(env=env, spans_file=str(tmp_path / "s.jsonl")).shutdown()
+        build_observer(env={**env, "MEMRA_OBS_AGENT": str(tmp_path)}).shutdown()
+    said = [r.getMessage() for r in caplog.records if "it does nothing" in r.getMessage()]
+    assert said == [
+        "MEMRA_OBS_METRICS_ADDR is set, but MEMRA_OBS_SINKS (otel) has no prometheus: it does "
+        "nothing (add prometheus there)"
+    ]
+
+
 def test_an_otlp_timeout_in_seconds_for_opentelemetry_python_is_said(caplog):
     """The application's own opentelemetry-python exporter, in the same process, reads
     ``OTEL_EXPORTER_OTLP_TIMEOUT=10`` as 10 s; memra_obs, as the specification, as 10 ms: every
