@@ -196,7 +196,8 @@ class Burst:
             if not (0 <= j <= k <= U16_MAX and 0 <= ctx <= U32_MAX and 0 <= seq <= U32_MAX):
                 raise ValueError
         except (TypeError, ValueError):
-            self._drop("end_round", f"k={k!r}, j={j!r}, ctx={ctx!r}, seq_rows={seq_rows!r}")
+            bad = f"k={k!r}, j={j!r}, ctx={ctx!r}, seq_rows={seq_rows!r}"
+            self._drop("end_round", bad, "left out" if None in (k, j, ctx) else "")
             self._at = -1
             return
         split: tuple[int, ...] | None = None
@@ -363,13 +364,14 @@ class Burst:
                 except (TypeError, ValueError) as exc:
                     say_once("roundprof", f"round log row refused: {exc}")
 
-    def _drop(self, call: str, bad: str = "") -> None:
-        """Drop the open round, count it, say so once per kind of misuse; its remaining
-        boundaries are ignored until ``begin_round`` (its marks settle with the rest)."""
+    def _drop(self, call: str, bad: str = "", kind: str = "") -> None:
+        """Drop the open round, count it, say so once per kind of misuse (counts left out and
+        counts out of range apart); its remaining boundaries are ignored until ``begin_round``
+        (its marks settle with the rest)."""
         at = self._at
         self._lose()
         if bad:
-            say_once("round-counts", f"Burst.end_round({bad}): expected integers with "
+            say_once(f"round-counts{kind}", f"Burst.end_round({bad}): expected integers with "
                      "0 <= j <= k <= 65535, ctx and seq_rows in 0..4294967295; the round is "
                      "dropped (memra_obs_dropped_total{signal=\"rounds\"})")  # fmt: skip
             return

@@ -66,6 +66,20 @@ def test_bad_counts_drop_the_round_whole(caplog, kw):
     assert isinstance(line, PhaseLine) and line.rounds == 1
 
 
+def test_counts_left_out_are_said_after_counts_out_of_range(caplog):
+    """One said-once key served every bad count: after ``j > k`` was said, a loop that then
+    left its counts out (``end_round(k=4)``) dropped every round unsaid. Each kind is said."""
+    from memra_obs import diagnostics
+
+    diagnostics.reset()
+    with capture(level=0) as cap, cap.observer.session("glm5") as s, s.burst(4) as b:
+        one_round(b, k=4, j=5)
+        one_round(b, k=4, j=None)
+    said = [r.getMessage() for r in caplog.records if "Burst.end_round(" in r.getMessage()]
+    assert [m.split(",")[1] for m in said] == [" j=5", " j=None"]
+    assert cap.observer.dropped_rounds == 2
+
+
 def test_every_boundary_knows_its_place(caplog):
     """Out of order or missing boundaries: that round is dropped and counted once, said
     once per kind, the next good round still counts, and nothing raises."""
