@@ -328,12 +328,13 @@ _SINK_OF = {
 
 
 def idle_knobs(st: Settings, env: Mapping[str, str]) -> list[str]:
-    """A note per knob ``env`` sets for a sink ``st`` leaves off (``MEMRA_OBS_METRICS_ADDR``
-    alone published nothing and said nothing)."""
+    """A note per knob ``env`` sets (not empty: off) for a sink ``st`` leaves off
+    (``MEMRA_OBS_METRICS_ADDR`` alone published nothing and said nothing)."""
     on = ",".join(sorted(st.sinks)) or "none"
+    idle = [(n, sink) for n, sink in _SINK_OF.items() if sink not in st.sinks]
     return [f"{_VARS[n]} is set, but {st.named('sinks')} ({on}) has no {sink}: it does "
-            f"nothing (add {sink} there)" for n, sink in _SINK_OF.items()
-            if sink not in st.sinks and n not in st.given and _VARS[n] in env]  # fmt: skip
+            f"nothing (add {sink} there)" for n, sink in idle
+            if n not in st.given and env.get(_VARS[n], "").strip()]  # fmt: skip
 
 
 _TLS = ("metrics_tls_cert", "metrics_tls_key")

@@ -113,9 +113,12 @@ def build_exporters(
     return out
 
 
-def _say_unknown(env: Mapping[str, str] | None) -> None:
-    for note in unknown_knobs(os.environ if env is None else env):
-        say_once(f"unknown-knob:{note.split()[0]}", note)
+def _say_unknown(env: Mapping[str, str] | None, st: Settings | None = None) -> None:
+    """Names no knob reads; with ``st``, knobs only its off sinks read (not in agent mode: the
+    agent's own sinks decide)."""
+    env = os.environ if env is None else env
+    for note in unknown_knobs(env) + (idle_knobs(st, env) if st is not None else []):
+        say_once(f"knob:{note.split()[0]}", note)
 
 
 def _requests(st: Settings) -> RecordExporter:
@@ -233,7 +236,7 @@ def build_observer(
     consumers behind the queue, ``strict`` as in :func:`build_exporters`. Nothing on ->
     :data:`NOOP_OBSERVER`."""
     st = Settings.resolve(env, **knobs)
-    _say_unknown(env)  # before a typo in MEMRA_OBS_SINKS makes a silent no-op observer
+    _say_unknown(env, None if st.agent else st)  # before a silent no-op observer
     lvl, prf = _seed_flags(env, level, prof)
     sinks: list[Sink] = [lines := StderrSink(lvl, prf)] if lvl >= 1 or prf else []
     built = Exporters()  # first: an address that cannot be served is the one line said
@@ -247,13 +250,10 @@ def build_observer(
         )
     if ring is not None:
         built.where.append(f"records -> agent rings in {ring.directory}")
-    else:  # (in agent mode the agent reads them: its own sinks decide)
-        for note in idle_knobs(st, os.environ if env is None else env):
-            say_once(f"idle-knob:{note.split()[0]}", note)
-        if built.prom is not None and (os.environ if env is None else env).get(
-            "PROMETHEUS_MULTIPROC_DIR"
-        ):
-            say_once("multiproc", _MULTIPROC)
+    elif built.prom is not None and (os.environ if env is None else env).get(
+        "PROMETHEUS_MULTIPROC_DIR"
+    ):
+        say_once("multiproc", _MULTIPROC)
     if "nvtx" in st.sinks:  # off (no profiler attached, no nvtx): no sink, nothing to pay
         from .sinks.nvtx import NvtxSink
 

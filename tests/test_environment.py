@@ -271,7 +271,8 @@ def test_a_misspelled_knob_is_said_once_with_the_knob_it_is_near(caplog, tmp_pat
 def test_a_knob_whose_sink_is_off_is_said_once(caplog, tmp_path):
     """``MEMRA_OBS_METRICS_ADDR=:9464`` alone (no ``prometheus`` in ``MEMRA_OBS_SINKS``)
     published nothing and said nothing. Each knob only an off sink reads is said once, naming
-    the sink; one the argument set, or in agent mode (the agent's own sinks decide), is not."""
+    the sink; one the argument set, an empty one (off), or in agent mode (the agent's own
+    sinks decide) is not."""
     from memra_obs import diagnostics
     from memra_obs.wiring import build_observer
 
@@ -279,6 +280,8 @@ def test_a_knob_whose_sink_is_off_is_said_once(caplog, tmp_path):
     env = {"MEMRA_OBS_METRICS_ADDR": "127.0.0.1:0", "MEMRA_OBS_SPANS_FILE": "s.jsonl",
            "MEMRA_OBS_SINKS": "otel", "MEMRA_OBS_ROUND_SPANS": "8"}  # fmt: skip
     with caplog.at_level("WARNING", logger="memra_obs"):
+        off = {**env, "MEMRA_OBS_METRICS_ADDR": ""}  # empty: /metrics off, nothing to say
+        build_observer(env=off, spans_file=str(tmp_path / "s.jsonl")).shutdown()
         for _ in range(2):
             build_observer(env=env, spans_file=str(tmp_path / "s.jsonl")).shutdown()
         build_observer(env={**env, "MEMRA_OBS_AGENT": str(tmp_path)}).shutdown()
