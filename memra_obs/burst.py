@@ -197,7 +197,7 @@ class Burst:
                 raise ValueError
         except (TypeError, ValueError):
             bad = f"k={k!r}, j={j!r}, ctx={ctx!r}, seq_rows={seq_rows!r}"
-            self._drop("end_round", bad, "left out" if None in (k, j, ctx) else "")
+            self._drop("end_round", bad, "left out" if any(x is None for x in (k, j, ctx)) else "")
             self._at = -1
             return
         split: tuple[int, ...] | None = None
