@@ -7,6 +7,7 @@ per scrape of the full metric set (text and OpenMetrics). CPU only; prints figur
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 import urllib.request
 from collections.abc import Callable
@@ -154,25 +155,35 @@ def scrape(n: int) -> None:
     ta = _best(changed(""), max(1, n // 4)) - feed
     tb = _best(changed(OM), max(1, n // 4)) - feed
     print(f"  {'memra encode, every child changed':<32} {ta * 1e3:6.2f}  {tb * 1e3:10.2f}")
+    # A live loop changes every round and phase child between two scrapes, so the goal's
+    # figure is the scrape after every child changed (the feed's time taken off); with
+    # nothing changed each child's text is memoised, which a live /metrics rarely sees.
     with serve_metrics(("127.0.0.1", 0), registry=reg) as srv:
-        for gz in (False, True):
+        for gz, live in itertools.product((False, True), (False, True)):
 
-            def get(accept: str, gz: bool = gz) -> bytes:
+            def get(accept: str, gz: bool = gz, live: bool = live) -> bytes:
+                if live:
+                    _full_set(ex)
                 hdr = {"Accept": accept, **({"Accept-Encoding": "gzip"} if gz else {})}
                 with urllib.request.urlopen(urllib.request.Request(srv.url, headers=hdr)) as r:
                     return r.read()
 
-            name = "HTTP GET /metrics" + (" (gzip)" if gz else "")
-            ga = _best(lambda get=get: get(""), n)
-            gb = _best(lambda get=get: get(OM), n)
+            name = (
+                "GET /metrics"
+                + (" gzip" if gz else "")
+                + (", all changed" if live else ", unchanged")
+            )
+            ga = _best(lambda get=get: get(""), n) - (feed if live else 0)
+            gb = _best(lambda get=get: get(OM), n) - (feed if live else 0)
             print(f"  {name:<32} {ga * 1e3:6.2f}  {gb * 1e3:10.2f}")
+    print("  goal: GET /metrics, all changed (a live loop's scrape), under 2 ms")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20_000)
     ap.add_argument("--scrapes", type=int, default=40)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     per_round(a.rounds)
     scrape(a.scrapes)
 

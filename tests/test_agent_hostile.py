@@ -239,6 +239,35 @@ def test_counters_that_move_back_drop_the_ring_and_spare_the_others(tmp_path, ca
     a.close()
 
 
+def test_a_dropped_rings_series_go_after_the_grace_period(tmp_path):
+    """A ring dropped as damaged (here its head went back) publishes nothing more: its
+    worker's frozen series go ``forget_s`` later, as an exited worker's (they stayed for the
+    agent's life: with pid labels, one set per dropped ring); the ring beside it keeps its own."""
+    from memra_obs.prom import PrometheusExporter
+
+    reg = CollectorRegistry()
+    victim = RingSink(str(tmp_path), worker="v", slots=256)
+    other = RingSink(str(tmp_path), worker="o", slots=256)
+    work(victim, 1, 3)
+    work(other, 1, 3)
+    a = Agent(str(tmp_path), [PrometheusExporter(reg, worker_label=True)], forget_s=0.3)
+    a.drain(2)
+    fd = os.open(victim.path, os.O_RDWR)
+    os.pwrite(fd, F.HEAD.pack(2, 2), F.OFF_HEAD)
+    os.close(fd)
+    a.drain(2)
+    assert a.rings == 1 and 'worker="v"' in encode(reg, "")[0].decode()
+    time.sleep(0.4)
+    a.drain(2)
+    text = encode(reg, "")[0].decode()
+    assert 'worker="v"' not in text
+    assert 'memra_spec_rounds_total{family="glm5",worker="o"} 3.0' in text
+    assert list(a.counts()) == ["o"]
+    victim.shutdown()
+    other.shutdown()
+    a.close()
+
+
 def test_a_ring_refused_at_attach_keeps_no_descriptor(tmp_path, monkeypatch):
     """A ring whose slots below the saved cursor do not decode is refused at attach, and its
     file is closed (one descriptor leaked per refusal, for the agent's lifetime)."""

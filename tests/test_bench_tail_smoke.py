@@ -19,3 +19,4 @@ def test_bench_tail_runs_every_stage(capsys, extra):
     for stage in ("parse", "rebuild", "+prom ", "prom alone", "+prom+spans"):
         assert f"\n{stage}" in out, stage
     assert "the goal of 100,000 tagged lines/s" in out
+    assert "+prom published every one of the input's" in out  # not a fast parse of nothing

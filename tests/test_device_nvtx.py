@@ -375,3 +375,64 @@ def test_a_cancel_while_the_loop_builds_its_burst_raises_nowhere(
         b.end()
     assert len(calls) >= 2
     assert raised == []
+
+
+def fake_torch(monkeypatch: pytest.MonkeyPatch, ops: list[str]) -> None:
+    """A CUDA torch whose ``torch.cuda.nvtx`` keeps the push/pop sequence."""
+    import types
+
+    nv = types.SimpleNamespace(
+        range_push=lambda n: ops.append("+" + n), range_pop=lambda: ops.append("-")
+    )
+    cuda = types.SimpleNamespace(is_available=lambda: True, nvtx=nv)
+    monkeypatch.setitem(__import__("sys").modules, "torch", types.SimpleNamespace(cuda=cuda))
+
+
+def test_torch_nvtx_with_no_profiler_attached_is_the_noop_observer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No nvtx package, a CUDA torch, no Nsight tool (NVTX_INJECTION64_PATH unset): off, so
+    MEMRA_OBS_SINKS=nvtx gives the no-op observer (a full one drained the streams at every
+    boundary for ranges no one records); NVTX_DISABLE is honoured too."""
+    from memra_obs.observer import NOOP_OBSERVER
+    from memra_obs.wiring import build_observer
+
+    ops: list[str] = []
+    fake_torch(monkeypatch, ops)
+    monkeypatch.setattr(nvtx_mod, "_importable", lambda name: name == "torch")
+    monkeypatch.delenv("NVTX_INJECTION64_PATH", raising=False)
+    monkeypatch.delenv("NVTX_DISABLE", raising=False)
+    env = {"MEMRA_OBS_SINKS": "nvtx", "MEMRA_OBS_METRICS_ADDR": ""}
+    assert build_observer(level=0, prof=False, env=env) is NOOP_OBSERVER
+    monkeypatch.setenv("NVTX_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so")
+    sink = NvtxSink()
+    assert sink.backend == "torch"
+    with capture(level=1, sinks=[sink]) as cap, cap.observer.session("t") as s:
+        b = s.burst(4)
+        one_round(b)
+        b.end()
+    assert ops[:3] == ["+spec.burst", "+spec.round", "+spec.draft"] and ops.count("-") == 7
+    monkeypatch.setenv("NVTX_DISABLE", "1")
+    assert NvtxSink().backend == "off"
+
+
+def test_an_nvtx_older_than_0_2_12_falls_back_to_torch_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """nvtx 0.2.10 has no get_domain, 0.2.11 no Domain.push_range: setting up failed (no
+    ranges at all, an AttributeError named) though torch.cuda.nvtx was there."""
+    import types
+
+    class Domain011:  # nvtx 0.2.11's Domain: attributes, but no push_range of its own
+        def get_event_attributes(self, message: Any = None, color: Any = None) -> Any:
+            return message
+
+    old = types.SimpleNamespace(enabled=lambda: True, get_domain=lambda name: Domain011())
+    monkeypatch.setitem(__import__("sys").modules, "nvtx", old)
+    fake_torch(monkeypatch, [])
+    monkeypatch.setattr(nvtx_mod, "_importable", lambda name: True)
+    monkeypatch.setenv("NVTX_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so")
+    monkeypatch.delenv("NVTX_DISABLE", raising=False)
+    assert NvtxSink().backend == "torch" and NvtxSink().backend == "torch"
+    assert caplog.text.count("older than 0.2.12") == 1
+    assert "failed" not in caplog.text

@@ -459,3 +459,21 @@ def test_a_family_per_request_mints_no_series_past_max_families(reg, caplog):
         assert reg2.get_sample_value("memra_spec_rounds_total", {"family": "unknown"}) == 3
     finally:
         memra_obs.configure(env={})
+
+
+def test_a_forgotten_workers_families_free_their_place_under_max_families(reg):
+    """The agent forgets an exited worker's series; its families go from the cap with them. A
+    worker that named a family per request filled it, and every family of every worker after
+    it was published as ``unknown`` for the agent's life (its fixed restart's ``glm5`` too)."""
+    ex = PrometheusExporter(reg, worker_label=True, max_families=3)
+    recs = [session(50, family="qwen3", worker="7"), rnd(50, 0, (1, 1, 0, 0, 0))]
+    for sid in range(1, 10):
+        recs += [session(sid, family=f"req_{sid}", worker="1234"), rnd(sid, 0, (1, 1, 0, 0, 0))]
+    ex.export(recs)
+    ex.forget("1234")
+    for sid, (fam, w) in enumerate([("glm5", "1300"), ("qwen3", "1300"), ("x", "1300")], 60):
+        ex.export([session(sid, family=fam, worker=w), rnd(sid, 0, (1, 1, 0, 0, 0))])
+    text = generate_latest(reg).decode()
+    assert set(re.findall(r'family="([^"]*)"', text)) == {"glm5", "qwen3", "x"}
+    assert val(reg, "memra_spec_rounds_total", family="glm5", worker="1300") == 1
+    assert val(reg, "memra_spec_rounds_total", family="qwen3", worker="7") == 1

@@ -155,6 +155,7 @@ class Agent:
         self._account(s, (s.read, lost, written + s.read - r, rounds))
         del self._streams[s.path]
         self._skip.add(s.path)
+        self._retired.append((time.monotonic() + self.forget_s, s.workers))  # frozen: they go
         s.close()
 
     # -- the RecordSource side -----------------------------------------------------------

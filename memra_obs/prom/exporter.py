@@ -172,6 +172,9 @@ class PrometheusExporter:
                 if f.labelnames[:1] == ("worker",):
                     f.children = {lv: c for lv, c in f.children.items() if lv[0] != worker}
             self._loops = {key: L for key, L in self._loops.items() if key[0] != worker}
+            # Its families no longer count toward max_families (a worker that named one per
+            # request made every family after it "unknown" for the agent's life).
+            self._families = {key[1] for key in self._loops} - {UNKNOWN_FAMILY}
             self._sessions = {i: s for i, s in self._sessions.items() if s.w != (worker,)}
 
     def watch(self, kind: str, signal: str, read: Callable[[], float]) -> None:
@@ -212,7 +215,7 @@ class PrometheusExporter:
 
     def _family(self, fam: str) -> str:
         """``fam``, or past ``max_families`` new ones (said once) ``unknown``: each family is
-        ~250 series, and ``session(f"req_{i}")`` made a million (80 MB /metrics, 0.5 GB)."""
+        ~200-300 series, and ``session(f"req_{i}")`` made a million (80 MB /metrics, 0.5 GB)."""
         fams = self._families
         if fam not in fams and fam != UNKNOWN_FAMILY:
             if len(fams) >= self._max_families:

@@ -3,13 +3,14 @@
 
 Records arrive too late to sit over a phase's kernels, so this sink takes none: bursts call
 its :attr:`NvtxSink.range_hook` right after each boundary's mark. Decided once: the ``nvtx``
-package's domain, else ``torch.cuda.nvtx`` (no domains), else (also with ``NVTX_DISABLE`` or
-no tool attached) a no-op, said once.
+package's domain (0.2.12+), else ``torch.cuda.nvtx`` (no domains), else (also with
+``NVTX_DISABLE`` or no tool attached: no ``NVTX_INJECTION64_PATH``) a no-op, said once.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -45,16 +46,22 @@ class NvtxSink(Sink):
         self.range_hook, self.backend = found
 
 
+_DISABLED = ("nvtx-disabled", "NVTX_DISABLE is set; no NVTX ranges")
+_NOTOOL = ("nvtx-notool", "no profiler attached (run under Nsight Systems, `nsys profile`, "
+           "to see ranges); no NVTX ranges")  # fmt: skip
+
+
 def _find(domain: Any) -> tuple[Any, str]:
     if domain is None and _importable("nvtx"):
         import nvtx
 
-        if not nvtx.enabled():
-            return _off("nvtx-disabled", "NVTX_DISABLE is set; no NVTX ranges")
-        domain = nvtx.get_domain(DOMAIN)
-        if type(domain).__name__ == "DummyDomain":
-            why = "no profiler attached (run under Nsight Systems, `nsys profile`, to see ranges)"
-            return _off("nvtx-notool", why + "; no NVTX ranges")
+        if not hasattr(nvtx, "Domain"):  # < 0.2.12: no domain push/pop, no no-tool dummy
+            say_once("nvtx:nvtx-old", "NVTX sink: the nvtx package is older than 0.2.12 "
+                     "(pip install -U nvtx); trying torch.cuda.nvtx")  # fmt: skip
+        elif not nvtx.enabled():
+            return _off(*_DISABLED)
+        elif type(domain := nvtx.get_domain(DOMAIN)).__name__ == "DummyDomain":
+            return _off(*_NOTOOL)
     if domain is not None:  # push/pop on the domain, with attributes built once per name
         mk, push = domain.get_event_attributes, domain.push_range
         attrs = {name: mk(message=name, color=argb) for name, _, argb in _RANGES}
@@ -63,7 +70,13 @@ def _find(domain: Any) -> tuple[Any, str]:
         import torch
 
         if torch.cuda.is_available():
-            why = "the nvtx package is not installed; using torch.cuda.nvtx (no 'memra' domain)"
+            # torch's NVTX has no switch of its own: the nvtx package's, from the environment
+            # (Nsight tools attach through NVTX_INJECTION64_PATH)
+            if os.environ.get("NVTX_DISABLE"):
+                return _off(*_DISABLED)
+            if not os.environ.get("NVTX_INJECTION64_PATH"):
+                return _off(*_NOTOOL)
+            why = "no nvtx package (0.2.12+); using torch.cuda.nvtx (no 'memra' domain)"
             say_once("nvtx:nvtx-torch", f"NVTX sink: {why}")
             nv = torch.cuda.nvtx  # no domain, no colour
             return SimpleNamespace(push=nv.range_push, pop=nv.range_pop), "torch"

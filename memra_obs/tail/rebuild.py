@@ -186,7 +186,7 @@ class Rebuilder:
             self._finish(self._pending)
         if p.rounds > MAX_BURST_ROUNDS or p.k > MAX_BURST_ROUNDS:  # (a k wraps on the wire)
             return f"rounds={p.rounds} k={p.k} is past any plausible burst (> {MAX_BURST_ROUNDS})"
-        if p.tag not in self._tags:  # each family is ~150 series on /metrics, a report section
+        if p.tag not in self._tags:  # a family: ~150-300 series on /metrics, a report section
             fam = family_of(p.tag)
             if fam not in self._families:
                 if len(self._families) >= self.max_families:
