@@ -297,6 +297,26 @@ def test_an_unusable_directory_or_poll_is_one_line_and_status_2(tmp_path):
     assert [f for f in os.listdir(tmp_path / "r") if f.endswith(".ring")]
 
 
+def test_a_read_only_ring_directory_is_refused_saying_the_agent_writes_there(tmp_path, monkeypatch):
+    """The agent's container mounting the ring volume ``readOnly: true`` (the README said it
+    "still reads"): one line, saying the agent writes there and to mount it read-write."""
+    import errno
+
+    from memra_obs.agent import main as agent
+    from memra_obs.environment import ConfigError
+
+    real = os.open
+
+    def read_only(path, flags, *a, **kw):
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        return real(path, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(ConfigError, match=r"file system; the agent writes there: mount it read-wr"):
+        agent._lock(str(tmp_path))
+
+
 def test_an_agent_with_nothing_to_publish_refuses_to_start(tmp_path):
     """``MEMRA_OBS_SINKS=nvtx`` or ``=``, spans only turned off by OTEL_*, or metrics with no
     /metrics (``MEMRA_OBS_METRICS_ADDR=``): status 2 with one line naming the variable, and the rings

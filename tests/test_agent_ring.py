@@ -484,6 +484,32 @@ def test_ring_directory_and_slots_knob(tmp_path):
     sink.shutdown()
 
 
+def test_with_no_dev_shm_a_bare_ring_name_is_in_the_temp_directory_for_worker_and_agent(
+    tmp_path, monkeypatch
+):
+    """A container without /dev/shm (``docker --ipc=none``) whose temp directories are all
+    read-only: a bare ``MEMRA_OBS_AGENT`` name is ``$TMPDIR/NAME`` for the worker and the agent
+    alike (it was relative to each one's working directory), and ``memra-obs agent`` starts (its
+    default directory probed for a writable temp directory: FileNotFoundError, a traceback, even
+    with ``--dir``)."""
+    import tempfile
+
+    from memra_obs.agent import main as agent
+
+    def nothing_writable() -> str:
+        raise FileNotFoundError(2, "No usable temporary directory found")
+
+    isdir = os.path.isdir
+    monkeypatch.setattr(os.path, "isdir", lambda p: p != "/dev/shm" and isdir(p))
+    monkeypatch.setattr(tempfile, "gettempdir", nothing_writable)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert ring.ring_directory("memra-obs") == str(tmp_path / "memra-obs")
+    assert agent.default_directory() == str(tmp_path / "memra-obs")
+    with pytest.raises(SystemExit) as exited:
+        agent.main(["--dir", str(tmp_path), "--help"])
+    assert exited.value.code == 0
+
+
 def test_a_copy_the_writer_lapped_is_counted_lost_not_a_broken_ring(tmp_path):
     """A reader descheduled mid-pass (SCHED_IDLE on a busy host) while the writer laps its copy
     finds no intact record: that is a loss to count, not a rule broken (twice = ring dropped)."""

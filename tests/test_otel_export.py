@@ -1061,6 +1061,29 @@ def test_a_spans_file_argument_with_no_directory_names_the_argument(tmp_path, mo
         memra_obs.configure(env={})
 
 
+def test_a_read_only_working_directory_says_where_the_default_span_file_was(tmp_path, monkeypatch):
+    """A container's read-only workdir (readOnlyRootFilesystem, an arbitrary uid): the default
+    ``memra-obs-spans.jsonl``, a variable nobody set, is refused naming the full path and the
+    two ways out (it said ``'memra-obs-spans.jsonl': Permission denied``, nothing more)."""
+    import errno
+
+    real = os.open
+
+    def read_only(path, flags, *a, **kw):
+        if str(path).endswith("memra-obs-spans.jsonl"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        return real(path, flags, *a, **kw)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(ConfigError) as refused:
+        build_span_exporter(Settings(), env={})
+    said = str(refused.value)
+    assert said.startswith("MEMRA_OBS_SPANS_FILE='memra-obs-spans.jsonl': Read-only file system")
+    assert str(tmp_path / "memra-obs-spans.jsonl") in said
+    assert "OTEL_TRACES_EXPORTER=none" in said and "a file this process can write" in said
+
+
 def test_the_readmes_using_it_directly_example_runs_as_written(tmp_path):
     """README "Using it directly", as printed there (the loop for its ``...``): it reads the
     MEMRA_OBS_* knobs (it built Settings bare: spans went to ./memra-obs-spans.jsonl), keeps

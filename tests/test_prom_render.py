@@ -12,8 +12,11 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
+from prometheus_client.utils import floatToGoString
 
 from memra_obs.prom import PrometheusExporter, encode
+from memra_obs.prom.model import _count
 from memra_obs.records import FIRST_TOKEN_MS_FIELDS, SpecFirstTokenProf
 from memra_obs.timeline import FirstTokenRecord, RoundRecord, SessionRecord
 
@@ -131,6 +134,22 @@ def test_an_accept_header_prometheus_client_cannot_parse_gets_text_not_a_500():
         assert headers == [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")]
 
 
+def test_openmetrics_0_0_1_is_answered_in_openmetrics():
+    """OpenMetrics 0.0.1 (Prometheus 2.5-2.32's first choice; all that Datadog's strict
+    OpenMetrics check asks for, then parses with an OpenMetrics parser) is 1.0.0's text:
+    prometheus_client answered text 0.0.4, so no exemplars, and every such check failed."""
+    reg = CollectorRegistry()
+    full_set(PrometheusExporter(reg))
+    for accept in ("application/openmetrics-text; version=0.0.1,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+                   "application/openmetrics-text; version=0.0.1; charset=utf-8"):  # fmt: skip
+        body, headers = encode(reg, accept)
+        assert body == om_latest(reg) and b" # {trace_id=" in body
+        assert headers == [
+            ("Content-Type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
+        ]
+        assert len(list(om_parse(body.decode()))) == 22
+
+
 def test_escaping_dots_is_spelt_as_prometheus_client_spells_it():
     """Prometheus 3 with ``metric_name_escaping_scheme: dots`` asks for ``escaping=dots``: every
     "_" of a name is "__" (``memra__spec__rounds__total``, beside the app's own series
@@ -173,3 +192,10 @@ def test_promtool_check_metrics_reports_nothing():
         ["promtool", "check", "metrics"], input=body, capture_output=True, timeout=60
     )
     assert (p.returncode, p.stdout, p.stderr) == (0, b"", b"")
+
+
+@given(st.one_of(st.integers(0, 2_000_000), st.integers(0, 10**15)))
+def test_a_bucket_count_is_spelt_as_prometheus_client_spells_it(n: int) -> None:
+    """The scrape's shortcut for counts (``f"{n}.0"`` below 10**6) keeps Go's spelling past
+    it (``1e+06``), which the byte-for-byte tests' small counts never reach."""
+    assert _count(n) == floatToGoString(n)

@@ -760,6 +760,23 @@ def test_a_closed_stderr_or_stdout_is_one_status_not_a_traceback(runs, tmp_path)
     assert p.returncode == 2 and sorted(x.name for x in tmp_path.iterdir()) == ["p.html"]
 
 
+def test_matplotlib_with_no_writable_directory_is_one_line_and_status_2(runs, tmp_path):
+    """In a read-only container (no HOME, no writable temp directory) matplotlib cannot start:
+    its OSError was a traceback, status 1; it is one line naming MPLCONFIGDIR, status 2."""
+    (tmp_path / "f").write_text("")
+    pre = ("import sys, tempfile\n"
+           "def nowhere(): raise FileNotFoundError(2, 'No usable temporary directory found')\n"
+           "tempfile.gettempdir = nowhere\n"
+           "from memra_obs.cli import main; sys.exit(main(sys.argv[1:]))")  # fmt: skip
+    env = {k: v for k, v in _env(MPLCONFIGDIR=str(tmp_path / "f" / "mpl")).items() if k != "HOME"}
+    p = subprocess.run([sys.executable, "-c", pre, "report", str(runs["log"]), "-o", "p.html"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)  # fmt: skip
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.splitlines()[-1].startswith("memra-obs report: matplotlib cannot start: ")
+    assert "MPLCONFIGDIR" in p.stderr.splitlines()[-1]
+    assert not (tmp_path / "p.html").exists()
+
+
 def test_page_is_self_contained_and_small(runs):
     """No script, no URL but data: and in-page anchors, under 5 MB; every section there."""
     html = report(runs["log"], runs["spans"], out=runs["tmp"] / "ab2.html")

@@ -16,7 +16,6 @@ import itertools
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -346,8 +345,11 @@ def _lock(directory: str) -> int:
             os.close(fd)
             raise PermissionError(errno.EPERM, f"{lock} is another user's")
     except OSError as exc:
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.EROFS:  # a k8s readOnly: true mount
+            why += "; the agent writes there: mount it read-write"
         raise ConfigError(
-            f"ring directory {directory!r} (--dir, {MEMRA_OBS_AGENT}): {exc.strerror}"
+            f"ring directory {directory!r} (--dir, {MEMRA_OBS_AGENT}): {why}"
         ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -359,8 +361,7 @@ def _lock(directory: str) -> int:
 
 def default_directory() -> str:
     """In memory (like a k8s ``emptyDir: {medium: Memory}``) where there is /dev/shm."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    return os.path.join(base, "memra-obs")
+    return ring_directory("memra-obs")
 
 
 def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None = None,

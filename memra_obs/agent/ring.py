@@ -42,9 +42,12 @@ def check_cpu() -> None:
 
 
 def ring_directory(value: str) -> str:
-    """``MEMRA_OBS_AGENT`` as a directory: a bare name (no ``/``) lives in ``/dev/shm``."""
-    shm = "/" not in value and os.path.isdir("/dev/shm")
-    return os.path.join("/dev/shm", value) if shm else value
+    """``MEMRA_OBS_AGENT`` as a directory: a bare name (no ``/``) lives in ``/dev/shm``, or where
+    there is none (``docker --ipc=none``) in ``$TMPDIR`` or ``/tmp``, for workers and agent alike."""
+    if "/" in value:
+        return value
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR") or "/tmp"
+    return os.path.join(base, value)
 
 
 def own_directory(directory: str) -> None:

@@ -81,7 +81,12 @@ def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> 
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
             sender = FileSender(path, settings.spans_file_max_bytes)
         except OSError as exc:
-            raise ConfigError(f"{settings.named('spans_file')}={path!r}: {exc.strerror}") from None
+            why = exc.strerror or str(exc)
+            if exc.errno in (errno.EACCES, errno.EROFS):  # the default, in a read-only workdir
+                why += (f" ({os.path.abspath(path)}: spans go there when no OTEL_* exporter is "
+                        "set; name a file this process can write, or OTEL_TRACES_EXPORTER=none "
+                        "for no spans)")  # fmt: skip
+            raise ConfigError(f"{settings.named('spans_file')}={path!r}: {why}") from None
         return Output(name, enc(JsonEncoder), sender, max_bytes=256 << 10)
     if name not in _FORCED:
         from importlib.metadata import entry_points

@@ -1,7 +1,7 @@
 """``memra-obs report INPUT... [-o report.html]``: read, compute, draw, write one file. Exit
 status 0 written; 2 a usage error, an unreadable input, an unwritable output (or one that is
-an input), or matplotlib missing (the [report] extra). Nothing here imports numpy or
-matplotlib before the command runs."""
+an input), or matplotlib missing (the [report] extra) or unable to start. Nothing here imports
+numpy or matplotlib before the command runs."""
 
 from __future__ import annotations
 
@@ -63,6 +63,9 @@ def main(args: argparse.Namespace) -> int:
         import matplotlib  # noqa: F401  (it needs numpy)
     except ImportError:
         print("memra-obs report needs matplotlib: pip install 'memra_obs[report]'", file=sys.stderr)
+        return 2
+    except OSError as exc:  # no writable config or temp directory (a read-only container)
+        print(f"memra-obs report: matplotlib cannot start: {exc}", file=sys.stderr)
         return 2
     if len(args.inputs) > 2 or args.inputs.count("-") > 1:
         sys.stderr.write("memra-obs report: one input, or two for A/B (at most one of them -)\n")
