@@ -90,6 +90,9 @@ class FakeCuda:
         self.reads += 1
         return self.free_mb[i] * MIB + MIB // 2
 
+    def has_context(self, i: int) -> bool:
+        return True  # the loop runs on every ordinal
+
 
 # Four cards; NVML enumerates them out of bus order to prove nothing relies on NVML's order.
 CARDS = [
@@ -492,3 +495,63 @@ def test_a_forked_child_reads_nvml_not_a_cuda_context_of_its_own(
         return repr((memory.free_mb_snapshot(), cuda.reads, said)).encode()
 
     assert in_child(child) == b"([(0, 1000)], 0, [])"
+
+
+def test_cudamemgetinfo_reads_only_ordinals_that_have_this_process_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A torchrun rank on an 8-GPU node (all visible, its loop on cuda:0) without nvidia-ml-py:
+    cudaMemGetInfo on ordinals 1-7 created a CUDA context on each (~500 MiB a card, every rank
+    on every GPU). Only an ordinal with this process's context is read; the rest are said."""
+    import sys
+    import types
+
+    from memra_obs.device import memory
+
+    contexts = {0}
+
+    def mem_get_info(i: int) -> tuple[int, int]:
+        contexts.add(i)  # the runtime creates the device's context to answer
+        return (70_000 * MIB, 80_000 * MIB)
+
+    cuda = SimpleNamespace(
+        is_available=lambda: True,
+        device_count=lambda: 8,
+        get_device_properties=lambda i: SimpleNamespace(
+            pci_domain_id=0, pci_bus_id=0x10 + i, pci_device_id=0
+        ),
+        mem_get_info=mem_get_info,
+    )
+    torch = types.ModuleType("torch")
+    torch.cuda = cuda  # type: ignore[attr-defined]
+    torch._C = SimpleNamespace(_cuda_hasPrimaryContext=lambda i: i in contexts)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    m, said = fm(ModuleNotFoundError("No module named 'pynvml'"), memory.torch_query())
+    assert m.snapshot() == [(0, 70_000)]
+    assert contexts == {0}
+    assert any("ordinal 1 has no CUDA context" in s for s in said), said
+    contexts.add(3)  # the loop moves onto ordinal 3 too: read from then on
+    assert m.snapshot() == [(0, 70_000), (3, 70_000)] and contexts == {0, 3}
+
+    # CuPy's: the driver's cuDevicePrimaryCtxGetState (creates nothing), through ctypes.
+    class Driver:
+        init, active = True, {2}
+
+        def cuDeviceGet(self, dev: Any, ordinal: int) -> int:
+            dev._obj.value = ordinal
+            return 0 if self.init else 3  # CUDA_ERROR_NOT_INITIALIZED
+
+        def cuDevicePrimaryCtxGetState(self, dev: Any, flags: Any, active: Any) -> int:
+            active._obj.value = int(dev.value in self.active)
+            return 0
+
+    drv = Driver()
+    monkeypatch.setattr(memory.ctypes, "CDLL", lambda name: drv)
+    memory._libcuda.cache_clear()  # loaded once a process
+    assert [memory.primary_context(i) for i in range(3)] == [False, False, True]
+    drv.init = False
+    assert memory.primary_context(2) is False
+    monkeypatch.setattr(memory.ctypes, "CDLL", lambda name: (_ for _ in ()).throw(OSError(name)))
+    memory._libcuda.cache_clear()  # loaded once a process
+    assert memory.primary_context(2) is None  # no libcuda: cannot tell, read as before
+    memory._libcuda.cache_clear()  # the real one again for later tests

@@ -8,6 +8,8 @@ ordinal. Nothing raises into the loop; each fallback is said once (README, "Free
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import re
 import sys
@@ -115,14 +117,34 @@ def visible_devices(value: str | None, devices: Sequence[NvmlDevice]) -> list[Nv
     return out
 
 
+@functools.cache
+def _libcuda() -> Any:
+    return _try(ctypes.CDLL, "libcuda.so.1")
+
+
+def primary_context(ordinal: int) -> bool | None:
+    """Whether this process holds ``ordinal``'s primary CUDA context (CuPy's and torch's), asked
+    of the driver (``cuDevicePrimaryCtxGetState``, which creates none); None: it cannot tell."""
+    if (cu := _libcuda()) is None:
+        return None
+    dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    if (rc := cu.cuDeviceGet(ctypes.byref(dev), ordinal)) == 3:  # NOT_INITIALIZED: no context
+        return False
+    if rc or cu.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)):
+        return None
+    return bool(active.value)
+
+
 @dataclass(frozen=True)
 class CudaQuery:
-    """The CUDA runtime's view, through CuPy or torch: ordinals, bus ids, ``cudaMemGetInfo``."""
+    """The CUDA runtime's view, through CuPy or torch: ordinals, bus ids, ``cudaMemGetInfo``, and
+    whether an ordinal has this process's context (``cudaMemGetInfo`` would create one)."""
 
     name: str
     count: Callable[[], int]
     bus_id: Callable[[int], object]
     free_bytes: Callable[[int], int]
+    has_context: Callable[[int], bool | None] = primary_context
 
 
 def cupy_query() -> CudaQuery:
@@ -148,7 +170,9 @@ def torch_query() -> CudaQuery:
         return (int(p.pci_domain_id), int(p.pci_bus_id), int(p.pci_device_id))
 
     count = lambda: int(c.device_count()) if c.is_available() else 0  # noqa: E731
-    return CudaQuery("torch", count, bus_id, lambda ordinal: int(c.mem_get_info(ordinal)[0]))
+    free = lambda ordinal: int(c.mem_get_info(ordinal)[0])  # noqa: E731
+    ctx = lambda ordinal: bool(torch._C._cuda_hasPrimaryContext(ordinal))  # noqa: E731
+    return CudaQuery("torch", count, bus_id, free, ctx)
 
 
 def default_cuda() -> CudaQuery | None:
@@ -314,6 +338,11 @@ class FreeMemory:
                             for x in self._slots or []
                         ]
         if cuda is None:
+            return None
+        if _try(cuda.has_context, i) is False:  # a context is ~500 MiB of a card the loop spares
+            self._say("no-context", f"ordinal {i} has no CUDA context in this process, and "
+                      "cudaMemGetInfo would create one: skipped, as is any such ordinal (NVML, "
+                      "nvidia-ml-py, reads them without)")  # fmt: skip
             return None
         try:
             return int(cuda.free_bytes(i)) // MIB

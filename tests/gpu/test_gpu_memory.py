@@ -70,7 +70,9 @@ def test_nvml_and_cudamemgetinfo_agree_and_see_an_allocation(backend: str) -> No
     nv, cu = nvml_only(backend), cuda_only(backend)
     assert all(s.source == "nvml" for s in nv.slots()), nv.slots()
     assert all(s.source == "cuda" for s in cu.slots())
-    cu.snapshot()  # contexts exist on every device before anything is compared
+    q = query(backend)
+    for i in range(q.count()):  # contexts on every device before anything is compared (the
+        q.free_bytes(i)  # cudaMemGetInfo path reads only an ordinal with this process's context)
     a0, n0, b0 = cu.snapshot(), nv.snapshot(), cu.snapshot()
     buf = alloc(backend, ALLOC_MIB)
     a1, n1 = cu.snapshot(), nv.snapshot()
@@ -117,12 +119,39 @@ CHILD = textwrap.dedent(
 )
 
 
+NO_CONTEXT = textwrap.dedent(
+    """
+    import json, sys
+    from memra_obs.device.memory import FreeMemory, cupy_query, torch_query
+    q = {"cupy": cupy_query, "torch": torch_query}[sys.argv[1]]()
+    def no_nvml():
+        raise ModuleNotFoundError("forced: cudaMemGetInfo path")
+    said = []
+    fm = FreeMemory(nvml=no_nvml, cuda=lambda: q, report=lambda k, m: said.append(m))
+    first = fm.snapshot()
+    ctx = [q.has_context(i) for i in range(q.count())]
+    q.free_bytes(0)  # the loop's context on ordinal 0 (this call creates it)
+    then, ctx0 = fm.snapshot(), q.has_context(0)
+    print("CHILD" + json.dumps({"first": first, "ctx": ctx, "then": then, "ctx0": ctx0, "said": said}))
+    """
+)
+
+
+def test_cudamemgetinfo_creates_no_context(backend: str) -> None:
+    """A fresh process on the cudaMemGetInfo path: no ordinal has its context, so none is read
+    (and none created); once ordinal 0 has one, it alone is read."""
+    got = child(backend, code=NO_CONTEXT)
+    print(f"\n[gpu] {backend} no-context child: {got}")
+    assert got["first"] == [] and not any(got["ctx"]), got
+    assert [o for o, _ in got["then"]] == [0] and got["ctx0"] is True, got
+
+
 def parent_buses(backend: str) -> list[str]:
     q = query(backend)
     return [format_bus_id(parse_bus_id(q.bus_id(i))) for i in range(q.count())]
 
 
-def child(mode: str, **env: str) -> dict[str, Any]:
+def child(mode: str, code: str = CHILD, **env: str) -> dict[str, Any]:
     e = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
@@ -131,7 +160,7 @@ def child(mode: str, **env: str) -> dict[str, Any]:
         e.pop(k, None)
     e.update(env)
     r = subprocess.run(
-        [sys.executable, "-c", CHILD, mode], capture_output=True, text=True, env=e, timeout=300
+        [sys.executable, "-c", code, mode], capture_output=True, text=True, env=e, timeout=300
     )
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("CHILD"))
