@@ -80,7 +80,7 @@ def _error_text(exc: BaseException) -> str:
     except Exception:
         msg = ""
     name = type(exc).__name__
-    return f"{name}: {msg}"[:256] if msg else name
+    return f"{name}: {msg}" if msg else name
 
 
 def _stream(name: str, v: Stream | None) -> Stream | None:
@@ -263,7 +263,8 @@ class Session:
         fo, log = self._obs._fan, self.log
         if log is not None and not log.summarized:
             self._summarize(fo, log)
-        err = error if isinstance(error, str) else _error_text(error) if error else ""
+        # <= 256 characters, a loop's own text too: the same in-process as through the ring
+        err = (error if isinstance(error, str) else _error_text(error) if error else "")[:256]
         rec = SessionEndRecord(self.id, now_ns(), self._rounds, self._bursts, self._tokens, err,
                                self._advice)  # fmt: skip
         fan(fo.on_session_end, "on_session_end", rec)

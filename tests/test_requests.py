@@ -284,3 +284,32 @@ def test_num_spec_tokens_is_the_configured_k_not_the_largest_round_k(tmp_path, m
     SpanBuilder().add(keep.records, spans)
     attrs = dict(next(sp for sp in spans if sp[0] == "spec.session")[6])
     assert attrs["memra.spec.request.num_spec_tokens"] == s.spec_decode()["num_spec_tokens"] == 4
+
+
+@pytest.mark.parametrize("mode", ["in-process", "agent"])
+def test_a_long_error_is_the_same_256_characters_in_process_and_through_the_agent(tmp_path, mode):
+    """A failed request's ``error`` is at most 256 characters, a loop's own text
+    (``s.end(traceback.format_exc())``) as an exception's: in-process a str went whole into the
+    requests file and the span status (4,567 characters), through the agent the ring cut it to
+    ~1,700, so one request read differently by mode."""
+    path = tmp_path / "requests.jsonl"
+    env = {
+        "MEMRA_OBS_SINKS": "",
+        "MEMRA_OBS_METRICS_ADDR": "",
+        "MEMRA_OBS_REQUESTS_FILE": str(path),
+    }
+    if mode == "agent":
+        env = {**env, "MEMRA_OBS_AGENT": str(tmp_path), "MEMRA_OBS_SINKS": "prometheus"}
+        del env["MEMRA_OBS_REQUESTS_FILE"]
+    obs = build_observer(env=env, level=0, prof=False)
+    text = "RuntimeError: CUDA error: an illegal memory access\n" + "  File x, line 1\n" * 300
+    s = obs.session("glm5")
+    _rounds(s.burst(4), [(4, 2)])
+    s.end(text)
+    with pytest.raises(RuntimeError), obs.session("glm5") as s, s.burst(4):
+        raise RuntimeError("CUDA out of memory. " * 50)
+    obs.shutdown(5.0)
+    if mode == "agent":
+        _agent_writes(tmp_path, env, path)
+    got = [json.loads(line)["error"] for line in path.read_text().splitlines()]
+    assert got == [text[:256], f"RuntimeError: {'CUDA out of memory. ' * 50}"[:256]]

@@ -98,7 +98,8 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...], tuple[float, ...], str], ...] = (
     ("memra_obs_dropped", C, ("signal",), (),
      "Telemetry the instrument dropped instead of blocking the loop (signal: records = "
      "the hand-off queue was full; spans = a span exporter's queue was full; rounds = a "
-     "round with counts no loop produces; ring = records a lapped agent ring lost)."),
+     "round with counts no loop produces, or one an exception out of the loop cut; ring = "
+     "records a lapped agent ring lost)."),
     ("memra_obs_export_errors", C, ("signal",), (),
      "Exports that failed (signal: records = an exporter raised on a batch; spans = a "
      "span export failed; metrics = a record this exporter could not aggregate; requests "
