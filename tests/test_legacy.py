@@ -256,6 +256,25 @@ def test_a_line_in_a_json_record_is_ours_whatever_its_field():
     assert parse_line(deep) is None and parse_line('{"msg":"[spec-prof] x"}') is None
 
 
+def test_a_journald_message_held_as_bytes_is_ours():
+    """``journalctl -o json`` gives a MESSAGE holding a control character (a progress bar's
+    ``\\r`` before the line, a colour's escape) as its bytes, a list of numbers: those lines
+    (every line after a tqdm update, every coloured one) were nobody's, a tail of 0 rounds."""
+    import json
+
+    for line in GOLDEN.read_text().splitlines():
+        want = parse_line(line)
+        for msg in (f" 40%|####      | 4/10\r{line}", f"\x1b[33m{line}\x1b[0m"):
+            for rec in (
+                {"__CURSOR": "s=1", "MESSAGE": list(msg.encode()), "_PID": "42"},
+                {"MESSAGE": list(f"{msg}\n".encode())},
+            ):
+                assert parse_line(json.dumps(rec)) == want, rec
+                assert parse_line(json.dumps(rec, indent=None, separators=(" , ", " : "))) == want
+    for bad in ([-1], [256], ["a"], [[91]]):  # not bytes: nobody's line, never a raise
+        assert parse_line(json.dumps({"MESSAGE": bad, "x": "[glm5-phase] rounds=1"})) is None
+
+
 @pytest.mark.parametrize(
     ("line", "why"),
     [

@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from test_tail_follow import cri_parts
+from test_tail_follow import cri_parts, docker_parts
 
 from memra_obs.analysis import advise
 from memra_obs.legacy import AdviceLine, FirstTokenLine, RoundsLine, SummaryLine, parse_line
@@ -948,7 +948,7 @@ def test_long_bursts_of_a_trace_only_log_cost_a_record_each(tmp_path):
 
 def test_a_pods_log_as_its_collector_wrote_it_reads_as_the_workers(runs, tmp_path):
     """The log as /var/log/pods holds it (CRI: ``<time> stderr F ``, also with lines in ``P``
-    parts) or Docker's json-file: the records of the plain log (it was an empty page, exit 0, "a trace-only log"). A log with
+    parts) or Docker's json-file (also with lines in 16 KiB parts): the records of the plain log (it was an empty page, exit 0, "a trace-only log"). A log with
     no tagged line at all says so in the closing line."""
     import json
 
@@ -962,11 +962,12 @@ def test_a_pods_log_as_its_collector_wrote_it_reads_as_the_workers(runs, tmp_pat
         "".join(json.dumps({"log": x + "\n", "stream": "stderr"}) + "\n" for x in lines)
     )
     (parts := tmp_path / "cri-parts.log").write_bytes(cri_parts(lines))  # lines in P parts
+    (dparts := tmp_path / "docker-parts.log").write_bytes(docker_parts(lines))  # 16 KiB parts
 
     def seen(run):  # rebuilt boundaries are drawn anew each read: the counts and costs
         return len(run.sessions), run.kinds, [(r.k, r.j, r.ctx, r.split_ns) for r in run.rounds]
 
-    for path in (cri, dock, parts):
+    for path in (cri, dock, parts, dparts):
         assert seen(read(str(path))) == seen(plain)
     (other := tmp_path / "other.log").write_text("INFO started\nINFO serving\n")
     p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "report", str(other), "-o", str(tmp_path / "o.html")],

@@ -293,6 +293,47 @@ def cri_parts(lines: list[str], seed: int = 3) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
+def docker_parts(lines: list[str], cut: int = 16384) -> bytes:
+    """``lines`` behind a progress bar's ``\\r`` updates (no newline while it runs), as Docker's
+    json-file holds them: the daemon cuts a line at 16 KiB into records whose ``log`` lacks the
+    newline, here inside each legacy line; a stdout record between the parts."""
+    import json
+
+    bar = "".join(
+        f"\r{i % 100:3d}%|{'#' * (i % 40):40s}| {i}/999 [00:01<00:09]" for i in range(999)
+    )
+    out = []
+    for i, x in enumerate(lines):
+        head = bar[: cut - 1 - (37 * i) % len(x)] + x + "\n"  # the cut falls inside x
+        for at in range(0, len(head), cut):
+            rec = {"log": head[at : at + cut], "stream": "stderr", "time": "2026-12-04T23:30:04Z"}
+            out += [json.dumps(rec, separators=(",", ":")), '{"log":"INFO\\n","stream":"stdout"}']
+    return ("\n".join(out) + "\n").encode()
+
+
+def test_a_docker_log_whose_lines_came_in_16k_parts_gives_every_round():
+    """A legacy line glued behind a progress bar's updates lands in a line over 16 KiB, which
+    Docker's json-file stores in parts (a ``log`` without its newline): each part alone was
+    another program's line, the rounds of every line a cut fell in lost, said nowhere. The
+    parts are joined per stream, as ``docker logs`` prints them."""
+    lines = worker_lines(3)
+    want: list[Any] = []
+    plain = Tail(Rebuilder("w"), want.extend, out=None, notes=lambda s: None)
+    plain.feed(("\n".join(lines) + "\n").encode(), time.perf_counter_ns())
+    plain.close(time.perf_counter_ns())
+    blob, got = docker_parts(lines), []
+    tail = Tail(Rebuilder("w"), got.extend, out=None, notes=lambda s: None)
+    for i in range(0, len(blob), 4096):
+        tail.feed(blob[i : i + 4096], time.perf_counter_ns())
+    tail.close(time.perf_counter_ns())
+    rounds = [[(r.k, r.j, r.ctx) for r in x if type(r) is RoundRecord] for x in (want, got)]
+    assert len(rounds[0]) == 3 * 14 and rounds[1] == rounds[0]
+    assert tail.stats.total_malformed == tail.stats.total_orphans == 0
+    assert {k: v for k, v in tail.stats.lines.items() if k != "other"} == {
+        k: v for k, v in plain.stats.lines.items() if k != "other"
+    }
+
+
 def test_a_pods_log_whose_lines_came_in_cri_parts_gives_every_round():
     """A CRI log (/var/log/pods) whose lines the runtime wrote in ``P`` parts is read as the
     worker wrote it: each line joined from its parts, per stream, before it is parsed (each part

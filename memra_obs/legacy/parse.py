@@ -183,6 +183,7 @@ def parse_line(line: str) -> LegacyLine | None:
 
 _CSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]").sub
 _MESSAGE = ("log", "message", "MESSAGE", "line")  # a JSON record's line (see _behind_prefix)
+_BLOB = re.compile(r'"MESSAGE" ?: ?\[').search
 
 
 def _behind_prefix(line: str, rest: str) -> LegacyLine | None:
@@ -190,10 +191,11 @@ def _behind_prefix(line: str, rest: str) -> LegacyLine | None:
     timestamp, ``kubectl logs --prefix``'s ``[pod/p/c] ``, CRI's ``<time> stderr F ``, a JSON
     record's ``log`` (Docker, Fluent Bit), ``message`` (Vector, stern), ``MESSAGE`` (journald),
     ``line`` (logcli): they read as no line at all. Only a whole, well-formed line is taken."""
-    if rest[:1] == "{" and _WRAPPED(rest):  # one JSON record a line: the line is a field of it
-        try:
+    if rest[:1] == "{" and (_WRAPPED(rest) or _BLOB(rest)):  # a JSON record: a field holds it
+        try:  # journald's MESSAGE with a \r or an escape code in it is its bytes, as numbers
             rec = json.loads(rest)
-            rest = str(next(rec[k] for k in _MESSAGE if k in rec))
+            v = next(rec[k] for k in _MESSAGE if k in rec)
+            rest = bytes(v).decode("utf-8", "replace") if isinstance(v, list) else str(v)
         except (ValueError, TypeError, RecursionError, StopIteration):  # "[[[..." a mile deep
             return None
     if "\x1b" in rest:  # a coloured line: its escape codes are no part of the legacy line
@@ -215,26 +217,36 @@ class CriJoin:
     """A CRI log's ``P`` parts joined to their ``F`` line, as the kubelet joins them: a runtime
     writes a line it got in pieces as parts (CRI-O's conmon at each read of the pipe,
     containerd past 16 KiB), and each part alone is a damaged line behind a prefix, not claimed:
-    its round was lost unsaid. ``join(line)``: a part is held (per stream, up to ``limit``
-    characters: a longer line is read as nothing) and read as ``""``; the ``F`` line after it
-    comes back whole; other lines as they are."""
+    its round was lost unsaid. So are Docker json-file's: a record whose ``log`` lacks its
+    newline (the daemon cuts a line at 16 KiB: a progress bar's ``\\r`` updates, a legacy line
+    after them). ``join(line)``: a part is held (per stream, up to ``limit`` characters: a
+    longer line is read as nothing) and read as ``""``; the line that ends it comes back whole
+    (a Docker line as its bare text); other lines as they are."""
 
     def __init__(self, limit: int = 1 << 20) -> None:
         self.limit = limit
         self._held: dict[str, str | None] = {}  # a stream's parts so far; None: past the limit
 
     def __call__(self, line: str) -> str:
-        m = _CRI_HEAD(line)
-        if m is None:
-            return line
-        at, held = m.end(), self._held.pop(m.group(1), "")
-        if m.group(2) == "P":
-            part = None if held is None else held + line[at:]
-            self._held[m.group(1)] = part if part is None or len(part) <= self.limit else None
+        if m := _CRI_HEAD(line):
+            stream, head, body, last = m.group(1), line[: m.end()], line[m.end() :], m.group(2)
+        elif line[:8] != '{"log":"' or ('\\n","stream":"' in line and not self._held):
+            return line  # not a part (one substring search for a whole Docker record)
+        else:
+            try:
+                rec = json.loads(line)
+                stream, head, body = "docker " + rec["stream"], "", rec["log"]
+                last = "F" if body.endswith("\n") else "P"
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+                return line
+        held = self._held.pop(stream, "")
+        if last == "P":
+            part = None if held is None else held + body
+            self._held[stream] = part if part is None or len(part) <= self.limit else None
             return ""
         if held is None:  # the end of a line past the limit: nobody's legacy line
             return ""
-        return line[:at] + held + line[at:] if held else line
+        return head + held + body if held else line
 
 
 def _durations(line: str, values: Sequence[str], kind: str) -> tuple[float, ...]:
