@@ -606,3 +606,61 @@ def test_the_readme_sizes_the_ring_directory_for_the_rings_it_holds(tmp_path):
     each, ranks, want = float(m[1]), int(m[2]), int(m[3])
     assert each * 2**20 >= size
     assert want * 2**20 >= (ranks + HELD_RINGS) * size
+
+
+def test_a_worker_that_dies_mid_session_ends_it_with_what_it_did(tmp_path):
+    """The agent's WorkerGone end holds the rounds, bursts and tokens it read and closes at the
+    session's last stamp (the burst's return, after its last round); a session recorded with
+    no worker label carries the ring's."""
+    import itertools
+
+    from memra_obs.agent.reader import RingStream
+
+    sink = RingSink(str(tmp_path), worker="w9", slots=1024, table_entries=8)
+    sink.on_session(SessionRecord(7, "spec", "t", "tv", "", 1, 1, 1, 5, 6, 0, 0, False))
+    for i in range(2):
+        sink.on_round(RoundRecord(7, 0, i, (1, 2, 3, 4, 5, 6 + i), 4, 2, 100, 0, None))
+    ph = SpecPhaseNs(2, 2, 2, 2, 2, 2)
+    sink.on_burst(BurstRecord(7, 0, 4, 1, 50, ph, None, 7, 0, 0))
+    sink.shutdown()
+    s = RingStream(sink.path, itertools.count(1))
+    s.writer_gone()
+    out: list = []
+    assert s.publish(out, 4096)
+    assert out[0].worker == "w9"
+    end = out[-1]
+    assert (end.error, end.rounds, end.bursts, end.tokens, end.end_ns_mono) == (
+        "WorkerGone",
+        2,
+        1,
+        7,
+        50,
+    )
+    s.close()
+
+
+def test_what_a_previous_agent_read_counts_drafting_rounds_and_the_largest_k(tmp_path):
+    """A restarted agent's PriorRecord: rounds that drafted nothing (k = 0) are no draft step
+    of the request's record, and its k is the largest burst's, not the last's."""
+    import itertools
+
+    from memra_obs.agent.reader import RingStream
+
+    sink = RingSink(str(tmp_path), worker="w", slots=1024, table_entries=8)
+    sink.on_session(SessionRecord(7, "spec", "t", "tv", "w", 1, 1, 1, 5, 6, 0, 0, False))
+    ph = SpecPhaseNs(1, 1, 1, 1, 1, 1)
+    for b, k in enumerate((4, 0, 2)):
+        sink.on_round(RoundRecord(7, b, b, (1, 2, 3, 4, 5, 6), k, min(k, 1), 100, 0, None))
+        sink.on_burst(BurstRecord(7, b, k, 1, 6, ph, None, 2, 0, b))
+    a = RingStream(sink.path, itertools.count(1))
+    a.publish([], 4096)
+    a.commit(a.cursor())
+    a.close()
+    sink.shutdown()
+    b = RingStream(sink.path, itertools.count(100))
+    b.writer_gone()
+    out: list = []
+    b.publish(out, 4096)
+    (prior,) = [r for r in out if type(r).__name__ == "PriorRecord"]
+    assert (prior.ks, prior.js, prior.k) == ((4, 2), (1, 1), 4)
+    b.close()

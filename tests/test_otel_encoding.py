@@ -211,3 +211,52 @@ def test_partial_success_is_read_without_opentelemetry_proto():
     assert rejected_spans(m.SerializeToString()) == 7
     assert rejected_spans(b"") == 0
     assert rejected_spans(b"\xff\xff") == 0
+
+
+_EDGES = [0, 127, 128, 255, 256, 16383, 16384, 2097151, 2097152, 268435455, 268435456]
+_EDGES += [2**35 - 1, 2**35, 2**63 - 1]
+
+
+def test_varint_at_every_length_boundary():
+    """Each unrolled size and the loop, at both sides of its edge (the random draw's misses)."""
+    m = ExportTraceServiceResponse()
+    for n in _EDGES[1:]:  # 0 is the default: not on the wire
+        m.partial_success.rejected_spans = n
+        assert m.SerializeToString() == b"\x0a" + varint(len(varint(n)) + 1) + b"\x08" + varint(n)
+
+
+def test_int_edges_and_u64s_are_the_same_in_both_writers():
+    """Ints at the small-int cache's and each varint size's edge, and a u64 past int64 (a hash,
+    an address) in a span, an array and the resource: int64 two's complement in both writers."""
+    big = 2**64 - 1
+    attrs = tuple((f"a{i}", v) for i, v in enumerate([*_EDGES, 2**63, big, -1]))
+    sp = ("spec.round", 0xAB, 0xCD, 0xEF, 10, 20, (*attrs, ("arr", (big, 3))), None)
+    res = {**RESOURCE, "u64": big}
+    want = (*attrs[:-3], ("a14", -(2**63)), ("a15", -1), ("a16", -1), ("arr", (-1, 3)))
+    msg = _proto([sp], res)
+    _check((*sp[:6], want, None), msg.resource_spans[0].scope_spans[0].spans[0])
+    enc = JsonEncoder(res, "memra_obs", "9.9")
+    frags: list[str] = []
+    line = enc.request(frags, enc.spans([sp], frags))
+    assert enc.bad == 0
+    json_format.Parse(line, ExportTraceServiceRequest())  # accepted as it is
+    assert json_format.MessageToDict(_json_to_proto(line)) == json_format.MessageToDict(msg)
+
+
+def test_a_resource_schema_url_keeps_the_request_well_formed():
+    """The SDK resource's schema_url (a detector sets one) is written in both writers and the
+    protobuf request's lengths still add up."""
+    url = "https://opentelemetry.io/schemas/1.21.0"
+    sp = ("spec.round", 0xAB, 0xCD, 0, 10, 20, (("k", 4),), None)
+    protos = []
+    for cls in (ProtoEncoder, JsonEncoder):
+        enc = cls(RESOURCE, "memra_obs", "9.9", schema_url=url)
+        frags: list = []
+        raw = enc.request(frags, enc.spans([sp, sp], frags))
+        msg = _json_to_proto(raw) if cls is JsonEncoder else ExportTraceServiceRequest()
+        if cls is ProtoEncoder:
+            msg.ParseFromString(raw)
+        (rs,) = msg.resource_spans
+        assert rs.schema_url == url and len(rs.scope_spans[0].spans) == 2
+        protos.append(json_format.MessageToDict(msg))
+    assert protos[0] == protos[1]

@@ -12,9 +12,15 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from memra_obs.observer import Observer
 from memra_obs.otel.spans import PHASE_SPAN_NAMES, SpanBuilder, burst_span_id, round_span_id
-from memra_obs.records import VerifySplit
+from memra_obs.records import SpecFirstTokenProf, VerifySplit
 from memra_obs.testing import RecordingSink
-from memra_obs.timeline import SessionRecord, to_epoch_ns
+from memra_obs.timeline import (
+    FirstTokenRecord,
+    RoundRecord,
+    SessionEndRecord,
+    SessionRecord,
+    to_epoch_ns,
+)
 
 NAME, TID, SID, PID, START, END, ATTRS, STATUS = range(8)
 
@@ -611,3 +617,75 @@ def test_every_session_span_attribute_is_in_the_readme_table():
         keys = {prefix + "*" if k.startswith(prefix) else k for k in keys}
     assert {"memra.spec.bursts_unsampled", "memra.spec.unfinished", "error.type"} <= keys
     assert not [k for k in sorted(keys) if f"`{k}`" not in table]
+
+
+def _session(sid=0x77):
+    """A SessionRecord by hand: mono = epoch - 10**18, so span times read as ns from 10**18."""
+    return SessionRecord(1, "glm5", "", "", "w", 1000, 1000, 10**18 + 1000, 5, sid, 0, 1, False)
+
+
+def _spans(*records, finish=False):
+    out: list = []
+    b = SpanBuilder()
+    b.add(records, out)
+    if finish:
+        b.finish_open(out)
+    return {sp[NAME]: sp for sp in out}, out
+
+
+def test_a_run_of_equal_rounds_counts_every_round_it_stands_for():
+    """A tail-rebuilt round with repeat=3 and unknown counts: the unfinished burst and session
+    end after the third round, hold its three bonus tokens and three rounds' phase time."""
+    t = (1000, 1100, 1300, 1400, 1500, 1600)
+    r = RoundRecord(1, 0, 0, t, -1, -1, 0, 0, None, repeat=3)
+    by, out = _spans(_session(), r, finish=True)
+    assert [sp[NAME] for sp in out].count("spec.round") == 3
+    burst, session = dict(by["spec.burst"][ATTRS]), by["spec.session"]
+    assert burst["memra.spec.rounds"] == 3 and burst["memra.spec.tokens"] == 3
+    assert by["spec.burst"][END] == session[END] == 10**18 + 1600 + 2 * 600
+    sa = dict(session[ATTRS])
+    assert sa["memra.spec.request.draft_ms"] == pytest.approx(3 * 100 / 1e6)
+    assert sa["memra.spec.request.verify_ms"] == pytest.approx(3 * 200 / 1e6)
+
+
+def test_round_attributes_rate_and_a_verify_rest_that_cannot_go_negative():
+    """acceptance_rate is j/k; rest_ns (verify minus kda and mla) is 0, never negative, when
+    the level-2 split adds up past the verify phase."""
+    t = (1000, 1100, 1300, 1400, 1500, 1600)  # verify: 200 ns
+    r = RoundRecord(1, 0, 0, t, 4, 3, 10, 2, (300, 100, 400, 50))
+    by, _ = _spans(_session(), r, finish=True)
+    assert dict(by["spec.round"][ATTRS])["memra.spec.acceptance_rate"] == 0.75
+    v = dict(by["spec.verify"][ATTRS])
+    assert v["memra.spec.verify.rest_ns"] == 0 and v["memra.spec.verify.mla_ns"] == 400
+
+
+def test_first_token_buckets_empty_ones_left_out_and_nesting_at_the_edge():
+    """A bucket that took no time gets no span; a round-1 bucket starting exactly where the
+    first burst starts sits under it."""
+    iv = (
+        ("cache_alloc", 1000, 1200),
+        ("prime", 1200, 1200),  # empty
+        ("first_burst", 1300, 2000),
+        ("first_draft", 1300, 1400),  # starts with the burst
+    )
+    rec = FirstTokenRecord(1, SpecFirstTokenProf(), iv)
+    by, out = _spans(_session(), rec, finish=True)
+    names = [sp[NAME] for sp in out]
+    assert "spec.first_token.prime" not in names
+    assert by["spec.first_token.first_draft"][PID] == by["spec.first_token.first_burst"][SID]
+
+
+def test_a_session_span_ends_no_earlier_than_what_it_holds():
+    """An end record stamped before the last round's end (clocks settled past it): the session
+    span still ends at the round's end, so no child outlives it."""
+    t = (1000, 1100, 1300, 1400, 1500, 1600)
+    r = RoundRecord(1, 0, 0, t, 4, 3, 10, 2, None)
+    end = SessionEndRecord(1, 1500, 1, 1, 4, "")
+    by, _ = _spans(_session(), r, end)
+    assert by["spec.session"][END] == by["spec.round"][END] == 10**18 + 1600
+
+
+def test_derived_span_ids_are_never_zero():
+    """A zero span id is invalid in OTLP: the id that would XOR to 0 is 1."""
+    gamma = 0x9E3779B97F4A7C15
+    assert round_span_id((2 * gamma) & (2**64 - 1), 0) == 1
