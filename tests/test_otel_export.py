@@ -12,6 +12,7 @@ import os
 import re
 import socket
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -889,9 +890,16 @@ def test_headers_http_and_grpc_can_send_are_taken():
     assert OtlpConfig.from_env(env).headers == (("X-Tenant", "a b~"),)
 
 
-def test_sdk_exporter_by_entry_point_gets_readable_spans(capfd):
+def test_sdk_exporter_by_entry_point_gets_readable_spans(capfd, monkeypatch):
     """OTEL_TRACES_EXPORTER=console: the SDK's ConsoleSpanExporter, loaded by entry point,
     prints the spans built from our tuples (the slow, universal path)."""
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    # Its default ``out`` is the sys.stdout of the SDK's first import: in this suite, maybe
+    # an earlier test's capture, closed since (bench_observer imports the SDK).
+    init = ConsoleSpanExporter.__init__
+    outs = tuple(sys.stdout if hasattr(d, "write") else d for d in init.__defaults__)
+    monkeypatch.setattr(init, "__defaults__", outs)
     obs, _q, ex = make({"OTEL_TRACES_EXPORTER": "console"}, prof=False)
     run_session(obs, bursts=(1,), prof=False)
     obs.shutdown(5)
