@@ -551,6 +551,16 @@ def test_a_session_ended_with_a_long_or_undecodable_error_still_ends(tmp_path):
     assert long.startswith(got[0].error) and len(got[0].error) > 1000
     assert got[1].error == "bad ? byte" and got[1].advice == "advice"
     sink.shutdown()
+    # Every length about the largest record's room, and cuts inside a 2-byte character.
+    sink = RingSink(str(tmp_path / "b"), worker="w", slots=1024, table_entries=8)
+    errs = ["E" * n for n in range(1730, 1760)] + ["x" * i + "é" * 900 for i in range(4)]
+    for sid, err in enumerate(errs, start=1):
+        sink.on_session_end(SessionEndRecord(sid, 5, 1, 1, 2, err, "advice"))
+    assert sink.refused == 0
+    got = [_plain(i) for i in _read_all(sink.path)]
+    assert [r.session for r in got] == list(range(1, len(errs) + 1))
+    assert all(e.startswith(r.error) and len(r.error) > 800 for e, r in zip(errs, got, strict=True))
+    sink.shutdown()
 
 
 def test_a_session_a_previous_agent_read_is_ended_when_its_writer_dies(tmp_path):

@@ -3,6 +3,7 @@ and the by-position counter increments."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -168,3 +169,31 @@ def test_extrapolated_expected_tokens_cover_under_a_true_flat_tail():
     cov = [h / seeds for h in hit[3:]]
     print(f"\nE(3..5) coverage: {cov}")
     assert all(abs(c - 0.95) <= 3.5 * math.sqrt(0.95 * 0.05 / seeds) for c in cov), cov
+
+
+def test_the_flat_tail_pools_the_deepest_positions_until_30_rounds_at_risk():
+    """The tail is the deepest position's rate when it alone has 30 rounds at risk; with 29 it
+    pools the next one up too (README: "pooled until 30 rounds at risk")."""
+    est = estimate_acceptance([Round(2, 2)] * 20 + [Round(2, 1)] * 10 + [Round(2, 0)] * 70)
+    assert est.positions[1].at_risk == 30 and est.tail == est.positions[1].alpha
+    est = estimate_acceptance([Round(2, 2)] * 19 + [Round(2, 1)] * 10 + [Round(2, 0)] * 71)
+    assert est.positions[1].at_risk == 29 and est.tail.value == (29 + 19) / (100 + 29)
+
+
+def test_survival_bounds_never_rise_with_position():
+    """S(i+1) = P(drafts 0..i accepted) cannot grow with i: nor can its interval's ends, also
+    where a position accepted nothing out of one round at risk (its Wilson upper end is wide)."""
+    kj = [(1, 0), (1, 1), (2, 0), (3, 1), (4, 0), (4, 0), (4, 0), (4, 1), (5, 3), (5, 4)]
+    s = [p.survival for p in estimate_acceptance([Round(k, j) for k, j in kj]).positions]
+    assert len(s) == 5 and s[-1].value == 0.0
+    for a, b in itertools.pairwise(s):
+        assert b.value <= a.value and b.lo <= a.lo and b.hi <= a.hi
+
+
+def test_a_fully_accepting_loop_expects_at_most_k_plus_one_tokens():
+    """j == k always: E(k) is 1 + k and its interval never reaches past it (a round drafting k
+    commits k + 1 tokens at most), past the data too."""
+    est = estimate_acceptance([Round(k, k) for k in range(1, 7)] * 5)
+    for k in range(1, 10):
+        e = est.expected_tokens(k)
+        assert e.value == 1 + k and e.lo < e.value and e.hi <= 1 + k

@@ -317,3 +317,61 @@ def test_a_plain_step_that_is_not_a_positive_time_is_refused() -> None:
     rs = rounds(CURVES["flat"], 64, random.Random(1), uniform(1, 4), COSTS["cheap-draft"])
     with pytest.raises(ValueError, match="plain_step_ns"):
         advise(rs, clock="host", plain_step_ns=-1.0)
+
+
+def test_a_slope_fitted_negative_is_clamped_to_zero():
+    """Draft time falling with k (noise in a flat regime): the per-token cost is 0, not
+    negative (a longer draft would read as cheaper), and the model says so."""
+    rs = [Round(k, 1, (2_000_000 - 100_000 * k, 1_000_000 + 100_000 * (k + 1), 1, 1, 1))
+          for k in (1, 2, 3, 4) * 20]  # fmt: skip
+    m = fit_costs(rs, clock="host")
+    assert m.draft_per_token_ns.value == 0.0 and "draft slope fitted negative" in m.assumption
+    assert m.draft_fixed_ns.value == pytest.approx(2_000_000 - 100_000 * 2.5)
+    assert m.verify_per_row_ns.value == pytest.approx(100_000)
+
+
+def test_ties_recommend_the_smaller_k():
+    """Position 1 never accepted and costs flat in k: every k gives the same tokens/s, and the
+    smaller k is advised (README: "smaller k on ties")."""
+    ph = (100_000, 1_000_000, 100_000, 100_000, 100_000)
+    a = advise([Round(2, 1, ph)] * 40 + [Round(1, 0, ph)] * 40, clock="host")
+    assert a is not None and len({p.tokens_per_s.value for p in a.curve[:4]}) == 1
+    assert a.recommended_k == 1
+
+
+def test_current_tokens_per_s_is_read_at_the_nearest_k():
+    """Mean k 2.75: the model's throughput now is the curve's at k = 3."""
+    c = COSTS["launch-bound"]
+    rs = rounds(CURVES["decaying"], 400, random.Random(2), lambda r: 2, c)
+    rs = [Round(3 if i % 4 else 2, min(r.j, 2), r.ph) for i, r in enumerate(rs)]
+    a = advise(rs, clock="host")
+    assert a is not None and a.current_k == 2.75
+    assert a.current_tokens_per_s == a.curve[2].tokens_per_s != a.curve[1].tokens_per_s
+
+
+def test_with_exact_costs_the_throughput_interval_is_e_of_ks():
+    """Phases exactly linear in k (no residual): the throughput at each k and the speedup over
+    a measured plain step carry E(k)'s own asymmetric interval, scaled."""
+    rs = [Round(r.k, r.j, (100_000 * r.k, 1_000_000 + 50_000 * (r.k + 1), 7, 5, 3))
+          for r in rounds(CURVES["cliff"], 300, random.Random(4), uniform(1, 6))]  # fmt: skip
+    a = advise(rs, clock="host", plain_step_ns=900_000.0)
+    assert a is not None and a.costs.var_round == 0.0
+    for p in a.curve:
+        e, s = p.expected_tokens, 1e9 / p.round_ns
+        assert p.tokens_per_s == pytest.approx((e.value * s, e.lo * s, e.hi * s), rel=1e-12)
+    e, s = a.expected_tokens, 900_000.0 / a.curve[a.recommended_k - 1].round_ns
+    assert a.estimated_speedup == pytest.approx((e.value * s, e.lo * s, e.hi * s), rel=1e-12)
+
+
+def test_with_k_constant_the_throughput_interval_narrows_with_the_rounds():
+    """k never varied: the round time at that k is the walls' mean, so its uncertainty (and
+    the throughput's there) shrinks as 1/sqrt(n): four times the rounds, about half as wide."""
+    c = COSTS["launch-bound"]
+    widths = []
+    for n in (400, 1600):
+        rs = rounds(CURVES["flat"], n, random.Random(n), lambda r: 4, c, noise=0.3)
+        a = advise(rs, clock="host")
+        assert a is not None and not a.costs.identifiable
+        t = a.curve[3].tokens_per_s
+        widths.append(math.log(t.hi / t.value))
+    assert 0.4 < widths[1] / widths[0] < 0.65

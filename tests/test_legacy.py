@@ -86,11 +86,28 @@ def test_emit_prints_nothing_for_zero_rounds_and_drains_only_at_level_2():
     """rounds == 0 prints nothing; level 1 leaves the split alone."""
     out = io.StringIO()
     split = VerifySplit(kda=5)
+    assert phase_lines(SpecPhaseNs(), "t", "tv", 4, 2, split) == []  # not a failure, said
     legacy.emit(SpecPhaseNs(), "t", "tv", 4, level=2, split=split, out=out)
     assert out.getvalue() == ""
     legacy.emit(SpecPhaseNs(draft=1, rounds=1), "t", "tv", 4, level=1, split=split, out=out)
     assert out.getvalue().count("\n") == 1
     assert split.peek() == (5, 0, 0, 0)
+
+
+def test_emit_drains_the_threads_verify_split_by_default():
+    """The seed's ``emit(p, tag, tag_v, k)``: its level-2 line reports what the loop added to
+    ``VERIFY_SPLIT`` (the process's accumulators), and drains them."""
+    from memra_obs.records import VERIFY_SPLIT
+
+    VERIFY_SPLIT.drain()
+    VERIFY_SPLIT.add(kda=4_000_000, kda_scan=2_000_000, mla=2_000_000, ffn=1_000_000)
+    out = io.StringIO()
+    legacy.emit(SpecPhaseNs(verify=10_000_000, rounds=2), "t", "tv", 4, level=2, out=out)
+    assert out.getvalue().splitlines()[1] == (
+        "[tv] rounds=2 k=4 | per-round ms: vkda=2.000 (scan=1.000) vmla=1.000 vrest=2.000 "
+        "(vffn=0.500)"
+    )
+    assert VERIFY_SPLIT.peek() == (0, 0, 0, 0)
 
 
 def test_emit_never_raises():
@@ -275,6 +292,21 @@ def test_a_journald_message_held_as_bytes_is_ours():
         assert parse_line(json.dumps({"MESSAGE": bad, "x": "[glm5-phase] rounds=1"})) is None
 
 
+def test_cri_parts_past_the_limit_are_read_as_nothing():
+    """``CriJoin(limit)``: a line whose ``P`` parts pass the limit holds no more than that and
+    is read as nothing, its ``F`` end included; the stream's next line and the other stream's
+    parts are joined as ever."""
+    from memra_obs.legacy import CriJoin
+
+    t = "2026-12-04T23:30:04.000000000Z"
+    join = CriJoin(limit=20)
+    assert join(f"{t} stdout P [glm5-") == ""
+    assert join(f"{t} stderr P 0123456789ab") == join(f"{t} stderr P cdef012345") == ""
+    assert join(f"{t} stderr F 6789") == ""  # 30 characters: past the limit
+    assert join(f"{t} stderr P ab") == "" and join(f"{t} stderr F cd") == f"{t} stderr F abcd"
+    assert join(f"{t} stdout F phase]") == f"{t} stdout F [glm5-phase]"
+
+
 @pytest.mark.parametrize(
     ("line", "why"),
     [
@@ -296,6 +328,9 @@ def test_a_journald_message_held_as_bytes_is_ours():
         ("[spec-trace] MEMRA_SPEC_TRACE=1 overrides", "override"),
         ("[spec-prof]", "tag without a body"),
         ("[glm5-phase] rounds=3 k=4 garbage", "no known shape"),
+        ("[spec-advice-x] rounds=3 k=4 garbage", "unknown tag"),  # each reserved prefix
+        ("[spec-tracer] rounds=3 k=4 garbage", "unknown tag"),
+        ("[spec-profile] rounds=3 k=4 garbage", "unknown tag"),
         (
             prof_line(SpecFirstTokenProf()).replace(
                 "first_burst_ms=0.0", "first_burst_ms=2" + "0" * 320 + ".0"
@@ -349,6 +384,32 @@ def test_advice_lines_round_trip(n, clock, k_now, k_rec, tpr, tps, sp, step, src
     rec = parse_line(line)
     assert isinstance(rec, AdviceLine) and (rec.rounds, rec.clock, rec.k_rec) == (n, clock, k_rec)
     assert format_line(rec) == line
+
+
+def test_the_advice_line_states_the_advices_figures_in_their_units():
+    """``advice_line(advise(...))``: k_now the mean k to 2 decimals, each figure with its
+    interval in order, plain_step_ms the plain step in ms (the Advice holds ns)."""
+    import random
+
+    from analysis_sim import COSTS, CURVES, rounds
+
+    from memra_obs.analysis import advise
+    from memra_obs.legacy import AdviceLine, advice_line
+
+    rng = random.Random(7)
+    rs = rounds(CURVES["decaying"], 400, rng, lambda r: r.randint(2, 5), COSTS["launch-bound"])
+    a = advise(rs, clock="event")
+    assert a is not None and round(a.current_k, 1) != round(a.current_k, 2)
+    rec = parse_line(advice_line(a))
+    assert isinstance(rec, AdviceLine)
+    assert (rec.rounds, rec.clock, rec.k_rec) == (400, "event", a.recommended_k)
+    assert rec.k_now == round(a.current_k, 2)
+    assert rec.plain_step_ms == round(a.plain_step_ns / 1e6, 3) and rec.plain_step_ms > 1.0
+    assert rec.plain_source == a.plain_step_source
+    for got, iv, digits in ((rec.tokens_per_round, a.expected_tokens, 3),
+                            (rec.tokens_per_s, a.tokens_per_s, 1),
+                            (rec.speedup, a.estimated_speedup, 3)):  # fmt: skip
+        assert got == tuple(round(x, digits) for x in iv) and got[1] < got[0] < got[2]
 
 
 def test_the_advice_is_printed_with_the_summary():

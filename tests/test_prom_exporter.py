@@ -139,6 +139,39 @@ def test_slow_rounds_follow_the_seed_rule_on_a_window(reg):
     assert val(reg, "memra_spec_slow_rounds_total", family="glm5") == 3
 
 
+@pytest.mark.parametrize(
+    ("window", "walls", "slow"),
+    [
+        (64, [10, 10, 15], 0),  # 15 is 1.5x the median, not past it: not slow (the seed's ">")
+        (64, [10, 100], 0),  # a session's first two rounds are never slow: the upper median
+        (64, [10, 20, 20, 31], 1),  # even count: median sorted[n // 2] = 20, 31 > 30
+        (3, [100, 100, 10, 10, 16], 1),  # the window holds 3: [10, 10, 16], median 10
+    ],
+)
+def test_the_slow_round_rule_at_its_edges(reg, window, walls, slow):
+    """Slow: wall > 1.5x the sorted[n // 2] wall of the session's last ``slow_window`` rounds."""
+    ex = PrometheusExporter(reg, slow_window=window)
+    ex.export([session(), *(rnd(1, i, (w, 0, 0, 0, 0)) for i, w in enumerate(walls))])
+    assert val(reg, "memra_spec_slow_rounds_total", family="glm5") == slow
+
+
+def test_a_run_of_equal_rounds_counts_as_its_rounds(reg):
+    """A record standing for ``repeat`` equal rounds (the tail's burst means, its rows' runs)
+    counts as that many everywhere: the histograms' buckets and counts, the counters, and the
+    slow-round window (three 10 ms rounds, then a 40 ms one: slow)."""
+    ex = PrometheusExporter(reg)
+    ex.export([session(), rnd(1, 0, (10, 0, 0, 0, 0), seq=5)._replace(repeat=3),
+               rnd(1, 3, (40, 0, 0, 0, 0))])  # fmt: skip
+    for labels in ({"le": "0.012"}, {"le": "+Inf"}):
+        want = 3 if labels["le"] == "0.012" else 4
+        assert val(reg, "memra_spec_round_seconds_bucket", family="glm5", **labels) == want
+    assert val(reg, "memra_spec_round_seconds_count", family="glm5") == 4
+    assert val(reg, "memra_spec_rounds_total", family="glm5") == 4
+    assert val(reg, "memra_spec_drafted_tokens_total", family="glm5") == 16
+    assert val(reg, "memra_spec_verify_seq_rows_total", family="glm5") == 15
+    assert val(reg, "memra_spec_slow_rounds_total", family="glm5") == 1
+
+
 def test_first_token_phases_total_and_gpu_gauges(reg):
     """Non-zero first-token buckets, the TTFT and the free-memory gauges (MB x 2^20)."""
     ex = PrometheusExporter(reg)

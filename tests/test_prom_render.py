@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import choose_encoder
@@ -77,6 +77,7 @@ label = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_si
     worker_label=st.booleans(),
     split=st.booleans(),
 )
+@example(fams=['a\\b"c\nd'], walls=[(1, 2, 3, 4, 5)], trace=1, worker_label=True, split=True)
 def test_fast_exposition_is_byte_identical(fams, walls, trace, worker_label, split):
     """Any stream, any label text (quotes, backslashes, newlines): same bytes as prometheus_client."""
     reg = CollectorRegistry()

@@ -100,6 +100,19 @@ def test_round_prof_keeps_the_seeds_storage():
         r.k = 1  # type: ignore[misc]
 
 
+def test_a_row_is_a_round_for_the_analysis_in_ns():
+    """``phase_ns()`` of a logged row (what ``advise(rows)`` fits): draft, verify, accept in
+    ns in the order of PHASES, the row's rest (rollback + maint) as the rollback, maint 0."""
+    from memra_obs.analysis import fit_costs
+
+    r = SpecRoundProf(wall_ms=9.0, draft_ms=1.25, verify_ms=6.5, accept_ms=0.5, rest_ms=0.75)
+    assert r.phase_ns() == (1_250_000, 6_500_000, 500_000, 750_000, 0)
+    rows = [SpecRoundProf(1.0, 0.25 * k, 2.0 + 0.5 * k, 0.5, 0.75, k, 0) for k in (1, 2, 3, 4)]
+    c = fit_costs(rows, clock="host")
+    assert (c.draft_per_token_ns.value, c.verify_per_row_ns.value) == pytest.approx((25e4, 5e5))
+    assert (c.rollback_ns.value, c.maint_ns.value) == pytest.approx((75e4, 0))
+
+
 @pytest.mark.parametrize("at", range(5))
 @pytest.mark.parametrize(
     ("value", "kind"),

@@ -279,6 +279,10 @@ def test_a_log_against_its_own_span_file_compares_one_population(runs):
     assert [r.metric for r in rows] == ["wall", "draft", "verify", "accept", "rollback+maint"]
     assert all(r.n_a == r.n_b == sum(x.k >= 0 for x in a.rounds) for r in rows)
     assert not any(r.flagged for r in rows) and "the first 64 of each session" in rows[0].population
+    import numpy as np
+
+    rest = [x.prof.rest_ms for x in legacy(runs["log"]) if isinstance(x, RoundsLine)]
+    assert rows[-1].med_a == pytest.approx(median(np.array(rest)), abs=1e-5)  # the rows' rest
     same = ab_table(View("A", b), View("B", b))  # one kind: every round, each phase
     assert [r.metric for r in same][-2:] == ["rollback", "maint"] and same[0].n_a > rows[0].n_a
 
@@ -929,6 +933,26 @@ def test_trace_only_logs_compare_burst_means_and_an_empty_input_still_reports(tm
     assert keys(html)["wall_median_ms"] == ["-", "-"]  # no round of its own: no median (not nan)
     k = keys(report(e, out=tmp_path / "empty.html"))
     assert k["sessions"] == ["0"] and k["lines"] == ["0"] and k["ttft_median_ms"] == ["-"]
+
+
+def test_trace_only_ab_compares_per_round_means_whatever_the_burst_size(tmp_path):
+    """Phase lines only: each burst gives its per-round means (totals over its rounds), so
+    bursts of 2 and of 6 rounds at 10 ms a round read as 10 ms, not as 20 and 60."""
+    from memra_obs.legacy import phase_lines
+    from memra_obs.records import SpecPhaseNs
+
+    def log(path: Path, ms: int) -> Path:
+        ps = [SpecPhaseNs(draft=n * 2 * 10**6, verify=n * (ms - 2) * 10**6, rounds=n)
+              for n in (2, 6, 2, 6, 3, 4, 5)]  # fmt: skip
+        path.write_text("".join(phase_lines(p, "glm5-phase", "glm5-phase-v", 4)[0] + "\n"
+                                for p in ps))  # fmt: skip
+        return path
+
+    rows = ab_table(View("A", read(str(log(tmp_path / "a.log", 10)))),
+                    View("B", read(str(log(tmp_path / "b.log", 12)))))  # fmt: skip
+    got = [(r.metric, r.med_a, r.med_b) for r in rows[:3]]
+    assert got == [("wall", pytest.approx(10.0, abs=1e-2), pytest.approx(12.0, abs=1e-2)),
+                   ("draft", 2.0, 2.0), ("verify", 8.0, 10.0)]  # fmt: skip
 
 
 def test_long_bursts_of_a_trace_only_log_cost_a_record_each(tmp_path):

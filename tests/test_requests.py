@@ -313,3 +313,48 @@ def test_a_long_error_is_the_same_256_characters_in_process_and_through_the_agen
         _agent_writes(tmp_path, env, path)
     got = [json.loads(line)["error"] for line in path.read_text().splitlines()]
     assert got == [text[:256], f"RuntimeError: {'CUDA out of memory. ' * 50}"[:256]]
+
+
+def test_a_requests_line_states_the_sessions_phase_totals_in_ms_and_its_error(tmp_path):
+    """The line's ``phase_ms`` are the rounds' phase totals in ms (an agent's replayed prior
+    rounds included, and their largest burst k), with the session's end (rounds, tokens,
+    error) as it was recorded."""
+    from memra_obs.requests import RequestsExporter
+    from memra_obs.timeline import PriorRecord, RoundRecord, SessionEndRecord, SessionRecord
+
+    path = tmp_path / "r.jsonl"
+    ex = RequestsExporter(str(path))
+    ms = 1_000_000
+    rounds = [RoundRecord(1, 0, i, (t := 10 * ms * i, t + 2 * ms, t + 7 * ms, t + 8 * ms,
+                                    t + 8 * ms + 500_000, t + 9 * ms), 4, i % 3, 0, 0, None)
+              for i in range(3)]  # fmt: skip
+    ex.export([
+        SessionRecord(1, "glm5", "t", "tv", "w", 0, 0, 0, 0, 0, 0, 0, False),
+        PriorRecord(1, (4,), (4,), (ms, 3 * ms, 0, 0, 0), 6, None),  # an earlier burst(6)
+        *rounds,
+        SessionEndRecord(1, 40 * ms, 4, 2, 9, "RuntimeError"),
+    ])  # fmt: skip
+    ex.shutdown()
+    rec = json.loads(path.read_text())
+    assert rec["phase_ms"] == {"draft": 7.0, "verify": 18.0, "accept": 3.0, "rollback": 1.5,
+                               "maint": 1.5}  # fmt: skip
+    assert (rec["rounds"], rec["bursts"], rec["tokens"], rec["error"]) == (4, 2, 9, "RuntimeError")
+    assert rec["num_draft_tokens"] == 16 and rec["num_accepted_draft_tokens"] == 4 + 0 + 1 + 2
+    assert rec["num_spec_tokens"] == 6
+
+
+def test_past_max_open_sessions_the_oldest_is_forgotten(tmp_path):
+    """At most ``max_open`` sessions wait for their end: one more forgets the oldest (its end
+    then writes nothing), the newer ones are written."""
+    from memra_obs.requests import RequestsExporter
+    from memra_obs.timeline import SessionEndRecord, SessionRecord
+
+    path = tmp_path / "r.jsonl"
+    ex = RequestsExporter(str(path))
+    ex.max_open = 2
+    ex.export(
+        [SessionRecord(s, "f", "t", "tv", "w", 0, 0, 0, 0, 0, 0, 0, False) for s in (1, 2, 3)]
+    )
+    ex.export([SessionEndRecord(s, 1, 0, 0, 0, "") for s in (1, 2, 3)])
+    ex.shutdown()
+    assert [json.loads(x)["session"] for x in path.read_text().splitlines()] == [2, 3]

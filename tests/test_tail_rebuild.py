@@ -545,3 +545,16 @@ def test_a_sessions_advice_line_reaches_its_end_record_as_in_the_worker(fake_clo
     SpanBuilder(round_spans=0).add(out, spans)
     advised = [dict(sp[6]) for sp in spans if sp[0] == "spec.session"]
     assert len(advised) == 4 and all("memra.spec.advice.recommended_k" in a for a in advised)
+
+
+def test_a_run_of_equal_rounds_expands_to_rounds_back_to_back():
+    """``each_round``: a record standing for ``repeat`` rounds gives that many, numbered on,
+    each with the run's phases and tokens, each starting where the one before ended."""
+    from memra_obs.timeline import each_round
+
+    r = RoundRecord(1, 0, 7, (100, 103, 110, 111, 112, 114), 4, 2, 9, 0, None, repeat=3)
+    got = each_round(r)
+    assert [x.index for x in got] == [7, 8, 9] and {x.repeat for x in got} == {1}
+    assert all(x.phase_ns() == (3, 7, 1, 1, 2) and x.wall_ns == 14 for x in got)
+    assert all(a.t_ns_mono[5] == b.t_ns_mono[0] for a, b in itertools.pairwise(got))
+    assert got[0].t_ns_mono == r.t_ns_mono and sum(x.tokens for x in got) == 3 * (2 + 1)
