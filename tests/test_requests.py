@@ -250,20 +250,25 @@ def test_an_unsampled_callers_trace_id_is_kept_for_the_join(tmp_path, mode):
     assert json.loads(line)["trace_id"] == format(sp.get_span_context().trace_id, "032x")
 
 
+def _mode_env(tmp_path, mode: str) -> dict[str, str]:
+    """A worker writing ``tmp_path/requests.jsonl`` itself, or (agent) through its ring."""
+    if mode == "agent":
+        return {"MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": "",
+                "MEMRA_OBS_AGENT": str(tmp_path)}  # fmt: skip
+    path = tmp_path / "requests.jsonl"
+    return {
+        "MEMRA_OBS_SINKS": "",
+        "MEMRA_OBS_METRICS_ADDR": "",
+        "MEMRA_OBS_REQUESTS_FILE": str(path),
+    }
+
+
 @pytest.mark.parametrize("mode", ["in-process", "agent"])
 def test_num_spec_tokens_is_the_configured_k_not_the_largest_round_k(tmp_path, mode):
     """vLLM reports ``num_spec_tokens`` = the configured draft length, its histogram k+1 buckets,
     even when a request's steps drafted fewer (a gate) or none. The loop configures k with
     ``s.burst(k)``; the record said the largest round k (2, then 0 with no step)."""
-    path = tmp_path / "requests.jsonl"
-    env = {
-        "MEMRA_OBS_SINKS": "",
-        "MEMRA_OBS_METRICS_ADDR": "",
-        "MEMRA_OBS_REQUESTS_FILE": str(path),
-    }
-    if mode == "agent":
-        env = {**env, "MEMRA_OBS_AGENT": str(tmp_path), "MEMRA_OBS_SINKS": "prometheus"}
-        del env["MEMRA_OBS_REQUESTS_FILE"]
+    path, env = tmp_path / "requests.jsonl", _mode_env(tmp_path, mode)
     obs, got = build_observer(env=env, level=0, prof=False), []
     for kj in ([(2, 1), (2, 2), (1, 0), (0, 0)], [(0, 0)]):
         with obs.session("glm5") as s, s.burst(4) as b:  # configured k = 4
@@ -292,15 +297,7 @@ def test_a_long_error_is_the_same_256_characters_in_process_and_through_the_agen
     (``s.end(traceback.format_exc())``) as an exception's: in-process a str went whole into the
     requests file and the span status (4,567 characters), through the agent the ring cut it to
     ~1,700, so one request read differently by mode."""
-    path = tmp_path / "requests.jsonl"
-    env = {
-        "MEMRA_OBS_SINKS": "",
-        "MEMRA_OBS_METRICS_ADDR": "",
-        "MEMRA_OBS_REQUESTS_FILE": str(path),
-    }
-    if mode == "agent":
-        env = {**env, "MEMRA_OBS_AGENT": str(tmp_path), "MEMRA_OBS_SINKS": "prometheus"}
-        del env["MEMRA_OBS_REQUESTS_FILE"]
+    path, env = tmp_path / "requests.jsonl", _mode_env(tmp_path, mode)
     obs = build_observer(env=env, level=0, prof=False)
     text = "RuntimeError: CUDA error: an illegal memory access\n" + "  File x, line 1\n" * 300
     s = obs.session("glm5")
