@@ -49,9 +49,9 @@ __all__ = [
     "spec_trace_level_from", "spec_trace_on",
 ]  # fmt: skip
 
-
 _observer: Any = None
 _lock = threading.Lock()
+_KNOBS = frozenset(f.name for f in fields(Settings) if f.compare)  # not Settings.given
 
 
 def _unlock_in_child() -> None:  # a configure() on another thread at fork() held it
@@ -136,6 +136,3 @@ def configure(
         if old is NOOP_OBSERVER or _observer is NOOP_OBSERVER:  # a loop may still hold it
             NOOP_OBSERVER._replaced = _observer is not NOOP_OBSERVER
         return _observer
-
-
-_KNOBS = frozenset(f.name for f in fields(Settings) if f.compare)  # not Settings.given

@@ -21,7 +21,6 @@ from .version import __version__
 
 __all__ = ["main"]
 
-
 _TAIL = (
     "Pass a worker's stderr through byte for byte and publish what its legacy lines say: "
     "/metrics on MEMRA_OBS_METRICS_ADDR, spans to MEMRA_OBS_SPANS_FILE or the OTEL_* exporter "

@@ -18,8 +18,7 @@ from .linewriter import forked_set, stderr_writer
 __all__ = ["LOGGER_NAME", "MAX_SAID", "PREFIX", "forked_set", "logger", "reset", "say_once"]
 
 LOGGER_NAME = "memra_obs"
-#: What a message carries in front when it goes to stderr by the fallback.
-PREFIX = "[memra-obs] "
+PREFIX = "[memra-obs] "  #: in front of a message the fallback writes to stderr
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -28,10 +27,9 @@ class _Fallback(logging.Handler):
     """Writes ``[memra-obs] message`` to stderr when no other handler would receive it."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        if _routed(record.levelno):
-            return
-        with contextlib.suppress(Exception):  # diagnostics never raise into whoever called
-            stderr_writer().write_lines([PREFIX + record.getMessage()])
+        if not _routed(record.levelno):
+            with contextlib.suppress(Exception):  # diagnostics never raise into whoever called
+                stderr_writer().write_lines([PREFIX + record.getMessage()])
 
 
 def _routed(level: int) -> bool:
@@ -40,9 +38,7 @@ def _routed(level: int) -> bool:
     while lg is not None:
         if any(h is not _FALLBACK and level >= h.level for h in lg.handlers):
             return True
-        if not lg.propagate:
-            return False
-        lg = lg.parent
+        lg = lg.parent if lg.propagate else None
     return False
 
 

@@ -36,6 +36,9 @@ MEMRA_OBS_METRICS_ADDR = "MEMRA_OBS_METRICS_ADDR"
 MEMRA_OBS_AGENT = "MEMRA_OBS_AGENT"
 MEMRA_OBS_WORKER = "MEMRA_OBS_WORKER"
 MEMRA_OBS_MAX_FAMILIES = "MEMRA_OBS_MAX_FAMILIES"
+_SINK_NAMES = ("otel", "prometheus", "nvtx")  #: what MEMRA_OBS_SINKS may name (or "all")
+#: ``memra_obs.analysis.MIN_ROUNDS`` (this module imports nothing of the package; a test ties them).
+_ADVICE_MIN_ROUNDS = 32
 
 
 def parse_addr(var: str, value: str, check: bool = True) -> tuple[str, int] | None:
@@ -66,13 +69,9 @@ def parse_addr(var: str, value: str, check: bool = True) -> tuple[str, int] | No
     return host, p
 
 
-_SINK_NAMES = ("otel", "prometheus", "nvtx")
-
-
 def _parse_sinks(var: str, value: str) -> frozenset[str]:
     names = {s.strip().lower() for s in value.split(",") if s.strip()}
-    bad = sorted(names - {*_SINK_NAMES, "all"})
-    if bad:
+    if bad := sorted(names - {*_SINK_NAMES, "all"}):
         raise ConfigError(
             f"{var}={value!r}: unknown sink {bad[0]!r}; choose from {', '.join(_SINK_NAMES)}, all"
         )
@@ -90,9 +89,8 @@ _DECIMAL = re.compile(r"([+-]?)([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?").fu
 
 
 def decimal(value: str, *, otel: bool = False) -> float | None:
-    """ASCII digits and one optional point, else None: float() would also take "1_024", other
-    scripts' digits, "nan" or "inf". ``otel``: a sign and an exponent too (``1e-3``), as the
-    SDKs read the ``OTEL_*`` numbers."""
+    """ASCII digits and one optional point, else None (float() takes "1_024", other scripts'
+    digits, "nan", "inf"); ``otel``: a sign and an exponent too (``1e-3``), as the SDKs read."""
     m = _DECIMAL(value.strip())
     return None if m is None or (not otel and (m[1] or m[3])) else float(m[0])
 
@@ -149,10 +147,6 @@ def _positive_ms(var: str, value: str) -> float:
     return x
 
 
-#: ``memra_obs.analysis.MIN_ROUNDS`` (this module imports nothing of the package; a test ties them).
-_ADVICE_MIN_ROUNDS = 32
-
-
 def _advice_window(var: str, value: str) -> int:
     """0, or enough rounds for advise() to answer: a window of fewer never publishes a gauge."""
     n, least = _int_in(0, 1 << 20)(var, value), _ADVICE_MIN_ROUNDS
@@ -178,9 +172,8 @@ def stop_signals() -> tuple[int, ...]:
 
 
 def utf8(value: str) -> str:
-    """A label (or a page's text) as valid UTF-8: bytes that argv, the environment or a file
-    name could not decode (kept as surrogates) become U+FFFD, else every /metrics scrape (or
-    the report's page) fails to encode."""
+    """A label (or a page's text) as valid UTF-8: undecodable bytes of argv, the environment or
+    a file name (surrogates) become U+FFFD, else every /metrics scrape (or page) fails to encode."""
     return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
@@ -251,13 +244,11 @@ class Settings:
     def resolve(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Arguments (non-None ``overrides``) > environment > default, validated."""
         env = os.environ if env is None else env
-        unknown = set(overrides) - _VARS.keys()
-        if unknown:
+        if unknown := set(overrides) - _VARS.keys():
             raise TypeError(f"unknown setting {sorted(unknown)[0]!r}")
         values: dict[str, Any] = {}
         for name, var, parse in _TABLE:
-            if overrides.get(name) is not None:
-                v = overrides[name]
+            if (v := overrides.get(name)) is not None:
                 # an argument is checked as the variable would be: a number as its digits, a
                 # bool only as requests_detail's 0/1, nothing else but a str
                 if isinstance(v, bool) and name == "requests_detail":
@@ -298,10 +289,15 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     ("plain_step_ms", "MEMRA_OBS_PLAIN_STEP_MS", _positive_ms),
 )
 
-
 _VARS = {name: var for name, var, _ in _TABLE}
 #: Names of the prefix that are not knobs: the compose replay's mount, the test scripts' own.
 _NOT_KNOBS = frozenset(("MEMRA_OBS_SPANS_DIR", "MEMRA_OBS_REQUIRE_PEERS", "MEMRA_OBS_PEERS_CACHE"))
+#: Knobs that only their sink reads: set with that sink off, they silently did nothing.
+_SINK_OF = {
+    "metrics_addr": "prometheus", "metrics_tls_cert": "prometheus",
+    "metrics_tls_key": "prometheus", "metrics_basic_auth": "prometheus",
+    "spans_file": "otel", "spans_file_max_bytes": "otel", "round_spans": "otel",
+}  # fmt: skip
 
 
 def unknown_knobs(env: Mapping[str, str]) -> list[str]:
@@ -319,14 +315,6 @@ def unknown_knobs(env: Mapping[str, str]) -> list[str]:
     return notes
 
 
-#: Knobs that only their sink reads: set with that sink off, they silently did nothing.
-_SINK_OF = {
-    "metrics_addr": "prometheus", "metrics_tls_cert": "prometheus",
-    "metrics_tls_key": "prometheus", "metrics_basic_auth": "prometheus",
-    "spans_file": "otel", "spans_file_max_bytes": "otel", "round_spans": "otel",
-}  # fmt: skip
-
-
 def idle_knobs(st: Settings, env: Mapping[str, str]) -> list[str]:
     """A note per knob ``env`` sets (not empty: off) for a sink ``st`` leaves off
     (``MEMRA_OBS_METRICS_ADDR`` alone published nothing and said nothing)."""
@@ -337,16 +325,14 @@ def idle_knobs(st: Settings, env: Mapping[str, str]) -> list[str]:
             if n not in st.given and env.get(_VARS[n], "").strip()]  # fmt: skip
 
 
-_TLS = ("metrics_tls_cert", "metrics_tls_key")
-
-
 def _check_tls(st: Settings) -> None:
     """Both or neither, and a certificate chain with its key, both PEM."""
     cert, key = st.metrics_tls_cert, st.metrics_tls_key
-    c, k = st.named("metrics_tls_cert"), st.named("metrics_tls_key")
+    pair = ("metrics_tls_cert", "metrics_tls_key")
+    c, k = map(st.named, pair)
     if bool(cert) != bool(key):  # half a pair an argument set: the other is an argument too
-        by_arg = bool(st.given.intersection(_TLS))
-        c, k = (f"argument {x}" if by_arg else _VARS[x] for x in _TLS)
+        by_arg = bool(st.given.intersection(pair))
+        c, k = (f"argument {x}" if by_arg else _VARS[x] for x in pair)
         raise ConfigError(f"{c} and {k} go together: set both (HTTPS) or neither")
     if cert and key:
         import ssl

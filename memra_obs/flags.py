@@ -1,10 +1,8 @@
-"""The seed's trace flags: resolved by pure functions, read once per process.
+"""The seed's trace flags (the constants below): pure resolution, each read once per process.
 
-``MEMRA_SPEC_TRACE`` (alias ``MEMRA_GLM5_SPEC_TRACE``), ``MEMRA_SPEC_PROF`` and
-``MEMRA_SPEC_FIRST_TOKEN_EAGER``. These follow the seed's law, not the project's knob law:
-junk means off, never an error, because a typo in a diagnostic flag must not stop a worker.
-The project's own knobs (``MEMRA_OBS_*``) live in :mod:`memra_obs.environment`, the ``OTEL_*``
-variables in :mod:`memra_obs.otel.config`.
+They follow the seed's law, not the project's knob law: junk means off, never an error, because
+a typo in a diagnostic flag must not stop a worker. The project's own knobs (``MEMRA_OBS_*``)
+live in :mod:`memra_obs.environment`, the ``OTEL_*`` variables in :mod:`memra_obs.otel.config`.
 """
 
 from __future__ import annotations
@@ -48,11 +46,9 @@ def override_line(gv: int, av: int) -> str:
 def spec_trace_level_from(
     general: str | None, glm5_alias: str | None, err: TextIO | None = None
 ) -> int:
-    """Pure resolution over the general name and the glm5 alias: either alone is honored; both
-    set and disagreeing, the general name wins and one line naming both goes to ``err``
-    (stderr by default). A junk general value never masks a valid alias."""
-    g = parse_level(general)
-    a = parse_level(glm5_alias)
+    """Pure resolution over the general name and the glm5 alias: either alone is honored; set to
+    different levels, the general wins, said on ``err`` (stderr). Junk never masks a valid alias."""
+    g, a = parse_level(general), parse_level(glm5_alias)
     if g is not None and a is not None and g != a:
         out = sys.stderr if err is None else err
         with contextlib.suppress(OSError, ValueError):  # a closed stderr: the flag still holds

@@ -1,9 +1,6 @@
-"""Whole lines, never interleaved: to a text stream under one lock per stream (every legacy
-line goes out through :class:`LineWriter`, which never raises: the lines a broken pipe or a
-closed stderr refused are counted in ``errors``; writes of at most PIPE_BUF bytes, so
-processes sharing a pipe never tear a line), and appended to a file that processes share
-(:class:`AppendFile`).
-"""
+"""Whole lines, never interleaved: to a text stream under one lock per stream, in writes of
+at most PIPE_BUF bytes so processes sharing a pipe never tear a line (:class:`LineWriter`, every
+legacy line's way out), and appended to a file that processes share (:class:`AppendFile`)."""
 
 from __future__ import annotations
 
@@ -26,12 +23,11 @@ PIPE_BUF: int = getattr(select, "PIPE_BUF", 4096)
 
 
 class AppendFile:
-    """Appends to a file that other processes may share (workers started in one directory,
-    forked children): one ``write`` on an ``O_APPEND`` descriptor under ``flock``, so appends
-    never interleave, and no user-space buffer, so no lock a fork could leave held. With
-    ``max_bytes``, an append that would take the file past it first moves the file to
-    ``<path>.1``; whoever appends next, in any process, follows the move to the new file. At
-    most two files, each within the limit (a single longer append excepted)."""
+    """Appends to a file other processes may share (workers started in one directory, forked
+    children): one ``write`` on an ``O_APPEND`` descriptor under ``flock``, no user-space
+    buffer (no lock a fork could leave held). ``max_bytes``: an append that would pass it first
+    moves the file to ``<path>.1`` (the next append, in any process, follows): two files, each
+    within the limit but for one longer append."""
 
     def __init__(self, path: str, max_bytes: int = 0) -> None:
         self.path, self.max_bytes, self._fd = path, max_bytes, -1
@@ -98,31 +94,28 @@ _FILES = forked_set(AppendFile.close)
 
 def _chunks(lines: Sequence[str]) -> list[str]:
     """Whole lines in groups of at most PIPE_BUF UTF-8 bytes (a longer line alone)."""
-    out: list[str] = []
-    group: list[str] = []
+    groups: list[list[str]] = [[]]
     size = 0
     for line in lines:
         n = len(line.encode("utf-8", "backslashreplace")) + 1
-        if group and size + n > PIPE_BUF:
-            out.append("\n".join(group) + "\n")
-            group, size = [], 0
-        group.append(line)
+        if groups[-1] and size + n > PIPE_BUF:
+            groups.append([])
+            size = 0
+        groups[-1].append(line)
         size += n
-    out.append("\n".join(group) + "\n")
-    return out
+    return ["\n".join(group) + "\n" for group in groups]
 
 
 class LineWriter:
-    """Writes lists of lines to one stream under one lock: one ``write`` (and flush) per
-    PIPE_BUF bytes of whole lines, so neither threads nor processes split a line."""
+    """Writes lists of lines to one stream under one lock, one ``write`` (and flush) per
+    PIPE_BUF bytes of whole lines. Never raises: lines that a broken pipe or a closed stderr
+    refused are counted in ``errors``."""
 
     __slots__ = ("__weakref__", "_lock", "_stream", "errors")
 
     def __init__(self, stream: TextIO | None = None) -> None:
         # None = whatever sys.stderr is at write time (pytest's capsys swaps it).
-        self._stream = stream
-        self._lock = threading.Lock()
-        self.errors = 0
+        self._stream, self._lock, self.errors = stream, threading.Lock(), 0
         _WRITERS.add(self)
 
     def write_lines(self, lines: Sequence[str]) -> None:
@@ -139,13 +132,11 @@ class LineWriter:
             except Exception:
                 self.errors += len(lines)  # export_errors_total{signal="lines"}
 
+    def _after_fork(self) -> None:  # a child counts its own losses, as its queue
+        self._lock, self.errors = threading.Lock(), 0
 
-def _fresh_in_child(w: LineWriter) -> None:  # a child counts its own losses, as its queue
-    w._lock, w.errors = threading.Lock(), 0
 
-
-_WRITERS = forked_set(_fresh_in_child)
-
+_WRITERS = forked_set(LineWriter._after_fork)
 _STDERR = LineWriter(None)
 
 

@@ -39,6 +39,7 @@ _F32 = struct.Struct("<f")
 _ROW = struct.Struct("<5f2H2I")
 _INF = math.inf
 _tuple_new = tuple.__new__
+_PHASE_NS_FIELDS = ("draft", "verify", "accept", "roll", "maint", "rounds")
 
 
 def f32(x: float) -> float:
@@ -83,9 +84,6 @@ def _ms(name: str, v: object) -> float:
     if not math.isfinite(x) or x < 0.0:
         raise ValueError(f"{name}={v!r} must be a finite, non-negative duration")
     return x
-
-
-_PHASE_NS_FIELDS = ("draft", "verify", "accept", "roll", "maint", "rounds")
 
 
 @dataclass(slots=True)
@@ -184,9 +182,8 @@ class SeqRows:
 
 
 class _PerThread:
-    """An accumulator per calling thread, so sessions on different threads never mix. The
-    hot calls (the walk's ``add``, a round's ``take``/``drain``) are spelled out: through
-    ``__getattr__`` each cost ~0.45 µs more, and a round makes two to four of them."""
+    """An accumulator per calling thread, so sessions on different threads never mix. The hot
+    calls (``add``, ``take``, ``drain``) are spelled out: ``__getattr__`` costs ~0.45 µs each."""
 
     __slots__ = ("_local", "_make")
 
@@ -218,9 +215,6 @@ class _PerThread:
 VERIFY_SPLIT: VerifySplit = _PerThread(VerifySplit)  # type: ignore[assignment]
 #: The per-row-arm verify row counter (the seed's V_SEQ_ROWS), one per thread.
 SEQ_ROWS: SeqRows = _PerThread(SeqRows)  # type: ignore[assignment]
-
-
-_ARM = re.compile(r"[A-Za-z0-9_.:+-]*")
 
 
 @dataclass
@@ -276,9 +270,8 @@ FIRST_TOKEN_FIELDS = tuple(f.name for f in fields(SpecFirstTokenProf))
 FIRST_TOKEN_MS_FIELDS = tuple(f for f in FIRST_TOKEN_FIELDS if f.endswith("_ms"))
 _FT_FLOAT = frozenset((*FIRST_TOKEN_MS_FIELDS, "draft_kv_mb"))
 _FT_FREE = frozenset(("free_mb_before", "free_mb_after"))
-_FT_COUNT = frozenset(
-    f for f in FIRST_TOKEN_FIELDS if f.endswith(("_tokens", "_rounds", "_rows", "_chunks"))
-)
+_FT_COUNT = frozenset(FIRST_TOKEN_FIELDS) - _FT_FLOAT - _FT_FREE - {"draft_prime_arm"}
+_ARM = re.compile(r"[A-Za-z0-9_.:+-]*")
 
 
 def _check_first_token(name: str, value: object) -> object:
@@ -395,13 +388,11 @@ class SpecRoundsLog:
     def summary(self) -> str:
         """The seed's one-line summary, computed its way: left folds of f64 from -0.0, the mean
         over the *sorted* walls, the slow threshold ``1.5 * med`` an f32 product."""
-        rs = self.rounds
-        n = len(rs)
+        rs, n = self.rounds, len(self.rounds)
         if n == 0:
             return "rounds=0"
         nf = float(n)
-        k = _fsum(float(r.k) for r in rs)
-        j = _fsum(float(r.j) for r in rs)
+        k, j = _fsum(float(r.k) for r in rs), _fsum(float(r.j) for r in rs)
         walls = sorted(r.wall_ms for r in rs)  # stable, like slice::sort_by
         return summary_text(
             n, k / nf, j / nf, j / k if k > 0.0 else 0.0, (j + nf) / nf, _fsum(walls) / nf,

@@ -10,19 +10,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
+from . import timeline as tl
 from .analysis import spec_decode_record
 from .diagnostics import say_once
 from .linewriter import AppendFile
-from .timeline import (
-    PHASES,
-    BurstRecord,
-    FirstTokenRecord,
-    PriorRecord,
-    Record,
-    RoundRecord,
-    SessionEndRecord,
-    SessionRecord,
-)
 
 __all__ = ["RequestsExporter", "request_record"]
 
@@ -31,7 +22,7 @@ __all__ = ["RequestsExporter", "request_record"]
 class _Counts:
     """One session's (k, j) per round that drafted, and its phase totals."""
 
-    rec: SessionRecord
+    rec: tl.SessionRecord
     k: int = 0  #: the largest burst k: the configured draft length (vLLM's num_spec_tokens)
     ks: array[int] = field(default_factory=lambda: array("H"))
     js: array[int] = field(default_factory=lambda: array("H"))
@@ -52,7 +43,7 @@ def request_record(
     configured draft length vLLM reports as ``num_spec_tokens`` (a gated round drafts fewer)."""
     n = max(k, max(ks, default=0))
     out = spec_decode_record(map(_Round, ks, js), detailed=detailed, num_spec_tokens=n)
-    out["phase_ms"] = {p: ns / 1e6 for p, ns in zip(PHASES, phases_ns, strict=True)}
+    out["phase_ms"] = {p: ns / 1e6 for p, ns in zip(tl.PHASES, phases_ns, strict=True)}
     return out
 
 
@@ -71,10 +62,10 @@ class RequestsExporter:
         self._file.open()  # OSError now, not every line lost later; no lock: never waits
         self._open: dict[int, _Counts] = {}
 
-    def export(self, batch: Sequence[Record]) -> None:
+    def export(self, batch: Sequence[tl.Record]) -> None:
         lines = []
         for rec in batch:
-            if isinstance(rec, SessionRecord):
+            if isinstance(rec, tl.SessionRecord):
                 if len(self._open) >= self.max_open:
                     self._open.pop(next(iter(self._open)))
                     say_once("requests-open", "requests file: too many open sessions; "
@@ -84,30 +75,30 @@ class RequestsExporter:
             c = self._open.get(rec.session)
             if c is None:
                 continue
-            if isinstance(rec, RoundRecord):
+            if isinstance(rec, tl.RoundRecord):
                 n = rec.repeat
                 if rec.k > 0:
                     c.ks.extend([rec.k] * n)
                     c.js.extend([rec.j] * n)
                 c.phases = [t + ns * n for t, ns in zip(c.phases, rec.phase_ns(), strict=True)]
-            elif isinstance(rec, BurstRecord):
+            elif isinstance(rec, tl.BurstRecord):
                 c.k = max(c.k, rec.k)
-            elif isinstance(rec, FirstTokenRecord):
+            elif isinstance(rec, tl.FirstTokenRecord):
                 c.first_token = asdict(rec.prof)
-            elif isinstance(rec, PriorRecord):  # agent mode: what an earlier agent read
+            elif isinstance(rec, tl.PriorRecord):  # agent mode: what an earlier agent read
                 c.ks.extend(rec.ks)
                 c.js.extend(rec.js)
                 c.phases = [t + ns for t, ns in zip(c.phases, rec.phases_ns, strict=True)]
                 c.k = max(c.k, rec.k)
                 if rec.first_token is not None:
                     c.first_token = asdict(rec.first_token)
-            elif isinstance(rec, SessionEndRecord):
+            elif isinstance(rec, tl.SessionEndRecord):
                 del self._open[rec.session]
                 lines.append(self._line(c, rec))
         if lines:
             self._write(lines)
 
-    def _line(self, c: _Counts, end: SessionEndRecord) -> str:
+    def _line(self, c: _Counts, end: tl.SessionEndRecord) -> str:
         s = c.rec
         tid = s.trace_id or s.caller_trace_id  # an unsampled caller's too: the join key
         out = {

@@ -39,8 +39,7 @@ class SessionRecord(NamedTuple):
     parent_span_id: int  #: the caller's current span (e.g. the HTTP request), else 0
     level: int  #: trace level in force (0-2)
     prof: bool  #: the first-token profile is on
-    #: The phases' clock: "event", "sync" or "host" (no device stream); "" unknown (legacy lines).
-    clock: str = ""
+    clock: str = ""  #: the phases': "event", "sync" or "host" (no stream); "" unknown (legacy)
     #: The caller's trace id (0: none), kept also when its sampler dropped the session: the
     #: requests file's join key (the agent's too: the ring carries it).
     caller_trace_id: int = 0
@@ -98,8 +97,7 @@ class FirstTokenRecord(NamedTuple):
 
     session: int
     prof: SpecFirstTokenProf
-    #: The sequential buckets as measured: (name, start, end), ns mono, in order.
-    intervals: tuple[tuple[str, int, int], ...]
+    intervals: tuple[tuple[str, int, int], ...]  #: buckets in order: (name, start, end), ns mono
 
 
 class ProfRowsRecord(NamedTuple):
@@ -128,8 +126,7 @@ class SessionEndRecord(NamedTuple):
     bursts: int
     tokens: int
     error: str  #: an exception type name when the session ended by an error, else ""
-    #: The session's ``[spec-advice]`` line, "" when there is none.
-    advice: str = ""
+    advice: str = ""  #: the session's ``[spec-advice]`` line, "" when there is none
 
 
 class PriorRecord(NamedTuple):

@@ -64,9 +64,8 @@ def build_exporters(
     retire: Callable[[], None] | None = None,
 ) -> Exporters:
     """The exporters ``st.sinks`` asks for: spans (``otel``), metrics (``prometheus``, into
-    ``registry``, default the global one) and ``/metrics``; ``worker_label`` labels every
-    series ``worker``. An address that cannot be bound is a :class:`ConfigError` with
-    ``strict`` (the CLI), else said once and no ``/metrics``."""
+    ``registry``, default the global one) and ``/metrics``; ``worker_label`` labels every series
+    ``worker``. An unbindable address: ConfigError with ``strict`` (the CLI), else said once."""
     out = Exporters()
     _say_unknown(env)
     try:
@@ -197,8 +196,7 @@ def _ring(st: Settings, registry: Any) -> RingSink | None:
 def _seed_flags(
     env: Mapping[str, str] | None, level: int | None, prof: bool | None
 ) -> tuple[int, bool]:
-    """The seed's flags: the arguments, else read from ``env`` when given, else (once) from
-    ``os.environ``."""
+    """The seed's flags: the arguments, else read from ``env``, else (once) from ``os.environ``."""
     if env is not None:
         if level is None:
             level = flags.spec_trace_level_from(
@@ -231,24 +229,22 @@ def build_observer(
     retire: Callable[[], None] | None = None,
     **knobs: Any,
 ) -> Observer | NoOpObserver:
-    """An observer: ``level``/``prof`` override the seed's flags (read from ``env`` when given,
-    else once from ``os.environ``), ``knobs`` are :class:`Settings` fields, ``exporters`` extra
-    consumers behind the queue, ``strict`` as in :func:`build_exporters`. Nothing on ->
-    :data:`NOOP_OBSERVER`."""
+    """An observer: ``level``/``prof`` override the seed's flags (else read from ``env``, or once
+    from ``os.environ``), ``knobs`` are :class:`Settings` fields, ``exporters`` extra consumers
+    behind the queue, ``strict`` as in :func:`build_exporters`. Nothing on: NOOP_OBSERVER."""
     st = Settings.resolve(env, **knobs)
     _say_unknown(env, None if st.agent else st)  # before a silent no-op observer
     lvl, prf = _seed_flags(env, level, prof)
     sinks: list[Sink] = [lines := StderrSink(lvl, prf)] if lvl >= 1 or prf else []
+    ring = _ring(st, registry)  # agent mode: the agent publishes; here, the requests file only
+    here = st if ring is None else replace(st, sinks=frozenset())  # what this process publishes
     built = Exporters()  # first: an address that cannot be served is the one line said
-    here, ring = st, _ring(st, registry)  # what this process publishes itself
-    if ring is not None:  # agent mode: the agent publishes; here, the requests file only
-        sinks.append(ring)
-        here = replace(st, sinks=frozenset())
     if here.sinks & {"otel", "prometheus"} or st.requests_file:
         built = build_exporters(
             here, worker=st.worker, registry=registry, env=env, strict=strict, retire=retire
         )
     if ring is not None:
+        sinks.append(ring)
         built.where.append(f"records -> agent rings in {ring.directory}")
     elif built.prom is not None and (os.environ if env is None else env).get(
         "PROMETHEUS_MULTIPROC_DIR"

@@ -1,9 +1,8 @@
-"""``memra-obs agent``: the :class:`Agent` that reads a directory's rings in passes, each pass
-one batch to the exporters, each cursor persisted once its batch is delivered (at-least-once;
-exactly once across a graceful restart), as the RecordSource of the ExportWorker that drains
-in-process queues; the exporters the environment asks for around it (:func:`build_agent`), its own health
-on its ``/metrics``, and the command. Each ring is attached, read and counted on its own: one
-breaking a rule is dropped."""
+"""``memra-obs agent``: the :class:`Agent` reads a directory's rings in passes, each pass one
+batch to the exporters (the RecordSource of an ExportWorker, as in-process queues are), each
+cursor persisted once its batch is delivered (at-least-once; exactly once across a graceful
+restart); :func:`build_agent` wires the exporters the environment asks for and the agent's own
+health on ``/metrics``. Each ring is attached, read and counted on its own: a bad one is dropped."""
 
 from __future__ import annotations
 
@@ -74,8 +73,7 @@ class Agent:
         self._streams: dict[str, RingStream] = {}
         #: Rings not to attach again: read to the end but kept, or dropped as bad.
         self._skip: set[str] = set()
-        self._ids = itertools.count(1)
-        self._next_scan = 0.0
+        self._ids, self._next_scan = itertools.count(1), 0.0
         self._polled: list[RingStream] = []
         self._done: list[RingStream] = []
         #: Exporters that deliver later, on a thread of theirs (spans): marks say when.
@@ -85,8 +83,7 @@ class Agent:
         self._held: dict[RingStream, None] = {}  # their finished rings, oldest first
         #: worker -> (records read, lost, written) over every ring so far (a scrape reads it).
         self.totals: dict[str, tuple[int, int, int]] = {}
-        #: Over every ring, forgotten workers' too: records published, lost; rounds the loops
-        #: dropped for misuse (as their rings say).
+        #: Over every ring, forgotten workers' too: records published, lost; loops' dropped rounds.
         self.published = self._lost = self.dropped_rounds = 0
         self._retired: list[tuple[float, set[str]]] = []  # (when to forget, worker labels)
         self.rings_removed = self.rings_retired = 0  # retired: read to the end, worker gone
@@ -160,8 +157,7 @@ class Agent:
     # -- the RecordSource side -----------------------------------------------------------
 
     def take(self, limit: int = 0) -> list[Record]:
-        """One pass (a batch: ``limit`` is not used); rings whose writer is gone and that are
-        read retire once it is out."""
+        """One pass (a batch: ``limit`` is not used); finished rings retire once it is out."""
         now = time.monotonic()
         scan = now >= self._next_scan
         if scan:
@@ -187,9 +183,8 @@ class Agent:
         return batch
 
     def _shared_labels(self) -> None:
-        """Say once per label when two live rings that both published carry it: their series
-        are summed under one ``worker`` (ranks given one ``MEMRA_OBS_WORKER``), which a scrape
-        cannot tell from one busy worker."""
+        """Say once per label two live rings that published carry (ranks given one label): their
+        series are summed under one ``worker``, which a scrape cannot tell from a busy worker."""
         seen: dict[str, RingStream] = {}
         for s in self._streams.values():
             if s.gone or not s.read:
@@ -268,9 +263,8 @@ class Agent:
         return self.worker.drain_once()
 
     def drain(self, timeout_s: float = 10.0) -> bool:
-        """Publish what every ring holds now, retiring finished rings; True if done in time.
-        Live writers are not chased (a busy host would keep a stopping agent forever): the
-        next agent resumes where this one committed."""
+        """Publish what every ring holds now (live writers are not chased: a busy host would
+        keep a stopping agent forever), retiring finished rings; True if done in time."""
         deadline, self._next_scan = time.monotonic() + timeout_s, 0.0
         self.step()
         marks = {s: s.last.head for s in self._streams.values()}
@@ -310,13 +304,9 @@ class Agent:
         return [s.stats() for s in self._streams.values()]
 
     def collect(self) -> Iterator[Any]:
-        """The agent's own health, from its totals at scrape time (nothing counted twice): it
-        is a prometheus_client collector."""
-        yield GaugeMetricFamily(
-            "memra_obs_agent_rings",
-            "Worker rings the agent is reading (one per worker process).",
-            value=self.rings,
-        )
+        """The agent's own health, from its totals at scrape time (a prometheus_client collector)."""
+        doc = "Worker rings the agent is reading (one per worker process)."
+        yield GaugeMetricFamily("memra_obs_agent_rings", doc, value=self.rings)
         counts = sorted(self.counts().items())
         for i, (name, doc) in enumerate(_COUNTERS):
             c = CounterMetricFamily(name, doc, labels=["worker"])
@@ -345,12 +335,10 @@ def _lock(directory: str) -> int:
             os.close(fd)
             raise PermissionError(errno.EPERM, f"{lock} is another user's")
     except OSError as exc:
-        why = exc.strerror or str(exc)
+        why = f"ring directory {directory!r} (--dir, {MEMRA_OBS_AGENT}): {exc.strerror or exc}"
         if exc.errno == errno.EROFS:  # a k8s readOnly: true mount
             why += "; the agent writes there: mount it read-write"
-        raise ConfigError(
-            f"ring directory {directory!r} (--dir, {MEMRA_OBS_AGENT}): {why}"
-        ) from None
+        raise ConfigError(why) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -435,8 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("argument --dir: must not be empty (leave it out for the default)")
     stop = threading.Event()  # handlers first: a SIGTERM during start-up still drains
 
-    # set from a thread: the handler may interrupt this thread inside stop.wait(), holding
-    # the lock that set() takes
+    # set from a thread: the handler may interrupt stop.wait() here, holding the lock set() takes
     def on_signal(*_: object) -> None:
         threading.Thread(target=stop.set, daemon=True).start()
 

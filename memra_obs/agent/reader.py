@@ -6,8 +6,7 @@ SIGBUS, a short ``pread`` only drops the ring. No lock (one writer, x86-64 store
 writer stores ``head`` after a record's slots, so of slots copied below a head, a second read
 ``h`` of it keeps those at or above the floor ``h + MAXSPAN - N``. The directory may be
 world-writable: a ring is believed only while it keeps the writer's rules (README, "What the
-agent believes"); breaking one twice in a row (once may be a store in flight) is a FormatError.
-"""
+agent believes"); breaking one twice in a row (once may be a store in flight) is a FormatError."""
 
 from __future__ import annotations
 
@@ -68,8 +67,7 @@ class FormatError(ValueError):
 
 
 class RingReader:
-    """One ring file, checked at attach and at every read; ``uid`` is the owner it must have
-    (default: this process's)."""
+    """One ring file, checked at attach and at every read; ``uid``: its owner (default ours)."""
 
     def __init__(self, path: str, uid: int | None = None) -> None:
         self.path, self.writable, self.gone, self.trouble = path, True, False, False
@@ -164,7 +162,7 @@ class RingReader:
 
     def _walk(self, start: int, stop: int, top: int) -> Iterator[tuple[int, int, int, int, bytes]]:
         """(position, span, record number, kind, payload) of each record starting in [start,
-        stop), from a copy taken now of what lies below ``top`` up to one record past stop."""
+        stop), from a copy taken now of what lies below ``top``, up to one record past stop."""
         geo, x = self.geo, start & self.geo.mask
         end = min(top, stop + F.MAXSPAN)
         first = min(end - start, geo.slots - x)

@@ -5,8 +5,7 @@ into a ring the loop only writes bytes. ``pwrite``, not a mapping: a store into 
 that someone truncates is a SIGBUS no Python code can guard; a write into a shrunk file only
 grows it again. A round is two ``pack_into`` and two ``pwrite`` calls (~2 µs): the slot, then
 ``head`` (x86-64 keeps the order). Never blocks: the oldest slots are overwritten, counted by
-the agent. The worker holds ``flock`` on its ring for life: liveness across PID namespaces.
-"""
+the agent. The worker holds ``flock`` on its ring for life: liveness across PID namespaces."""
 
 from __future__ import annotations
 
@@ -51,9 +50,8 @@ def ring_directory(value: str) -> str:
 
 
 def own_directory(directory: str) -> None:
-    """Make ``directory`` (0700) if missing; a link, or one that neither this uid nor root (a
-    mount: a k8s emptyDir) owns, is a PermissionError: in world-writable /dev/shm another user
-    could make it first, then hold the agent's lock or remove rings."""
+    """Make ``directory`` (0700) if missing; a link, or one owned by neither this uid nor root
+    (a k8s emptyDir mount), is a PermissionError: in /dev/shm another user could make it first."""
     os.makedirs(directory, 0o700, exist_ok=True)
     st, uid = os.lstat(directory), os.geteuid()
     if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, uid):
@@ -80,8 +78,7 @@ class RingSink(Sink):
     """Every exported record into this process's ring (ProfRows/ProfSummary only feed the
     legacy lines). Never raises: a record the format cannot hold, or a write the file refuses,
     is counted in ``refused`` (and in the ring); ``written`` counts the records published.
-    ``dropped_rounds``: the loop's count of rounds dropped for misuse, copied into the ring at
-    each session end and at shutdown (the agent publishes it)."""
+    ``dropped_rounds``: the loop's count, copied into the ring at each session end and shutdown."""
 
     wants_trace_ids = True
 
@@ -100,8 +97,7 @@ class RingSink(Sink):
 
     @classmethod
     def create(cls, directory: str, *, worker: str = "", slots: int = 1 << 16) -> RingSink:
-        """The ring for this process in ``directory`` (made if missing); a CPU or directory that
-        cannot hold it is a start-up error."""
+        """The ring for this process in ``directory`` (made if missing), or a ConfigError."""
         check_cpu()
         directory = ring_directory(directory)
         try:
@@ -141,7 +137,6 @@ class RingSink(Sink):
         self._rounds0, self._rounds = self.dropped_rounds(), 0  # from this ring on (a fork's too)
 
     # -- under the lock ----------------------------------------------------------------
-
     def _pwrite(self, data: Any, off: int) -> bool:
         """False when the file refused (said once), or the ring is shut (its descriptor's
         number may be another file's by now)."""
@@ -199,7 +194,6 @@ class RingSink(Sink):
         return self._publish(data, n)
 
     # -- the sink ----------------------------------------------------------------------
-
     def on_round(self, rec: RoundRecord) -> None:
         with self._lock:
             pos, r = self._pos, self.written

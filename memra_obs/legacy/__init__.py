@@ -1,11 +1,8 @@
-"""The legacy tagged stderr lines: written byte for byte as the Rust worker prints them, and
-parsed back (``format_line(parse_line(l)) == l`` for every line this package writes).
-
-The seed's lines (phase, level-2 verify, summary) are computed with the seed's operations in
-its order; ``[spec-prof]``, ``[spec-prof-rounds]`` and ``[spec-advice]``, which the seed leaves
-open, are defined once (README, "Legacy lines"). :mod:`.lines` holds the writers and the line
-records, :mod:`.parse` the one parser.
-"""
+"""The legacy tagged stderr lines, written byte for byte as the Rust worker prints them (the
+seed's phase, level-2 verify and summary lines with its operations in its order; the lines it
+leaves open as the README's "Legacy lines" defines them) and parsed back:
+``format_line(parse_line(l)) == l`` for every line written. :mod:`.lines` holds the writers and
+the line records, :mod:`.parse` the one parser."""
 
 from ..records import FIRST_TOKEN_FIELDS, FIRST_TOKEN_MS_FIELDS
 from .lines import (

@@ -30,7 +30,7 @@ PROF_TAG = "spec-prof"
 PROF_ROUNDS_TAG = "spec-prof-rounds"
 PROF_SUMMARY_TAG = "spec-prof-summary"
 TRACE_TAG = "spec-trace"
-
+ADVICE_TAG = "spec-advice"
 #: Line kinds (:data:`KIND` of each record's type; the tail's ``kind`` label values).
 PHASE = "phase"
 VERIFY = "verify"
@@ -39,7 +39,6 @@ PROF_ROUNDS = "prof_rounds"
 PROF_SUMMARY = "prof_summary"
 OVERRIDE = "override"
 ADVICE = "advice"
-ADVICE_TAG = "spec-advice"
 
 
 def _positional(s: str) -> str:

@@ -57,21 +57,9 @@ _F1, _F2, _F3 = (rf"(-?[0-9]+{_P}\.[0-9]{{{n}}})" for n in (1, 2, 3))
 #: A tag's most characters (the seed's: a family and ``-phase``/``-phase-v``): a longer one is
 #: refused, so no line carries a label of any size onto /metrics.
 MAX_TAG = 64
-_UNTAGGABLE = re.compile(r"[\]\s\x00-\x1f\x7f\ud800-\udfff]")
-
-
 #: Tag prefixes of this parser's own lines: a phase line under one is refused.
 RESERVED = ("spec-prof", "spec-trace", "spec-advice")
-
-
-def taggable(t: str, room: int = MAX_TAG) -> str:
-    """``t`` as a tag this parser takes back: a space, a control character, ``]`` or a lone
-    surrogate (an undecodable byte: no UTF-8 carries it to /metrics) becomes ``_``, one of the
-    :data:`RESERVED` prefixes gets an ``x`` before it, and it is cut to ``room`` characters."""
-    t = _UNTAGGABLE.sub("_", t)
-    return ("x" + t if t.startswith(RESERVED) else t)[:room]
-
-
+_UNTAGGABLE = re.compile(r"[\]\s\x00-\x1f\x7f\ud800-\udfff]")
 _TAG_HEAD = re.compile(rf"\[([^\]\s]{{1,{MAX_TAG}}}{_P})\] ").match
 _LONG_TAG = re.compile(rf"\[[^\]\s]{{{MAX_TAG + 1},}}\] rounds=").match
 _PHASE = re.compile(
@@ -104,6 +92,7 @@ _FT_NAMES = list(FIRST_TOKEN_FIELDS)
 _ROW_HEAD = f"[{PROF_ROUNDS_TAG}] "
 _ROW_AT = len(_ROW_HEAD)
 _tuple_new = tuple.__new__  # a NamedTuple without its Python-level __new__
+_INF = float("inf")
 #: The project's own tags: a line under a damaged one is refused, never passed off as foreign.
 _OWN_TAGS = {
     PROF_ROUNDS_TAG: PROF_ROUNDS,
@@ -118,14 +107,26 @@ _ADVICE = re.compile(
     rf"tokens_per_round={_IV} tokens_per_s={_IV} speedup={_IV} "
     r"plain_step_ms=([0-9]+\.[0-9]+) \(([a-z_]+)\)"
 ).fullmatch
-
-
 #: Where a legacy line starts behind a log collector's prefix (see _behind_prefix): one of our
 #: tags, or a phase tag and its body (no "[" in a tag, at most MAX_TAG: one pass over any line).
 _WRAPPED = re.compile(
     r"\[spec-(?:prof-rounds|prof-summary|prof|trace|advice)\] "
     rf"|\[[^\[\]\s]{{1,{MAX_TAG}}}\] rounds="
 ).search
+_CSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]").sub
+_MESSAGE = ("log", "message", "MESSAGE", "line")  # a JSON record's line (see _behind_prefix)
+_BLOB = re.compile(r'"MESSAGE" ?: ?\[').search
+#: A CRI log line's head (/var/log/pods): its time, its stream, and ``P`` (a part: the line goes
+#: on in the stream's next line) or ``F`` (the line ends here).
+_CRI_HEAD = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[^ ]+ (stdout|stderr) ([PF]) ").match
+
+
+def taggable(t: str, room: int = MAX_TAG) -> str:
+    """``t`` as a tag this parser takes back: a space, a control character, ``]`` or a lone
+    surrogate (an undecodable byte: no UTF-8 carries it to /metrics) becomes ``_``, one of the
+    :data:`RESERVED` prefixes gets an ``x`` before it, and it is cut to ``room`` characters."""
+    t = _UNTAGGABLE.sub("_", t)
+    return ("x" + t if t.startswith(RESERVED) else t)[:room]
 
 
 def parse_line(line: str) -> LegacyLine | None:
@@ -181,11 +182,6 @@ def parse_line(line: str) -> LegacyLine | None:
         raise LegacyParseError(line, str(exc), _claimed(text)) from None
 
 
-_CSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]").sub
-_MESSAGE = ("log", "message", "MESSAGE", "line")  # a JSON record's line (see _behind_prefix)
-_BLOB = re.compile(r'"MESSAGE" ?: ?\[').search
-
-
 def _behind_prefix(line: str, rest: str) -> LegacyLine | None:
     """The legacy line in ``rest`` (of ``line``) behind what a log collector puts first: a
     timestamp, ``kubectl logs --prefix``'s ``[pod/p/c] ``, CRI's ``<time> stderr F ``, a JSON
@@ -208,20 +204,13 @@ def _behind_prefix(line: str, rest: str) -> LegacyLine | None:
         return None  # tag, a log of this tail's own notes): not claimed, not refused
 
 
-#: A CRI log line's head (/var/log/pods): its time, its stream, and ``P`` (a part: the line goes
-#: on in the stream's next line) or ``F`` (the line ends here).
-_CRI_HEAD = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[^ ]+ (stdout|stderr) ([PF]) ").match
-
-
 class CriJoin:
-    """A CRI log's ``P`` parts joined to their ``F`` line, as the kubelet joins them: a runtime
-    writes a line it got in pieces as parts (CRI-O's conmon at each read of the pipe,
-    containerd past 16 KiB), and each part alone is a damaged line behind a prefix, not claimed:
-    its round was lost unsaid. So are Docker json-file's: a record whose ``log`` lacks its
-    newline (the daemon cuts a line at 16 KiB: a progress bar's ``\\r`` updates, a legacy line
-    after them). ``join(line)``: a part is held (per stream, up to ``limit`` characters: a
-    longer line is read as nothing) and read as ``""``; the line that ends it comes back whole
-    (a Docker line as its bare text); other lines as they are."""
+    """A CRI log's ``P`` parts joined to their ``F`` line, as the kubelet joins them (CRI-O's
+    conmon writes a part at each read of the pipe, containerd past 16 KiB), and so are Docker
+    json-file's records whose ``log`` lacks its newline (cut at 16 KiB): alone, a part is a
+    damaged line behind a prefix, its round lost unsaid. A call holds a part (per stream, up to
+    ``limit`` characters: a longer line reads as nothing) and returns ``""``; the line that ends
+    it comes back whole (a Docker line as its bare text), any other line as it is."""
 
     def __init__(self, limit: int = 1 << 20) -> None:
         self.limit = limit
@@ -256,9 +245,6 @@ def _durations(line: str, values: Sequence[str], kind: str) -> tuple[float, ...]
     if ends[0] < 0.0 or ends[-1] == _INF:
         raise LegacyParseError(line, "a negative or infinite duration (no clock gives one)", kind)
     return out
-
-
-_INF = float("inf")
 
 
 def _claimed(text: str) -> str:
@@ -313,10 +299,7 @@ def _prof(line: str, body: str) -> SpecFirstTokenProf:
         elif name in _FT_FREE:
             if _FREE(v) is None:
                 raise LegacyParseError(line, f"{name}={v!r} is not [ordinal:free_mb,...]", PROF)
-            kw[name] = [
-                (int(a), int(b))
-                for a, _, b in (x.partition(":") for x in filter(None, v[1:-1].split(",")))
-            ]
+            kw[name] = [tuple(map(int, x.split(":"))) for x in filter(None, v[1:-1].split(","))]
         elif name == "draft_prime_arm":
             kw[name] = v
         else:

@@ -4,9 +4,8 @@
 (HTTP/protobuf, HTTP/JSON, gRPC), the embedded default (rotated OTLP-JSON lines in
 ``MEMRA_OBS_SPANS_FILE``), or any SDK exporter by entry point (slow, universal). The encoders
 are our own: the SDK's per-span path measured 22.7 µs a span here, too much beside a round; plain
-tuples (:mod:`.spans`) written straight to the wire (:mod:`.otlp`) cost a few µs.
-Nothing here imports opentelemetry-proto; grpcio only the gRPC sender does (:mod:`.transport`),
-when that protocol is chosen.
+tuples (:mod:`.spans`) written straight to the wire (:mod:`.otlp`) cost a few µs. Nothing here
+imports opentelemetry-proto; grpcio only the gRPC sender does (:mod:`.transport`), when chosen.
 """
 
 from __future__ import annotations

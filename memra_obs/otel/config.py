@@ -51,10 +51,9 @@ def parse_bool(var: str, value: str | None) -> bool:
 
 
 def parse_key_values(var: str, value: str, grpc: bool | None = None) -> list[tuple[str, str]]:
-    """The specification's ``key1=value1,key2=value2`` lists: values percent-decoded, and keys
-    too for headers (``grpc`` not None: checked sendable over gRPC or HTTP; a resource's keys are
-    left as written, as the SDK's detector does). A bad item is named by its place, never a
-    secret's text."""
+    """The specification's ``key1=value1,key2=value2`` lists, percent-decoded (a header's key too,
+    checked sendable over gRPC or HTTP as ``grpc`` says; a resource's keys stay as written, as the
+    SDK's detector does). A bad item is named by its place, never a secret's text."""
     out = []
     for n, item in enumerate(value.split(","), 1):
         key, sep, val = item.partition("=")
@@ -67,7 +66,11 @@ def parse_key_values(var: str, value: str, grpc: bool | None = None) -> list[tup
             key = unquote(key)
             ok_key, ok_val = _GRPC if grpc else _HTTP
             if not (ok_key(key.lower() if grpc else key) and ok_val(val)):
-                raise ConfigError(_unsendable(var, n, key))
+                why = "cannot be sent as given"
+                if _HTTP_KEY(key):
+                    raise ConfigError(f"{var}: header {key!r} {why}")
+                # a key that is no header name (``Basic dXNl...`` split at its "=") is the secret
+                raise ConfigError(f"{var}: header number {n} {why} (not shown: it may be secret)")
         out.append((key, val))
     return out
 
@@ -188,14 +191,6 @@ class OtlpConfig:
             why = "not a readable PEM certificate and its unencrypted private key"
             raise ConfigError(f"{c[0]} / {k[0]}: {why} ({exc})") from None
         return cls(protocol, *_endpoint(env, protocol), headers, timeout_s, compression, *pems)
-
-
-def _unsendable(var: str, n: int, key: str) -> str:
-    """A header that cannot be sent, named by its key only when that is a header name: a key
-    that is not (``Authorization: Basic dXNl...`` split at its base64 padding) holds the secret."""
-    if _HTTP_KEY(key):
-        return f"{var}: header {key!r} cannot be sent as given"
-    return f"{var}: header number {n} cannot be sent as given (not shown: it may be secret)"
 
 
 _HTTP_KEY = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+").fullmatch  # RFC 9110's token

@@ -86,10 +86,9 @@ def _split_attrs(verify_ns: int, split: tuple[int, int, int, int]) -> tuple[tupl
 
 
 def _widen(t: tuple[int, ...]) -> tuple[int, ...]:
-    """A round's span boundaries with every phase >= 1 ns, taken from its longest phase (the
-    event clock charges host work hidden under the device's tail nothing, and Jaeger flags an
-    empty span "Negative duration detected"); the round's own start and end stay. As they are
-    when the round is too short to share."""
+    """A round's span boundaries with every phase >= 1 ns, taken from its longest phase (the event
+    clock charges host work hidden under the device's tail nothing, and Jaeger flags an empty span
+    "Negative duration detected"); its start and end stay, and all of them if it is too short."""
     w = [b - a for a, b in itertools.pairwise(t)]
     zeros, m = w.count(0), w.index(max(w))
     if w[m] <= zeros:

@@ -1,10 +1,9 @@
-"""Where encoded requests go: OTLP/HTTP (stdlib), OTLP/gRPC (grpcio), a JSON-lines file
-rotated at a size limit, or an SDK ``SpanExporter`` found by entry point. ``send(payload,
-timeout_s)`` is one attempt (the retry loop is the exporter's): it returns the spans the
-receiver rejected, or raises :class:`Retry` for what the OTLP specification calls retryable
-(with the receiver's wait), else :class:`SendError`. ``abort()`` (another thread, at shutdown)
-cuts the attempt in flight short. Goal (DESIGN §9): :mod:`.otlp`'s (the SDK's exporters send
-only its own span objects, never encoded bytes).
+"""Where encoded requests go: OTLP/HTTP (stdlib), OTLP/gRPC (grpcio), a JSON-lines file rotated
+at a size limit, or an SDK ``SpanExporter`` found by entry point. ``send(payload, timeout_s)`` is
+one attempt (the retry loop is the exporter's): it returns the spans the receiver rejected, or
+raises :class:`Retry` for what the OTLP specification calls retryable (with the receiver's wait),
+else :class:`SendError`. ``abort()`` (another thread, at shutdown) cuts the attempt in flight
+short. Goal (DESIGN §9): :mod:`.otlp`'s (the SDK's exporters send their span objects, not bytes).
 """
 
 from __future__ import annotations
@@ -156,8 +155,6 @@ class HttpSender:
             c.request("POST", self._path, body=body, headers=self._headers)
             r = c.getresponse()
             data = r.read(_BODY_MAX)
-            if not r.isclosed():  # more left unread: this connection cannot carry another
-                self.close()
         except BaseException as exc:
             self.close()
             if isinstance(exc, ssl.SSLError) and not isinstance(exc, _TLS_CUT):  # a certificate
@@ -165,7 +162,7 @@ class HttpSender:
             if isinstance(exc, (OSError, http.client.HTTPException)):  # refused, reset, closed
                 raise Retry(f"{self.url}: {exc!r}") from None
             raise
-        if r.will_close:
+        if r.will_close or not r.isclosed():  # not closed: more left unread, cannot carry another
             self.close()
         if 200 <= r.status < 300:
             if not self._json:

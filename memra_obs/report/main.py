@@ -65,27 +65,25 @@ def main(args: argparse.Namespace) -> int:
         print("memra-obs report needs matplotlib: pip install 'memra_obs[report]'", file=sys.stderr)
         return 2
     except OSError as exc:  # no writable config or temp directory (a read-only container)
-        print(f"memra-obs report: matplotlib cannot start: {exc}", file=sys.stderr)
-        return 2
+        return _error(f"matplotlib cannot start: {exc}")
     if len(args.inputs) > 2 or args.inputs.count("-") > 1:
-        sys.stderr.write("memra-obs report: one input, or two for A/B (at most one of them -)\n")
-        return 2
+        return _error("one input, or two for A/B (at most one of them -)")
     if not args.output.strip():  # "" was ": Is a directory", " " a file named " "
-        sys.stderr.write(f"memra-obs report: -o {args.output!r}: name a file (or /dev/stdout)\n")
-        return 2
+        return _error(f"-o {args.output!r}: name a file (or /dev/stdout)")
     args.output = "/dev/stdout" if args.output == "-" else args.output  # was a file named "-"
     for path in args.inputs:  # the page would replace the log it was made from (`- < log`)
         with contextlib.suppress(OSError):
             st = os.fstat(0) if path == "-" else os.stat(path)
             if stat.S_ISREG(st.st_mode) and os.path.samestat(st, os.stat(args.output)):
-                print(f"memra-obs report: -o {args.output} is the input {path}", file=sys.stderr)
-                return 2
-    from ..environment import utf8
+                return _error(f"-o {args.output} is the input {path}")
+    from ..environment import MEMRA_OBS_MAX_FAMILIES as FAM
+    from ..environment import Settings, utf8
     from .inputs import read
     from .page import render
     from .stats import View, ab_table
 
-    top = _max_families()
+    # The one knob a report reads, checked as the tail's (serving and TLS knobs are not its own).
+    top = Settings.resolve({FAM: os.environ[FAM]} if FAM in os.environ else {}).max_families
     bar, views = Progress(not args.quiet and (args.progress or sys.stderr.isatty())), []
     for i, path in enumerate(args.inputs):
         name = "stdin" if path == "-" else utf8(os.path.basename(path) or path)  # a UTF-8 page
@@ -94,14 +92,10 @@ def main(args: argparse.Namespace) -> int:
             views.append(View(label, read(path, bar.reading(label), top)))
         except (OSError, EOFError, zlib.error) as exc:  # a gzip'd input cut short or damaged
             bar.step("")
-            why = getattr(exc, "strerror", None) or exc
-            print(f"memra-obs report: {path}: {why}", file=sys.stderr)
-            return 2
+            return _error(f"{path}: {getattr(exc, 'strerror', None) or exc}")
     if len(views) == 2 and (empty := [v.label for v in views if not v.run.rounds]):
         bar.step("")
-        which = " and ".join(empty)
-        sys.stderr.write(f"memra-obs report: no A/B comparison: {which} has no rounds\n")
-        return 2
+        return _error(f"no A/B comparison: {' and '.join(empty)} has no rounds")
     bar.step("A/B table" if len(views) == 2 else "figures")
     ab = ab_table(*views) if len(views) == 2 else None
     page = render(views, ab, bar.step)
@@ -109,8 +103,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         _write(args.output, page)
     except OSError as exc:
-        print(f"memra-obs report: {args.output}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return _error(f"{args.output}: {exc.strerror or exc}")
     if not args.quiet:
         what = "; ".join(_summary(v.label, v.run) for v in views)
         if ab is not None:
@@ -120,13 +113,9 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _max_families() -> int:
-    """The one knob a report reads (a log's families: a section each), checked as the tail's;
-    the others (an address to serve, TLS files) are no report's to check."""
-    from ..environment import MEMRA_OBS_MAX_FAMILIES as FAM
-    from ..environment import Settings
-
-    return Settings.resolve({FAM: os.environ[FAM]} if FAM in os.environ else {}).max_families
+def _error(message: str) -> int:
+    print(f"memra-obs report: {message}", file=sys.stderr)
+    return 2
 
 
 def _summary(label: str, run: Any) -> str:
@@ -175,9 +164,8 @@ def _write(path: str, page: str) -> None:
     pipe, ``/dev/stdout``) is written as it is (a link is never replaced by a file); a link
     another user planted in /tmp is not followed (:func:`_planted`)."""
     if planted := _planted(path):
-        raise PermissionError(
-            errno.EACCES, f"{planted} is another user's link in a sticky directory"
-        )
+        why = f"{planted} is another user's link in a sticky directory"
+        raise PermissionError(errno.EACCES, why)
     fd = _descriptor(path)
     try:
         regular = fd is None and stat.S_ISREG(os.stat(path).st_mode)

@@ -29,7 +29,6 @@ MIN_N = 6
 #: Bootstrap resamples; values a run they are drawn from (past it, a fixed-seed subsample: a
 #: wider interval, never a narrower one); seed.
 N_BOOT, CAP, SEED = 1000, 20_000, 0
-#: The method, as the page states it.
 AB_METHOD = (
     "Medians are the seed's (sorted[n/2]). The CI resamples A's sessions and B's independently, "
     f"each with its rounds ({N_BOOT} resamples, fixed seed, at most {CAP:,} values a run). "

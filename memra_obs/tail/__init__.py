@@ -4,8 +4,7 @@
     worker 2>&1 >/dev/null | memra-obs tail - --worker rank0
 
 Bytes go through unchanged (:mod:`.passthrough`); legacy lines become records (:mod:`.rebuild`)
-for a worker's exporters, with backpressure: the tail holds its reading back rather than drop.
-"""
+for a worker's exporters, with backpressure: the tail holds its reading back rather than drop."""
 
 from __future__ import annotations
 
@@ -46,8 +45,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no start/end lines of the tail's own")  # fmt: skip
 
 
-def _options(rest: Sequence[str], ns: argparse.Namespace) -> argparse.Namespace:
-    """The options, checked: the CLI parsed them (``add_options``); ``rest`` it did not know."""
+def _check(rest: Sequence[str], ns: argparse.Namespace) -> None:
+    """Refuse what the CLI parsed (``add_options``) but the tail cannot take, and ``rest``."""
     usage = "memra-obs tail [--follow] FILE|- [--worker W] [options] (--help lists them)"
     p = argparse.ArgumentParser(prog="memra-obs tail", usage=usage, add_help=False)
     if rest:
@@ -56,25 +55,24 @@ def _options(rest: Sequence[str], ns: argparse.Namespace) -> argparse.Namespace:
         p.error("argument FILE|-: must not be empty (- for standard input)")
     if ns.worker is not None and not ns.worker.strip():  # never replaced by the file's name
         p.error("argument --worker: must not be empty (leave it out for the file's name)")
-    return ns
 
 
 def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
-    """``memra-obs tail [--follow] FILE|- [--worker W] [options]`` (see ``_options``)."""
-    opts, path = _options(rest, args), args.path
+    """``memra-obs tail [--follow] FILE|- [--worker W] [options]`` (see ``add_options``)."""
+    _check(rest, args)
+    path = args.path
     # argument > environment > default, as every knob: --worker, MEMRA_OBS_WORKER (the
     # worker's own label when the tail shares its environment), the file's name / stdin.
-    # An empty one is refused under its own name, never replaced.
-    name = "stdin" if path == "-" else os.path.basename(path) or path
     knobs: dict[str, Any] = {}
     if args.worker is not None or MEMRA_OBS_WORKER not in os.environ:
+        name = "stdin" if path == "-" else os.path.basename(path) or path
         knobs["worker"] = name if args.worker is None else args.worker
     if MEMRA_OBS_SINKS not in os.environ:
         knobs["sinks"] = "otel,prometheus"
     st = Settings.resolve(None, **knobs)
     early: list[str] = []
     try:
-        source = _source(path, args.follow, opts, early.append)
+        source = _source(args, early.append)
     except OSError as exc:
         print(f"memra-obs tail: {path}: {exc.strerror}", file=sys.stderr)
         return 2
@@ -87,8 +85,8 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     queue = (
         QueueSink(built.all, capacity=st.queue_size, pause_s=0, stretch_ms=0) if built.all else None
     )
-    rb = Rebuilder(st.worker, linger_ns=int(opts.linger * 1e9), max_bursts=opts.max_bursts,
-                   session_gap_ns=int(opts.session_gap * 1e9), sampled=sessions_sampled(),
+    rb = Rebuilder(st.worker, linger_ns=int(args.linger * 1e9), max_bursts=args.max_bursts,
+                   session_gap_ns=int(args.session_gap * 1e9), sampled=sessions_sampled(),
                    max_families=st.max_families)  # fmt: skip
     tail = Tail(rb, queue.put_many if queue is not None else lambda batch: None, name=source.name,
                 max_devices=st.max_devices)  # fmt: skip
@@ -97,7 +95,7 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
         collector = TailCollector()
         collector.add(st.worker, tail.stats)
         built.prom.registry.register(collector)
-    if not opts.quiet:
+    if not args.quiet:
         where = "; ".join(built.where) or "publishing nothing (MEMRA_OBS_SINKS)"
         mode = "following" if isinstance(source, FollowSource) else "reading"
         tail.note(f"{mode} {source.name} as worker {st.worker!r}; {where}")
@@ -110,7 +108,7 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     except OSError as exc:  # a read error (EIO, ...): what was read is published, then this
         print(f"memra-obs tail: {path}: {exc.strerror}", file=sys.stderr)
         return 2
-    if not opts.quiet:
+    if not args.quiet:
         s, rows, means = tail.stats, rb.rounds_from_rows, rb.rounds_from_means
         tail.note(
             f"{'stopped' if stop else 'end of input'}: {tail.lineno} lines "
@@ -121,15 +119,14 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     return 0
 
 
-def _source(
-    path: str, follow: bool, opts: argparse.Namespace, on_wait: Callable[[str], None]
-) -> PipeSource | FollowSource:
+def _source(opts: argparse.Namespace, on_wait: Callable[[str], None]) -> PipeSource | FollowSource:
+    path = opts.path
     if path == "-":  # fd 0 closed (tail - <&-): EBADF now, before /metrics's socket takes fd 0
         os.fstat(0)
         return PipeSource(0, "stdin")
     if os.path.isdir(path):  # open() takes one; its reads would fail
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-    if follow and (os.path.isfile(path) or not os.path.exists(path)):
+    if opts.follow and (os.path.isfile(path) or not os.path.exists(path)):
         return FollowSource(path, from_start=opts.from_start, poll_s=opts.poll, on_wait=on_wait)
     # read to its end: a file (gzip'd or not), or a FIFO (which has no rotations to follow)
     fd = os.open(path, os.O_RDONLY)

@@ -1,9 +1,8 @@
 """One stream through the tail: bytes in, the same bytes out, records to the exporters.
 
-:class:`Tail` has no I/O policy of its own (tests and the benchmark drive it). It never raises
+:class:`Tail` has no I/O policy of its own (tests and the benchmark drive it) and never raises
 on input: a tagged line that does not parse is counted, reported (line number and reason) and
-skipped; bytes that are not UTF-8 pass through as they came.
-"""
+skipped; bytes that are not UTF-8 pass through as they came."""
 
 from __future__ import annotations
 
@@ -139,8 +138,7 @@ class Tail:
 
     def _publish(self) -> None:
         self._problems(self.lineno)
-        recs = self.rebuilder.take()
-        if recs:
+        if recs := self.rebuilder.take():
             self.publish(recs)
 
     def _lines(self, text: str, t: int) -> None:

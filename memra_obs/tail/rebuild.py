@@ -3,8 +3,7 @@
 The lines carry no session ids and no timestamps; the README's "Reconstruction" table is the
 contract: rows are exact rounds, phase lines give the rest their burst's means (``k = j = -1``:
 never invented; runs of equal rounds as one record with ``repeat``), a burst ends when its
-line arrived (or right after the previous one in a backlog), rounds lie back to back in it.
-"""
+line arrived (or right after the previous one in a backlog), rounds lie back to back in it."""
 
 from __future__ import annotations
 
@@ -13,19 +12,14 @@ import random
 import time
 from collections.abc import Callable
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..legacy import (
-    AdviceLine,
-    FirstTokenLine,
-    LegacyLine,
-    PhaseLine,
-    RoundsLine,
-    SummaryLine,
-    VerifyLine,
-)
+from ..legacy import AdviceLine, FirstTokenLine, PhaseLine, RoundsLine, SummaryLine, VerifyLine
 from ..records import SPEC_PROF_ROUNDS, SpecFirstTokenProf, SpecPhaseNs, SpecRoundProf
 from ..timeline import BurstRecord, FirstTokenRecord, RoundRecord, SessionEndRecord, SessionRecord
+
+if TYPE_CHECKING:
+    from ..legacy import LegacyLine
 
 __all__ = ["FAMILY_CAP", "MAX_BURST_ROUNDS", "UNKNOWN_FAMILY", "Rebuilder", "family_of"]
 

@@ -1,6 +1,5 @@
 """The tail's own counts (``memra_obs_tail_*``) as plain ints, and the collector that
-publishes them when scraped: counting is an integer add, the hot path pays nothing more.
-"""
+publishes them when scraped: counting is an integer add, the hot path pays nothing more."""
 
 from __future__ import annotations
 
