@@ -342,9 +342,8 @@ class Burst:
         s._rounds += 1
         self.rounds += 1
         self._tokens += j + 1
-        if k > 0:
-            s._ks.append(k)
-            s._js.append(j)
+        s._ks.append(k)  # a k = 0 round is no spec step: spec_decode_record skips it
+        s._js.append(j)
         t = (t0, t1, t2, t3, t4, t5)
         fo = self._obs._fan
         if fo.on_round:

@@ -210,7 +210,7 @@ class Session:
             say_once(f"mem:{point}", f"Session.free_memory({point!r}): use 'before' or 'after'")
             return []
         snap = self._obs.memory_snapshot()
-        self._last_ns = max(self._last_ns, now_ns())  # the next bucket starts after it
+        self._last_ns = now_ns()  # the next bucket starts after it (a monotonic clock)
         try:
             setattr(self.prof, f"free_mb_{point}", snap)
         except (TypeError, ValueError) as exc:

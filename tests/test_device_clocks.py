@@ -482,3 +482,17 @@ def test_prof_clock_laps_drain_both_streams_and_return_the_ms_between_them() -> 
     assert (e.syncs, eh.syncs) == (2, 2) and 29.0 <= first < 1000.0
     other.enqueue(15.0)
     assert 14.0 <= p.lap(other) < first and (other.syncs, e.syncs, eh.syncs) == (1, 2, 3)
+
+
+def test_sync_clock_drains_a_lone_head_stream_and_never_raises_a_failed_drain() -> None:
+    """``SyncClock(None, eh)`` drains eh at each mark; a stream whose drain raises (a CUDA
+    error) is the loop's next call to say, never raised from a mark."""
+    eh = SimStream()
+    SyncClock(None, eh).mark()
+    assert eh.syncs == 1
+
+    class Broken:
+        def synchronize(self) -> None:
+            raise RuntimeError("device lost")
+
+    assert isinstance(SyncClock(Broken()).mark(), int)

@@ -91,6 +91,13 @@ def test_misuse_never_unbalances_the_ranges() -> None:
         b.end_draft()
         b.end()  # returned mid-round
         b.end_verify()  # late boundary after the end: no range opened
+        b = s.burst(4)
+        b.begin_round()
+        b.end_accept()  # out of order: the round is dropped
+        b.end_round(k=4, j=2)
+        depth = sum(1 if op.startswith("+") else -1 for op in d.ops)
+        assert depth == 1  # its round's ranges closed at its end_round, spec.burst left
+        b.end()
     pushes = sum(op.startswith("+") for op in d.ops)
     assert pushes == d.ops.count("-")
     depth = 0
@@ -99,12 +106,14 @@ def test_misuse_never_unbalances_the_ranges() -> None:
         assert depth >= 0
 
 
-def test_a_raising_domain_never_reaches_the_loop() -> None:
+@pytest.mark.parametrize("op", ["push_range", "pop_range"])
+def test_a_raising_domain_never_reaches_the_loop(op: str) -> None:
     """NVTX failures are reported once and the loop's rounds still come out."""
 
-    class Bad(FakeDomain):
-        def push_range(self, attributes: Any) -> None:
-            raise RuntimeError("nvtx broke")
+    def broke(*args: Any) -> None:
+        raise RuntimeError("nvtx broke")
+
+    Bad = type("Bad", (FakeDomain,), {op: broke})
 
     with capture(level=1, sinks=[NvtxSink(domain=Bad())]) as cap, cap.observer.session("t") as s:
         b = s.burst(4)
@@ -337,6 +346,24 @@ def test_a_session_ended_from_another_thread_leaves_each_thread_its_own_ranges()
             assert type(b) is not Burst
     assert d.underflows == 0
     assert d.stacks == {"loop": [], "MainThread": []}
+
+
+def test_a_cancelled_burst_ended_late_leaves_the_next_its_ranges() -> None:
+    """A burst ended from another thread, ended again by its loop after the loop's next burst
+    took the thread's ranges: that burst keeps them (one begun while it is open gets none)."""
+    with capture(level=1, sinks=[NvtxSink(domain=FakeDomain())]) as cap:
+        s1 = cap.observer.session("a")
+        b1 = s1.burst(4)
+        th = threading.Thread(target=s1.end)
+        th.start()
+        th.join()
+        s2 = cap.observer.session("b")
+        b2 = s2.burst(4)
+        b1.end()  # the loop's own end, late
+        s3 = cap.observer.session("c")
+        assert type(b2) is not Burst and type(s3.burst(4)) is Burst
+        s3.end()
+        s2.end()
 
 
 def test_a_cancel_while_the_loop_builds_its_burst_raises_nowhere(

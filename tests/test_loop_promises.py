@@ -16,13 +16,20 @@ import pytest
 from forked import in_child
 
 import memra_obs
+from memra_obs.demo import SimStream
 from memra_obs.environment import ConfigError
 from memra_obs.legacy import PhaseLine, parse_line
 from memra_obs.observer import NOOP_OBSERVER, Observer
 from memra_obs.records import SEQ_ROWS, VERIFY_SPLIT
 from memra_obs.sinks.stderr import StderrSink
 from memra_obs.testing import RecordingSink, capture
-from memra_obs.timeline import BurstRecord, FirstTokenRecord, RoundRecord, SessionRecord
+from memra_obs.timeline import (
+    BurstRecord,
+    FirstTokenRecord,
+    ProfRowsRecord,
+    RoundRecord,
+    SessionRecord,
+)
 
 
 def one_round(b, k=4, j=2, **kw):
@@ -47,7 +54,7 @@ def test_a_stream_without_synchronize_is_said_not_raised(caplog):
 @pytest.mark.parametrize(
     "kw",
     [{"j": None}, {"j": 5}, {"j": -1}, {"k": -2, "j": 0}, {"k": 4.5}, {"ctx": -1}, {"k": 70_000},
-     {"ctx": 2**33}],
+     {"ctx": 2**33}, {"seq_rows": 2**32}, {"seq_rows": -1}],
 )  # fmt: skip
 def test_bad_counts_drop_the_round_whole(caplog, kw):
     """``end_round(k=4, j=None)`` and counts no loop produces (j > k, negatives, floats): no
@@ -64,6 +71,74 @@ def test_bad_counts_drop_the_round_whole(caplog, kw):
     assert "ctx and seq_rows in 0..4294967295" in caplog.text  # the limits, as checked
     line = parse_line(next(x for x in cap.lines if x.startswith("[glm5-phase]")))
     assert isinstance(line, PhaseLine) and line.rounds == 1
+
+
+def test_counts_at_their_limits_are_recorded():
+    """k = j = 65535, ctx and seq_rows 2**32 - 1 are counts a loop may pass: recorded."""
+    with capture(level=1) as cap, cap.observer.session("glm5") as s, s.burst(4) as b:
+        one_round(b, k=65535, j=65535, ctx=2**32 - 1, seq_rows=2**32 - 1)
+    assert [(r.k, r.j, r.ctx, r.seq_rows) for r in cap.rounds] == [(65535,) * 2 + (2**32 - 1,) * 2]
+    assert cap.observer.dropped_rounds == 0
+
+
+def test_a_round_that_drafted_nothing_is_no_spec_step():
+    """A k = 0 round (the gate drafted nothing) is recorded, but is no step of spec_decode()."""
+    with capture(level=1) as cap, cap.observer.session("glm5") as s, s.burst(4) as b:
+        one_round(b, k=0, j=0)
+        one_round(b, k=4, j=2)
+        assert s.spec_decode(detailed=True)["per_step_drafted"] == [4]
+    assert len(cap.rounds) == 2
+
+
+def test_a_burst_of_no_round_says_nothing_and_sends_no_rows(caplog):
+    """A burst that closed no round: no clock settle failure said, no empty profile rows."""
+    with capture(level=1, prof=True) as cap, cap.observer.session("glm5") as s:
+        with s.burst(4) as b:
+            one_round(b)
+        with s.burst(4):
+            pass
+    assert len(cap.bursts) == 2 and len(cap.sink.of(ProfRowsRecord)) == 1
+    assert "failed" not in caplog.text
+
+
+def test_a_walk_between_two_bursts_lands_in_the_next_round():
+    """What the walk adds outside a round stays in its thread's set until a round drains it."""
+    with capture(level=2) as cap, cap.observer.session("glm5") as s:
+        with s.burst(4) as b:
+            one_round(b)
+        VERIFY_SPLIT.add(kda=10)
+        SEQ_ROWS.add(3)
+        with s.burst(4) as b:
+            one_round(b)
+    assert [(r.split_ns, r.seq_rows) for r in cap.rounds] == [((0,) * 4, 0), ((10, 0, 0, 0), 3)]
+
+
+def test_hook_time_adds_up_over_a_bursts_hooks(monkeypatch):
+    from memra_obs import burst as burst_mod
+
+    ticks = itertools.count(0, 10)
+    with capture(level=1) as cap, cap.observer.session("glm5") as s, s.burst(4) as b:
+        monkeypatch.setattr(burst_mod, "now_ns", lambda: next(ticks))
+        for _ in range(2):
+            with b.hook():
+                pass
+    assert cap.bursts[0].hook_ns == 20
+
+
+def test_a_rounds_log_row_rest_is_its_rollback_and_maintenance():
+    class Ticking(_FakeEventClock):
+        immediate = True
+
+        def mark(self):
+            self.n += 1000
+            return self.n
+
+    with capture(level=1, prof=True, clock=Ticking) as cap:
+        s = cap.observer.session("glm5")
+        with s, s.burst(4) as b:
+            one_round(b)
+    (row,) = next(iter(cap.sink.of(ProfRowsRecord))).rows
+    assert (row.wall_ms, row.draft_ms, row.rest_ms) == pytest.approx((0.005, 0.001, 0.002))
 
 
 def test_counts_left_out_are_said_after_counts_out_of_range(caplog):
@@ -103,9 +178,14 @@ def test_every_boundary_knows_its_place(caplog):
             b.end_round(k=4, j=1)  # no begin_round
             b.end_draft()  # no round open
             one_round(b)
-    assert obs.dropped_rounds == 4
-    assert len(cap.rounds) == 2
+            b.begin_round()
+            b.end_draft()
+            b.end_round(k=4, j=1)  # end_verify..end_rollback missing
+            one_round(b)
+    assert obs.dropped_rounds == 5
+    assert len(cap.rounds) == 3
     said = caplog.text
+    assert "Burst.end_round() after end_draft() (expected end_verify())" in said
     assert "Burst.end_verify() after begin_round() (expected end_draft())" in said
     assert "Burst.begin_round() after end_draft() (expected end_verify())" in said
     assert "Burst.end_round() after no open round (expected begin_round())" in said
@@ -360,15 +440,53 @@ def test_a_long_event_clock_burst_settles_in_chunks():
     with obs.session("glm5") as s, s.burst(4) as b:
         for _ in range(3 * SETTLE_ROUNDS + 5):
             one_round(b)
-            assert len(b._t) <= 6 * SETTLE_ROUNDS
-    assert len(keep.of(RoundRecord)) == 3 * SETTLE_ROUNDS + 5
+            assert len(b._t) < 6 * SETTLE_ROUNDS
+    rounds = keep.of(RoundRecord)
+    assert len(rounds) == 3 * SETTLE_ROUNDS + 5
     assert clocks[0].settles == 4
+    assert [r.t_ns_mono for r in rounds[:2]] == [(1, 2, 3, 4, 5, 6), (7, 8, 9, 10, 11, 12)]
+
+
+def test_a_clock_that_fails_to_settle_drops_and_counts_its_rounds(caplog):
+    """A deferred clock whose settle raises: its rounds are dropped and counted, said."""
+
+    class Failing(_FakeEventClock):
+        def settle(self, stamps):
+            raise RuntimeError("device lost")
+
+    keep = RecordingSink()
+    obs = Observer([keep], level=0, prof=False, clock=Failing)
+    with obs.session("glm5") as s, s.burst(4) as b:
+        one_round(b)
+        one_round(b)
+    assert obs.dropped_rounds == 2 and not keep.of(RoundRecord)
+    assert "clock settle failed (RuntimeError('device lost'))" in caplog.text
+
+
+def test_a_clock_going_back_refuses_the_log_row_not_the_loop(caplog):
+    """A clock factory whose stamps go back: the round's profile row is refused, said; nothing
+    raises into the loop."""
+
+    class Back(_FakeEventClock):
+        immediate = True
+
+        def mark(self):
+            self.n -= 1
+            return self.n
+
+    with capture(level=1, prof=True, clock=Back) as cap:
+        s = cap.observer.session("glm5")
+        with s, s.burst(4) as b:
+            one_round(b)
+    assert len(cap.rounds) == 1
+    assert "round log row refused" in caplog.text
 
 
 @pytest.mark.parametrize(
     "calls",
     [
         "begin_round end_draft walk end_verify end_rollback end_round",  # no end_accept
+        "begin_round end_draft end_verify end_rollback walk end_round",  # walked after the drop
         "begin_round end_draft walk end_verify end_accept end_rollback end_round:j=9",
         "end_draft walk end_verify end_accept end_rollback end_round",  # no begin_round
         "begin_round end_draft walk begin_round end_draft end_verify end_accept end_rollback "
@@ -406,6 +524,8 @@ def test_an_unrecorded_rounds_split_and_seq_rows_go_with_it(how):
         SEQ_ROWS.add(1000)
         for end in (b.end_verify, b.end_accept, b.end_rollback):
             end()
+        VERIFY_SPLIT.add(ffn=7)  # after end_verify: also its own
+        SEQ_ROWS.add(5)
         b.end_round(k=4, j=2)
 
     with capture(level=2) as cap:
@@ -443,6 +563,15 @@ def test_burst_end_with_tokens_that_raise_on_compare_is_said_not_raised(caplog):
         b.end(tokens=Ambiguous())  # type: ignore[arg-type]
     assert len(cap.bursts) == 1 and cap.bursts[0].tokens == 4
     assert "Burst.end(tokens=" in caplog.text
+
+
+@pytest.mark.parametrize("tokens", [0, 2**64 - 1])
+def test_burst_end_with_tokens_at_the_seeds_limits_is_taken(tokens):
+    with capture(level=1) as cap, cap.observer.session("glm5") as s:
+        b = s.burst(4)
+        one_round(b)
+        b.end(tokens=tokens)
+    assert [x.tokens for x in cap.bursts] == [tokens]
 
 
 def test_burst_end_with_tokens_past_the_seeds_usize_is_said_and_the_profile_kept(caplog):
@@ -546,12 +675,16 @@ def test_level2_splits_of_asyncio_tasks_awaiting_after_verify_do_not_mix():
     obs = Observer([keep], level=2, prof=False)
     own: dict[int, int] = {}
 
-    async def request(kda: int, k: int = 4) -> None:
+    async def request(kda: int, k: int = 4, misuse: str = "") -> None:
         with obs.session("glm5") as s, s.burst(k) as b:  # k=-1: refused, its walks discarded
             own[s.id] = kda
+            if misuse == "ended":  # its rounds come after its end(): ignored, walks discarded
+                b.end()
             for _ in range(20):
                 b.begin_round()
                 await asyncio.sleep(0)
+                if misuse == "dropped":  # out of order: the round is dropped, its walk too
+                    b.end_accept()
                 b.end_draft()
                 VERIFY_SPLIT.add(kda=kda, mla=1)
                 SEQ_ROWS.add(kda)
@@ -563,7 +696,9 @@ def test_level2_splits_of_asyncio_tasks_awaiting_after_verify_do_not_mix():
                 b.end_round(k=4, j=1)
 
     async def serve() -> None:
-        await asyncio.gather(*(request(kda) for kda in (10, 1000, 100000)), request(7, -1))
+        # a misused round's walk left in the set went to the next task's round
+        await asyncio.gather(request(8, misuse="dropped"), request(10), request(9, misuse="ended"),
+                             request(1000), request(100000), request(7, -1))  # fmt: skip
 
     asyncio.run(serve())
     rounds = keep.of(RoundRecord)
@@ -580,13 +715,15 @@ def test_a_burst_split_past_u64_wraps_as_the_seeds_fetch_add():
         for _ in range(2):
             b.begin_round()
             b.end_draft()
-            VERIFY_SPLIT.add(kda=1 << 63, mla=3)
+            VERIFY_SPLIT.add(kda=1 << 63, mla=3, ffn=5)
             b.end_verify()
             b.end_accept()
             b.end_rollback()
+            VERIFY_SPLIT.add(kda=(1 << 63) + 1)  # a late share wraps in its round too
             b.end_round(k=4, j=2)
     (burst,) = cap.bursts
-    assert burst.split_ns[:3] == (0, 0, 6)
+    assert [r.split_ns for r in cap.rounds] == [(1, 0, 3, 5)] * 2
+    assert burst.split_ns == (2, 0, 6, 10)
     assert [x.split(" ", 1)[0] for x in cap.lines] == ["[glm5-phase]", "[glm5-phase-v]"]
     assert "vkda=0.000 (scan=0.000) vmla=0.000" in cap.lines[1]
 
@@ -904,7 +1041,7 @@ def test_a_first_burst_of_no_round_keeps_its_published_profile():
 
 
 def test_a_family_that_is_not_a_name_is_said_and_recorded_under_the_default(caplog):
-    """``session(None)`` (or 7, or ""): said once, and the request recorded under the default
+    """``session("")`` (or None, or 7): said once, and the request recorded under the default
     family ``spec``, lines and metrics alike (its rounds went to family="unknown" and
     counted an export error, silently)."""
     from prometheus_client import CollectorRegistry
@@ -912,7 +1049,7 @@ def test_a_family_that_is_not_a_name_is_said_and_recorded_under_the_default(capl
     from memra_obs.prom import PrometheusExporter
 
     with capture(level=1) as cap:
-        for bad in (None, 7, ""):
+        for bad in ("", None, 7):
             with cap.observer.session(bad) as s, s.burst(4) as b:  # type: ignore[arg-type]
                 one_round(b)
     assert {x.family for x in cap.sessions} == {"spec"}
@@ -922,7 +1059,8 @@ def test_a_family_that_is_not_a_name_is_said_and_recorded_under_the_default(capl
     ex.export(cap.sink.records)
     assert reg.get_sample_value("memra_spec_rounds_total", {"family": "spec"}) == 3
     assert ex.export_errors == 0
-    assert caplog.text.count("Observer.session(family=None): expected a non-empty str") == 1
+    assert caplog.text.count("Observer.session(family=''): expected a non-empty str") == 1
+    assert caplog.text.count("expected a non-empty str") == 1
 
 
 def test_a_family_its_own_lines_could_not_carry_is_said_and_made_taggable(caplog):
@@ -1328,3 +1466,218 @@ def test_a_session_ended_by_a_cancel_and_its_loop_at_once_ends_once():
     assert kinds.count(SessionEndRecord) == 1 and kinds[-1] is SessionEndRecord
     assert kinds.index(FirstTokenRecord) < kinds.index(SessionEndRecord)
     assert lines.index("[spec-prof") < lines.index("[spec-prof-summary")
+
+
+def test_a_misplaced_drafter_prime_lap_is_not_charged_to_the_next_bucket():
+    """A ``draft_prime`` lap before any burst drains and moves the profile's boundary: what
+    ran before it stays in unattributed_ms, not in the next creation bucket."""
+    with capture(level=0, prof=True, memory=list) as cap, cap.observer.session("g") as s:
+        s.lap("cache_alloc")
+        time.sleep(0.03)
+        assert s.lap("draft_prime") == 0.0
+        s.lap("prime")
+        with s.burst(4) as b:
+            one_round(b)
+    (ft,) = cap.sink.of(FirstTokenRecord)
+    assert ft.prof.prime_ms < 30.0 <= ft.prof.unattributed_ms
+
+
+def test_round_one_buckets_start_at_the_round_and_after_the_drafter_prime():
+    """Round 1's drafter prime starts at ``begin_round`` (not at the last creation lap: burst
+    set-up is no prime), and ``first_draft`` starts where the prime ended (not counted twice)."""
+    with capture(level=1, prof=True, memory=list) as cap, cap.observer.session("g") as s:
+        s.lap("anchor")
+        time.sleep(0.005)
+        with s.burst(4) as b:
+            b.begin_round()
+            time.sleep(0.005)
+            s.lap("draft_prime")
+            for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+                end()
+            b.end_round(k=4, j=2)
+    (ft,) = cap.sink.of(FirstTokenRecord)
+    (rnd,) = cap.rounds
+    iv = {name: (a, z) for name, a, z in ft.intervals}
+    assert iv["draft_prime"][0] == rnd.t_ns_mono[0] > iv["anchor"][1]
+    assert iv["first_draft"] == (iv["draft_prime"][1], rnd.t_ns_mono[1])
+    assert ft.prof.first_draft_ms == (rnd.t_ns_mono[1] - iv["draft_prime"][1]) / 1e6
+
+
+def test_laps_adds_and_sets_land_only_in_their_own_fields(caplog):
+    """``lap`` returns what it added; ``add`` accumulates into share buckets only, ``set``
+    sets geometry only; a name of neither (a creation bucket to ``add``, a made-up bucket to
+    ``lap``, a bad ``free_memory`` point) is said and changes nothing, raising nothing."""
+    with (
+        capture(level=0, prof=True, memory=lambda: [(0, 7)]) as cap,
+        cap.observer.session("g") as s,
+    ):
+        ms = s.lap("prime") + s.lap("prime")
+        for name in ("bogus", "first_burst", "unattributed"):
+            assert s.lap(name) == 0.0
+        s.add(prime_tap_dtoh_ms=1.5)
+        s.add(prime_tap_dtoh_ms=1.5, prime_ms=5.0)
+        s.set(draft_prime_rows=3, draft_prime_ms=9.0)
+        assert s.free_memory("middle") == []
+        assert s.free_memory("before") == [(0, 7)]
+        with s.burst(4) as b:
+            one_round(b)
+    (ft,) = cap.sink.of(FirstTokenRecord)
+    p = ft.prof
+    assert p.prime_ms == ms and p.prime_tap_dtoh_ms == 3.0 and p.draft_prime_rows == 3
+    assert p.draft_prime_ms == 0.0 and p.free_mb_before == [(0, 7)]
+    names = [name for name, _, _ in ft.intervals]
+    assert names[:2] == ["prime", "prime"] and names.count("first_burst") == 1
+    assert not {"bogus", "unattributed"} & set(names)
+    assert "Session.add(prime_ms=...): not one of" in caplog.text
+    assert "Session.set(draft_prime_ms=...): not one of" in caplog.text
+    assert "Session.free_memory('middle'): use 'before' or 'after'" in caplog.text
+
+
+def test_a_phase_clock_that_fails_to_start_falls_back_to_the_sync_clock(caplog):
+    """A clock factory that raises (no CUDA events) never raises into the loop: the session
+    runs on the sync clock, said once."""
+
+    def broken(e, eh):
+        raise RuntimeError("no events")
+
+    with capture(level=1, clock=broken) as cap:
+        for _ in range(2):
+            with cap.observer.session("g", e=SimStream()) as s, s.burst(4) as b:
+                one_round(b)
+    assert len(cap.rounds) == 2 and [r.clock for r in cap.sessions] == ["sync", "sync"]
+    assert caplog.text.count("the phase clock failed to start") == 1
+
+
+def test_the_profile_starts_after_the_work_queued_before_the_session():
+    """The profile's start drains the streams: work queued before the session (the previous
+    request's) is in no bucket of this one."""
+    e = SimStream()
+    with capture(level=0, prof=True, memory=list) as cap:
+        e.enqueue(0.05)
+        with cap.observer.session("g", e=e) as s:
+            s.lap("cache_alloc")
+            with s.burst(4) as b:
+                one_round(b)
+    (ft,) = cap.sink.of(FirstTokenRecord)
+    assert ft.prof.cache_alloc_ms < 50.0
+
+
+def test_the_record_so_far_carries_the_live_profile_and_the_loops_own_hook_share():
+    """Before the first burst returns, ``spec_decode()`` shows the profile so far (None only
+    once the session ended without one); hook time the loop added itself is kept beside the
+    burst's own ``hook()`` time, not replaced by it."""
+    with capture(level=0, prof=True, memory=list) as cap, cap.observer.session("g") as s:
+        ms = s.lap("prime")
+        assert s.spec_decode()["first_token"]["prime_ms"] == ms
+        s.add(first_burst_hook_ms=2.0)
+        with s.burst(4) as b:
+            with b.hook():
+                time.sleep(0.001)
+            one_round(b)
+    (ft,) = cap.sink.of(FirstTokenRecord)
+    (burst,) = cap.bursts
+    assert burst.hook_ns > 0
+    assert ft.prof.first_burst_hook_ms == pytest.approx(2.0 + burst.hook_ns / 1e6)
+
+
+def test_a_drafter_prime_lapped_after_the_draft_leaves_first_draft_at_zero():
+    """Round 1's drafter prime lapped after ``end_draft`` (a loop that primes lazily): the
+    draft's bucket is 0, not negative, and the profile is still published."""
+    with (
+        capture(level=0, prof=True, memory=list) as cap,
+        cap.observer.session("g") as s,
+        s.burst(4) as b,
+    ):
+        b.begin_round()
+        b.end_draft()
+        time.sleep(0.002)
+        s.lap("draft_prime")
+        for end in (b.end_verify, b.end_accept, b.end_rollback):
+            end()
+        b.end_round(k=4, j=2)
+    (ft,) = cap.sink.of(FirstTokenRecord)
+    assert ft.prof.first_draft_ms == 0.0 and ft.prof.draft_prime_ms >= 2.0
+
+
+def test_a_session_names_its_phase_clock_and_whether_it_profiles():
+    """``clock`` on the session record: "host" with no stream at all, else the clock that
+    drains it ("sync", "event"); ``prof`` is whether the first-token profile is on."""
+    with capture(level=1, clock="event") as cap:
+        for kw in ({}, {"e": SimStream()}, {"eh": SimStream()}):
+            cap.observer.session("g", **kw).end()
+    with capture(level=1, prof=True, memory=list) as pcap:
+        for kw in ({"e": SimStream()}, {"eh": SimStream()}):
+            pcap.observer.session("g", **kw).end()
+    assert [(r.clock, r.prof) for r in cap.sessions] == [("host", False), *[("event", False)] * 2]
+    assert [(r.clock, r.prof) for r in pcap.sessions] == [("sync", True)] * 2
+
+
+def test_bursts_of_every_k_a_loop_drafts_are_recorded():
+    """k = 0 (a plain decode step) and k = 65535 (the u16 top) are bursts like any other."""
+    with capture(level=1) as cap, cap.observer.session("g") as s:
+        for k in (0, 65535):
+            with s.burst(k) as b:
+                one_round(b, k=k, j=0)
+    assert [(r.k, r.j) for r in cap.rounds] == [(0, 0), (65535, 0)]
+
+
+def test_the_session_advice_explores_past_the_longest_draft_and_takes_the_plain_step():
+    """The ``[spec-advice]`` a session ends with may recommend up to EXPLORE past the longest
+    draft it ran (every draft accepted: k 2 -> 4), prices the plain step from the settings'
+    ``plain_step_ms`` when measured, and is the one on the summary and on the end record."""
+    from types import SimpleNamespace
+
+    from memra_obs.records import SpecRoundProf
+
+    lines = []
+    for settings in (None, SimpleNamespace(plain_step_ms=4.0)):
+        with capture(level=0, prof=True, memory=list, settings=settings) as cap:
+            s = cap.observer.session("g")
+            for i in range(200):
+                k = 1 + i % 2
+                d, v = 0.05 * k + i % 3 * 0.003, 5.0 + 0.1 * k + i % 5 * 0.01
+                s.log.rounds.append(SpecRoundProf(d + v + 0.2, d, v, 0.1, 0.1, k, k, 100, 0))
+            s.end()
+        (summary,), (end,) = cap.summaries, cap.ends
+        assert end.advice == summary.advice
+        lines.append(summary.advice)
+    assert " k_rec=4 " in lines[0] and "(verify_fit)" in lines[0]
+    assert "plain_step_ms=4.000 " in lines[1]
+
+
+def test_the_session_summary_names_its_slow_rounds():
+    """The end's ``[spec-prof-summary]`` record counts the rounds past 1.5x the median."""
+    from memra_obs.records import SpecRoundProf
+
+    with capture(level=0, prof=True, memory=list) as cap:
+        s = cap.observer.session("g")
+        for wall in (5.0, 5.0, 5.0, 9.0):
+            s.log.rounds.append(SpecRoundProf(wall, 1.0, wall - 2.0, 0.5, 0.5, 2, 1, 100, 0))
+        s.end()
+    (summary,) = cap.summaries
+    assert summary.slow_rounds == 1
+
+
+def test_a_drafter_prime_lapped_between_rounds_is_said_and_ignored(caplog):
+    """``lap("draft_prime")`` inside the first burst but after its round ended (no round
+    open): said and ignored, not a bucket from the last creation lap over the whole round."""
+    with capture(level=0, prof=True, memory=list) as cap, cap.observer.session("g") as s:
+        s.lap("anchor")
+        with s.burst(4) as b:
+            one_round(b)
+            assert s.lap("draft_prime") == 0.0
+            one_round(b)
+    (ft,) = cap.sink.of(FirstTokenRecord)
+    assert ft.prof.draft_prime_ms == 0.0
+    assert "Session.lap('draft_prime') outside a round" in caplog.text
+
+
+def test_num_spec_tokens_is_the_largest_burst_k_not_the_last():
+    """A burst of k=4 whose rounds the gate cut to 3, then a burst of k=2: the request's
+    ``num_spec_tokens`` is 4 (the configured draft length), not the last burst's."""
+    with capture(level=1) as cap, cap.observer.session("g") as s:
+        with s.burst(4) as b:
+            one_round(b, k=3, j=1)
+        with s.burst(2) as b:
+            one_round(b, k=2, j=1)
+        assert s.spec_decode()["num_spec_tokens"] == 4

@@ -21,7 +21,7 @@ from memra_obs.legacy import (
     parse_line,
 )
 from memra_obs.observer import NOOP_OBSERVER, Observer
-from memra_obs.records import VerifySplit
+from memra_obs.records import SeqRows, VerifySplit
 from memra_obs.sinks.base import Sink
 from memra_obs.testing import RecordingSink, capture
 from memra_obs.timeline import (
@@ -72,6 +72,10 @@ def test_the_noop_has_every_public_method_of_the_real_objects():
         assert {n for n in public if not hasattr(noop, n)} == set(), real.__name__
     assert s.spec_decode() == {} and s.spec_decode(detailed=True) == {}
     assert NOOP_OBSERVER.memory_snapshot() == [] and NOOP_OBSERVER.remove_sink(object()) is None
+    assert s.free_memory("before") == [] and s.burst(8) is b  # one shared burst: nothing built
+    assert NOOP_OBSERVER.flush() is True
+    with pytest.raises(RuntimeError, match="takes no sinks"):
+        NOOP_OBSERVER.add_sink(RecordingSink())
     assert b.hook() is b.hook()  # one shared context manager, reusable
     with b.hook(), b.hook():
         pass
@@ -353,16 +357,17 @@ def test_sessions_on_threads_keep_their_own_ids_and_records():
 
 def test_adding_a_sink_swaps_the_tuple():
     """add_sink takes effect from the next record of running sessions."""
-    obs = Observer([], level=0, prof=False)
+    first = RecordingSink()
+    obs = Observer([first], level=0, prof=False)
     s = obs.session("glm5")
     run_rounds(s, 2)
     late = RecordingSink()
     obs.add_sink(late)
     run_rounds(s, 3)
     s.end()
-    assert len(late.of(RoundRecord)) == 3
+    assert len(late.of(RoundRecord)) == 3 and len(first.of(RoundRecord)) == 5
     obs.remove_sink(late)
-    assert obs.sinks == ()
+    assert obs.sinks == (first,)
 
 
 def test_process_observer_built_from_environment(monkeypatch, capsys):
@@ -462,3 +467,91 @@ def test_records_a_shutdown_drops_are_said(caplog):
         assert caplog.text.count("shutdown: 12 records not exported in its time") == 1
     finally:
         ex.release.set()
+
+
+def test_an_observers_own_seq_rows_counter_feeds_its_rounds():
+    """``Observer(seq_rows=...)``: the loop's own counter (not the process's) is what each
+    round takes."""
+    rows = SeqRows()
+    with capture(level=1, seq_rows=rows) as cap, cap.observer.session("g") as s, s.burst(4) as b:
+        for n in (3, 5):
+            b.begin_round()
+            rows.add(n)
+            for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+                end()
+            b.end_round(k=4, j=2)
+    assert [r.seq_rows for r in cap.rounds] == [3, 5]
+
+
+def test_the_published_first_token_profile_is_a_snapshot():
+    """A loop writing ``s.prof`` after the first burst changes no record already handed to
+    the sinks (an exporter thread reads it later)."""
+    with capture(level=0, prof=True, memory=list) as cap, cap.observer.session("g") as s:
+        run_rounds(s, 1)
+        s.prof.draft_prime_rows = 9
+    (ft,) = cap.first_tokens
+    assert ft.prof.draft_prime_rows == 0
+
+
+def test_shutdown_closes_sinks_and_closers_once_then_sessions_are_no_ops(caplog):
+    """``flush``/``shutdown`` pass their timeout to the sinks; the first shutdown closes the
+    sinks, then the closers (one that raises is said, the next still runs), a second nothing;
+    a later session is the no-op, said once."""
+    ran = []
+
+    def bad():
+        ran.append("bad")
+        raise OSError("gone")
+
+    class Closing(RecordingSink):
+        def flush(self, timeout_s=5.0):
+            ran.append(f"flush {timeout_s}")
+            return True
+
+        def shutdown(self, timeout_s=5.0):
+            ran.append(f"sink {timeout_s}")
+
+    obs = Observer([Closing()], level=0, prof=False, closers=(bad, lambda: ran.append("ok")))
+    assert obs.flush(0.25) is True
+    obs.shutdown(0.5)
+    obs.shutdown()
+    assert ran == ["flush 0.25", "sink 0.5", "bad", "ok"] and "OSError('gone')" in caplog.text
+    assert obs.session("g") is obs.session("g") and not obs.session("g").id
+    assert caplog.text.count("this observer was shut down") == 1
+
+
+def test_flush_is_true_only_when_every_sink_flushed(caplog):
+    """``Observer.flush``: False when any sink says False or raises (said once), after asking
+    every sink; True when all said True."""
+    asked = []
+
+    class Flushing(RecordingSink):
+        def __init__(self, result):
+            super().__init__()
+            self.result = result
+
+        def flush(self, timeout_s=5.0):
+            asked.append(self.result)
+            if self.result is None:
+                raise OSError("flush failed")
+            return self.result
+
+    for results, want in (((True, True), True), ((False, True), False), ((None, True), False)):
+        obs = Observer([Flushing(r) for r in results], level=0, prof=False)
+        assert obs.flush(0.1) is want
+        obs.shutdown(0.1)
+    assert asked == [True, True, False, True, None, True]
+    assert caplog.text.count("Flushing.flush raised OSError('flush failed')") == 1
+
+
+def test_a_memory_callable_that_yields_its_pairs_is_snapshotted():
+    """``memory=`` written as a generator: the snapshot is its pairs, in the profile and as
+    ``free_memory``'s return."""
+
+    def gen():
+        yield (0, 5)
+
+    with capture(level=0, prof=True, memory=gen) as cap, cap.observer.session("g") as s:
+        assert s.free_memory("before") == [(0, 5)]
+        run_rounds(s, 1)
+    assert cap.first_tokens[0].prof.free_mb_before == [(0, 5)]

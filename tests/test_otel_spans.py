@@ -191,6 +191,8 @@ def test_caller_span_becomes_the_session_parent():
     assert session[PID] == ctx.span_id
     assert {sp[TID] for sp in spans} == {ctx.trace_id}
     assert trace.get_current_span() is trace.INVALID_SPAN
+    (rec,) = [r for r in keep.records if type(r) is SessionRecord]
+    assert rec.caller_trace_id == rec.trace_id == ctx.trace_id  # the join key, sampled too
 
 
 def test_an_unsampled_caller_gets_no_spans_and_no_ids():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import types
 
 import pytest
 from hypothesis import given, settings
@@ -156,6 +157,16 @@ def test_legacy_rounds_say_their_clock_is_unknown_and_families_advise_apart():
     assert positions(reg, "memra_spec_drafted_tokens_by_position_total", "mtp")
 
 
+def test_a_legacy_session_keeps_the_clock_its_family_has():
+    """A session that names no clock (legacy lines) leaves its label set's clock as it was."""
+    reg = CollectorRegistry()
+    ex = PrometheusExporter(reg)
+    ex.export([session(1, "glm5"), *rounds(100, 1), session(2, "glm5", clock=""), *rounds(100, 2)])
+    ex.flush()
+    assert val(reg, "memra_spec_advice_info", family="glm5", clock="event",
+               plain_step="verify_fit") == 1  # fmt: skip
+
+
 def test_scrapes_only_read_and_the_exporter_thread_recomputes_at_most_once_a_second(monkeypatch):
     calls = []
     real = exporter_mod.advise
@@ -241,14 +252,15 @@ def test_a_round_with_j_outside_0_k_is_an_export_error_and_the_gauges_go_on():
     reg = CollectorRegistry()
     ex = PrometheusExporter(reg)
     rs = rounds(300)
-    bad = [rs[0]._replace(k=4, j=9), rs[0]._replace(k=4, j=-1)]
-    ex.export([session(), *rs[:150], *bad, *rs[150:]])
+    bad = [rs[0]._replace(k=4, j=9), rs[0]._replace(k=4, j=-1), rs[0]._replace(k=0, j=1)]
+    unknown = rs[0]._replace(k=-1, j=-1)  # a round rebuilt without its row: no error
+    ex.export([session(), *rs[:150], *bad, unknown, *rs[150:]])
     ex.flush()
     want = advise(rs, max_k=16, clock="event")
-    assert want is not None and ex.export_errors == 2
+    assert want is not None and ex.export_errors == 3
     assert val(reg, "memra_spec_recommended_k", family="glm5") == want.recommended_k
     assert val(reg, "memra_spec_drafted_tokens_per_round_count", family="glm5") == 300
-    assert val(reg, "memra_spec_round_seconds_count", family="glm5") == 302
+    assert val(reg, "memra_spec_round_seconds_count", family="glm5") == 304
 
 
 def test_the_observer_publishes_the_advice_of_its_own_clock():
@@ -313,3 +325,23 @@ def test_an_advice_window_below_min_rounds_is_refused_at_construction():
         Settings.resolve({"MEMRA_OBS_ADVICE_WINDOW": str(MIN_ROUNDS - 1)})
     assert Settings.resolve({"MEMRA_OBS_ADVICE_WINDOW": str(MIN_ROUNDS)}).advice_window == 32
     PrometheusExporter(CollectorRegistry(), advice_window=MIN_ROUNDS).unregister()
+
+
+def test_the_gauges_are_refitted_once_the_second_is_over(monkeypatch):
+    """Rounds that came within the second are fitted by the first tick ADVICE_EVERY_S after
+    the last fit, not later (a clock of our own: no sleeping)."""
+    now = [100.0]
+    monkeypatch.setattr(exporter_mod, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    reg = CollectorRegistry()
+    ex = PrometheusExporter(reg)
+    rs = rounds(1200, kmax=8)
+    ex.export([session(), *rs[:100]])
+    first = val(reg, "memra_spec_expected_tokens_per_round", family="glm5")
+    ex.export(rs[100:])
+    assert val(reg, "memra_spec_expected_tokens_per_round", family="glm5") == first
+    now[0] += exporter_mod.ADVICE_EVERY_S
+    ex.tick()
+    want = advise(rs, max_k=16, clock="event")
+    assert want is not None and first != pytest.approx(want.expected_tokens.value)
+    got = val(reg, "memra_spec_expected_tokens_per_round", family="glm5")
+    assert got == pytest.approx(want.expected_tokens.value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 
 import pytest
 from forked import in_child
@@ -61,6 +62,10 @@ def test_round_histograms_and_counters(reg):
     assert val(reg, "memra_spec_round_seconds_sum", family="glm5") == pytest.approx(0.00896)
     assert val(reg, "memra_spec_round_seconds_bucket", family="glm5", le="0.008") == 0
     assert val(reg, "memra_spec_round_seconds_bucket", family="glm5", le="0.012") == 1
+    sums = {"draft": 1.5, "verify": 7, "accept": 0.12, "rollback": 0.04, "maint": 0.3}
+    for phase, ms in sums.items():
+        got = val(reg, "memra_spec_phase_seconds_sum", family="glm5", phase=phase)
+        assert got == pytest.approx(ms / 1000), phase
     for phase, le_in, le_out in (
         ("draft", "0.002", "0.001"),
         ("verify", "0.008", "0.004"),
@@ -104,6 +109,7 @@ def test_series_exist_from_the_session_start(reg):
     assert val(reg, "memra_spec_rounds_total", family="qwen") == 0
     assert val(reg, "memra_spec_phase_seconds_count", family="qwen", phase="maint") == 0
     assert val(reg, "memra_spec_verify_split_seconds_count", family="qwen", part="kda") is None
+    assert val(reg, "memra_spec_first_token_seconds_count") == 0  # the worker's, from its first
 
 
 def test_level2_split_with_saturating_rest(reg):
@@ -166,6 +172,8 @@ def test_a_run_of_equal_rounds_counts_as_its_rounds(reg):
         want = 3 if labels["le"] == "0.012" else 4
         assert val(reg, "memra_spec_round_seconds_bucket", family="glm5", **labels) == want
     assert val(reg, "memra_spec_round_seconds_count", family="glm5") == 4
+    for phase in ("draft", "verify", "accept", "rollback", "maint"):
+        assert val(reg, "memra_spec_phase_seconds_count", family="glm5", phase=phase) == 4
     assert val(reg, "memra_spec_rounds_total", family="glm5") == 4
     assert val(reg, "memra_spec_drafted_tokens_total", family="glm5") == 16
     assert val(reg, "memra_spec_verify_seq_rows_total", family="glm5") == 15
@@ -239,6 +247,8 @@ def test_exemplars_carry_the_session_trace_id(reg):
         if ln.startswith('memra_spec_round_seconds_bucket{family="a",le="0.008"}')
     )
     assert line.endswith(f' # {{trace_id="{TRACE:032x}"}} 0.008 1700000001.008')
+    ex.export([rnd(1, 1, (1, 15, 0, 0, 0))._replace(repeat=3)])  # a run: its last round's
+    assert f'{TRACE:032x}"}} 0.016 1700000001.148' in encode(reg, OM)[0].decode()
     assert '{family="b"' in body and all(
         " # " not in ln for ln in body.splitlines() if 'family="b"' in ln
     )
@@ -264,6 +274,9 @@ def test_round_span_id_hook(reg):
     body = encode(reg, OM)[0].decode()
     assert f'{{span_id="0000000000000008",trace_id="{TRACE:032x}"}}' in body
     assert f' # {{trace_id="{TRACE:032x}"}} 0.031' in body
+    ex = PrometheusExporter(r2 := CollectorRegistry(), round_span_id=lambda s, r: r.index)
+    ex.export([session(), rnd(1, 2, (1, 7, 0, 0, 0))._replace(repeat=3)])  # a run of 2, 3, 4
+    assert 'span_id="0000000000000004"' in encode(r2, OM)[0].decode()  # its last round's span
 
 
 def test_session_end_frees_state_and_other_records_are_ignored(reg):
@@ -315,7 +328,18 @@ def test_self_metrics_read_the_queue_and_its_exporters(reg):
     assert val(reg, "memra_obs_export_errors_total", signal="spans") == 2
     assert val(reg, "memra_obs_export_errors_total", signal="metrics") == 4
     ex.watch("dropped", "ring", lambda: 7)
-    assert val(reg, "memra_obs_dropped_total", signal="ring") == 7
+    ex.watch("dropped", "ring", lambda: 2)  # readers of one signal add up
+    assert val(reg, "memra_obs_dropped_total", signal="ring") == 9
+
+    class Odd(SpanEx):  # counts that are no ints (a method, None): not published
+        signal = "logs"
+        export_errors = None
+
+        def dropped_spans(self): ...
+
+    ex.attach_worker(QueueSink([Odd()], start=False).worker)
+    assert val(reg, "memra_obs_dropped_total", signal="logs") is None
+    assert val(reg, "memra_obs_export_errors_total", signal="logs") is None
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
@@ -454,6 +478,9 @@ def test_state_of_sessions_whose_records_were_lost_is_bounded(reg):
         tracemalloc.stop()
     assert held < 1.5 * bound, f"{held / 2**20:.1f} MiB held; 1000 sessions: {bound / 2**20:.1f}"
     assert val(reg, "memra_spec_rounds_total", family="unknown") == 60_000
+    ex = PrometheusExporter(r2 := CollectorRegistry(), max_sessions=2)  # 2 are 2: both kept
+    ex.export([session(1, family="a"), session(2, family="b"), rnd(1, 0, (1, 1, 0, 0, 0))])
+    assert val(r2, "memra_spec_rounds_total", family="a") == 1
 
 
 def test_a_family_per_request_mints_no_series_past_max_families(reg, caplog):
@@ -473,6 +500,9 @@ def test_a_family_per_request_mints_no_series_past_max_families(reg, caplog):
     assert set(re.findall(r'family="([^"]*)"', text)) == {"req_1", "req_2", "req_3", "unknown"}
     assert val(reg, "memra_spec_rounds_total", family="unknown") == 197
     assert val(reg, "memra_spec_rounds_total", family="req_2") == 2  # a known family goes on
+    ex2 = PrometheusExporter(r2 := CollectorRegistry(), max_families=1)  # "unknown" takes no place
+    ex2.export([session(1, family="unknown"), session(2, family="a"), rnd(2, 0, (1, 1, 0, 0, 0))])
+    assert val(r2, "memra_spec_rounds_total", family="a") == 1
     assert [r.getMessage() for r in caplog.records].count(
         "metrics: over 3 families (MEMRA_OBS_MAX_FAMILIES); 'req_4' and every new one are "
         "counted under family='unknown'"
@@ -502,11 +532,44 @@ def test_a_forgotten_workers_families_free_their_place_under_max_families(reg):
     recs = [session(50, family="qwen3", worker="7"), rnd(50, 0, (1, 1, 0, 0, 0))]
     for sid in range(1, 10):
         recs += [session(sid, family=f"req_{sid}", worker="1234"), rnd(sid, 0, (1, 1, 0, 0, 0))]
-    ex.export(recs)
+    ex.export([*recs, rnd(99, 0, (1, 1, 0, 0, 0))])  # (no session: "unknown", taking no place)
     ex.forget("1234")
     for sid, (fam, w) in enumerate([("glm5", "1300"), ("qwen3", "1300"), ("x", "1300")], 60):
         ex.export([session(sid, family=fam, worker=w), rnd(sid, 0, (1, 1, 0, 0, 0))])
     text = generate_latest(reg).decode()
-    assert set(re.findall(r'family="([^"]*)"', text)) == {"glm5", "qwen3", "x"}
+    assert set(re.findall(r'family="([^"]*)"', text)) == {"glm5", "qwen3", "x", "unknown"}
     assert val(reg, "memra_spec_rounds_total", family="glm5", worker="1300") == 1
     assert val(reg, "memra_spec_rounds_total", family="qwen3", worker="7") == 1
+    assert "1234" not in {s.w[0] for s in ex._sessions.values()}  # its sessions' state too
+
+
+def test_a_bound_of_zero_is_refused_at_construction(reg):
+    """slow_window, max_sessions or max_families of 0 would count no slow round, keep no
+    session or put every family under "unknown", silently: refused; 1 is the least."""
+    for kw in ("slow_window", "max_sessions", "max_families"):
+        with pytest.raises(ValueError, match="max_families >= 1"):
+            PrometheusExporter(CollectorRegistry(), **{kw: 0})
+        PrometheusExporter(CollectorRegistry(), **{kw: 1}).unregister()
+
+
+def test_a_forked_child_scrapes_even_when_the_parent_held_the_lock(reg):
+    """fork() while another thread of the parent held the exporter's lock: the child's scrape
+    (its collector) takes the child's fresh lock, never the one held for ever."""
+    ex = PrometheusExporter(reg)
+    ex.export([session(), rnd(1, 0, (1, 1, 0, 0, 0))])
+    assert ex._lock.acquire(timeout=1)  # as the parent's thread held it at the fork
+    ex.after_fork()
+    got: list[bytes] = []
+    t = threading.Thread(target=lambda: got.append(generate_latest(reg)), daemon=True)
+    t.start()
+    t.join(2)
+    assert got and b"memra_spec_rounds_total" in got[0]
+
+
+def test_forgetting_a_worker_without_worker_labels_keeps_every_series(reg):
+    """Without a ``worker`` label no series is a worker's: forget() leaves them all."""
+    ex = PrometheusExporter(reg)
+    ex.export([session(), rnd(1, 0, (1, 1, 0, 0, 0))])
+    ex.forget("w0")
+    ex.export([rnd(1, 1, (1, 1, 0, 0, 0))])
+    assert val(reg, "memra_spec_rounds_total", family="glm5") == 2

@@ -357,12 +357,15 @@ def test_rounds_past_the_span_cap_are_rebuilt_and_said(runs):
     a, b = read(str(runs["clog"])), read(str(runs["cspans"]))
     assert b.unsampled > 0 and len(b.rounds) == len(a.rounds)
     assert sum(r.k < 0 for r in b.rounds) == b.unsampled
+    for x, y in zip(a.bursts, b.bursts, strict=True):  # the burst spans' totals, not the rounds'
+        assert abs(x.phases.verify - y.phases.verify) <= 5_001
     for x in b.bursts:
         mine = [r for r in b.rounds if r.session == x.session and r.burst == x.index]
         assert len(mine) == x.phases.rounds
         assert abs(sum(r.phase_ns()[1] for r in mine) - x.phases.verify) < len(mine)
     html = report(runs["cspans"], out=runs["tmp"] / "capped.html")
     assert f"{b.unsampled} of {len(b.rounds)} rounds were past the span cap" in html
+    assert any("their [spec-prof-summary] cannot be recomputed" in n for n in b.notes)
     assert keys(html)["round_logs"] == ["0"]  # 16 < 64: the summaries' rows are not in the file
 
 
@@ -430,6 +433,11 @@ def test_a_line_over_one_mib_is_refused_as_the_tail_refuses_it_never_held_whole(
     assert refused == [(1, True), (7, True), (n, True)]
     assert run.lines == n and run.size == path.stat().st_size
     assert len(run.rounds) == len(read(str(clean)).rounds) > 0
+    m = 1 << 20  # the bound itself: a line of 1 MiB is a line, newline or not (the tail's)
+    path.write_bytes(b"x" * m + b"\n" + b"z" * (m + 1) + b"\n" + b"y" * m)
+    assert [i for i, _, _ in read(str(path)).refused] == [2]
+    path.write_bytes(b"j" * (m + 1) + good[0] + b"\n")  # its last chunk looks like a line
+    assert parse_line(good[0].decode()) is not None and not read(str(path)).kinds
 
 
 def spans_edited(src: Path, dst: Path, keep: Callable[[dict], bool]) -> Path:
@@ -888,6 +896,19 @@ def test_progress_bar_for_large_inputs():
     assert "big.log |###############" in out.getvalue() and "52/105 MB" in out.getvalue()
 
 
+def test_a_compressed_input_or_standard_input_has_no_known_total(tmp_path):
+    """The bar's total is a plain file's size; a gzip'd one's decompressed size is unknown (its
+    file's size would read past 100 %), as standard input's is."""
+    import gzip
+
+    (f := tmp_path / "w.log").write_bytes(b"plain\n" * 10)
+    (gz := tmp_path / "w.log.gz").write_bytes(gzip.compress(f.read_bytes()))
+    seen: list[int] = []
+    for path in (f, gz):
+        assert read(str(path), progress=lambda done, of: seen.append(of)).size == 60
+    assert seen == [60, 0]
+
+
 def test_bench_report_runs(tmp_path, capsys):
     """bench/bench_report.py end to end on a small log (the figure is not judged here)."""
     assert bench_report.main(["--lines", "20000", "--keep", str(tmp_path)]) == 0
@@ -1096,7 +1117,8 @@ def test_an_empty_input_is_not_called_trace_only(tmp_path):
     from memra_obs.report.page import acceptance
 
     (p := tmp_path / "empty.log").write_text("")
-    text = acceptance([View("empty.log", read(str(p)))])
+    text = acceptance([View("empty.log", run := read(str(p)))])
+    assert (run.lines, run.kind) == (0, "log")
     assert "trace-only" not in text and "no round at all" in text
 
 
@@ -1172,3 +1194,25 @@ def test_tabs_tell_reports_apart_and_a_span_file_says_when_it_ran(runs, tmp_path
     html = report(runs["log"], runs["spans"], out=tmp_path / "ab.html")
     assert "<title>A: demo.log vs B: demo.jsonl - memra-obs report</title>" in html
     assert keys(html)["recorded"] == ["-", f"{at[0]} to {at[1]}"]
+
+
+def test_standard_input_is_left_open_and_only_the_gzip_magic_means_gzip(tmp_path):
+    """read("-") reads fd 0 without closing it (it is the caller's); a log whose first byte
+    is 0x1f but is no gzip stream is read as a log."""
+    r, w = os.pipe()
+    os.write(w, b"plain\n")
+    os.close(w)
+    saved = os.dup(0)
+    try:
+        os.dup2(r, 0)
+        assert (read("-").lines, os.fstat(0).st_ino) == (1, os.fstat(r).st_ino)
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+        os.close(r)
+    (f := tmp_path / "us.log").write_bytes(b"\x1f unit separator\nplain\n")
+    assert (read(str(f)).kind, read(str(f)).lines) == ("log", 2)
+    f.write_bytes(b'debug: sent {"resourceSpans": []}\nplain\n')  # a log, naming spans
+    assert read(str(f)).kind == "log"
+    f.write_bytes(b' {"resourceSpans": []}\n')  # a span file, indented
+    assert read(str(f)).kind == "spans"

@@ -5,9 +5,11 @@ from __future__ import annotations
 import errno
 import gzip
 import os
+import select
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -19,7 +21,7 @@ from memra_obs.cli import main as cli_main
 from memra_obs.environment import Settings
 from memra_obs.export import QueueSink
 from memra_obs.tail import Rebuilder, Tail, TailCollector
-from memra_obs.tail.source import PipeSource
+from memra_obs.tail.source import GzipSource, PipeSource
 from memra_obs.timeline import RoundRecord
 from memra_obs.wiring import build_exporters
 
@@ -526,3 +528,65 @@ def test_a_finished_log_tailed_to_a_span_file_keeps_every_session(tmp_path, monk
     ]
     assert "dropped (counted in dropped_spans)" not in err
     assert len(sessions) == 24 and "24 sessions" in err
+
+
+def test_an_input_select_refuses_is_read_blocking_not_polled(monkeypatch):
+    """A descriptor select() cannot take (a special file; fd >= FD_SETSIZE) is read blocking,
+    even when it arrived non-blocking: the read waits for the data, never spins on b""."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+
+    def refuse(*a: Any) -> Any:
+        raise ValueError("filedescriptor out of range in select()")
+
+    monkeypatch.setattr(select, "select", refuse)
+    src = PipeSource(r, "pipe", own=True)
+    late = threading.Timer(0.05, lambda: (os.write(w, b"x\n"), os.close(w)))
+    late.start()
+    try:
+        assert (src.read(0.1), src.read(0.1)) == (b"x\n", None)
+    finally:
+        late.join()
+        src.close()
+
+
+def test_a_read_that_would_block_is_nothing_yet_and_close_closes_once(monkeypatch, tmp_path):
+    """A ready input another reader drained (EAGAIN) is "nothing yet", never its end; a
+    source closes the descriptor it owns, a gzip'd file's too, once however often asked."""
+    r, w = os.pipe()
+    src = PipeSource(r, "pipe", own=True)
+    os.set_blocking(r, False)  # another process sharing the pipe made it non-blocking
+    monkeypatch.setattr(select, "select", lambda rd, *a: (rd, [], []))
+    assert src.read(0.1) == b""
+    monkeypatch.undo()
+    (f := tmp_path / "w.err.gz").write_bytes(gzip.compress(b"x\n"))
+    gz = GzipSource(os.open(f, os.O_RDONLY), str(f))
+    assert (gz.read(0.1), gz.read(0.1)) == (b"x\n", None)
+    for s in (src, gz):
+        s.close()
+        with pytest.raises(OSError, match="Bad file descriptor"):
+            os.fstat(s.fd)
+        s.close()  # the number may be another file's by now: left alone
+    os.close(w)
+
+
+def test_a_gzip_stream_with_a_bad_block_is_a_read_error(tmp_path):
+    """Damaged compressed data inside a gzip'd log (not only a cut one) is EIO, as the tail
+    says it: "damaged gzip data", never a traceback."""
+    data = bytearray(gzip.compress(b"x\n" * 100))
+    data[10] = 0x07  # the first deflate block: final, of the reserved type 3
+    (f := tmp_path / "w.err.gz").write_bytes(bytes(data))
+    gz = GzipSource(os.open(f, os.O_RDONLY), str(f))
+    with pytest.raises(OSError, match="damaged gzip data") as exc:
+        gz.read(0.1)
+    assert exc.value.errno == errno.EIO
+    gz.close()
+    data = bytearray(gzip.compress(b"x\n"))
+    data[-8] ^= 1  # its CRC: BadGzipFile, an OSError without an errno of its own
+    f.write_bytes(bytes(data))
+    gz = GzipSource(os.open(f, os.O_RDONLY), str(f))
+    assert gz.read(0.1) == b"x\n"  # checked at its end
+    with pytest.raises(OSError, match="damaged gzip data") as exc:
+        gz.read(0.1)
+    assert exc.value.errno == errno.EIO
+    gz.close()

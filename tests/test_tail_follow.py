@@ -359,3 +359,63 @@ def test_a_pods_log_whose_lines_came_in_cri_parts_gives_every_round():
         k: v for k, v in plain.stats.lines.items() if k != "other"
     }
     assert bytes(out.data) == blob
+
+
+def test_a_followed_file_is_read_from_its_end_unless_from_start(tmp_path):
+    """As log shippers do: what the file holds is skipped, what comes after is read; with
+    ``from_start`` what it holds comes first."""
+    (path := tmp_path / "w.err").write_bytes(b"old\n")
+    src, whole = FollowSource(str(path), poll_s=0.01), FollowSource(str(path), from_start=True)
+    assert (src.read(0.02), whole.read(0.02)) == (b"", b"old\n")
+    with open(path, "ab") as f:
+        f.write(b"new\n")
+    assert (src.read(0.02), whole.read(0.02)) == (b"new\n", b"new\n")
+    src.close()
+    whole.close()
+
+
+def test_a_path_that_cannot_be_opened_at_start_is_an_error_not_a_wait(tmp_path):
+    """Unopenable at start (here a link to itself: ELOOP) is the caller's error to say; only
+    a path that does not exist yet is waited for."""
+    (loop := tmp_path / "w.err").symlink_to(tmp_path / "w.err")
+    with pytest.raises(OSError, match="Too many levels of symbolic links"):
+        FollowSource(str(loop))
+
+
+def test_a_followed_file_opened_as_fd_0_is_read_once(tmp_path):
+    """Started with standard input closed, the file's descriptor is 0: still the open file,
+    read on from where it was (its end), not opened again and read from its start."""
+    (path := tmp_path / "w.err").write_bytes(b"old\n")
+    saved = os.dup(0)
+    os.close(0)
+    try:
+        src = FollowSource(str(path), poll_s=0.01)
+        assert (src._fd, src.read(0.02)) == (0, b"")
+        src.close()
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+
+
+def test_a_read_returns_in_its_time_whatever_the_poll_interval(tmp_path):
+    """A long ``--poll`` spaces the file's checks, never the read's return (the tail's timers
+    and a stop signal wait for it)."""
+    (path := tmp_path / "w.err").write_bytes(b"")
+    src = FollowSource(str(path), poll_s=30.0)
+    t0 = time.monotonic()
+    assert src.read(0.05) == b"" and time.monotonic() - t0 < 5
+    src.close()
+
+
+def test_a_renamed_away_file_is_closed_once_drained(tmp_path):
+    """rename + create: the old file's descriptor goes (a log rotated hourly for a year
+    would hold 8,760 of them, and the deleted files' space)."""
+    (path := tmp_path / "w.err").write_bytes(b"a\n")
+    src = FollowSource(str(path), from_start=True, poll_s=0.01)
+    assert src.read(0.02) == b"a\n"
+    held = len(os.listdir("/proc/self/fd"))
+    path.rename(tmp_path / "w.err.1")
+    path.write_bytes(b"b\n")
+    assert src.read(0.02) == b"b\n" and len(os.listdir("/proc/self/fd")) == held
+    src.close()
+    src.close()  # once: the number may be another file's by now

@@ -156,8 +156,7 @@ class PrometheusExporter:
             if not f.name.startswith("memra_obs_"):
                 f.children.clear()
         if self.fork_note:  # the parent's server thread (and its port) did not come along
-            say_once(f"fork-metrics:{id(self)}", self.fork_note)
-            self.fork_note = ""  # a child of this child forks from a process that serves none
+            say_once(f"fork-metrics:{id(self)}", self.fork_note)  # (a grandchild: key spent)
 
     def unregister(self) -> None:
         self.collector.unregister(self.registry)

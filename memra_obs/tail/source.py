@@ -133,9 +133,8 @@ class FollowSource:
         if (st.st_dev, st.st_ino) == self._ident:
             return False
         os.close(fd)  # rename+create: the old file is drained (we are at its end)
-        self._fd = -1
+        self._fd = -1  # the new file: opened by read()'s next turn
         self.on_rotate("rename")
-        self._open()
         return True
 
     def close(self) -> None:
