@@ -26,7 +26,7 @@ from test_tail_follow import cri_parts, docker_parts
 
 from memra_obs.analysis import advise
 from memra_obs.legacy import AdviceLine, FirstTokenLine, RoundsLine, SummaryLine, parse_line
-from memra_obs.report.inputs import read
+from memra_obs.report.inputs import FT, A, read
 from memra_obs.report.main import Progress
 from memra_obs.report.stats import View, ab_table, bootstrap, median, slow_rounds
 
@@ -104,6 +104,7 @@ def test_a_span_file_gives_the_records_its_log_gives(runs):
     printed = [r.line() for r in legacy(runs["log"]) if isinstance(r, SummaryLine)]
     assert [g.summary.line() for g in a.logs] == printed  # type: ignore[union-attr]
     assert [g.summary.line() for g in b.logs] == printed  # type: ignore[union-attr]
+    assert [g.rows for g in a.logs] == [g.rows for g in b.logs]  # every row, rest_ms too
     assert not a.refused and not a.unplaced and not b.refused
 
 
@@ -363,10 +364,45 @@ def test_rounds_past_the_span_cap_are_rebuilt_and_said(runs):
         mine = [r for r in b.rounds if r.session == x.session and r.burst == x.index]
         assert len(mine) == x.phases.rounds
         assert abs(sum(r.phase_ns()[1] for r in mine) - x.phases.verify) < len(mine)
+        own = [r.t_ns_mono[5] for r in mine if r.k >= 0]  # the rest follow the burst's own
+        assert all(r.t_ns_mono[0] >= max(own, default=x.start_ns_mono) for r in mine if r.k < 0)
     html = report(runs["cspans"], out=runs["tmp"] / "capped.html")
     assert f"{b.unsampled} of {len(b.rounds)} rounds were past the span cap" in html
     assert any("their [spec-prof-summary] cannot be recomputed" in n for n in b.notes)
     assert keys(html)["round_logs"] == ["0"]  # 16 < 64: the summaries' rows are not in the file
+    ft = _first("spec.first_token", lambda s: _set(s, FT + "prime_ms", {"doubleValue": -1.0}))
+    run = read(str(spans_edited(runs["cspans"], runs["tmp"] / "capft.jsonl", ft)))
+    assert len(run.refused) == 1  # a refused session takes its rounds past the cap with it
+    assert run.unsampled == sum(r.k < 0 for r in run.rounds) < b.unsampled
+
+
+def test_a_refused_round_span_in_a_burst_past_the_cap_keeps_its_burst_whole(runs, tmp_path):
+    """A round span without its verify span, in a burst whose later rounds are past the span
+    cap: every round keeps its index and the burst's phases still sum to its totals."""
+    spans = [s for line in runs["cspans"].read_text().splitlines()
+             for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]  # fmt: skip
+    u = {"key": A + "rounds_unsampled", "value": {"intValue": "0"}}
+    capped = {s["spanId"] for s in spans if s["name"] == "spec.burst" and u not in s["attributes"]}
+    hit = next(
+        s["spanId"] for s in spans if s["name"] == "spec.round" and s["parentSpanId"] in capped
+    )
+    edit = tmp_path / "v.jsonl"
+    run = read(
+        str(
+            spans_edited(
+                runs["cspans"],
+                edit,
+                lambda s: s.get("parentSpanId") != hit or s["name"] != "spec.verify",
+            )
+        )
+    )
+    good = read(str(runs["cspans"]))
+    assert len(run.refused) == 1 and "lacks a phase span" in run.refused[0][1]
+    where = [sorted((r.session, r.burst, r.index) for r in x.rounds) for x in (good, run)]
+    assert where[0] == where[1]
+    for x in run.bursts:
+        mine = [r for r in run.rounds if r.session == x.session and r.burst == x.index]
+        assert abs(sum(r.phase_ns()[1] for r in mine) - x.phases.verify) < len(mine)
 
 
 def test_rounds_a_burst_span_counts_without_their_spans_are_kept_and_said(runs, tmp_path):
@@ -407,6 +443,39 @@ def test_refused_lines_are_listed_by_number(tmp_path):
     assert "phase line truncated" in run.refused[0][1]
     html = report(path, out=tmp_path / "bad.html")
     assert keys(html)["refused"] == ["2"] and "phase line truncated or malformed" in html
+
+
+def test_a_line_with_trailing_blanks_is_refused_as_the_parser_refuses_it(tmp_path):
+    """Only the newline is cut: a phase line ending in a blank is refused by number, as the
+    tail refuses it, not read as a burst."""
+    phase = (ROOT / "tests" / "data" / "legacy_lines.txt").read_text().split("\n")[0]
+    (log := tmp_path / "blank.log").write_text(f"{phase}\n{phase} \n")
+    run = read(str(log))
+    assert [n for n, _, _ in run.refused] == [2] and len(run.bursts) == 1
+    assert sum(run.kinds.values()) == 1  # the refused line is not counted nor fed
+
+
+def test_a_row_0_or_a_row_after_a_summary_opens_a_round_log(tmp_path):
+    """Round logs as the worker kept them: a row 0 opens one even if the last has no summary
+    (a worker stopped mid-log), and so does any row after a summary."""
+    lines = (ROOT / "tests" / "data" / "legacy_lines.txt").read_text().split("\n")
+    row0, row13, empty = lines[4], lines[5], lines[7]
+    (log := tmp_path / "logs.log").write_text("\n".join([row0, row13, row0, empty, row13]) + "\n")
+    got = [(len(g.rows), g.summary is not None) for g in read(str(log)).logs]
+    assert got == [(2, False), (1, True), (1, False)]
+
+
+def test_a_dropped_burst_is_unplaced_once_at_the_line_that_closed_it_or_at_the_end(tmp_path):
+    """A burst past any plausible clock is dropped by the Rebuilder: listed once, with the
+    line that closed it (0: the end of the input closed it)."""
+    phase = (ROOT / "tests" / "data" / "legacy_lines.txt").read_text().split("\n")[0]
+    bad = phase.replace("draft=9.73", "draft=9000000000.00").replace(
+        "draft=1.621", "draft=1500000000.000"
+    )
+    (log := tmp_path / "huge.log").write_text("\n".join([bad, phase, phase, bad]) + "\n")
+    run = read(str(log))
+    assert [n for n, _ in run.unplaced] == [2, 0] and len(run.bursts) == 2
+    assert all("burst dropped" in why for _, why in run.unplaced)
 
 
 def test_a_line_over_one_mib_is_refused_as_the_tail_refuses_it_never_held_whole(tmp_path):
@@ -469,6 +538,24 @@ def _set(s: dict, key: str, value: dict) -> bool:
     (a,) = (a for a in s["attributes"] if a["key"] == key)
     a["value"] = value
     return True
+
+
+def test_a_collectors_blank_lines_and_empty_parent_ids_read_as_the_workers_file(runs, tmp_path):
+    """A collector's file exporter writes a root span's parentSpanId as "" and may leave blank
+    lines: read as the worker's own file. An attribute value that is no AnyValue object
+    refuses its line (AttributeError), never a traceback."""
+
+    def rooted(s: dict) -> bool:
+        s.setdefault("parentSpanId", "")
+        return True
+
+    got = spans_edited(runs["spans"], tmp_path / "c.jsonl", rooted)
+    got.write_text(got.read_text().replace("\n", "\n\n"))
+    a, b = read(str(runs["spans"])), read(str(got))
+    assert not b.refused and (len(b.sessions), len(b.rounds)) == (len(a.sessions), len(a.rounds))
+    bad = _first("spec.round", lambda s: _set(s, "memra.spec.k", "4"))  # type: ignore[arg-type]
+    run = read(str(spans_edited(runs["spans"], tmp_path / "bad.jsonl", bad)))
+    assert len(run.refused) == 1 and "AttributeError" in run.refused[0][1]
 
 
 def test_a_span_line_refused_partway_adds_none_of_its_spans(runs, tmp_path):
@@ -548,6 +635,12 @@ def test_a_session_span_whose_family_is_no_string_is_refused_not_a_crash(runs, t
     spans = spans_edited(runs["spans"], tmp_path / "fam.jsonl", seven)
     run = read(str(spans))
     assert len(run.refused) == 1 and "memra.spec.family 7 is not a string" in run.refused[0][1]
+    off = _first("spec.session", lambda s: _set(s, "memra.spec.prof", {"boolValue": False}))
+    good, run = (
+        read(str(runs["spans"])),
+        read(str(spans_edited(runs["spans"], tmp_path / "p", off))),
+    )
+    assert len(run.logs) == len(good.logs) - 1  # an unprofiled session printed no summary
     assert keys(report(spans, out=tmp_path / "fam.html"))["sessions"] == ["7"]
 
 
@@ -631,6 +724,7 @@ def test_counts_no_worker_writes_refuse_their_session_and_the_page_is_written(ru
         ("spec.round", "memra.spec.round", {"intValue": str(2**63)}),
         ("spec.round", "memra.spec.round", {"doubleValue": 1e308}),
         ("spec.burst", "memra.spec.rounds_unsampled", {"intValue": str(10**8)}),
+        ("spec.burst", "memra.spec.rounds", {"intValue": str(2**24 + 1)}),
     ):
         edit = _first(name, lambda s, k=key, v=value: _set(s, k, v))
         spans = spans_edited(runs["spans"], tmp_path / "bad.jsonl", edit)
@@ -640,6 +734,50 @@ def test_counts_no_worker_writes_refuse_their_session_and_the_page_is_written(ru
         assert keys(report(spans, out=tmp_path / "bad.html"))["refused"] == ["1"]
 
 
+def test_a_round_span_at_the_counts_bounds_is_kept_and_one_without_k_hides_its_log(runs, tmp_path):
+    """ctx = 2**32 - 1 is a count a worker writes: the round is kept. A round span without k
+    (a tail's spans) keeps its round, but its session's summary is not recomputed."""
+    good = read(str(runs["spans"]))
+    top = _first("spec.round", lambda s: _set(s, A + "ctx", {"intValue": str(2**32 - 1)}))
+    run = read(str(spans_edited(runs["spans"], tmp_path / "top.jsonl", top)))
+    assert not run.refused and len(run.rounds) == len(good.rounds)
+    for name, edit in (
+        (
+            "spec.round",
+            lambda s: _set(s, A + "k", {"intValue": "0"}) and _set(s, A + "j", {"intValue": "1"}),
+        ),
+        ("spec.draft", lambda s: s.update(endTimeUnixNano=s["startTimeUnixNano"]) or True),
+    ):
+        run = read(str(spans_edited(runs["spans"], tmp_path / "e.jsonl", _first(name, edit))))
+        assert len(run.refused) == (name == "spec.round")  # k=0 j=1 refused; a 0 ns draft kept
+
+    def nok(s: dict) -> bool:
+        s["attributes"] = [a for a in s["attributes"] if a["key"] != A + "k"]
+        return True
+
+    run = read(str(spans_edited(runs["spans"], tmp_path / "nok.jsonl", _first("spec.round", nok))))
+    assert not run.refused and len(run.logs) == len(good.logs) - 1
+    assert run.kinds["sessions_without_log"] == 1
+
+
+def test_a_span_file_read_in_any_order_gives_the_same_records(runs, tmp_path):
+    """A collector may write a batch's spans in any order: rounds and bursts are placed by their
+    start, so the records and recomputed summaries are the worker's order's."""
+    lines = []
+    for line in runs["spans"].read_text().splitlines():
+        req = json.loads(line)
+        for ss in (ss for rs in req["resourceSpans"] for ss in rs["scopeSpans"]):
+            ss["spans"].reverse()
+        lines.append(json.dumps(req))
+    (back := tmp_path / "back.jsonl").write_text("\n".join(lines) + "\n")
+    a, b = read(str(runs["spans"])), read(str(back))
+    assert sorted(g.summary.line() for g in a.logs) == sorted(g.summary.line() for g in b.logs)  # type: ignore[union-attr]
+    assert sorted(r.t_ns_mono for r in a.rounds) == sorted(r.t_ns_mono for r in b.rounds)
+    assert sorted(map(repr, (x.phases for x in a.bursts))) == sorted(
+        map(repr, (x.phases for x in b.bursts))
+    )
+
+
 def test_spans_under_no_session_are_said_and_names_are_text(runs, tmp_path):
     """A span file rotated apart from its sessions' spans says how many it left out (they
     vanished silently); an input named like math text (``w$_$.log``) renders as its name."""
@@ -647,7 +785,15 @@ def test_spans_under_no_session_are_said_and_names_are_text(runs, tmp_path):
         runs["spans"], tmp_path / "rot.jsonl", lambda s: s["name"] != "spec.session"
     )
     run = read(str(spans))
-    assert not run.sessions and any("are under no spec.session" in n for n in run.notes)
+    assert not run.sessions and f"{run.kinds['spans']} spec.* spans are under no" in run.notes[0]
+
+    def own(s: dict) -> bool:  # a session span that is its own parent: said "-8 spans" left out
+        s["parentSpanId"] = s["spanId"] if s["name"] == "spec.session" else s.get("parentSpanId")
+        return True
+
+    a, b = read(str(runs["spans"])), read(str(spans_edited(runs["spans"], tmp_path / "o.j", own)))
+    assert not [n for n in a.notes + b.notes if "under no" in n]
+    assert (len(b.sessions), len(b.rounds)) == (len(a.sessions), len(a.rounds))
     shutil.copy(runs["log"], odd := tmp_path / "w$_$.log")
     assert keys(report(odd, out=tmp_path / "odd.html"))["sessions"] == ["8"]
 

@@ -215,13 +215,14 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
             run.refused.append(
                 (0, f"session span {sp[1]:016x} of trace {tid:032x} refused: {exc!r}", "")
             )
-    reached, todo = set[int](), [sp[1] for _, sp in roots]
-    while todo:  # the spans under a session (a set: spans that are their own parents end too)
+    todo = [sp[1] for _, sp in roots]
+    reached = set(todo)  # sessions and the spans under them (their own parents end too)
+    while todo:
         for k in kids.get(todo.pop(), ()):
             if k[1] not in reached:
                 reached.add(k[1])
                 todo.append(k[1])
-    if lost := run.kinds["spans"] - len(roots) - len(reached):
+    if lost := run.kinds["spans"] - len(reached):
         run.notes.append(f"{lost} spec.* spans are under no spec.session of this input (a rotated "
                          "span file: cat FILE.1 FILE | memra-obs report -; or session records the "
                          "worker dropped: memra_obs_dropped_total); they are left out.")  # fmt: skip
