@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import io
 import json
 import os
@@ -796,6 +797,44 @@ def test_spans_under_no_session_are_said_and_names_are_text(runs, tmp_path):
     assert (len(b.sessions), len(b.rounds)) == (len(a.sessions), len(a.rounds))
     shutil.copy(runs["log"], odd := tmp_path / "w$_$.log")
     assert keys(report(odd, out=tmp_path / "odd.html"))["sessions"] == ["8"]
+
+
+def test_sessions_that_ended_in_an_error_are_said_by_type(tmp_path):
+    """A span file's sessions cut by an exception (an OOM, a client's cancel) are counted by
+    ``error.type`` in a note: the page said nothing, and an A/B whose B ran out of memory more
+    often compared shorter sessions unawares. A session that ended well adds nothing."""
+    from memra_obs.wiring import build_observer
+
+    path = tmp_path / "err.jsonl"
+    obs = build_observer(env={"MEMRA_OBS_SINKS": "otel"}, spans_file=str(path))
+    for exc in (None, MemoryError, TimeoutError, MemoryError, None):
+        with contextlib.suppress(MemoryError, TimeoutError), obs.session("glm5") as s:
+            b = s.burst(4)
+            for _ in range(3):
+                b.begin_round()
+                for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+                    end()
+                b.end_round(k=4, j=2)
+            b.end()
+            if exc is not None:
+                raise exc("out of device memory")
+    obs.shutdown()
+    run = read(str(path))
+    assert len(run.sessions) == 5 and len(run.rounds) == 15
+    said = [n for n in run.notes if "ended in an error" in n]
+    assert said == [
+        "3 of 5 sessions ended in an error (MemoryError x2, TimeoutError x1): "
+        "their rounds up to it are counted."
+    ]
+    html = report(path, out=tmp_path / "err.html")
+    assert "3 of 5 sessions ended in an error (MemoryError x2, TimeoutError x1)" in html
+    fine = read(str(spans_edited(path, tmp_path / "fine.jsonl", lambda s: _drop_error(s))))
+    assert len(fine.sessions) == 5 and not [n for n in fine.notes if "in an error" in n]
+
+
+def _drop_error(s: dict) -> bool:
+    s["attributes"] = [a for a in s.get("attributes", ()) if a["key"] != "error.type"]
+    return True
 
 
 def test_an_output_link_is_written_through_never_replaced(runs, tmp_path):

@@ -202,7 +202,7 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
             kids.setdefault(sp[2], []).append(sp)
         roots += tops
     run.kinds["spans"] = sum(map(len, kids.values()))
-    parts = ("sessions", "rounds", "bursts", "first_tokens", "refused")
+    parts, errors = ("sessions", "rounds", "bursts", "first_tokens", "refused"), Counter[str]()
     for sid, (tid, sp) in enumerate(roots, 1):
         lists = [run.rounds.runs if p == "rounds" else getattr(run, p) for p in parts]
         marks, unsampled, gone = [len(x) for x in lists], run.unsampled, run.kinds[LOST]
@@ -215,6 +215,8 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
             run.refused.append(
                 (0, f"session span {sp[1]:016x} of trace {tid:032x} refused: {exc!r}", "")
             )
+        else:
+            errors.update([str(sp[5]["error.type"])] if "error.type" in sp[5] else ())
     todo = [sp[1] for _, sp in roots]
     reached = set(todo)  # sessions and the spans under them (their own parents end too)
     while todo:
@@ -222,7 +224,16 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
             if k[1] not in reached:
                 reached.add(k[1])
                 todo.append(k[1])
-    if lost := run.kinds["spans"] - len(reached):
+    _span_notes(run, run.kinds["spans"] - len(reached), errors)
+
+
+def _span_notes(run: Run, lost: int, errors: Counter[str]) -> None:
+    """What a span file could not carry, and how many of its sessions ended in an error."""
+    if errors:  # an A/B whose B ran out of memory more often compares shorter sessions
+        said = ", ".join(f"{e} x{n}" for e, n in errors.most_common())
+        run.notes.append(f"{errors.total()} of {len(run.sessions)} sessions ended in an error "
+                         f"({said}): their rounds up to it are counted.")  # fmt: skip
+    if lost:
         run.notes.append(f"{lost} spec.* spans are under no spec.session of this input (a rotated "
                          "span file: cat FILE.1 FILE | memra-obs report -; or session records the "
                          "worker dropped: memra_obs_dropped_total); they are left out.")  # fmt: skip
