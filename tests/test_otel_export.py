@@ -61,7 +61,8 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 with rx.lock:
                     status = rx.statuses.pop(0) if rx.statuses else 200
-                    rx.headers.append({k.lower(): v for k, v in self.headers.items()})
+                    hs = self.headers  # a name sent twice reads "a, b" (RFC 9110 5.3)
+                    rx.headers.append({k.lower(): ", ".join(hs.get_all(k, [])) for k in hs})
                 if status == 200:
                     if self.headers.get("Content-Encoding") == "gzip":
                         body = gzip.decompress(body)
@@ -264,6 +265,22 @@ def test_otlp_http_json_protocol(receiver):
     obs.shutdown(5)
     assert receiver.headers[0]["content-type"] == "application/json"
     assert ex.exported_spans == len(receiver.spans) == 1 + 2 + 5 * 6
+
+
+def test_a_header_of_theirs_replaces_ours_in_any_case(receiver):
+    """``user-agent=...`` in OTEL_EXPORTER_OTLP_HEADERS replaces the exporter's own, as
+    ``User-Agent=...`` did: both went, and a receiver that reads the first read ours."""
+    env = {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.url + "/v1/traces",
+        "OTEL_EXPORTER_OTLP_HEADERS": "user-agent=gateway/2,CONTENT-TYPE=application/json",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
+    }
+    obs, _q, ex = make(env, prof=False)
+    run_session(obs, prof=False)
+    obs.shutdown(5)
+    h = receiver.headers[0]
+    assert h["user-agent"] == "gateway/2" and h["content-type"] == "application/json"
+    assert ex.exported_spans == len(receiver.spans) > 0
 
 
 def grpc_trace_service(export) -> tuple[Any, int]:
@@ -784,8 +801,10 @@ def test_resource_keys_are_kept_as_written_and_values_decoded(monkeypatch):
 
 def test_the_resource_comes_from_env_not_os_environ(monkeypatch, tmp_path):
     """``configure(env=...)`` replaces os.environ: the SDK's detector, which Resource.create
-    runs on os.environ whatever ``env`` says, added the process's own attributes to its spans."""
-    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "team=other,deployment.environment=staging")
+    runs on os.environ whatever ``env`` says, added the process's own attributes to its spans;
+    the SDK's own service.instance.id, which the process's hid, stays (it was taken out too)."""
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES",
+                       "team=other,deployment.environment=staging,service.instance.id=pod-a")  # fmt: skip
     path = tmp_path / "spans.jsonl"
     obs, _q, _ex = make({"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod"},
                         spans_file=str(path))  # fmt: skip
@@ -796,7 +815,7 @@ def test_the_resource_comes_from_env_not_os_environ(monkeypatch, tmp_path):
     attrs = {kv["key"]: kv["value"]["stringValue"] for kv in kvs}
     assert "team" not in attrs and attrs["deployment.environment"] == "prod"
     assert attrs["service.name"] == "memra-obs" and attrs["telemetry.sdk.language"] == "python"
-    assert "service.instance.id" in attrs  # the SDK's other detectors still run
+    assert attrs.get("service.instance.id", "pod-a") != "pod-a"  # the SDK's own detector's
 
 
 def test_a_spans_file_it_cannot_write_fails_at_start_up(tmp_path):

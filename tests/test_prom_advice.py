@@ -246,6 +246,35 @@ def test_a_failing_advisor_is_said_once_and_the_gauges_stay(monkeypatch, caplog)
     assert sum("k advisor failed" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_a_window_that_gives_no_advice_leaves_no_stale_gauges():
+    """A loop that turned speculation off (k = 0 rounds fill the window): the window gives no
+    advice, so no advice series; the speedup of rounds long gone stayed, for good (an alert
+    on it never resolved). Drafting again brings them back."""
+    reg = CollectorRegistry()
+    ex = PrometheusExporter(reg, advice_window=256)
+    rs = rounds(400)
+    ex.export([session(), *rs])
+    ex.flush()
+    names = ("memra_spec_recommended_k", "memra_spec_estimated_speedup",
+             "memra_spec_expected_tokens_per_round")  # fmt: skip
+    assert all(val(reg, n, family="glm5") is not None for n in names)
+    off = [r._replace(index=400 + i, k=0, j=0) for i, r in enumerate(rs[:300])]
+    ex.export(off)
+    ex.flush()
+    assert advise(off[-256:], max_k=16) is None
+    assert [val(reg, n, family="glm5") for n in names] == [None] * 3
+    assert val(reg, "memra_spec_estimated_tokens_per_second", family="glm5", k="1") is None
+    assert not [m for m in reg.collect() if m.name == "memra_spec_advice_info" and m.samples]
+    assert positions(reg, "memra_spec_drafted_tokens_by_position_total")  # counters stay
+    ex.export(rs[:100])
+    ex.flush()
+    assert val(reg, "memra_spec_recommended_k", family="glm5") is not None
+    assert (
+        val(reg, "memra_spec_advice_info", family="glm5", clock="event", plain_step="verify_fit")
+        == 1
+    )
+
+
 def test_a_round_with_j_outside_0_k_is_an_export_error_and_the_gauges_go_on():
     """Counts no loop produces (j > k, j < 0; a hostile ring, say) enter neither the token
     histograms nor the advisor's window (whose every refit would fail): export errors."""

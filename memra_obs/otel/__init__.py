@@ -52,16 +52,21 @@ def build_span_exporter(
 def _resource(env: Mapping[str, str]) -> Any:
     """The SDK's ``Resource.create()`` (``telemetry.sdk.*``, its detectors) with ``env``'s
     ``OTEL_*`` resource: its own ``OTEL_RESOURCE_ATTRIBUTES`` detector reads ``os.environ``
-    whatever ``env`` says, so the attributes it added from there are taken back out."""
-    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+    whatever ``env`` says, so the attributes it added from there are taken back out (the SDK's
+    own ``service.instance.id``, which one of them hid, back in)."""
+    from opentelemetry.sdk import resources
 
     own = resource_attributes(env)
-    res = Resource.create(own)
+    res = resources.Resource.create(own)
     var = "OTEL_RESOURCE_ATTRIBUTES"
     if env is os.environ or env.get(var) == os.environ.get(var):
         return res
-    stray = set(OTELResourceDetector().detect().attributes) - set(own)
-    return Resource({k: v for k, v in res.attributes.items() if k not in stray}, res.schema_url)
+    stray = set(resources.OTELResourceDetector().detect().attributes) - set(own)
+    attrs = {k: v for k, v in res.attributes.items() if k not in stray}
+    detector = getattr(resources, "ServiceInstanceIdResourceDetector", None)  # SDK 1.39+
+    if "service.instance.id" in stray and detector is not None:
+        attrs.update(detector().detect().attributes)
+    return resources.Resource(attrs, res.schema_url)
 
 
 def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> Output:

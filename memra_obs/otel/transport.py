@@ -141,7 +141,12 @@ class HttpSender:
         self._gzip = cfg.compression == "gzip"
         ct = "application/json" if json else "application/x-protobuf"
         gz = {"Content-Encoding": "gzip"} if self._gzip else {}
-        self._headers = {"Content-Type": ct, "User-Agent": _AGENT, **gz, **dict(cfg.headers)}
+        mine = {k.lower() for k, _ in cfg.headers}  # a name of theirs, in any case, replaces ours
+        ours = {"Content-Type": ct, "User-Agent": _AGENT, **gz}
+        self._headers = {
+            **{k: v for k, v in ours.items() if k.lower() not in mine},
+            **dict(cfg.headers),
+        }
         self._conn: http.client.HTTPConnection | None = None
 
     def send(self, payload: bytes, timeout_s: float) -> int:

@@ -74,8 +74,18 @@ class LoopAdvisor:
         return list(self.win)
 
     def publish(self, a: Any) -> None:
-        """Set the gauges from an :class:`memra_obs.analysis.Advice`; under the lock."""
+        """Set the gauges from an :class:`memra_obs.analysis.Advice` (None: the window gives
+        none, e.g. speculation turned off: no series, not a stale fit); under the lock."""
         f, lv = self.f, self.lv
+        if a is None:
+            for name in ("recommended_k", "estimated_speedup", "expected_tokens_per_round"):
+                f[f"memra_spec_{name}"].children.pop(lv, None)
+            tps = f["memra_spec_estimated_tokens_per_second"].children
+            for k in range(1, MAX_K + 1):
+                tps.pop((*lv, str(k)), None)
+            f["memra_spec_advice_info"].children.pop(self.info, None)
+            self.info = ()
+            return
         f["memra_spec_recommended_k"].child(lv).v = a.recommended_k
         f["memra_spec_estimated_speedup"].child(lv).v = a.estimated_speedup.value
         f["memra_spec_expected_tokens_per_round"].child(lv).v = a.expected_tokens.value

@@ -138,9 +138,8 @@ class PrometheusExporter:
             except Exception as exc:
                 say_once("prom.advice", f"the k advisor failed ({exc!r}); gauges left as they were")
                 continue
-            if adv is not None:
-                with self._lock:
-                    a.publish(adv)
+            with self._lock:
+                a.publish(adv)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """The series stay for a last scrape (:meth:`unregister` frees the names now)."""
