@@ -543,17 +543,19 @@ def _set(s: dict, key: str, value: dict) -> bool:
 
 def test_a_collectors_blank_lines_and_empty_parent_ids_read_as_the_workers_file(runs, tmp_path):
     """A collector's file exporter writes a root span's parentSpanId as "" and may leave blank
-    lines: read as the worker's own file. An attribute value that is no AnyValue object
-    refuses its line (AttributeError), never a traceback."""
+    lines, first ones too (a span file read as an empty log): read as the worker's own file.
+    An attribute value that is no AnyValue object refuses its line (AttributeError), never a
+    traceback."""
 
     def rooted(s: dict) -> bool:
         s.setdefault("parentSpanId", "")
         return True
 
     got = spans_edited(runs["spans"], tmp_path / "c.jsonl", rooted)
-    got.write_text(got.read_text().replace("\n", "\n\n"))
+    got.write_text("\n \r\n" + got.read_text().replace("\n", "\n\n"))
     a, b = read(str(runs["spans"])), read(str(got))
     assert not b.refused and (len(b.sessions), len(b.rounds)) == (len(a.sessions), len(a.rounds))
+    assert b.kind == "spans" and b.lines == 2 * a.lines + 2
     bad = _first("spec.round", lambda s: _set(s, "memra.spec.k", "4"))  # type: ignore[arg-type]
     run = read(str(spans_edited(runs["spans"], tmp_path / "bad.jsonl", bad)))
     assert len(run.refused) == 1 and "AttributeError" in run.refused[0][1]

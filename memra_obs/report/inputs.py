@@ -103,8 +103,10 @@ def read(path: str, progress: Progress | None = None, max_families: int = 64) ->
         run, gz = Run("stdin" if path == "-" else utf8(path)), raw.peek(2)[:2] == GZIP_MAGIC
         f: Any = gzip.open(raw) if gz else raw  # noqa: SIM115  (a banked log, compressed)
         run.size = 0 if path == "-" or gz else os.fstat(raw.fileno()).st_size
-        first = f.readline(MAX_LINE + 1)
-        lines = _lines(f, first, run, progress)
+        head = [f.readline(MAX_LINE + 1)]  # the kind is the first line's that is not blank
+        while head[-1].isspace() and len(head) < 1000:  # (a collector may leave some)
+            head.append(f.readline(MAX_LINE + 1))
+        first, lines = head[-1], _lines(f, head, run, progress)
         if first.lstrip()[:1] == b"{" and b'"resourceSpans"' in first[:65536]:
             run.kind = "spans"
             _read_spans(lines, run)
@@ -113,14 +115,14 @@ def read(path: str, progress: Progress | None = None, max_families: int = 64) ->
     return run
 
 
-def _lines(f: BinaryIO, first: bytes, run: Run, progress: Progress | None) -> Iterator[str]:
+def _lines(f: BinaryIO, head: list[bytes], run: Run, progress: Progress | None) -> Iterator[str]:
     """Lines split on ``\\n`` only (as the tail splits), each decoded whole: bytes that are not
     UTF-8 become U+FFFD, so such a tagged line is refused by the parser, with its reason. A line
     over ``MAX_LINE`` bytes is refused as the tail refuses it and read past in chunks, never
     held whole (a log with a 200 MB line of binary junk took 2.5 GB): an empty line here."""
     done = mark = 0
     rest = iter(functools.partial(f.readline, MAX_LINE + 1), b"")
-    for raw in itertools.chain((first,) if first else (), rest):
+    for raw in itertools.chain(filter(None, head), rest):
         run.lines, done = run.lines + 1, done + len(raw)
         if len(raw) > MAX_LINE and raw[-1:] != b"\n":
             run.refused.append((run.lines, _OVERLONG, raw[:160].decode("utf-8", "replace")))
