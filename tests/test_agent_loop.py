@@ -153,6 +153,39 @@ def test_graceful_close_leaves_open_sessions_to_the_next_agent(tmp_path):
     sink.shutdown()
 
 
+@pytest.mark.parametrize("writer", ["alive", "dead"])
+def test_a_session_open_across_a_restart_whose_end_was_overwritten_is_ended(tmp_path, writer):
+    """The next agent ends a session it carried over (its start read by the one before) whose
+    end it then lost to a lapped ring, as one agent alone does (RingOverrun), with what was
+    published of it: it never ended (no span, no request line; the loss counted, unsaid)."""
+    obs, sink = observer(tmp_path, "w", slots=64)
+    a = Agent(str(tmp_path), [Collect()])
+    s = obs.session("glm5")
+    rounds(s, 2)
+    a.drain(5)
+    a.close()  # graceful: s is left to the next agent
+    cap = Collect()
+    a = Agent(str(tmp_path), [cap])
+    a.step()
+    rounds(s, 3)
+    s.end()
+    with obs.session("glm5") as s2:  # laps the ring past s's end
+        for _ in range(10):
+            rounds(s2, 8)
+    if writer == "dead":
+        sink.shutdown()
+    a.drain(5)
+    ends = {r.session: r for r in cap.of(SessionEndRecord)}
+    assert sorted(e.error for e in ends.values()) == ["", "RingOverrun"] and a.lost_total() > 0
+    (carried,) = [r for r in cap.of(SessionRecord) if ends[r.session].error]
+    assert carried.trace_id and carried.family == "glm5"
+    (prior,) = cap.of(PriorRecord)
+    assert prior.session == carried.session and len(prior.ks) == 2
+    check_contract(cap.records)
+    sink.shutdown()
+    a.close()
+
+
 def test_lost_end_records_are_synthesized_and_counted(tmp_path):
     """A reader lapped by a tiny ring loses session ends; the agent closes those sessions
     (RingOverrun) once the writer's table shows they ended, and counts every lost record."""
@@ -182,9 +215,7 @@ def test_lost_end_records_are_synthesized_and_counted(tmp_path):
     a.close()
 
 
-def test_a_killed_writer_is_read_to_the_end_and_cleaned_up(tmp_path):
-    """A worker SIGKILLed mid-session: every record it wrote is published, the session is
-    ended as WorkerGone, and the ring file is removed."""
+def _kill_a_writer_mid_session(tmp_path) -> None:
     code = (
         "import sys, os, signal\n"
         "from memra_obs.agent.ring import RingSink\n"
@@ -200,6 +231,12 @@ def test_a_killed_writer_is_read_to_the_end_and_cleaned_up(tmp_path):
     )
     p = subprocess.run([sys.executable, "-c", code, __file__], timeout=60)
     assert p.returncode == -9
+
+
+def test_a_killed_writer_is_read_to_the_end_and_cleaned_up(tmp_path):
+    """A worker SIGKILLed mid-session: every record it wrote is published, the session is
+    ended as WorkerGone, and the ring file is removed."""
+    _kill_a_writer_mid_session(tmp_path)
     cap = Collect()
     a = Agent(str(tmp_path), [cap])
     assert a.drain(5)
@@ -214,6 +251,22 @@ def test_a_killed_writer_is_read_to_the_end_and_cleaned_up(tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".ring")]
     assert a.rings_removed == 1 and a.rings == 0
     a.close()
+
+
+def test_a_killed_writers_kept_ring_is_not_ended_again_by_each_later_agent(tmp_path):
+    """``--keep``: the dead writer's table still named the session it died in, so each later
+    agent replayed it and ended it again (the same span id once more, a request line with 0
+    rounds). Its ended sessions leave the table when the ring is retired."""
+    _kill_a_writer_mid_session(tmp_path)
+    got = []
+    for _ in range(3):
+        cap = Collect()
+        a = Agent(str(tmp_path), [cap], cleanup=False)
+        assert a.drain(5)
+        a.close()
+        got.append([type(r).__name__ for r in cap.records])
+    assert got[0][-1] == "SessionEndRecord" and len(got[0]) == 11 and got[1:] == [[], []]
+    assert [f for f in os.listdir(tmp_path) if f.endswith(".ring")]  # kept
 
 
 class Stuck(Collect):

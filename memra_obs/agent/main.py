@@ -241,6 +241,7 @@ class Agent:
         del self._held[s]
         self._retired.append((time.monotonic() + self.forget_s, s.workers))
         self.rings_retired += 1
+        s.clear_table()
         s.close(unlink=self.cleanup)
         if self.cleanup and not os.path.exists(s.path):
             self._skip.discard(s.path)

@@ -233,6 +233,13 @@ class RingReader:
             with contextlib.suppress(OSError):  # a read-only file system: it lives here only
                 os.pwrite(self._fd, F.READER.pack(*cursor, os.getpid()), F.OFF_READER)
 
+    def clear_table(self) -> None:
+        """Empty a dead writer's table, its open sessions ended here: a ring kept (``--keep``)
+        has each later agent end them again otherwise."""
+        if self.writable and self.gone:
+            with contextlib.suppress(OSError):
+                os.pwrite(self._fd, bytes(self.geo.table_entries * F.TABLE_ENTRY), F.HEADER)
+
     def open_sessions(self) -> Sessions:
         """The writer's table of open sessions (entries that change while read, or do not
         decode, are passed over)."""
@@ -330,8 +337,8 @@ class RingStream(RingReader):
             self._before = self.sessions_before(self.pos) if self.pos else Sessions()
             #: Sessions open in the writer's table whose SessionRecord a previous agent read:
             #: if the writer dies before another of their records comes, they are ended here.
-            self._carried = {s for s, (_, _, p) in self.open_sessions().items()
-                             if p < self.pos} if self.pos else set()  # fmt: skip
+            self._carried = {s: found for s, found in self.open_sessions().items()
+                             if found[2] < self.pos} if self.pos else {}  # fmt: skip
         except BaseException:  # a ring refused at attach keeps no descriptor
             self.close()
             raise
@@ -368,15 +375,20 @@ class RingStream(RingReader):
             for sid in [s for s, st in self._open.items() if st.in_table and st.sr_pos < before]:
                 if sid not in table:  # it ended, and its end record lies below the cursor
                     self._end(sid, "RingOverrun", out)
+            for sid in [s for s in self._carried if s not in table]:  # the same, none read
+                self._replay(self._carried[sid], out)
+                self._end(sid, "RingOverrun", out)
         if not (self.gone and self.caught_up() and not self.trouble):
             return False
-        if self._carried:  # still open when the writer died: context first, then the end
-            held: Sessions = {}
+        carried, self._carried = self._carried, {}
+        if carried:  # still open when the writer died: context first, then the end
+            held: Sessions | None = None
             with contextlib.suppress(FormatError):
                 held = self.open_sessions()
-            for sid in self._carried & held.keys() - self._open.keys():
-                self._replay(held[sid], out)
-            self._carried = set()
+            for sid, found in carried.items():
+                self._replay(found, out)
+                if held is not None and sid not in held:  # it ended: its end overwritten
+                    self._end(sid, "RingOverrun", out)
         for sid in list(self._open):
             self._end(sid, "WorkerGone", out)
         return True
@@ -384,7 +396,7 @@ class RingStream(RingReader):
     def _start(self, srec: SessionRecord, in_table: bool, pos: int, out: list[Record]) -> _Open:
         if len(self._open) >= MAX_OPEN:  # ends lost without a trace: do not grow forever
             self._end(next(iter(self._open)), "RingOverrun", out)
-        self._carried.discard(srec.session)
+        self._carried.pop(srec.session, None)
         st = self._open[srec.session] = _Open(next(self._ids), pos, in_table, srec.start_ns_mono)
         out.append(srec._replace(session=st.gid, worker=srec.worker or self.worker))
         self.workers.add(srec.worker or self.worker)

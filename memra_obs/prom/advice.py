@@ -80,9 +80,8 @@ class LoopAdvisor:
         if a is None:
             for name in ("recommended_k", "estimated_speedup", "expected_tokens_per_round"):
                 f[f"memra_spec_{name}"].children.pop(lv, None)
-            tps = f["memra_spec_estimated_tokens_per_second"].children
             for k in range(1, MAX_K + 1):
-                tps.pop((*lv, str(k)), None)
+                f["memra_spec_estimated_tokens_per_second"].children.pop((*lv, str(k)), None)
             f["memra_spec_advice_info"].children.pop(self.info, None)
             self.info = ()
             return
