@@ -213,6 +213,10 @@ def test_phase_and_verify_lines_round_trip(ns, rounds, k, split):
         "",
         "[x]",
         "[pod/w-0/worker] [glm5] loaded",
+        # another program's [spec-...] tag, no space after it: refused as a phase line
+        "[spec-decode]: acceptance rate 0.71",
+        "[spec-decode]",
+        "[spec-tokens]\tfoo",
         '{"log":"hello\\n","stream":"stderr"}',
         # what a prefix search claimed: a damaged line behind anything is nobody's in particular
         "INFO [glm5-phase] rounds=1",
@@ -327,6 +331,8 @@ def test_cri_parts_past_the_limit_are_read_as_nothing():
         ("[spec-prof-summary] rounds=3 k_mean=", "summary"),
         ("[spec-trace] MEMRA_SPEC_TRACE=1 overrides", "override"),
         ("[spec-prof]", "tag without a body"),
+        ("[spec-tracer]:", "tag without a body"),
+        ("[gl\ufffdm5-phase] rounds=6 k=4 total=1.00ms | draft=", "invalid UTF-8 in the tag"),
         ("[glm5-phase] rounds=3 k=4 garbage", "no known shape"),
         ("[spec-advice-x] rounds=3 k=4 garbage", "unknown tag"),  # each reserved prefix
         ("[spec-tracer] rounds=3 k=4 garbage", "unknown tag"),

@@ -59,6 +59,7 @@ _F1, _F2, _F3 = (rf"(-?[0-9]+{_P}\.[0-9]{{{n}}})" for n in (1, 2, 3))
 MAX_TAG = 64
 #: Tag prefixes of this parser's own lines: a phase line under one is refused.
 RESERVED = ("spec-prof", "spec-trace", "spec-advice")
+_RESERVED_HEAD = tuple("[" + r for r in RESERVED)
 _UNTAGGABLE = re.compile(r"[\]\s\x00-\x1f\x7f\ud800-\udfff]")
 _TAG_HEAD = re.compile(rf"\[([^\]\s]{{1,{MAX_TAG}}}{_P})\] ").match
 _LONG_TAG = re.compile(rf"\[[^\]\s]{{{MAX_TAG + 1},}}\] rounds=").match
@@ -150,7 +151,7 @@ def parse_line(line: str) -> LegacyLine | None:
             return _tuple_new(RoundsLine, (int(i), prof))
         m = _TAG_HEAD(text)
         if m is None:
-            if text.startswith("[spec-"):
+            if text.startswith(_RESERVED_HEAD):  # (another program's "[spec-decode]:" passes)
                 raise LegacyParseError(line, "tag without a body", _claimed(text))
             if _LONG_TAG(text):
                 raise LegacyParseError(line, f"a tag over {MAX_TAG} characters", _claimed(text))
@@ -163,6 +164,8 @@ def parse_line(line: str) -> LegacyLine | None:
             raise LegacyParseError(line, f"unknown tag [{tag}]", _claimed(text))
         if not text.startswith("rounds=", at):
             return _behind_prefix(line, text[at:])  # another program's tag, kubectl's [pod/p/c]
+        if "\ufffd" in tag:  # a byte that is not UTF-8: no family of its own on /metrics
+            raise LegacyParseError(line, "invalid UTF-8 in the tag", PHASE)
         if " total=" in text:  # as in the body: the head's one space precedes "rounds="
             p = _PHASE(text, at)
             if p is None:
