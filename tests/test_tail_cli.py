@@ -116,11 +116,22 @@ def test_a_file_without_follow_is_read_once(tmp_path):
 
 def test_a_gzipped_file_is_read_as_the_report_reads_it(tmp_path):
     """A rotated, compressed log (``w.err.1.gz``) is read decompressed (its bytes went through
-    as they were: 0 legacy lines, status 0); damaged data is one line, status 2."""
+    as they were: 0 legacy lines, status 0), with ``--follow`` and on standard input too;
+    damaged data is one line, status 2."""
     f = tmp_path / "w.err.1.gz"
     f.write_bytes(gzip.compress((PHASE + "\n" + VERIFY + "\n").encode()))
+    want = (0, (PHASE + "\n" + VERIFY + "\n").encode())
     p = _tail(str(f), "--quiet", data=b"")
-    assert (p.returncode, p.stderr) == (0, (PHASE + "\n" + VERIFY + "\n").encode())
+    assert (p.returncode, p.stderr) == want
+    # --follow: read once (a compressed file does not grow); standard input redirected from one
+    assert (lambda p: (p.returncode, p.stderr))(
+        _tail("--follow", str(f), "--quiet", data=b"")
+    ) == want
+    with open(f, "rb") as stdin:
+        p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "tail", "-", "--quiet"],
+                           stdin=stdin, capture_output=True, env={**_env(), "MEMRA_OBS_SINKS": ""},
+                           timeout=60)  # fmt: skip
+    assert (p.returncode, p.stderr) == want
     f.write_bytes(f.read_bytes()[:20])
     p = _tail(str(f), "--quiet", data=b"")
     assert p.returncode == 2 and p.stderr.startswith(f"memra-obs tail: {f}: damaged gzip".encode())

@@ -256,10 +256,17 @@ def test_follow_ends_a_partial_line_at_rotation_and_waits_out_what_is_no_file(tm
         with open(path, "ab") as f:
             f.write(b"two\n")
         wait_for(lambda: tail.stats.bytes == len(first) + 4, "the next line")
-        for odd in ("dir", "fifo"):
+        put = {"dir": os.mkdir, "fifo": os.mkfifo, "sock": _bound, "loop": _loop}
+        for odd, said in (("dir", "not a regular file"), ("fifo", "not a regular file"),
+                          ("sock", "No such device or address; waiting until it can be read"),
+                          ("loop", None)):  # fmt: skip
             os.rename(path, tmp_path / f"worker.err.{odd}")
-            os.mkdir(path) if odd == "dir" else os.mkfifo(path)
-            wait_for(lambda: sum("not a regular file" in n for n in notes) == 1, f"the {odd} said")
+            put[odd](path)  # sock: a file it cannot open (waited out unsaid); loop: nor stat
+            if said is not None:
+                wait_for(lambda said=said: sum(said in n for n in notes) == 1, f"the {odd} said")
+            time.sleep(0.1)  # (the loop: os.stat's ELOOP ended the tail)
+            assert said is None or sum(said in n for n in notes) == 1  # said once
+            assert reader.is_alive()
             (os.rmdir if odd == "dir" else os.unlink)(path)
             notes.clear()
             path.write_bytes(f"after {odd}\n".encode())
@@ -271,8 +278,41 @@ def test_follow_ends_a_partial_line_at_rotation_and_waits_out_what_is_no_file(tm
     assert not reader.is_alive()
     assert (
         bytes(out.data)
-        == b"one\n[spec-prof-rounds] row=3 wall_ms=0.6\ntwo\nafter dir\nafter fifo\n"
+        == b"one\n[spec-prof-rounds] row=3 wall_ms=0.6\ntwo\nafter dir\nafter fifo\nafter sock\nafter loop\n"
     )
+
+
+def _bound(path: Path) -> None:
+    """A UNIX socket at ``path``: stat-able, never open-able (ENXIO)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))
+
+
+def _loop(path: Path) -> None:
+    os.symlink(path.name, path)
+
+
+def test_a_file_at_its_end_is_checked_once_a_poll(tmp_path: Path, monkeypatch):
+    """``--poll S``: a file at its end is read (and stat'ed) once every S seconds however often
+    the pump asks (it was twice a call: 20 times a second at any ``--poll``); what comes after
+    a check is read at the next."""
+    path = tmp_path / "w.err"
+    path.write_bytes(b"")
+    src = FollowSource(str(path), poll_s=0.5)
+    reads, real = [], os.read
+    monkeypatch.setattr(os, "read", lambda fd, n: reads.append(fd) or real(fd, n))
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 1.2:
+        assert src.read(0.1) == b""
+    assert 2 <= len(reads) <= 4, len(reads)  # at 0, 0.5, 1.0 s
+    path.write_bytes(b"x\n")
+    t0, got = time.monotonic(), b""
+    while not got:
+        got = src.read(0.1)
+    assert got == b"x\n" and time.monotonic() - t0 < 0.5 + 0.2
+    src.close()
 
 
 def cri_parts(lines: list[str], seed: int = 3) -> bytes:

@@ -12,9 +12,11 @@ import argparse
 import errno
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from ..environment import MEMRA_OBS_SINKS, MEMRA_OBS_WORKER, Settings, positive, stop_signals
@@ -122,17 +124,27 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
 def _source(opts: argparse.Namespace, on_wait: Callable[[str], None]) -> PipeSource | FollowSource:
     path = opts.path
     if path == "-":  # fd 0 closed (tail - <&-): EBADF now, before /metrics's socket takes fd 0
-        os.fstat(0)
-        return PipeSource(0, "stdin")
+        return GzipSource(0, "stdin", own=False) if _gzipped(0) else PipeSource(0, "stdin")
     if os.path.isdir(path):  # open() takes one; its reads would fail
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-    if opts.follow and (os.path.isfile(path) or not os.path.exists(path)):
-        return FollowSource(path, from_start=opts.from_start, poll_s=opts.poll, on_wait=on_wait)
+    follow = partial(FollowSource, path, from_start=opts.from_start, poll_s=opts.poll,
+                     on_wait=on_wait)  # fmt: skip
+    if opts.follow and not os.path.exists(path):
+        return follow()
+    fd = os.open(path, os.O_RDONLY)  # (a FIFO: once a writer opens it)
+    gz = _gzipped(fd)  # a compressed file does not grow: read once, with --follow too
+    if opts.follow and not gz and stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return follow()
     # read to its end: a file (gzip'd or not), or a FIFO (which has no rotations to follow)
-    fd = os.open(path, os.O_RDONLY)
-    if os.path.isfile(path) and os.pread(fd, 2, 0) == GZIP_MAGIC:
-        return GzipSource(fd, path)
-    return PipeSource(fd, path, own=True)
+    return GzipSource(fd, path) if gz else PipeSource(fd, path, own=True)
+
+
+def _gzipped(fd: int) -> bool:
+    """A regular file whose bytes from here are gzip's (a rotated ``FILE.1.gz``, or standard
+    input redirected from one). Raises EBADF for a closed fd."""
+    st = os.fstat(fd)
+    return stat.S_ISREG(st.st_mode) and os.pread(fd, 2, os.lseek(fd, 0, os.SEEK_CUR)) == GZIP_MAGIC
 
 
 def _run(

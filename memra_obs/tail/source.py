@@ -56,8 +56,8 @@ class GzipSource(PipeSource):
     """A gzip'd log read once (a rotated, compressed one, as ``memra-obs report`` reads it):
     its decompressed bytes; damaged data is a read error."""
 
-    def __init__(self, fd: int, name: str) -> None:
-        super().__init__(fd, name, own=True)
+    def __init__(self, fd: int, name: str, own: bool = True) -> None:
+        super().__init__(fd, name, own)
         self._gz = gzip.GzipFile(fileobj=os.fdopen(fd, "rb", closefd=False))
 
     def read(self, timeout_s: float) -> bytes | None:
@@ -79,6 +79,7 @@ class FollowSource:
         self.poll_s = poll_s
         self.on_rotate: Callable[[str], None] = lambda style: None  # set by the caller
         self._fd, self._ident, self._pos, self._waiting = -1, (0, 0), 0, False
+        self._next = 0.0  # at the file's end: the next check (os.read, stat) is due then
         self.on_wait: Callable[[str], None] = on_wait or (lambda msg: None)
         if not self._open(first=True, at_end=not from_start):
             self.on_wait(f"{path} does not exist yet; waiting for it")
@@ -88,10 +89,13 @@ class FollowSource:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             return False
-        except OSError:
+        except OSError as exc:
             if first:
                 raise  # unreadable at start: the caller says so and stops
-            return False  # the rotated-in file is not readable (yet): keep polling
+            if not self._waiting:  # the rotated-in file is not readable (yet): said once
+                self._waiting = True
+                self.on_wait(f"{self.path}: {exc.strerror}; waiting until it can be read")
+            return False
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) and not first:  # a directory or FIFO rotated in
             os.close(fd)
@@ -106,17 +110,19 @@ class FollowSource:
     def read(self, timeout_s: float) -> bytes | None:
         deadline = time.monotonic() + max(timeout_s, 0.0)
         while True:
-            if self._fd >= 0 or self._open():
-                data = os.read(self._fd, CHUNK)
-                if data:
-                    self._pos += len(data)
-                    return data
-                if self._rotated():
-                    continue  # read the new content (or the rest of the old) right away
-            left = deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if now >= self._next:  # at its end, the file is checked once a poll_s at most
+                if self._fd >= 0 or self._open():
+                    data = os.read(self._fd, CHUNK)
+                    if data:
+                        self._pos += len(data)
+                        return data
+                    if self._rotated():
+                        continue  # read the new content (or the rest of the old) right away
+                self._next = now + self.poll_s
+            if now >= deadline:
                 return b""
-            time.sleep(min(self.poll_s, left))
+            time.sleep(min(self._next, deadline) - now)
 
     def _rotated(self) -> bool:
         """At the end of the file: did it rotate? Switch over when it did."""
@@ -128,8 +134,8 @@ class FollowSource:
             return True
         try:
             st = os.stat(self.path)
-        except FileNotFoundError:
-            return False  # renamed away, not created again yet: the old file may still grow
+        except OSError:  # renamed away, not created again yet (or a symlink loop put there):
+            return False  # the old file may still grow
         if (st.st_dev, st.st_ino) == self._ident:
             return False
         os.close(fd)  # rename+create: the old file is drained (we are at its end)
