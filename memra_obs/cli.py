@@ -147,7 +147,11 @@ def _demo(args: argparse.Namespace) -> int:
     )
     dev = SimDevice()
     obs = build_observer(memory=None if cfg.gpu else dev.snapshot, strict=True, env=env)
-    where = list(obs.where) or ["publishing only the legacy lines"]
+    lines = getattr(obs, "level", 0) or getattr(obs, "prof", False)  # (the no-op has neither)
+    where = list(obs.where) or [
+        "publishing only the legacy lines" if lines
+        else "publishing nothing (MEMRA_SPEC_TRACE, MEMRA_SPEC_PROF off; no MEMRA_OBS_SINKS on)"
+    ]  # fmt: skip
     bound = "until Ctrl-C"
     if cfg.duration_s:
         bound = f"{cfg.duration_s:g}s"

@@ -185,6 +185,21 @@ def test_demo_done_says_the_records_its_full_queue_dropped(tmp_path, monkeypatch
     assert len(done) == 1 and re.search(r"; [1-9]\d* records dropped \(a full queue\)", done[0])
 
 
+def test_demo_with_everything_off_says_it_publishes_nothing(tmp_path, monkeypatch, capfd):
+    """The flags off and no sink: the banner said "publishing only the legacy lines", and
+    none came."""
+    from memra_obs.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MEMRA_OBS_SINKS", "")
+    monkeypatch.setenv("MEMRA_SPEC_PROF", "0")
+    for trace, said in (("0", "publishing nothing"), ("1", "publishing only the legacy lines")):
+        monkeypatch.setenv("MEMRA_SPEC_TRACE", trace)
+        assert main(["demo", "--requests", "2", "--speed", "100", "--seed", "1"]) == 0
+        err = capfd.readouterr().err
+        assert said in err.splitlines()[0] and ("[glm5-phase]" in err) == (trace == "1")
+
+
 def _demo(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_", "OTEL_"))}
     env.update(MEMRA_OBS_METRICS_ADDR="", MEMRA_OBS_SINKS="otel")
