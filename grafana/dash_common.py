@@ -43,15 +43,33 @@ def sum_rate(metric: str, by: Sequence[str] = (), sel: str = SPEC, window: str =
     return f"sum{grouping}({rate(metric, sel, window)})"
 
 
+def ratio(num: str, den: str, matching: str = "") -> str:
+    """`num / (den > 0)`: a series whose denominator is 0 (an idle worker: its counters exist
+    but do not move) gives no sample, so a panel reads "No data" rather than 0/0 = NaN; while
+    busy the values are the plain quotient's (as the recording rules guard theirs). `num` and
+    `den` are single terms (an aggregation, a selector). `matching` is the division's
+    vector-matching modifiers, e.g. "ignoring(phase) group_left": a bare group_left or
+    group_right gets an empty label list, or it would read the parenthesised denominator as
+    its labels (a parse error)."""
+    m = matching.strip()
+    if m.endswith(("group_left", "group_right")):
+        m += "()"
+    return f"{num} / {m + ' ' if m else ''}({den} > 0)"
+
+
 def quantile(q: float, hist: str, by: Sequence[str] = (), sel: str = SPEC, window: str = RI) -> str:
-    """histogram_quantile over the rate of a classic histogram's buckets."""
-    return f"histogram_quantile({q}, {sum_rate(hist + '_bucket', ('le', *by), sel, window)})"
+    """histogram_quantile over the rate of a classic histogram's buckets, kept only where the
+    histogram observed something in the window: over all-zero bucket rates (an idle worker)
+    histogram_quantile gives NaN, and the panel would show it rather than "No data"."""
+    buckets = sum_rate(hist + "_bucket", ("le", *by), sel, window)
+    count = sum_rate(hist + "_count", by, sel, window)
+    return f"histogram_quantile({q}, {buckets}) and on ({', '.join(by)}) ({count} > 0)"
 
 
 def mean(hist: str, by: Sequence[str] = (), sel: str = SPEC, window: str = RI) -> str:
-    """Mean observation over the window: rate(sum) / rate(count)."""
-    return (
-        f"{sum_rate(hist + '_sum', by, sel, window)} / {sum_rate(hist + '_count', by, sel, window)}"
+    """Mean observation over the window: rate(sum) / rate(count), none while nothing is observed."""
+    return ratio(
+        sum_rate(hist + "_sum", by, sel, window), sum_rate(hist + "_count", by, sel, window)
     )
 
 

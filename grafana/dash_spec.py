@@ -19,6 +19,7 @@ from dash_common import (
     heatmap_panel,
     mean,
     quantile,
+    ratio,
     stat_panel,
     sum_rate,
     target,
@@ -120,7 +121,7 @@ def overview(ids: Ids) -> Section:
             ids,
             "Acceptance",
             "Accepted / drafted tokens.",
-            target(f"{sum_rate(acc)} / {sum_rate(dr)}"),
+            target(ratio(sum_rate(acc), sum_rate(dr))),
             unit="percentunit",
         ),
         stat_panel(
@@ -143,7 +144,7 @@ def overview(ids: Ids) -> Section:
             ids,
             "Slow-round share",
             "Share of rounds slower than 1.5x the median of their session's last 64.",
-            target(f"{sum_rate('memra_spec_slow_rounds_total')} / {sum_rate(rd)}"),
+            target(ratio(sum_rate("memra_spec_slow_rounds_total"), sum_rate(rd))),
             unit="percentunit",
         ),
     ]
@@ -203,7 +204,11 @@ def phases(ids: Ids) -> Section:
             "Where the round's time goes: draft / verify / accept / rollback / maint, stacked to 100%.",
             [
                 target(
-                    f"{sum_rate(f'{h}_sum', ('phase',))} / ignoring(phase) group_left {sum_rate(f'{h}_sum')}",
+                    ratio(
+                        sum_rate(f"{h}_sum", ("phase",)),
+                        sum_rate(f"{h}_sum"),
+                        "ignoring(phase) group_left",
+                    ),
                     "{{phase}}",
                 )
             ],
@@ -240,7 +245,7 @@ def phases(ids: Ids) -> Section:
 
 def per_round_mean(hist: str, by: tuple[str, ...]) -> str:
     """Mean of a per-round histogram over the panel's rate window: rate(_sum) / rate(_count)."""
-    return f"{sum_rate(hist + '_sum', by)} / {sum_rate(hist + '_count', by)}"
+    return mean(hist, by)
 
 
 def acceptance(ids: Ids) -> Section:
@@ -251,7 +256,7 @@ def acceptance(ids: Ids) -> Section:
             ids,
             "Acceptance rate",
             "Accepted / drafted tokens per family. A collapse here is the MemraSpecAcceptanceCollapse alert.",
-            [target(f"{sum_rate(acc, by)} / {sum_rate(dr, by)}", "{{family}}")],
+            [target(ratio(sum_rate(acc, by), sum_rate(dr, by)), "{{family}}")],
             unit="percentunit",
             min_val=0,
             max_val=1,
@@ -371,7 +376,7 @@ def advisor(ids: Ids) -> Section:
             "accepted, every draft before them accepted too. With k constant, its ratio to the "
             "previous position is the conditional acceptance the k advisor works from; when k "
             "varies it is not (README: Acceptance by position, right when k varies).",
-            [target(f"{sum_rate(acc, by)} / {sum_rate(dr, by)}", "{{family}} pos {{position}}")],
+            [target(ratio(sum_rate(acc, by), sum_rate(dr, by)), "{{family}} pos {{position}}")],
             unit="percentunit",
             min_val=0,
             max_val=1,
@@ -433,7 +438,7 @@ def slow_rounds(ids: Ids) -> Section:
             "Slow rounds / all rounds per family; a round is slow when its wall exceeds 1.5x the median "
             "of its session's last 64 rounds. A rise here is the "
             "MemraSpecSlowRoundShareRising alert.",
-            [target(f"{sum_rate(slow, ('family',))} / {sum_rate(rd, ('family',))}", "{{family}}")],
+            [target(ratio(sum_rate(slow, ("family",)), sum_rate(rd, ("family",))), "{{family}}")],
             unit="percentunit",
             min_val=0,
         ),
@@ -451,8 +456,10 @@ def slow_rounds(ids: Ids) -> Section:
             "batched one (seq_rows): the usual cause of a slow round at depth.",
             [
                 target(
-                    f"{sum_rate('memra_spec_verify_seq_rows_total', ('family',))} / "
-                    f"{sum_rate('memra_spec_drafted_tokens_per_round_count', ('family',))}",
+                    ratio(
+                        sum_rate("memra_spec_verify_seq_rows_total", ("family",)),
+                        sum_rate("memra_spec_drafted_tokens_per_round_count", ("family",)),
+                    ),
                     "{{family}}",
                 )
             ],
@@ -506,8 +513,11 @@ def first_token(ids: Ids) -> Section:
             # Over every request (the first-token count), not a phase's own _count: that counts
             # only the requests that ran it, and the bars would no longer add up (README).
             target(
-                f"sum by (phase) (increase({p}_sum{{{HOST}}}[$__range])) / ignoring(phase) "
-                f"group_left sum(increase({f}_count{{{HOST}}}[$__range]))",
+                ratio(
+                    f"sum by (phase) (increase({p}_sum{{{HOST}}}[$__range]))",
+                    f"sum(increase({f}_count{{{HOST}}}[$__range]))",
+                    "ignoring(phase) group_left",
+                ),
                 "{{phase}}",
                 instant=True,
             ),

@@ -41,19 +41,28 @@ _ENDED = -3  # Burst._at after end(): its boundaries are ignored (said once)
 _drained_for = threading.local()
 
 
-def _nop(*args: object, **kw: object) -> None: ...
-
-
 _NULL = nullcontext()  # reusable: one shared no-op hook
 
 
 class NoOpBurst:
-    """Everything off, or a burst that cannot be recorded: a no-op per boundary."""
+    """Everything off, or a burst that cannot be recorded: a no-op per boundary, each taking
+    what the real one takes, no more (a call written with everything off raised TypeError
+    into the loop once telemetry was on)."""
 
     __slots__ = ()
     rounds = k = 0
-    begin_round = end_draft = end_verify = end_accept = staticmethod(_nop)
-    end_rollback = end_round = end = __exit__ = staticmethod(_nop)
+
+    def begin_round(self) -> None: ...
+
+    end_draft = end_verify = end_accept = end_rollback = begin_round
+
+    def end_round(
+        self, k: int | None = None, j: int | None = None, ctx: int = 0, seq_rows: int | None = None
+    ) -> None: ...
+
+    def end(self, tokens: int | None = None) -> None: ...
+
+    def __exit__(self, et: object, ev: BaseException | None, tb: object) -> None: ...
 
     def hook(self) -> nullcontext[None]:
         return _NULL

@@ -147,7 +147,7 @@ def _demo(args: argparse.Namespace) -> int:
     )
     dev = SimDevice()
     obs = build_observer(memory=None if cfg.gpu else dev.snapshot, strict=True, env=env)
-    lines = getattr(obs, "level", 0) or getattr(obs, "prof", False)  # (the no-op has neither)
+    lines = obs.level or obs.prof  # (the no-op's: 0, False)
     where = list(obs.where) or [
         "publishing only the legacy lines" if lines
         else "publishing nothing (MEMRA_SPEC_TRACE, MEMRA_SPEC_PROF off; no MEMRA_OBS_SINKS on)"

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import flags
-from .burst import _NOOP_BURST, Burst, NoOpBurst, _nop
+from .burst import _NOOP_BURST, Burst, NoOpBurst
 from .clock import PhaseClock, Stream, SyncClock
 from .diagnostics import forked_set, say_once
 from .fanout import Fanout
@@ -37,7 +37,14 @@ class NoOpSession:
     __slots__ = ()
     prof = log = None
     id = 0
-    add = set = end = __exit__ = staticmethod(_nop)
+
+    def add(self, **shares_ms: float) -> None: ...
+
+    def set(self, **fields: object) -> None: ...
+
+    def end(self, error: BaseException | str | None = None) -> None: ...
+
+    def __exit__(self, et: object, ev: BaseException | None, tb: object) -> None: ...
 
     def lap(self, bucket: str) -> float:
         return 0.0
@@ -66,7 +73,10 @@ class NoOpObserver:
     level = dropped_rounds = 0
     prof = False
     where: tuple[str, ...] = ()
-    shutdown = remove_sink = staticmethod(_nop)
+
+    def shutdown(self, timeout_s: float = 5.0) -> None: ...
+
+    def remove_sink(self, sink: Sink) -> None: ...
 
     #: Set by configure() while another observer is the process's: a session here goes nowhere.
     _replaced = False

@@ -915,6 +915,37 @@ def test_what_the_noop_takes_the_real_one_takes_too(caplog):
     assert caplog.text.count("the round is dropped") == 1
 
 
+def test_the_noop_objects_take_exactly_what_the_real_ones_take():
+    """Each no-op method's parameters are the real one's: ``b.end_round(k=4, j=2, tokens=3)``,
+    ``b.end_draft(0)``, ``s.end("x", 1)`` passed with everything off, then raised TypeError
+    into the loop once telemetry was on. Now a wrong call fails alike, at its first run.
+    (``session()``: both take any keyword, an unknown one said once by the real one.)"""
+    import inspect
+
+    from memra_obs.burst import Burst, NoOpBurst, _RangedBurst
+    from memra_obs.observer import NoOpObserver, NoOpSession, Observer
+    from memra_obs.session import Session
+
+    def params(f):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(f).parameters.values()]
+
+    checked = 0
+    for noop, reals in ((NoOpObserver, (Observer,)), (NoOpSession, (Session,)),
+                        (NoOpBurst, (Burst, _RangedBurst))):  # fmt: skip
+        for name in [
+            n for n in dir(noop) if not n.startswith("_") or n in ("__enter__", "__exit__")
+        ]:
+            if not callable(getattr(noop, name)) or (noop, name) == (NoOpObserver, "session"):
+                continue
+            for real in reals:
+                assert params(getattr(noop, name)) == params(getattr(real, name)), (real, name)
+                checked += 1
+    assert checked >= 20
+    b = NOOP_OBSERVER.session("glm5").burst(4)
+    with pytest.raises(TypeError):
+        b.end_round(k=4, j=2, tokens=3)
+
+
 def test_configure_at_run_time_never_holds_up_a_loop(caplog, monkeypatch, tmp_path):
     """A loop thread calling get_observer() while another thread's configure() shuts the old
     observer down (5 s with a collector that never answers) waited on configure()'s lock all
