@@ -151,10 +151,14 @@ class Session:
                      f"Session.lap({bucket!r}): not a bucket of {LAP_BUCKETS}; ignored")  # fmt: skip
             return 0.0
         b = self._open_burst
-        # Creation buckets run before the first burst, the drafter prime in its round 1:
+        # Creation buckets run before the first burst, the drafter prime in round 1's draft:
         # elsewhere a lap counted its stretch twice (the TTFT past the wall) or out of place.
-        if not (b is not None and b._at >= 0 if bucket == "draft_prime" else b is None):
-            where = "outside a round" if bucket == "draft_prime" else "inside a burst"
+        if bucket == "draft_prime":
+            placed = b is not None and b._at == 0 and not self._rounds and not b._pending
+        else:
+            placed = b is None
+        if not placed:
+            where = "outside round 1's draft" if bucket == "draft_prime" else "inside a burst"
             say_once(f"lap-where:{bucket}", f"Session.lap({bucket!r}) {where}: its time stays "
                      "in first_burst_ms / unattributed_ms; ignored")  # fmt: skip
             if b is None:  # drained: unattributed, not the next bucket's
@@ -165,7 +169,7 @@ class Session:
             # Inside an open round (round 1's drafter prime) the bucket starts at the round's
             # entry, or at a lap's earlier in it; otherwise at the profile's previous boundary.
             start = self._last_ns
-            if b is not None and b._at >= 0:
+            if b is not None:
                 start = max(b._t[b._r0], start)
             end = clock(self.e, self.eh)
             ms = (end - start) / 1e6

@@ -337,7 +337,7 @@ def test_a_bucket_lapped_out_of_its_place_is_said_and_counts_once(caplog):
         assert ft.prof.total_ms() == pytest.approx(wall_ms, abs=1e-6)
     assert cap.sink.of(FirstTokenRecord)[1].prof.unattributed_ms >= 10.0
     assert caplog.text.count("Session.lap('anchor') inside a burst") == 1
-    assert caplog.text.count("Session.lap('draft_prime') outside a round") == 1
+    assert caplog.text.count("Session.lap('draft_prime') outside round 1's draft") == 1
 
 
 def test_a_second_lap_in_the_first_round_starts_where_the_first_ended():
@@ -1611,25 +1611,6 @@ def test_the_record_so_far_carries_the_live_profile_and_the_loops_own_hook_share
     assert ft.prof.first_burst_hook_ms == pytest.approx(2.0 + burst.hook_ns / 1e6)
 
 
-def test_a_drafter_prime_lapped_after_the_draft_leaves_first_draft_at_zero():
-    """Round 1's drafter prime lapped after ``end_draft`` (a loop that primes lazily): the
-    draft's bucket is 0, not negative, and the profile is still published."""
-    with (
-        capture(level=0, prof=True, memory=list) as cap,
-        cap.observer.session("g") as s,
-        s.burst(4) as b,
-    ):
-        b.begin_round()
-        b.end_draft()
-        time.sleep(0.002)
-        s.lap("draft_prime")
-        for end in (b.end_verify, b.end_accept, b.end_rollback):
-            end()
-        b.end_round(k=4, j=2)
-    (ft,) = cap.sink.of(FirstTokenRecord)
-    assert ft.prof.first_draft_ms == 0.0 and ft.prof.draft_prime_ms >= 2.0
-
-
 def test_a_session_names_its_phase_clock_and_whether_it_profiles():
     """``clock`` on the session record: "host" with no stream at all, else the clock that
     drains it ("sync", "event"); ``prof`` is whether the first-token profile is on."""
@@ -1700,7 +1681,39 @@ def test_a_drafter_prime_lapped_between_rounds_is_said_and_ignored(caplog):
             one_round(b)
     (ft,) = cap.sink.of(FirstTokenRecord)
     assert ft.prof.draft_prime_ms == 0.0
-    assert "Session.lap('draft_prime') outside a round" in caplog.text
+    assert "Session.lap('draft_prime') outside round 1's draft" in caplog.text
+
+
+@pytest.mark.parametrize("clock", ["sync", "event"])
+def test_a_drafter_prime_lapped_in_a_later_round_or_after_the_draft_is_ignored(caplog, clock):
+    """In round 2's draft, or in round 1 after ``end_draft()``: said and ignored. Taken, it
+    clamped round 1's ``first_draft_ms`` to 0 with an interval ending before it began, or
+    counted the verify's time twice (in ``draft_prime_ms`` and ``first_verify_ms``)."""
+    e = SimStream() if clock == "event" else None
+    with capture(level=0, prof=True, memory=list) as cap:
+        for late in ("round 2", "after end_draft"):
+            with cap.observer.session("g", e=e) as s, s.burst(4) as b:
+                b.begin_round()
+                time.sleep(0.002)
+                b.end_draft()
+                if late == "after end_draft":
+                    time.sleep(0.002)
+                    assert s.lap("draft_prime") == 0.0
+                b.end_verify()
+                b.end_accept()
+                b.end_rollback()
+                b.end_round(k=4, j=2)
+                b.begin_round()
+                if late == "round 2":
+                    time.sleep(0.002)
+                    assert s.lap("draft_prime") == 0.0
+                for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+                    end()
+                b.end_round(k=4, j=2)
+    for ft in cap.sink.of(FirstTokenRecord):
+        assert ft.prof.draft_prime_ms == 0.0 and ft.prof.first_draft_ms >= 1.9
+        assert all(a <= z for _, a, z in ft.intervals), ft.intervals
+    assert caplog.text.count("Session.lap('draft_prime') outside round 1's draft") == 1
 
 
 def test_num_spec_tokens_is_the_largest_burst_k_not_the_last():
