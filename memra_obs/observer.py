@@ -99,6 +99,11 @@ class NoOpObserver:
 NOOP_OBSERVER = NoOpObserver()
 
 
+#: Session ids, one count per process: observers built one after another (configure() again)
+#: wrote "session": 1 again into one requests file, under one worker label.
+_IDS = itertools.count(1)
+
+
 class Observer:
     """Per process: owns the sinks and hands out sessions. ``clock``: ``"sync"``, ``"event"``
     or a factory ``(e, eh) -> PhaseClock``; ``memory`` returns ``[(cuda_ordinal, free_mb)]``
@@ -144,7 +149,7 @@ class Observer:
             import opentelemetry.trace  # noqa: F401
         self._lock = threading.Lock()
         self._fan = Fanout(sinks)
-        self._ids = itertools.count(1)
+        self._ids = _IDS
         self._closed = False
         #: Rounds dropped for misuse (memra_obs_dropped_total{signal="rounds"}).
         self.dropped_rounds = 0

@@ -161,6 +161,10 @@ def buses(devs: list[Any]) -> list[str]:
         ("-1", []),
         ("all", []),
         ("MIG-5f2a1c2e-aaaa,1", ["MIG-5f2a1c2e-aaaa", "0000:43:00.0"]),
+        # an index twice: no device at all (cuInit fails; it read device 0); leading digits
+        ("0,0", []),
+        ("1,2, 1", []),
+        ("0gpu,2", ["0000:1b:00.0", "0000:9a:00.0"]),  # (it read none)
     ],
 )
 def test_cuda_visible_devices_is_read_the_way_the_runtime_reads_it(

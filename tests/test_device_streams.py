@@ -65,6 +65,37 @@ def test_event_ops_for_duck_streams_and_none_for_plain_ones() -> None:
     assert streams.stream_handle(object()) is None
 
 
+def test_cupys_default_stream_is_the_current_devices(monkeypatch) -> None:
+    """CuPy's ``Stream.null``, ``.ptds`` and ``ExternalStream`` say ``device_id`` -1 (the
+    current device's). Taken as an ordinal, each event was made on device -1 (cudaErrorInvalid
+    Device) and the event clock kept host stamps: on an H100, 53 ms of matmuls queued in a phase
+    read 0.35 ms, said only as "making CUDA events failed"."""
+    import types
+
+    made: list[int | None] = []
+
+    class Device:
+        def __init__(self, d: int | None = None) -> None:
+            self.d = d
+
+        def __enter__(self) -> None:
+            if self.d is not None and self.d < 0:
+                raise RuntimeError("cudaErrorInvalidDevice: invalid device ordinal")
+            made.append(self.d)
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    runtime = types.SimpleNamespace(getDevice=lambda: 1)
+    cuda = types.SimpleNamespace(Device=Device, Event=object, runtime=runtime)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    null, mine = fake_stream("cupy.cuda.stream", 0, device=-1), fake_stream("cupy.cuda.stream", 7)
+    assert (streams.stream_device(null), streams.stream_device(mine)) == (1, 0)
+    streams.CupyEvents().new(null)
+    assert made == [1]  # made on the current device
+    assert not same_stream(null, fake_stream("cupy.cuda.stream", 0, device=0))  # device 1's
+
+
 POISON = """
 import sys
 raise ImportError("memra_obs imported {name} on a CPU-only path")

@@ -556,3 +556,14 @@ def test_a_memory_callable_that_yields_its_pairs_is_snapshotted():
         assert s.free_memory("before") == [(0, 5)]
         run_rounds(s, 1)
     assert cap.first_tokens[0].prof.free_mb_before == [(0, 5)]
+
+
+def test_session_ids_are_one_count_per_process():
+    """Observers built one after another (``configure()`` again) go on counting: each started at
+    1, so one requests file held ``"session": 1`` twice under one worker label."""
+    ids = []
+    for _ in range(2):
+        obs = Observer([], level=1, prof=False, worker="w")
+        ids += [obs.session("glm5").id, obs.session("glm5").id]
+        obs.shutdown(1)
+    assert len(set(ids)) == 4 and ids == sorted(ids)

@@ -39,10 +39,17 @@ def stream_handle(stream: object) -> int | None:
 
 
 def stream_device(stream: object) -> int | None:
-    """The CUDA ordinal of a CuPy (``.device_id``) or torch (``.device.index``) stream, or None."""
+    """The CUDA ordinal of a CuPy (``.device_id``) or torch (``.device.index``) stream, or None.
+    CuPy's -1 (``Stream.null``, ``.ptds``, ``ExternalStream``: the current device's) is the
+    current device: as an ordinal, every event failed to make (host stamps only, unsaid why)."""
     attr = {"cupy": "device_id", "torch": "device.index"}.get(framework(stream) or "")
     with suppress(Exception):
-        return None if attr is None else int(attrgetter(attr)(stream))
+        d = None if attr is None else int(attrgetter(attr)(stream))
+        if d is not None and d < 0:
+            import cupy
+
+            d = int(cupy.cuda.runtime.getDevice())
+        return d
     return None
 
 

@@ -97,11 +97,13 @@ def load_pynvml() -> Any:
 def visible_devices(value: str | None, devices: Sequence[NvmlDevice]) -> list[NvmlDevice | str]:
     """CUDA ordinal -> the device ``CUDA_VISIBLE_DEVICES`` (``value``; None: all) names, read as the
     runtime does: indices in PCI bus order, ``GPU-`` UUIDs or prefixes, ``MIG-`` instances (as the
-    string); the first entry naming none, or one already named, ends the list."""
+    string); the first entry naming none, or one already named, ends the list; an index given
+    twice leaves none (the driver's cuInit fails), and an index is its leading digits."""
     base = sorted(devices, key=lambda d: (d.bus is None, d.bus or (0, 0, 0, 0), d.nv_index))
     if value is None:
         return list(base)
     out: list[NvmlDevice | str] = []
+    indices: set[int] = set()
     for tok in (t.strip() for t in value.split(",")):
         up = tok.upper()
         if up.startswith("MIG-"):
@@ -110,7 +112,12 @@ def visible_devices(value: str | None, devices: Sequence[NvmlDevice]) -> list[Nv
             hits = [d for d in base if d.uuid.upper().startswith(up)]
             dev = hits[0] if len(hits) == 1 else None
         else:  # "", "-1", "all", junk and out-of-range indices end the list
-            dev = base[int(tok)] if tok.isdigit() and int(tok) < len(base) else None
+            m = re.match(r"[0-9]+", tok)
+            i = int(m.group()) if m else len(base)
+            if i in indices:
+                return []
+            indices.add(i)
+            dev = base[i] if i < len(base) else None
         if dev is None or dev in out:
             break
         out.append(dev)

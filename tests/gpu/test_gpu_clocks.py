@@ -193,3 +193,26 @@ def test_event_clock_reuses_its_events_across_sessions(rig: Any) -> None:
         del c1
         c2 = EventClock(rig.e)
         assert c2._lanes[0].pool is pool
+
+
+def test_event_clock_times_cupys_default_stream() -> None:
+    """CuPy's ``Stream.null`` and ``.ptds`` say device_id -1 (the current device's): the event
+    clock made its events on "device -1", failed, and kept host stamps (53 ms of queued matmuls
+    a mark read 0.35 ms on an H100). Their device time now lands between the marks."""
+    cupy = pytest.importorskip("cupy")
+    if not cupy.cuda.runtime.getDeviceCount():
+        pytest.skip("no CUDA device through CuPy")
+    a = cupy.ones((4096, 4096), dtype=cupy.float32)
+    for s in (cupy.cuda.Stream.null, cupy.cuda.Stream.ptds):
+        with s:
+            c = EventClock(s)
+            host = [c.mark()]
+            for _ in range(2):
+                for _ in range(10):
+                    a @ a
+                host.append(c.mark())
+            dev = c.settle(host)
+        gaps = [(dev[i + 1] - dev[i]) / 1e6 for i in range(2)]
+        queued = (host[2] - host[0]) / 1e6
+        print(f"\n[gpu] cupy {s!r}: device ms between marks {gaps}; host ms to queue {queued:.3f}")
+        assert min(gaps) > 1.0 and sum(gaps) > 3 * queued, (gaps, queued)
