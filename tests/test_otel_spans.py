@@ -365,6 +365,33 @@ def test_an_unfinished_session_says_what_it_did_up_to_its_last_stamp():
     assert at["memra.spec.request.draft_ms"] >= 0 and "memra.spec.rounds" not in at
 
 
+def test_an_unfinished_burst_says_how_many_of_its_rounds_the_cap_left_out():
+    """A burst still open at shutdown gets its span from its rounds: it said ``rounds`` = 3
+    beside one round span and no ``rounds_unsampled`` (capped rounds read as lost)."""
+    obs, keep = observer(prof=False)
+    s = obs.session("glm5")
+
+    def one_round(b):
+        for step in (b.begin_round, b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+            step()
+        b.end_round(k=4, j=1)
+
+    with s.burst(4) as b:
+        one_round(b)
+    b = s.burst(4)
+    for _ in range(3):
+        one_round(b)
+    out: list = []
+    builder = SpanBuilder(round_spans=2)
+    builder.add(keep.records, out)
+    builder.finish_open(out)
+    bursts = sorted((dict(sp[ATTRS]) for sp in out if sp[NAME] == "spec.burst"),
+                    key=lambda a: a["memra.spec.burst"])  # fmt: skip
+    assert [a["memra.spec.rounds_unsampled"] for a in bursts] == [0, 2]
+    assert bursts[1]["memra.spec.first_round"] == 1 and bursts[1]["memra.spec.unfinished"] is True
+    assert sum(sp[NAME] == "spec.round" for sp in out) == 2
+
+
 def test_orphan_records_and_untraced_sessions_are_skipped():
     """Records whose session record was dropped upstream produce nothing and are counted."""
     obs, keep = observer(prof=False)

@@ -47,7 +47,7 @@ def _keys(names: str, prefix: str = "memra.spec.") -> tuple[str, ...]:
 _SPLIT = _keys("kda_ns kda_scan_ns mla_ns rest_ns ffn_ns", "memra.spec.verify.")
 _SESSION_KEYS = _keys("session family worker trace_level prof")
 _ENDED_KEYS = (*_keys("rounds bursts tokens"), "gen_ai.usage.output_tokens")
-_OPEN_KEYS = _keys("burst rounds family tokens unfinished")
+_OPEN_KEYS = _keys("burst rounds family tokens first_round rounds_unsampled unfinished")
 _BURST_KEYS = _keys("burst rounds k family tokens first_round rounds_unsampled draft_ns verify_ns")
 _BURST_KEYS += _keys("accept_ns rollback_ns maint_ns hook_ns")
 _IV = ("expected_tokens_per_round", "tokens_per_second", "estimated_speedup")  # with _lo, _hi
@@ -279,7 +279,8 @@ class SpanBuilder:
             s.burst, s.b_skipped = -1, s.b_skipped + 1
         if s.burst >= 0:
             b, s.burst = s.burst, -1
-            bv = (b, s.b_rounds, s.rec.family, s.b_tokens, True)
+            u = max(s.b_first + s.b_rounds - max(self.round_spans, s.b_first), 0)
+            bv = (b, s.b_rounds, s.rec.family, s.b_tokens, s.b_first, u, True)
             ba = tuple(zip(_OPEN_KEYS, bv, strict=True))
             bid = burst_span_id(s.sid, b)
             out.append((_BURST, s.tid, bid, s.sid, s.b_start + off, s.last + off, ba, None))
