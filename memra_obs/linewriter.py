@@ -7,10 +7,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import os
 import select
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -30,54 +32,86 @@ class AppendFile:
     within the limit but for one longer append."""
 
     def __init__(self, path: str, max_bytes: int = 0) -> None:
-        self.path, self.max_bytes, self._fd = path, max_bytes, -1
+        # Absolute: a relative path followed the process's later chdir() to a new file.
+        self.path, self.max_bytes = os.path.abspath(path), max_bytes
+        #: The open descriptor, if any: list.pop() hands it to exactly one closer. ``close()``
+        #: from another thread while an append waits for the lock leaves it to that append,
+        #: which writes nothing more (its fd number could be another file's by then).
+        self._fds: list[int] = []
+        self.closed = self._busy = False
         _FILES.add(self)
 
     def open(self) -> None:
         """Opens (creates) the file, taking no lock: the start-up check that the path takes
         appends never waits on another process's append. Raises OSError."""
-        if self._fd < 0:
+        if not self._fds:
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
-            self._fd = os.open(self.path, flags, 0o644)  # a FIFO with no reader: ENXIO
-            os.set_blocking(self._fd, True)
+            fd = os.open(self.path, flags, 0o644)  # a FIFO with no reader: ENXIO
+            self._fds.append(fd)
+            os.set_blocking(fd, True)
 
     def append(self, data: bytes) -> None:
-        """Raises OSError (a missing directory, no permission, a full disk)."""
-        for _ in range(8):  # another process moved it between our open and our lock: again
-            self.open()
-            fd = self._fd
-            with contextlib.suppress(OSError):  # a filesystem without locks: appends still go
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                mine = os.fstat(fd)
-                try:
-                    here = os.path.samestat(os.stat(self.path), mine)
-                except FileNotFoundError:
-                    here = False  # moved or removed: a new file at the path
-                full = mine.st_size > 0 and mine.st_size + len(data) > self.max_bytes > 0
-                if here and full:
-                    os.replace(self.path, self.path + ".1")
-                elif here:
-                    view = memoryview(data)
-                    try:
-                        while view:
-                            view = view[os.write(fd, view) :]
-                    except OSError:  # a full disk mid-line: no torn line for the next to join
-                        if len(view) < len(data):
-                            with contextlib.suppress(OSError):
-                                os.ftruncate(fd, mine.st_size)
-                        raise
+        """Raises OSError (a missing directory, no permission, a full disk, closed)."""
+        self._busy = True  # (before the check: close() sees it, or it sees close()'s mark)
+        deadline = time.monotonic() + 2.0
+        try:
+            for tries in itertools.count(1):  # moved by another process between our open and
+                if self.closed:  # lock (it made progress): again, for 2 s and 8 tries at least
+                    raise OSError(errno.EBADF, f"{self.path}: closed by shutdown; not written")
+                self.open()
+                if self._put(self._fds[0], data):
                     return
-            finally:
-                with contextlib.suppress(OSError):
-                    fcntl.flock(fd, fcntl.LOCK_UN)
-            self.close()
-        raise OSError(errno.EAGAIN, f"{self.path} kept moving under the append")
+                self._drop()
+                if tries >= 8 and time.monotonic() > deadline:
+                    raise OSError(errno.EAGAIN, f"{self.path} kept moving under the append")
+        finally:
+            self._busy = False
+            if self.closed:
+                self._drop()
+
+    def _put(self, fd: int, data: bytes) -> bool:
+        """One append under the lock; False when the path names another file by then."""
+        with contextlib.suppress(OSError):  # a filesystem without locks: appends still go
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if self.closed:  # shut down while this waited for the lock
+                raise OSError(errno.EBADF, f"{self.path}: closed by shutdown; not written")
+            mine = os.fstat(fd)
+            try:
+                here = os.path.samestat(os.stat(self.path), mine)
+            except FileNotFoundError:
+                here = False  # moved or removed: a new file at the path
+            if not here:
+                return False
+            if mine.st_size > 0 and mine.st_size + len(data) > self.max_bytes > 0:
+                os.replace(self.path, self.path + ".1")
+                return False
+            view = memoryview(data)
+            try:
+                while view:
+                    view = view[os.write(fd, view) :]
+            except OSError:  # a full disk mid-line: no torn line for the next to join
+                if len(view) < len(data):
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, mine.st_size)
+                raise
+            return True
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)
+        self.closed = True
+        if not self._busy:
+            self._drop()
+
+    def _drop(self) -> None:
+        with contextlib.suppress(IndexError, OSError):
+            os.close(self._fds.pop())
+
+    def _in_child(self) -> None:
+        self._busy = False  # (the parent's thread that was appending is not here)
+        self._drop()
 
 
 def forked_set(hook: Callable[[Any], object]) -> weakref.WeakSet[Any]:
@@ -89,7 +123,7 @@ def forked_set(hook: Callable[[Any], object]) -> weakref.WeakSet[Any]:
 
 
 # flock belongs to the open file, which the parent shares: the child closes its copy
-_FILES = forked_set(AppendFile.close)
+_FILES = forked_set(AppendFile._in_child)
 
 
 def _chunks(lines: Sequence[str]) -> list[str]:

@@ -59,6 +59,7 @@ class RequestsExporter:
         self.path, self.detailed, self.export_errors = path, detailed, 0
         self._closed = False
         self._file = AppendFile(path)
+        self.path = self._file.path  # absolute: lines go there whatever chdir() comes later
         self._file.open()  # OSError now, not every line lost later; no lock: never waits
         self._open: dict[int, _Counts] = {}
 

@@ -71,7 +71,7 @@ def build_exporters(
     try:
         if st.requests_file:
             out.requests = _requests(st)
-            out.where.append(f"requests -> {st.requests_file}")
+            out.where.append(f"requests -> {out.requests.path}")
         if "otel" in st.sinks:
             from .otel import build_span_exporter
 

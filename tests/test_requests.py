@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -355,3 +356,83 @@ def test_past_max_open_sessions_the_oldest_is_forgotten(tmp_path):
     ex.export([SessionEndRecord(s, 1, 0, 0, 0, "") for s in (1, 2, 3)])
     ex.shutdown()
     assert [json.loads(x)["session"] for x in path.read_text().splitlines()] == [2, 3]
+
+
+def test_an_append_waiting_for_the_lock_at_close_writes_nothing_and_leaks_nothing(tmp_path):
+    """``close()`` (shutdown, or configure() replacing the observer) while the export thread
+    waits in ``flock`` for another process's append: the batch, counted dropped, was written
+    when the lock came, through the closed fd's number (by then the next observer's file) or a
+    file it reopened and never closed."""
+    import fcntl
+    import threading
+    import time
+
+    from memra_obs.linewriter import AppendFile
+
+    path = tmp_path / "r.jsonl"
+    f = AppendFile(str(path))
+    f.open()
+    holder = os.open(path, os.O_WRONLY)  # another open file: another process's, for flock
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    errors: list[OSError] = []
+
+    def append() -> None:
+        try:
+            f.append(b'{"n": "old"}\n')
+        except OSError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=append)
+    t.start()
+    time.sleep(0.2)  # waiting for the lock
+    f.close()
+    nxt = AppendFile(str(path))
+    nxt.open()  # the lowest free fd: the closed one's number, had close() closed it
+    fcntl.flock(holder, fcntl.LOCK_UN)
+    t.join(5)
+    nxt.close()
+    os.close(holder)
+    assert path.read_text() == "" and [e.errno for e in errors] == [errno.EBADF]
+    assert str(path) not in {os.readlink(f"/proc/self/fd/{x}") for x in os.listdir("/proc/self/fd")
+                             if os.path.exists(f"/proc/self/fd/{x}")}  # fmt: skip
+
+
+def test_a_relative_requests_file_stays_where_it_was_opened(tmp_path, monkeypatch):
+    """``MEMRA_OBS_REQUESTS_FILE=requests.jsonl``, then the process's chdir(): the next lines
+    went to a new requests.jsonl in the new directory (the spans file stayed put)."""
+    from memra_obs.linewriter import AppendFile
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    f = AppendFile("requests.jsonl")
+    f.append(b"1\n")
+    monkeypatch.chdir(tmp_path / "b")
+    f.append(b"2\n")
+    f.close()
+    assert (tmp_path / "a" / "requests.jsonl").read_text() == "1\n2\n"
+    assert not (tmp_path / "b" / "requests.jsonl").exists()
+    obs = build_observer(sinks="", requests_file="r.jsonl", level=0, env={})
+    assert obs.where == (f"requests -> {tmp_path / 'b' / 'r.jsonl'}",)
+    obs.shutdown(1)
+
+
+def test_an_append_follows_a_file_others_keep_rotating_for_more_than_8_tries(tmp_path):
+    """Many workers on a small rotating spans file: each rotation by another costs a waiter one
+    try, and after 8 its line was dropped ("kept moving under the append"). Others rotating
+    is progress: the append goes on for 2 s, 8 tries at least."""
+    from memra_obs.linewriter import AppendFile
+
+    class Busy(AppendFile):
+        moves = 12
+
+        def _put(self, fd: int, data: bytes) -> bool:
+            if self.moves:
+                self.moves -= 1
+                return False  # another process moved it between our open and our lock
+            return super()._put(fd, data)
+
+    f = Busy(str(tmp_path / "s.jsonl"))
+    f.append(b"x\n")
+    f.close()
+    assert (tmp_path / "s.jsonl").read_text() == "x\n"
