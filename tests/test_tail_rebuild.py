@@ -453,6 +453,42 @@ def test_a_session_without_rounds_is_of_the_streams_family_as_in_the_worker(fake
     assert [(r.family, r.prof) for r in of(got, SessionRecord)] == worker == [("glm5", True)] * 2
 
 
+def test_a_first_burst_of_no_round_is_of_the_streams_family_as_in_the_worker(fake_clock):
+    """A request whose first burst ran no round (``s.burst(4).end()``: its ``[spec-prof]``
+    says ``first_burst_rounds=0`` and no phase line comes) and then a burst of 3: the session
+    was ``family="unknown"``, level 0, and the 3 rounds went under it (a whole unknown-family
+    set of series on /metrics the worker never publishes)."""
+    with capture(level=1, prof=True) as cap:
+        drive(cap.observer, [6])
+        with cap.observer.session("glm5") as s:
+            s.burst(4).end()
+            b = s.burst(4)
+            for _ in range(3):
+                for step in (b.begin_round, b.end_draft, b.end_verify, b.end_accept):
+                    step()
+                b.end_rollback()
+                b.end_round(k=4, j=2)
+            b.end()
+    got, _ = rebuild(cap.lines)
+    worker = [(r.family, r.level) for r in cap.records if type(r) is SessionRecord]
+    assert [(r.family, r.level) for r in of(got, SessionRecord)] == worker == [("glm5", 1)] * 2
+    assert [e.rounds for e in of(got, SessionEndRecord)] == [6, 3]
+
+
+def test_a_log_begun_mid_session_keeps_its_later_bursts_in_their_family(fake_clock):
+    """A log read from its middle (``--follow`` starts at the file's end) whose first line is a
+    session's ``[spec-prof]``: its profile and rows cannot be told from a profile-only stream's
+    and count under ``unknown``, but every later burst of that session went there too (10 of
+    10 rounds unknown); now a tagged burst never joins an untagged session."""
+    with capture(level=1, prof=True) as cap:
+        drive(cap.observer, [10], per_burst=6)
+    assert cap.lines[0].startswith("[glm5-phase]") and cap.lines[1].startswith("[spec-prof]")
+    got, _ = rebuild(cap.lines[1:])
+    ends = of(got, SessionEndRecord)
+    fams = [(r.family, e.rounds) for r, e in zip(of(got, SessionRecord), ends, strict=True)]
+    assert fams == [("unknown", 6), ("glm5", 4)]
+
+
 def test_a_session_without_rounds_in_a_backlog_follows_the_sessions_before_it(fake_clock):
     """A backlog lays sessions back to back past the arrival: a ``rounds=0`` one comes after
     the session before it, not inside it."""

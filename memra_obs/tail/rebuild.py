@@ -235,8 +235,9 @@ class Rebuilder:
             return "[spec-prof] without its first burst's phase line: its rounds are not counted"
         if b is not None:
             self._finish(b)
-        # A profile-only stream (trace off): the profile and the rows that follow are the burst.
-        b = self._pending = _Burst("", n, 0, None, t)
+        # A profile-only stream (trace off): the profile and the rows that follow are the burst;
+        # with phase lines, a first burst of no round (a cancel): the stream's family, no round.
+        b = self._pending = _Burst(self._latest[0] if self._seen_phase else "", n, 0, None, t)
         b.prof = prof
         if n == 0:
             self._finish(b)
@@ -266,7 +267,7 @@ class Rebuilder:
         """A session for burst ``b`` (None: a session without rounds, by its summary line: the
         profile is on, its tag and level the stream's latest), its record at ``at``."""
         v = b.verify if b is not None else None
-        if b is None:
+        if b is None or (b.phase is None and self._seen_phase):  # no phase line of its own
             tag, level = self._latest
         else:
             tag, level = b.tag, 0 if b.phase is None else (1 if v is None else 2)
@@ -310,7 +311,7 @@ class Rebuilder:
         s, prof, out = self._session, b.prof, self._out
         if s is not None and (
             prof is not None
-            or (b.tag and s.tag and b.tag != s.tag)
+            or (b.tag and b.tag != s.tag)  # (a log begun mid-session: its rows had no tag)
             or ((not s.prof or s.summarized) and b.arrival - s.last_line > self.session_gap_ns)
             or (not s.prof and s.bursts >= self.max_bursts)
         ):
