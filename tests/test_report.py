@@ -1403,3 +1403,16 @@ def test_standard_input_is_left_open_and_only_the_gzip_magic_means_gzip(tmp_path
     assert read(str(f)).kind == "log"
     f.write_bytes(b' {"resourceSpans": []}\n')  # a span file, indented
     assert read(str(f)).kind == "spans"
+
+
+def test_a_long_value_in_a_runs_column_wraps_when_printed():
+    """The cost model's note ("draft slope fitted negative (-52757 ns): clamped to 0; verify
+    slope ...") sat in a cell that never wraps: the printed acceptance table ran 728 px on
+    720 px of paper, on the runs whose fit clamped (tests/test_report_browser.py saw it)."""
+    from memra_obs.report import page
+
+    note = "draft slope fitted negative (-52757 ns): clamped to 0; verify slope fitted negative"
+    html = page.by_run([type("V", (), {"label": "A"})()], ["estimate"],
+                       lambda v: [("k", ("recommended k",), "6"), ("cost", ("cost model",), note)])  # fmt: skip
+    assert '<td class="n" data-key="k">6</td>' in html
+    assert f'<td class="t" data-key="cost">{note}</td>' in html
