@@ -363,12 +363,6 @@ def td(x: Any, key: str = "", cls: str = "n") -> str:
     return f'<td class="{cls}"' + (f' data-key="{key}"' if key else "") + f">{escape(str(x))}</td>"
 
 
-def _cls(x: Any) -> str:
-    """A figure's cell ("n": right, unbroken); prose ("draft slope fitted negative ...: clamped
-    to 0") wraps: kept on one line, it pushed the printed table past the paper's edge."""
-    return "n" if len(str(x)) <= 40 else "t"
-
-
 def table(head: Iterable[str], rows: Iterable[str]) -> str:
     th = "".join(f"<th>{escape(h)}</th>" for h in head)
     return f"<div class=scroll><table><tr>{th}</tr>{''.join(rows)}</table></div>"
@@ -378,7 +372,9 @@ def by_run(views: Sequence[View], head: Sequence[str], rows: Callable[[View], li
     """A table of one row a quantity and one column a run."""
     cols = [rows(v) for v in views]
     body = (f"<tr><th scope=row>{escape(cells[0])}</th>{''.join(f'<td>{escape(c)}</td>' for c in cells[1:])}"
-            + "".join(td(col[i][2], key, _cls(col[i][2])) for col in cols) + "</tr>"
+            # a figure is "n" (right, unbroken); prose wraps (one line ran past the paper)
+            + "".join(td(x, key, "n" if len(str(x)) <= 40 else "t") for x in (c[i][2] for c in cols))
+            + "</tr>"
             for i, (key, cells, _) in enumerate(cols[0]))  # fmt: skip
     return table([*head, *(v.label for v in views)], body)
 
