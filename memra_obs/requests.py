@@ -56,8 +56,7 @@ class RequestsExporter:
     max_open = 4096
 
     def __init__(self, path: str, *, detailed: bool = False) -> None:
-        self.path, self.detailed, self.export_errors = path, detailed, 0
-        self._closed = False
+        self.detailed, self.export_errors, self._closed = detailed, 0, False
         self._file = AppendFile(path)
         self.path = self._file.path  # absolute: lines go there whatever chdir() comes later
         self._file.open()  # OSError now, not every line lost later; no lock: never waits

@@ -224,11 +224,11 @@ class SpanBuilder:
         s.last, s.k = max(s.last, rec.end_ns_mono), max(s.k, rec.k)
         if s.burst == rec.index:
             s.burst = -1
-        ph, first, cap = rec.phases, rec.first_round, self.round_spans
+        ph, first = rec.phases, rec.first_round
         if self._unsampled_burst(rec.index, first):
             s.b_skipped += 1
             return
-        u = max(first + ph.rounds - max(cap, first), 0)  # rounds_unsampled
+        u = self._unsampled_rounds(first, ph.rounds)
         v: tuple[Any, ...] = (rec.index, ph.rounds, rec.k, s.rec.family, rec.tokens, first, u)
         v += (*ph.phases(), rec.hook_ns)
         attrs: tuple[tuple[str, Any], ...] = tuple(zip(_BURST_KEYS, v, strict=True))
@@ -241,6 +241,10 @@ class SpanBuilder:
         """Past ``MAX_BURST_SPANS`` a burst with no round span under it gets no span either: a
         loop that returns after every round made a burst span per round, without bound."""
         return index >= MAX_BURST_SPANS and first_round >= self.round_spans
+
+    def _unsampled_rounds(self, first_round: int, rounds: int) -> int:
+        """A burst's rounds past the round cap (``memra.spec.rounds_unsampled``)."""
+        return max(first_round + rounds - max(self.round_spans, first_round), 0)
 
     def _first_token(self, s: _Session, rec: FirstTokenRecord, out: list[Span]) -> None:
         prof = rec.prof
@@ -279,7 +283,7 @@ class SpanBuilder:
             s.burst, s.b_skipped = -1, s.b_skipped + 1
         if s.burst >= 0:
             b, s.burst = s.burst, -1
-            u = max(s.b_first + s.b_rounds - max(self.round_spans, s.b_first), 0)
+            u = self._unsampled_rounds(s.b_first, s.b_rounds)
             bv = (b, s.b_rounds, s.rec.family, s.b_tokens, s.b_first, u, True)
             ba = tuple(zip(_OPEN_KEYS, bv, strict=True))
             bid = burst_span_id(s.sid, b)
