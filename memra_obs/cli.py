@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from . import flags
-    from .demo import DemoConfig, SimDevice, install_stop_handlers, run_demo
+    from .demo import DemoConfig, SimDevice, gpu_workloads, install_stop_handlers, run_demo
     from .wiring import build_observer
 
     # The demo shows everything unless the environment says otherwise (os.environ unchanged).
@@ -146,6 +146,7 @@ def _demo(args: argparse.Namespace) -> int:
         gpu=args.gpu,
     )
     dev = SimDevice()
+    gpus = gpu_workloads(cfg)  # no GPU: said before a banner, a bound port, a span file
     obs = build_observer(memory=None if cfg.gpu else dev.snapshot, strict=True, env=env)
     lines = obs.level or obs.prof  # (the no-op's: 0, False)
     where = list(obs.where) or [
@@ -162,7 +163,7 @@ def _demo(args: argparse.Namespace) -> int:
     stop = threading.Event()
     old = install_stop_handlers(stop, stop_signals())
     try:
-        stats = run_demo(cfg, obs, stop=stop, device=dev)
+        stats = run_demo(cfg, obs, stop=stop, device=dev, gpus=gpus)
     finally:
         obs.shutdown(10.0)
         for sig, handler in old.items():

@@ -238,22 +238,37 @@ def serve_one(
     st.add(sessions=1, **n)
 
 
-def run_demo(
-    cfg: DemoConfig, obs: Any, *, stop: Event | None = None, device: SimDevice | None = None
-) -> DemoStats:
-    """Run the worker under ``obs`` (whose snapshots read ``device``) until ``duration_s`` /
-    ``requests`` / ``stop``; returns counts. ``gpu`` builds the workloads first: no GPU raises
-    :class:`GpuUnavailable` before any loop."""
-    stop = stop or Event()
-    dev = device if device is not None else SimDevice()
-    seeds = [None if cfg.seed is None else cfg.seed + i for i in range(cfg.concurrency)]
+def _seeds(cfg: DemoConfig) -> list[int | None]:
+    return [None if cfg.seed is None else cfg.seed + i for i in range(cfg.concurrency)]
+
+
+def gpu_workloads(cfg: DemoConfig) -> list[GpuWorkload]:
+    """``--gpu``'s workloads, one per loop ([] without ``gpu``); no GPU raises
+    :class:`GpuUnavailable` (the CLI builds them before the observer: nothing bound, no file)."""
+    seeds = _seeds(cfg)
     try:
         gpus = [GpuWorkload(seed=seeds[0])] if cfg.gpu else []
-        gpus += [GpuWorkload(seed=sd, weights_of=gpus[0]) for sd in seeds[1:] if gpus]
+        return gpus + [GpuWorkload(seed=sd, weights_of=gpus[0]) for sd in seeds[1:] if gpus]
     except GpuUnavailable:
         raise
     except Exception as exc:  # out of device memory for --concurrency workloads, a CUDA error
         raise GpuUnavailable(f"--gpu: building the workloads failed: {_first_line(exc)}") from exc
+
+
+def run_demo(
+    cfg: DemoConfig,
+    obs: Any,
+    *,
+    stop: Event | None = None,
+    device: SimDevice | None = None,
+    gpus: list[GpuWorkload] | None = None,
+) -> DemoStats:
+    """Run the worker under ``obs`` (whose snapshots read ``device``) until ``duration_s`` /
+    ``requests`` / ``stop``; returns counts. ``gpu`` without ``gpus`` builds them first."""
+    stop = stop or Event()
+    dev = device if device is not None else SimDevice()
+    seeds = _seeds(cfg)
+    gpus = gpu_workloads(cfg) if gpus is None else gpus
     failed: list[BaseException] = []
     st = DemoStats()
     deadline = time.monotonic() + cfg.duration_s if cfg.duration_s else math.inf

@@ -29,7 +29,7 @@ class _Fallback(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if not _routed(record.levelno):
             with contextlib.suppress(Exception):  # diagnostics never raise into whoever called
-                stderr_writer().write_lines([PREFIX + record.getMessage()])
+                stderr_writer().write_lines([PREFIX + record.getMessage()], count=False)
 
 
 def _routed(level: int) -> bool:

@@ -260,7 +260,7 @@ class Settings:
                 values[name] = parse(f"argument {name}", v)
             elif var in env:
                 values[name] = parse(var, env[var])
-        values.setdefault("worker", utf8(env.get("RANK") or str(os.getpid())))
+        values.setdefault("worker", utf8(env.get("RANK", "").strip() or str(os.getpid())))
         st = cls(**values, given=frozenset(k for k, v in overrides.items() if v is not None))
         _check_tls(st)
         return st
@@ -276,7 +276,7 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     ("round_spans", "MEMRA_OBS_ROUND_SPANS", _int_in(0, 1 << 20)),
     ("queue_size", "MEMRA_OBS_QUEUE_SIZE", _int_in(16, 1 << 24)),
     ("export_interval_ms", "MEMRA_OBS_EXPORT_INTERVAL_MS", _int_in(1, 60_000)),
-    ("worker", MEMRA_OBS_WORKER, lambda n, v: utf8(_nonblank(n, v))),
+    ("worker", MEMRA_OBS_WORKER, lambda n, v: utf8(_nonblank(n, v).strip())),  # " w1": a 2nd series
     ("ring_slots", "MEMRA_OBS_RING_SLOTS", _ring_slots),
     ("metrics_tls_cert", "MEMRA_OBS_METRICS_TLS_CERT", _readable_file),
     ("metrics_tls_key", "MEMRA_OBS_METRICS_TLS_KEY", _readable_file),

@@ -120,6 +120,8 @@ class ExportWorker:
 
     def _arm(self) -> None:
         self.held = 0  # records in the exporters' hands now
+        self._hold = threading.Lock()  # a take and its ``held`` are one step for stop()
+        self._sealed = False  # stop() counted ``held``: no batch is taken after it
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
@@ -142,18 +144,22 @@ class ExportWorker:
         self._wake.set()
 
     def _run(self) -> None:
-        while True:
-            self._wake.wait(self._interval)
-            self._wake.clear()
-            if self._stop:  # (stop() drained: what came after is the queue's to count)
-                return
-            self.drain()
+        try:
+            while True:
+                self._wake.wait(self._interval)
+                self._wake.clear()
+                if self._stop:  # (stop() drained: what came after is the queue's to count)
+                    return
+                self.drain()
+        finally:
+            self._idle.set()  # a flush() waiting on this thread is answered, not timed out
 
     def _one(self, n: int) -> int:
-        batch = self.source.take(n)
-        if not batch:
-            return 0
-        self.held = len(batch)
+        with self._hold:  # (once a batch, never a record: the loop never takes this lock)
+            batch = [] if self._sealed else self.source.take(n)
+            if not batch:
+                return 0
+            self.held = len(batch)
         self.set.export(batch)
         self.held = 0
         self.source.taken()
@@ -203,11 +209,14 @@ class ExportWorker:
         """Export what the source holds and flush every exporter; True when all got out in time."""
         deadline = time.monotonic() + timeout_s
         if self._thread.is_alive():
-            while self.source.pending() and time.monotonic() < deadline:
-                self._idle.clear()
-                self._wake.set()
-                self._idle.wait(max(0.0, deadline - time.monotonic()))
-            idle = self._idle.wait(max(0.0, deadline - time.monotonic()))
+            while (left := deadline - time.monotonic()) > 0 and self._thread.is_alive():
+                if self.source.pending():
+                    self._idle.clear()
+                    self._wake.set()
+                elif self._idle.is_set():
+                    break
+                self._idle.wait(min(left, 0.05))  # (a stop() meanwhile: answered within 50 ms)
+            idle = self._idle.is_set()
         else:
             self.drain()
             idle = True
@@ -225,7 +234,9 @@ class ExportWorker:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(max(0.0, deadline - time.monotonic()))
-        late = self.held if self._thread.is_alive() else 0
+        with self._hold:  # a batch taken after this would reach closed exporters, uncounted
+            self._sealed = True
+            late = self.held if self._thread.is_alive() else 0
         self.set.shutdown(deadline)
         return late
 

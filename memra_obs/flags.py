@@ -51,7 +51,7 @@ def spec_trace_level_from(
     g, a = parse_level(general), parse_level(glm5_alias)
     if g is not None and a is not None and g != a:
         out = sys.stderr if err is None else err
-        with contextlib.suppress(OSError, ValueError):  # a closed stderr: the flag still holds
+        with contextlib.suppress(Exception):  # closed (None at `2>&-`): the flag still holds
             out.write(override_line(g, a) + "\n")
             out.flush()
     return g or a or 0

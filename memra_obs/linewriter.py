@@ -152,7 +152,8 @@ class LineWriter:
         self._stream, self._lock, self.errors = stream, threading.Lock(), 0
         _WRITERS.add(self)
 
-    def write_lines(self, lines: Sequence[str]) -> None:
+    def write_lines(self, lines: Sequence[str], count: bool = True) -> None:
+        """``count``: a refusal is a lost legacy line (False for the library's own messages)."""
         if not lines:
             return
         text = "\n".join(lines) + "\n"
@@ -164,7 +165,7 @@ class LineWriter:
                     stream.write(chunk)
                     stream.flush()
             except Exception:
-                self.errors += len(lines)  # export_errors_total{signal="lines"}
+                self.errors += len(lines) if count else 0  # export_errors_total{signal="lines"}
 
     def _after_fork(self) -> None:  # a child counts its own losses, as its queue
         self._lock, self.errors = threading.Lock(), 0

@@ -16,7 +16,6 @@ from . import flags
 from .diagnostics import say_once
 from .environment import (
     MEMRA_OBS_AGENT,
-    MEMRA_OBS_METRICS_ADDR,
     ConfigError,
     Settings,
     idle_knobs,
@@ -96,7 +95,7 @@ def build_exporters(
                 traced=out.spans is not None,
             )
             if st.metrics_addr is None:
-                out.where.append(f"metrics -> the registry only ({MEMRA_OBS_METRICS_ADDR} empty)")
+                out.where.append(f"metrics -> the registry only ({st.named('metrics_addr')} empty)")
             else:
                 out.server = _serve(st, out.prom, strict)
                 if out.server is not None:
@@ -145,6 +144,7 @@ def _serve(st: Settings, prom: Any, strict: bool) -> Any:
     from .prom import serve_metrics
 
     host, port = st.metrics_addr  # type: ignore[misc]
+    var = st.named("metrics_addr")  # the argument, when configure() was given one
     try:
         server = serve_metrics(
             (host, port),
@@ -156,7 +156,7 @@ def _serve(st: Settings, prom: Any, strict: bool) -> Any:
     except OSError as exc:
         why = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
         msg = (
-            f"{MEMRA_OBS_METRICS_ADDR}={host}:{port}: cannot serve /metrics there ({why}); "
+            f"{var}={host}:{port}: cannot serve /metrics there ({why}); "
             f"several workers on one host: agent mode ({MEMRA_OBS_AGENT}) or one port per rank"
         )
         if strict:
@@ -164,11 +164,11 @@ def _serve(st: Settings, prom: Any, strict: bool) -> Any:
         if exc.errno == errno.EADDRINUSE and prom.registry is REGISTRY:  # the app's own server?
             msg += (f"; if this process serves prometheus_client's REGISTRY there itself "
                     f"(opentelemetry-exporter-prometheus's default port is 9464), that /metrics "
-                    f"has memra_obs's metrics already: set {MEMRA_OBS_METRICS_ADDR} empty")  # fmt: skip
+                    f"has memra_obs's metrics already: set {var} empty")  # fmt: skip
         say_once(f"metrics-addr:{host}:{port}", msg + "; carrying on without /metrics")
         return None
     prom.fork_note = (
-        f"{MEMRA_OBS_METRICS_ADDR}={host}:{server.port}: a forked process cannot serve /metrics "
+        f"{var}={host}:{server.port}: a forked process cannot serve /metrics "
         f"there (its parent does); several workers on one host: agent mode ({MEMRA_OBS_AGENT}) "
         "or one port per rank; carrying on without /metrics"
     )

@@ -142,6 +142,10 @@ def test_demo_gpu_without_a_gpu_exits_2_with_one_line(tmp_path: Path) -> None:
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr
     assert p.stderr.splitlines()[-1].startswith("memra-obs: --gpu needs a CUDA device")
+    # Said before anything starts: no banner claiming a running demo, no span file left behind
+    # (/metrics was bound and an empty span file created before the refusal).
+    assert p.stderr.splitlines() == [p.stderr.splitlines()[-1]], p.stderr
+    assert list(tmp_path.glob("*.jsonl")) == []
 
 
 def test_demo_in_process_leaves_handlers_and_environment_and_scales_the_split(

@@ -559,3 +559,24 @@ def test_cudamemgetinfo_reads_only_ordinals_that_have_this_process_context(
     memory._libcuda.cache_clear()  # loaded once a process
     assert memory.primary_context(2) is None  # no libcuda: cannot tell, read as before
     memory._libcuda.cache_clear()  # the real one again for later tests
+
+
+def test_the_plan_never_imports_a_framework_the_process_did_not(monkeypatch, tmp_path):
+    """A JAX or TensorRT worker with torch installed paid torch's import (seconds) inside its
+    first profiled request, where the ordinal plan is made: only an imported framework is used."""
+    import sys
+
+    from memra_obs.device import memory
+
+    pkg = tmp_path / "torch"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise SystemExit('torch imported by memra_obs')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("torch", "cupy"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert memory.default_cuda() is None
+    assert "torch" not in sys.modules
+    torch = SimpleNamespace(cuda=SimpleNamespace(), _C=SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "torch", torch)  # the loop imported it: that one is used
+    q = memory.default_cuda()
+    assert q is not None and q.name == "torch"

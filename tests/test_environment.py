@@ -54,6 +54,14 @@ def test_a_bad_value_names_its_variable(var, value, why):
     assert var in str(e.value)
 
 
+@pytest.mark.parametrize("env", [{"MEMRA_OBS_WORKER": " w1\n"}, {"RANK": " w1 "}])
+def test_the_worker_label_is_trimmed(env):
+    """A padded value from a YAML or .env file made a second ``worker=" w1"`` series (RANK and
+    MEMRA_OBS_WORKER alike), which dashboards and joins on ``worker`` missed."""
+    assert Settings.resolve(env).worker == "w1"
+    assert Settings.resolve({}, worker=" w1 ").worker == "w1"
+
+
 def test_a_bracketed_ipv6_metrics_address_binds_the_host_inside_the_brackets():
     """``[::1]:9464`` is IPv6 loopback, port 9464 (the brackets are not part of the host)."""
     assert parse_addr("MEMRA_OBS_METRICS_ADDR", " [::1]:9464 ", check=False) == ("::1", 9464)

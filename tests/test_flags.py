@@ -59,6 +59,13 @@ def test_level_is_read_once_per_process(monkeypatch, capsys):
     assert capsys.readouterr().err.count("overrides") == 1
 
 
+def test_the_override_line_with_no_stderr_never_raises(monkeypatch):
+    """A daemon started with ``2>&-`` has ``sys.stderr`` None: the override line raised
+    AttributeError out of the first ``get_observer()`` (the seed's eprintln! ignores it)."""
+    monkeypatch.setattr("sys.stderr", None)
+    assert flags.spec_trace_level_from("1", "2") == 1
+
+
 def test_the_override_line_is_said_once_under_threads(monkeypatch, capfd):
     """Threads reading the level at once print one override line (the seed's OnceLock);
     functools.cache let each thread that missed the cache print it."""

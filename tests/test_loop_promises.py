@@ -894,6 +894,75 @@ def test_shutdown_under_busy_loop_threads_counts_every_record():
     assert ex.got + q.dropped + len(q) == sum(puts) and len(q) == 0
 
 
+class _Refusing:
+    """Refuses (uncounted) what arrives after shutdown, as the span and requests exporters do."""
+
+    def __init__(self, pause_s: float, closing_s: float = 0.0) -> None:
+        self.pause_s, self.closing_s = pause_s, closing_s
+        self.closed, self.got, self.refused = False, 0, 0
+
+    def export(self, batch):
+        time.sleep(self.pause_s)
+        if self.closed:
+            self.refused += len(batch)
+        else:
+            self.got += len(batch)
+
+    def flush(self, timeout_s=5.0):
+        return True
+
+    def shutdown(self, timeout_s=5.0):
+        self.closed = True  # refusing from here on; then its own flush, as a real one
+        time.sleep(self.closing_s)
+
+
+def test_a_batch_taken_as_shutdown_runs_out_of_time_is_counted():
+    """The worker starved between its stop check and its take (CPU-bound loop threads): it took
+    a batch after ``stop()`` had read what the exporters held and closed them, and the batch
+    was neither exported nor counted. A take and its count are now one step for ``stop()``."""
+    from memra_obs.export import QueueSink
+
+    ex = _Refusing(0.05, closing_s=0.4)
+    q = QueueSink([ex], interval_ms=5)
+    take = q.take
+
+    def starved(n: int):
+        while not q.worker._stop:  # stop() past its drain: the worker is descheduled here
+            time.sleep(0.005)
+        time.sleep(0.3)  # past the join's time, while the exporters shut down
+        return take(n)
+
+    q.take = starved  # type: ignore[method-assign]
+    for _ in range(10):
+        q.on_round(None)  # type: ignore[arg-type]
+    q.shutdown(0.2)
+    q.worker._thread.join(2)
+    assert ex.got + q.dropped == 10, (ex.got, ex.refused, q.dropped)
+
+
+def test_a_flush_waiting_when_shutdown_stops_the_worker_returns():
+    """A ``flush(5)`` (a health thread, a concurrent configure()) waiting on the worker when
+    ``shutdown()`` stopped it waited its whole timeout for an answer no thread would give."""
+    from memra_obs.export import QueueSink
+
+    q = QueueSink([_Refusing(0.05)], interval_ms=5, max_batch=1)
+    for _ in range(100):
+        q.on_round(None)  # type: ignore[arg-type]
+    took: list[float] = []
+
+    def flush() -> None:
+        t0 = time.monotonic()
+        q.flush(5.0)
+        took.append(time.monotonic() - t0)
+
+    t = threading.Thread(target=flush)
+    t.start()
+    time.sleep(0.1)
+    q.shutdown(0.5)
+    t.join(6)
+    assert took and took[0] < 1.5, took
+
+
 def test_what_the_noop_takes_the_real_one_takes_too(caplog):
     """Code written with everything off: ``session(stream=...)`` (an unknown keyword) and
     ``end_round(k=4)`` (j forgotten) raised TypeError into the loop once telemetry was on.

@@ -32,14 +32,19 @@ def busy_port() -> tuple[socket.socket, int]:
     return s, s.getsockname()[1]
 
 
-def test_a_library_observer_says_it_once_and_carries_on(caplog):
+@pytest.mark.parametrize("by", ["argument", "environment"])
+def test_a_library_observer_says_it_once_and_carries_on(caplog, by):
+    """Said once, naming what set the address: ``configure(metrics_addr=...)`` overrides the
+    variable, so a message naming the variable sent the user to a setting that changes nothing."""
     s, port = busy_port()
+    addr = f"127.0.0.1:{port}"
+    env, arg = ({"MEMRA_OBS_METRICS_ADDR": addr}, None) if by == "environment" else ({}, addr)
     try:
         before = threading.active_count()
         with caplog.at_level(logging.WARNING, logger="memra_obs"):
             obs = build_observer(
-                level=1, prof=False, env={}, registry=CollectorRegistry(), sinks="prometheus",
-                metrics_addr=f"127.0.0.1:{port}",
+                level=1, prof=False, env=env, registry=CollectorRegistry(), sinks="prometheus",
+                metrics_addr=arg,
             )  # fmt: skip
             try:
                 with obs.session("glm5") as sess, sess.burst(4) as b:
@@ -52,7 +57,8 @@ def test_a_library_observer_says_it_once_and_carries_on(caplog):
                 obs.shutdown()
         said = [r.getMessage() for r in caplog.records if "cannot serve /metrics" in r.getMessage()]
         assert len(said) == 1
-        assert f"MEMRA_OBS_METRICS_ADDR=127.0.0.1:{port}" in said[0] and "agent" in said[0]
+        name = "argument metrics_addr" if by == "argument" else "MEMRA_OBS_METRICS_ADDR"
+        assert said[0].startswith(f"{name}={addr}: cannot serve") and "agent" in said[0]
         assert threading.active_count() <= before
     finally:
         s.close()
@@ -105,7 +111,7 @@ def test_a_forked_child_of_a_serving_observer_says_it_once(monkeypatch):
             url = next(w for w in obs.where if w.startswith("/metrics on "))
             port = url.rsplit(":", 1)[1].split("/")[0]
             assert got.count("\n") == 0 and "cannot serve /metrics" in got
-            assert f"MEMRA_OBS_METRICS_ADDR=127.0.0.1:{port}" in got
+            assert got.startswith(f"argument metrics_addr=127.0.0.1:{port}: a forked")
             assert "MEMRA_OBS_AGENT" in got and "one port per rank" in got
         else:
             assert got == ""
@@ -190,4 +196,4 @@ def test_a_port_this_processs_own_server_holds_is_said_to_serve_the_metrics_alre
     assert "REGISTRY" not in own and "MEMRA_OBS_AGENT" in own
     assert default.startswith(own.removesuffix("; carrying on without /metrics"))
     assert "opentelemetry-exporter-prometheus" in default and "REGISTRY there itself" in default
-    assert default.endswith("set MEMRA_OBS_METRICS_ADDR empty; carrying on without /metrics")
+    assert default.endswith("set argument metrics_addr empty; carrying on without /metrics")

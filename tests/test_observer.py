@@ -305,6 +305,29 @@ def test_legacy_lines_a_closed_stderr_refuses_are_counted_on_metrics(monkeypatch
         obs.shutdown(2)
 
 
+def test_the_librarys_own_messages_a_closed_stderr_refuses_are_not_lost_lines(monkeypatch):
+    """``signal="lines"`` counts legacy lines: each ``[memra-obs]`` message the fallback could
+    not print (the "stderr refused" notice itself among them) was counted as one, and an alert
+    on lost lines read the wrong number."""
+    from memra_obs import diagnostics
+    from memra_obs.linewriter import stderr_writer
+
+    class Broken:
+        def write(self, s):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr("sys.stderr", Broken())
+    monkeypatch.setattr(diagnostics, "_routed", lambda level: False)  # no handler: the fallback
+    before = stderr_writer().errors
+    diagnostics.say_once("test-unprinted", "a message stderr refuses")
+    assert stderr_writer().errors == before
+    stderr_writer().write_lines(["[glm5-phase] rounds=1"])
+    assert stderr_writer().errors == before + 1
+
+
 def test_records_put_while_the_exporters_shut_down_are_counted_dropped():
     """A record the loop hands over while shutdown waits on the exporters is never exported:
     it is counted in ``dropped`` (it used to stay in the queue, neither sent nor counted)."""

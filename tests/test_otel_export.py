@@ -700,7 +700,7 @@ _USERINFO = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: user:password@ .* OTEL_EXPORTER
         ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
           "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"u:{_SECRET}@h:4317"}, _USERINFO),
         ({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://h:99999/?api_key={_SECRET}"},
-         r"OTEL_EXPORTER_OTLP_ENDPOINT='http://h:99999/v1/traces\?<redacted>': bad port"),
+         r"OTEL_EXPORTER_OTLP_ENDPOINT='http://h:99999/\?<redacted>': bad port"),
     ],
 )  # fmt: skip
 def test_otlp_secrets_are_never_echoed_and_url_credentials_refused(env, why):
@@ -895,6 +895,17 @@ def test_endpoint_rules():
     for target in ("unix:/tmp/otel.sock", "unix:///tmp/otel.sock", "unix-abstract:otel"):
         env = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": target}
         assert OtlpConfig.from_env(env).endpoint == target
+
+
+@pytest.mark.parametrize("given", ["collector:4318", "http://c:99999"])
+def test_a_bad_general_endpoint_is_quoted_as_written(given):
+    """The refusal quotes what the user wrote, not it with ``/v1/traces`` appended (a value they
+    never set, sending them looking for where the path came from)."""
+    from memra_obs.otel.config import OtlpConfig
+
+    with pytest.raises(ConfigError) as e:
+        OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": given})
+    assert f"OTEL_EXPORTER_OTLP_ENDPOINT={given!r}:" in str(e.value)
 
 
 def test_headers_http_and_grpc_can_send_are_taken():

@@ -204,6 +204,21 @@ def test_first_token_phases_total_and_gpu_gauges(reg):
     assert len(FIRST_TOKEN_PHASES) == 19 and "first_burst_hook" in FIRST_TOKEN_PHASES
 
 
+def test_a_card_the_latest_session_did_not_read_loses_its_free_memory_series(reg):
+    """The gauges are the latest profiled session's: a card lost since (GPU_IS_LOST: skipped
+    by the snapshot) kept an older session's value for good, and the README's alert
+    ``min by (device) (memra_gpu_free_bytes{point="after"})`` read a dead card as healthy."""
+    ex = PrometheusExporter(reg)
+    snaps = [[(0, 1000), (1, 2000)], [(0, 900)], []]
+    for sid, snap in enumerate(snaps, 1):
+        prof = SpecFirstTokenProf(prime_ms=1.0, free_mb_before=snap, free_mb_after=snap)
+        ex.export([session(sid), FirstTokenRecord(sid, prof, ())])
+        for point in ("before", "after"):
+            got = {d: val(reg, "memra_gpu_free_bytes", device=str(d), point=point) for d in (0, 1)}
+            want = {d: free << 20 for d, free in snap}
+            assert got == {d: want.get(d) for d in (0, 1)}, sid
+
+
 def test_worker_label(reg):
     """worker_label=True labels every loop series with SessionRecord.worker."""
     ex = PrometheusExporter(reg, worker_label=True, worker="fallback")

@@ -1416,3 +1416,56 @@ def test_a_long_value_in_a_runs_column_wraps_when_printed():
                        lambda v: [("k", ("recommended k",), "6"), ("cost", ("cost model",), note)])  # fmt: skip
     assert '<td class="n" data-key="k">6</td>' in html
     assert f'<td class="t" data-key="cost">{note}</td>' in html
+
+
+def test_a_rotated_span_files_newer_half_says_its_sessions_lack_bursts(runs, tmp_path):
+    """After the span file rotated, ``FILE`` alone holds session spans whose bursts are in
+    ``FILE.1``: the page counted fewer rounds, unsaid but for a note blaming dropped records."""
+    good = read(str(runs["spans"]))
+    assert not any("sessions lack" in n for n in good.notes), good.notes
+    newer = spans_edited(
+        runs["spans"], tmp_path / "newer.jsonl", _first("spec.burst", lambda s: False)
+    )
+    notes = [n for n in read(str(newer)).notes if "sessions lack" in n]
+    assert len(notes) == 1 and notes[0].startswith("1 sessions lack 1 of the bursts"), notes
+    assert "cat FILE.1 FILE | memra-obs report -" in notes[0]
+
+
+@pytest.mark.parametrize("cut", ["tail -c", "BOM"])
+def test_a_span_file_whose_first_line_is_cut_is_read_as_spans(runs, tmp_path, cut):
+    """``tail -c`` (or ``split -b``) leaves a span file's first line partial, and a BOM may lead
+    it: the kind was the first line's, so the file read as a log: an empty page, exit 0."""
+    data = runs["spans"].read_bytes()
+    first = data.index(b"\n")
+    data = data[first // 2 :] if cut == "tail -c" else b"\xef\xbb\xbf" + data
+    (path := tmp_path / "cut.jsonl").write_bytes(data)
+    run, good = read(str(path)), read(str(runs["spans"]))
+    assert run.kind == "spans"
+    assert [n for n, _, _ in run.refused] == ([1] if cut == "tail -c" else [])
+    assert len(run.sessions) >= len(good.sessions) - 1 > 0
+
+
+def test_a_span_time_past_int64_is_refused_not_a_traceback(runs, tmp_path):
+    """OTLP's times are fixed64: one past 2^63 ns crashed the page (OverflowError, exit 1)."""
+    damage = _first("spec.maint", lambda s: _set_time(s, "18446744073709551615"))
+    run = read(str(spans_edited(runs["spans"], tmp_path / "t.jsonl", damage)))
+    assert len(run.refused) == 1 and "past 2^63" in run.refused[0][1]
+    View("t", run)  # the page's arrays build
+
+
+def _set_time(s: dict, ns: str) -> bool:
+    s["endTimeUnixNano"] = ns
+    return True
+
+
+def test_one_row_of_a_huge_k_keeps_the_page_small(runs, tmp_path):
+    """One ``[spec-prof-rounds]`` row with k = j = 65535 (a u16 -1) drew 65,536 positions: a
+    41 MB page in 29 s. The positions table and figure show the first LIST_CAP positions."""
+    text = runs["log"].read_text()
+    text = re.sub(
+        r"(\[spec-prof-rounds\] row=0 .*?) k=\d+ j=\d+", r"\1 k=65535 j=65535", text, count=1
+    )
+    (log := tmp_path / "bigk.log").write_text(text)
+    html = report(log, out=tmp_path / "bigk.html")
+    assert len(html) < 3 << 20, len(html)
+    assert "more not listed" in html

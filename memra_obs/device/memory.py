@@ -183,8 +183,9 @@ def torch_query() -> CudaQuery:
 
 
 def default_cuda() -> CudaQuery | None:
-    """CuPy or torch, one the process already imported first; None when neither loads."""
-    for n in sorted(("cupy", "torch"), key=lambda n: n not in sys.modules):
+    """CuPy or torch, whichever the process imported; None when neither (not imported here:
+    torch's import takes seconds, and the plan is made in the first profiled request)."""
+    for n in [n for n in ("cupy", "torch") if n in sys.modules]:
         q: CudaQuery | None = _try(cupy_query if n == "cupy" else torch_query)  # import errors too
         if q is not None:
             return q

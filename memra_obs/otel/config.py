@@ -204,9 +204,10 @@ _GRPC = _GRPC_KEY, re.compile(r"[\x20-\x7e]*").fullmatch
 def _endpoint(env: Mapping[str, str], protocol: str) -> tuple[str, bool]:
     """(endpoint, secure): HTTP's full URL, or gRPC's ``host:port`` with TLS on or off."""
     var, url = _get(env, "ENDPOINT") or ("(default)", "")
+    given = url  # quoted as written: the general endpoint gets /v1/traces added below
 
     def bad(why: str) -> ConfigError:
-        return ConfigError(f"{var}={shown_url(url)!r}: {why}")
+        return ConfigError(f"{var}={shown_url(given)!r}: {why}")
 
     authority = re.split(r"[/?#]", url.split("://", 1)[-1], maxsplit=1)[0]
     if "@" in authority and not url.startswith("unix"):  # http.client would drop it, unsaid

@@ -282,5 +282,9 @@ class PrometheusExporter:
                 phases.child((*w, phase)).observe(round(ms * 1e6), ex, ts)
         f["memra_spec_first_token_seconds"].child(w).observe(round(prof.total_ms() * 1e6), ex, ts)
         for point, snap in (("before", prof.free_mb_before), ("after", prof.free_mb_after)):
-            for device, free_mb in snap:
-                gpu.child((*w, str(device), point)).v = free_mb << 20
+            now = {(*w, str(device), point): free_mb << 20 for device, free_mb in snap}
+            for lv in [lv for lv in gpu.children if lv[-1] == point and lv[:-2] == w]:
+                if lv not in now:  # a card this session did not read (lost, skipped): no
+                    del gpu.children[lv]  # series, not an older session's free memory
+            for lv, free in now.items():
+                gpu.child(lv).v = free

@@ -35,6 +35,8 @@ from ..timeline import PHASES, BurstRecord, FirstTokenRecord, RoundRecord, Sessi
 
 _OVERLONG = f"a line over {MAX_LINE} bytes, not parsed (as the tail reads it)"
 LOGGED = records.SPEC_PROF_ROUNDS  # rows a session's round log keeps
+ROTATED = ("a rotated span file read without its other half: cat FILE.1 FILE | memra-obs report -; "
+           "or records the worker dropped: memra_obs_dropped_total")  # fmt: skip
 LOST = "rounds_without_spans"  # rounds a burst span counts that have no round span (dropped)
 Progress = Callable[[int, int], None]  # (bytes read, total or 0: unknown)
 A, FT = "memra.spec.", "memra.spec.first_token."
@@ -103,16 +105,24 @@ def read(path: str, progress: Progress | None = None, max_families: int = 64) ->
         run, gz = Run("stdin" if path == "-" else utf8(path)), raw.peek(2)[:2] == GZIP_MAGIC
         f: Any = gzip.open(raw) if gz else raw  # noqa: SIM115  (a banked log, compressed)
         run.size = 0 if path == "-" or gz else os.fstat(raw.fileno()).st_size
-        head = [f.readline(MAX_LINE + 1)]  # the kind is the first line's that is not blank
-        while head[-1].isspace() and len(head) < 1000:  # (a collector may leave some)
+        head = [f.readline(MAX_LINE + 1).removeprefix(b"\xef\xbb\xbf")]  # (a BOM)
+        while _blanks(head) < 2 and head[-1][-1:] == b"\n" and len(head) < 1000:  # (blanks: a
+            # collector leaves some; an over-long line's rest is read past in _lines)
             head.append(f.readline(MAX_LINE + 1))
-        first, lines = head[-1], _lines(f, head, run, progress)
-        if first.lstrip()[:1] == b"{" and b'"resourceSpans"' in first[:65536]:
+        # The kind is the first non-blank line's, or the second's: `tail -c` cuts the first.
+        kinds = [x.lstrip()[:1] == b"{" and b'"resourceSpans"' in x[:65536] for x in head]
+        lines = _lines(f, head, run, progress)
+        if any(kinds):
             run.kind = "spans"
             _read_spans(lines, run)
         else:
             _read_log(lines, run, max_families)
     return run
+
+
+def _blanks(head: list[bytes]) -> int:
+    """The lines in ``head`` that are not blank."""
+    return sum(not x.isspace() and x != b"" for x in head)
 
 
 def _lines(f: BinaryIO, head: list[bytes], run: Run, progress: Progress | None) -> Iterator[str]:
@@ -195,6 +205,8 @@ def _read_spans(lines: Iterable[str], run: Run) -> None:
                 at = {a["key"]: _value(a["value"]) for a in s.get("attributes", ())}
                 sp = (s["name"], int(s["spanId"], 16), int(s.get("parentSpanId") or "0", 16),
                       int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]), at)  # fmt: skip
+                if not 0 <= sp[3] < 1 << 63 or not 0 <= sp[4] < 1 << 63:  # past int64: no array
+                    raise ValueError(f"{sp[0]} {s['spanId']}: a time past 2^63 ns")
                 spans.append(sp)
                 tops += [(int(s["traceId"], 16), sp)] if sp[0] == "spec.session" else []
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
@@ -236,17 +248,18 @@ def _span_notes(run: Run, lost: int, errors: Counter[str]) -> None:
         run.notes.append(f"{errors.total()} of {len(run.sessions)} sessions ended in an error "
                          f"({said}): their rounds up to it are counted.")  # fmt: skip
     if lost:
-        run.notes.append(f"{lost} spec.* spans are under no spec.session of this input (a rotated "
-                         "span file: cat FILE.1 FILE | memra-obs report -; or session records the "
-                         "worker dropped: memra_obs_dropped_total); they are left out.")  # fmt: skip
+        run.notes.append(f"{lost} spec.* spans are under no spec.session of this input ({ROTATED}); "
+                         "they are left out.")  # fmt: skip
     if hidden := run.kinds["sessions_without_log"]:
         run.notes.append(f"{hidden} profiled sessions have rounds of their first {LOGGED} without "
                          "spans (or without k, j): their [spec-prof-summary] cannot be recomputed, "
                          "and they are left out of the slow-round count.")  # fmt: skip
+    if short := run.kinds.pop("short_sessions", 0):
+        run.notes.append(f"{short} sessions lack {run.kinds.pop('bursts_before')} of the bursts "
+                         f"their spec.session spans count: {ROTATED}; their rounds are missing.")  # fmt: skip
     if gone := run.kinds.pop(LOST, 0):
-        run.notes.append(f"{gone} rounds their spec.burst spans count have no spec.round span (records "
-                         "the worker dropped: memra_obs_dropped_total): they carry their burst's "
-                         "remainder spread evenly, their k and j unknown.")  # fmt: skip
+        run.notes.append(f"{gone} rounds their spec.burst spans count have no spec.round span ({ROTATED}): "
+                         "they carry their burst's remainder spread evenly, their k and j unknown.")  # fmt: skip
     if run.unsampled:
         run.notes.append(f"{run.unsampled} of {len(run.rounds)} rounds were past the span cap "
                          "(MEMRA_OBS_ROUND_SPANS) and have no spans: their phase times are their burst's"
@@ -263,6 +276,9 @@ def _session(sid: int, tid: int, sp: Span, kids: Kids, run: Run) -> None:
     mine = sorted(kids.get(sp[1], []), key=lambda k: k[3])
     rounds = [r for b in mine if b[0] == "spec.burst" for r in _burst(sid, tid, b, kids, run)]
     run.first_tokens += [_first_token(sid, ft, kids) for ft in mine if ft[0] == "spec.first_token"]
+    said, shown = at.get(A + "bursts", 0), sum(b[0] == "spec.burst" for b in mine)
+    if type(said) is int and (short := said - at.get(A + "bursts_unsampled", 0) - shown) > 0:
+        run.kinds.update(short_sessions=1, bursts_before=short)  # the rest are in FILE.1
     # The worker's round log, exactly: its rows are round_prof_from_ns of these stamps.
     logged = min(sum(r.repeat for r in run.rounds.runs[before:]), LOGGED)
     first = [r for r in rounds if r.index < LOGGED]

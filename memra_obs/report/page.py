@@ -217,7 +217,7 @@ def acceptance_by_position(ax: Axes, v: View, views: Sequence[View]) -> None:
     """Estimates: acceptance by draft position, α_i = P(accepted | drafted and every earlier
     draft accepted), with its 95% Wilson interval, and S(i+1) = P(drafts 0..i all accepted),
     product-limit, with its interval."""
-    need(ps := v.acceptance.positions, _no_estimate(v))
+    need(ps := v.acceptance.positions[:LIST_CAP], _no_estimate(v))  # k=65535: a 27 MB figure
     _band(ax, [p.position for p in ps], [p.alpha for p in ps], COLORS["draft"], "α_i", "o")
     _band(ax, [p.position for p in ps], [p.survival for p in ps], COLORS["verify"], "S(i+1)")
     ax.set(xlabel="draft position i (0-based)", ylim=(0, 1.02))
@@ -270,7 +270,7 @@ def free_device_memory(ax: Axes, v: View, views: Sequence[View]) -> None:
 
 SECTIONS = ("ab", "totals", "round-wall", "phases", "first-token", "acceptance", "memory",
             "summaries", "refused", "notes")  # fmt: skip
-LIST_CAP = 200  # rows of the summary and refusal tables shown per run (the rest counted)
+LIST_CAP = 200  # rows (and positions drawn) of a run's summary, refusal, position tables
 CSS = """body{font:14px/1.45 system-ui,sans-serif;color:#222;max-width:1200px;margin:0 auto;padding:0 16px 40px}
 h1{font-size:22px;margin:18px 0 4px}h2{font-size:17px;border-bottom:1px solid #ccc;margin-top:28px}
 h3{font-size:14px;margin:14px 0 4px}nav a{margin-right:10px}figure{margin:10px 0}
@@ -422,11 +422,11 @@ def _acceptance(views: Sequence[View]) -> str:
            for v in views if not v.acceptance.positions]  # fmt: skip
     out += [f(views) for f in (acceptance_by_position, expected_tokens_per_round, throughput_vs_k)]
     out.append(by_run(views, ["estimate, 95% interval"], advice) + "<div class=cols>")
+    head, row = ("position", "at risk", "accepted", "α_i", "S(i+1)"), lambda p: (
+        f'<tr>{td(p.position)}{td(p.at_risk)}{td(p.accepted)}{td(_iv(p.alpha), f"alpha_{p.position}")}'
+        f'{td(_iv(p.survival), f"survival_{p.position}")}</tr>')  # fmt: skip
     for v in (v for v in views if v.acceptance.positions):
-        rows = (f'<tr>{td(p.position)}{td(p.at_risk)}{td(p.accepted)}{td(_iv(p.alpha), f"alpha_{p.position}")}'
-                f'{td(_iv(p.survival), f"survival_{p.position}")}</tr>' for p in v.acceptance.positions)  # fmt: skip
-        head = ("position", "at risk", "accepted", "α_i", "S(i+1)")
-        out.append(f"<div><h3>{escape(v.label)}</h3>{table(head, rows)}</div>")
+        out.append(f"<div>{_listed(v, '', head, list(v.acceptance.positions), row)}</div>")
     return "".join(out) + "</div>"
 
 
