@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from .environment import ConfigError, Settings
+from .environment import ConfigError, Settings, check_flags
 from .flags import (
     first_token_eager,
     parse_level,
@@ -116,10 +116,7 @@ def configure(
     from .observer import NOOP_OBSERVER
     from .wiring import build_observer
 
-    if level is not None and (type(level) is not int or level not in (0, 1, 2)):
-        raise ConfigError(f"configure(level={level!r}): expected 0, 1 or 2")
-    if prof is not None and type(prof) is not bool:
-        raise ConfigError(f"configure(prof={prof!r}): expected True or False")
+    check_flags("configure", level, prof)
     if sinks is not None and not isinstance(sinks, str):
         sinks = ",".join(sinks)
     knobs = {k: v for k, v in locals().items() if k in _KNOBS and v is not None}

@@ -21,13 +21,21 @@ from typing import Any
 
 __all__ = [
     "MEMRA_OBS_AGENT", "MEMRA_OBS_MAX_FAMILIES", "MEMRA_OBS_METRICS_ADDR", "MEMRA_OBS_SINKS",
-    "MEMRA_OBS_WORKER", "ConfigError", "Settings", "idle_knobs", "parse_addr", "positive",
+    "MEMRA_OBS_WORKER", "ConfigError", "Settings", "check_flags", "idle_knobs", "parse_addr", "positive",
     "stop_signals", "unknown_knobs", "utf8",
 ]  # fmt: skip
 
 
 class ConfigError(ValueError):
     """A knob holds a value the project cannot use; the message names the variable."""
+
+
+def check_flags(call: str, level: object, prof: object) -> None:
+    """``level`` (0, 1, 2) and ``prof`` (a bool) as ``call`` takes them; None: not given."""
+    if level is not None and (type(level) is not int or level not in (0, 1, 2)):
+        raise ConfigError(f"{call}(level={level!r}): expected 0, 1 or 2")
+    if prof is not None and type(prof) is not bool:
+        raise ConfigError(f"{call}(prof={prof!r}): expected True or False")
 
 
 # The variables other modules name; every one is in _TABLE (each documented in Settings).

@@ -206,7 +206,7 @@ class Observer:
             say_once(f"session-kw:{name}", f"Observer.session({name}=...): not a keyword of "
                      "session() (tag, tag_v, e, eh); ignored")  # fmt: skip
         if not (isinstance(family, str) and family):
-            say_once("session-family", f"Observer.session(family={family!r}): expected a "
+            say_once(f"session-family:{family!r}", f"Observer.session(family={family!r}): expected a "
                      "non-empty str; recording under the default family 'spec'")  # fmt: skip
             family = "spec"
         family = _taggable("family", family) or "spec"
@@ -238,14 +238,14 @@ def _taggable(name: str, t: object) -> str | None:
     family's longest tag (``-phase-v``) included."""
     if not isinstance(t, str):
         if t is not None:  # bytes: '[b'glm5']' lines that parse back to nothing
-            say_once(f"session-{name}-type", f"Observer.session({name}={t!r}): expected a str; "
+            say_once(f"session-{name}-type:{t!r}", f"Observer.session({name}={t!r}): expected a str; "
                      "using the default")  # fmt: skip
         return None
     room = MAX_TAG - len("-phase-v") if name == "family" else MAX_TAG
     fixed = taggable(t, room)
     if fixed != t:
         fam = f" (a family at most {room}: its tags add '-phase-v')" if room < MAX_TAG else ""
-        say_once(f"session-{name}", f"Observer.session({name}={t!r}): a legacy tag holds no "
+        say_once(f"session-{name}:{t}", f"Observer.session({name}={t!r}): a legacy tag holds no "
                  f"space, control character, ']' or undecodable byte, starts with none of "
                  f"{', '.join(RESERVED)}, and has at most {MAX_TAG} characters{fam}, or its "
                  f"lines would not parse back (nor /metrics encode "

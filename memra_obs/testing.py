@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 from . import timeline as tl
+from .environment import check_flags
 from .linewriter import LineWriter
 from .observer import Observer
 from .sinks.base import Sink
@@ -81,7 +82,10 @@ class Capture:
 
 @contextmanager
 def capture(level: int = 1, prof: bool = False, **observer_kw: Any) -> Iterator[Capture]:
-    """An observer whose records and legacy lines are kept in memory for assertions."""
+    """An observer whose records and legacy lines are kept in memory for assertions; ``level``
+    and ``prof`` are checked as :func:`memra_obs.configure` checks them (a test passing with
+    ``level=3`` or ``prof="no"`` passed with settings production refuses)."""
+    check_flags("capture", level, prof)
     stream = io.StringIO()
     sink = RecordingSink(wants_trace_ids=observer_kw.pop("wants_trace_ids", False))
     sinks = [StderrSink(level, prof, LineWriter(stream)), sink, *observer_kw.pop("sinks", ())]

@@ -304,10 +304,13 @@ def test_an_interval_past_floats_range_is_unbounded_not_an_error():
 @pytest.mark.parametrize(
     "opts",
     [{"max_k": "16"}, {"explore": None}, {"max_k": 2.5}, {"plain_step_ns": -1.0},
-     {"plain_step_ns": float("nan")}, {"plain_step_ns": 0}],
+     {"plain_step_ns": float("nan")}, {"plain_step_ns": 0}, {"max_k": 0}, {"max_k": -3},
+     {"explore": -5}],
 )  # fmt: skip
 def test_advice_window_checks_every_option_at_construction(opts: dict[str, object]) -> None:
-    """They were checked only once 32 rounds were in: the first scrape's advice raised."""
+    """They were checked only once 32 rounds were in: the first scrape's advice raised. And
+    ``max_k=0`` never advised, read as "too few rounds"; ``explore<0`` advised below every k
+    seen."""
     with pytest.raises((TypeError, ValueError)):
         AdviceWindow(size=64, **opts)  # type: ignore[arg-type]
 

@@ -1160,7 +1160,21 @@ def test_a_family_that_is_not_a_name_is_said_and_recorded_under_the_default(capl
     assert reg.get_sample_value("memra_spec_rounds_total", {"family": "spec"}) == 3
     assert ex.export_errors == 0
     assert caplog.text.count("Observer.session(family=''): expected a non-empty str") == 1
-    assert caplog.text.count("expected a non-empty str") == 1
+    assert caplog.text.count("expected a non-empty str") == 3  # once per value
+
+
+def test_each_family_renamed_is_said_once_by_its_name(caplog):
+    """After one bad family was said, every later one was renamed unsaid (one said-once key
+    for all): a second model's ``"qwen 2"`` series appeared as ``qwen_2``, a ``None`` from an
+    unset config field merged into ``spec``, and nothing told the user."""
+    with capture(level=0) as cap:
+        for fam in ("llama 3", "qwen 2", 42, None, "llama 3"):
+            with cap.observer.session(fam) as s, s.burst(4) as b:  # type: ignore[arg-type]
+                one_round(b)
+    assert [x.family for x in cap.sessions] == ["llama_3", "qwen_2", "spec", "spec", "llama_3"]
+    for said in ("family='llama 3'): a legacy tag", "family='qwen 2'): a legacy tag",
+                 "family=42): expected", "family=None): expected"):  # fmt: skip
+        assert caplog.text.count(said) == 1, said
 
 
 def test_a_family_its_own_lines_could_not_carry_is_said_and_made_taggable(caplog):

@@ -3,6 +3,7 @@ failing sinks, misuse, threads."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -590,3 +591,17 @@ def test_session_ids_are_one_count_per_process():
         ids += [obs.session("glm5").id, obs.session("glm5").id]
         obs.shutdown(1)
     assert len(set(ids)) == 4 and ids == sorted(ids)
+
+
+@pytest.mark.parametrize(("kw", "why"), [
+    ({"level": 3}, "capture(level=3): expected 0, 1 or 2"),
+    ({"level": "2"}, "capture(level='2'): expected 0, 1 or 2"),
+    ({"prof": "no"}, "capture(prof='no'): expected True or False"),
+])  # fmt: skip
+def test_capture_refuses_what_configure_refuses(kw, why):
+    """A user's test passed with settings production refuses: ``capture(level=3)`` printed the
+    level-2 lines, ``prof="no"`` turned the profile on, ``level="2"`` was a TypeError."""
+    with pytest.raises(memra_obs.ConfigError, match=re.escape(why)), capture(**kw):
+        pass
+    with pytest.raises(memra_obs.ConfigError):
+        memra_obs.configure(env={}, **kw)

@@ -363,12 +363,16 @@ def advise(rounds: Iterable[RoundLike] | Stats, *, max_k: int = 16,
     for name, v in (("max_k", max_k), ("explore", explore)):
         if type(v) is not int:
             raise TypeError(f"{name}={v!r}: expected an int")
+        if v < (name == "max_k"):  # max_k=0 read as "too few rounds"; explore<0 advised below k
+            raise ValueError(
+                f"{name}={v}: expected {'1 or more' if name == 'max_k' else '0 or more'}"
+            )
     if plain_step_ns is not None and not 0 < plain_step_ns < math.inf:
         raise ValueError(f"plain_step_ns={plain_step_ns!r}: expected a positive time in ns")
     st = rounds if isinstance(rounds, Stats) else Stats(rounds)
     acc = estimate_acceptance(st, level=level)
     wall = st.s(ONE, WALL)  # <= 0: rounds that took no time (billions of tokens/s, nan speedup)
-    if not acc.positions or acc.positions[0].at_risk < MIN_ROUNDS or max_k < 1 or wall <= 0:
+    if not acc.positions or acc.positions[0].at_risk < MIN_ROUNDS or wall <= 0:
         return None
     c = fit_costs(st, clock=clock, level=level)
     curve = []
