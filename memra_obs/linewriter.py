@@ -10,6 +10,7 @@ import fcntl
 import itertools
 import os
 import select
+import stat
 import sys
 import threading
 import time
@@ -83,7 +84,11 @@ class AppendFile:
                 here = False  # moved or removed: a new file at the path
             if not here:
                 return False
-            if mine.st_size > 0 and mine.st_size + len(data) > self.max_bytes > 0:
+            if (
+                mine.st_size > 0
+                and mine.st_size + len(data) > self.max_bytes > 0
+                and self.rotates()
+            ):
                 os.replace(self.path, self.path + ".1")
                 return False
             view = memoryview(data)
@@ -99,6 +104,13 @@ class AppendFile:
         finally:
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def rotates(self) -> bool:
+        """Rotation renames the path: only a regular file's, never a link's (``/dev/stdout``,
+        a link into a data volume: the link was replaced by a file and the target abandoned)."""
+        with contextlib.suppress(OSError):
+            return self.max_bytes > 0 and stat.S_ISREG(os.lstat(self.path).st_mode)
+        return False
 
     def close(self) -> None:
         self.closed = True

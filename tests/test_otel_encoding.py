@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from memra_obs.otel.otlp import JsonEncoder, ProtoEncoder, varint
-from memra_obs.otel.transport import rejected_spans
+from memra_obs.otel.transport import partial_success, status_message
 
 RESOURCE = {"service.name": "memra-test", "host.name": "h1", "pid": 42}
 
@@ -204,13 +204,26 @@ def test_varint_matches_protobuf(n):
 
 
 def test_partial_success_is_read_without_opentelemetry_proto():
-    """rejected_spans comes out of a real ExportTraceServiceResponse; junk reads as 0."""
+    """rejected_spans and error_message come out of a real ExportTraceServiceResponse (the
+    reason was never read: the user was told spans were dropped, never why); junk reads as 0."""
     m = ExportTraceServiceResponse()
     m.partial_success.rejected_spans = 7
-    m.partial_success.error_message = "too old"
-    assert rejected_spans(m.SerializeToString()) == 7
-    assert rejected_spans(b"") == 0
-    assert rejected_spans(b"\xff\xff") == 0
+    m.partial_success.error_message = "too old:\n  spans dropped"
+    assert partial_success(m.SerializeToString()) == (7, "too old: spans dropped")
+    m.partial_success.rejected_spans = 0  # OTLP: a warning
+    assert partial_success(m.SerializeToString()) == (0, "too old: spans dropped")
+    assert partial_success(b"") == (0, "")
+    assert partial_success(b"\xff\xff") == (0, "")
+
+
+def test_an_error_bodys_status_message_is_read():
+    """OTLP's 4xx/5xx body is a google.rpc.Status: its message was shown as protobuf bytes."""
+    from google.rpc.status_pb2 import Status
+
+    body = Status(code=3, message="bad span: trace_id is invalid").SerializeToString()
+    assert status_message(body, False) == "bad span: trace_id is invalid"
+    assert status_message(b'{"code": 3, "message": "bad"}', True) == "bad"
+    assert status_message(b"<html>nope</html>", False) == "b'<html>nope</html>'"
 
 
 _EDGES = [0, 127, 128, 255, 256, 16383, 16384, 2097151, 2097152, 268435455, 268435456]

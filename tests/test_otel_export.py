@@ -76,6 +76,8 @@ class Receiver:
                 self.send_response(status)
                 if status != 200:
                     self.send_header("Retry-After", "0")
+                if status in (301, 302, 307, 308):  # an ingress: http to https
+                    self.send_header("Location", "https://collector.example/v1/traces")
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", str(len(rx.response)))
                 self.end_headers()
@@ -436,6 +438,7 @@ def test_retryable_status_is_retried_and_partial_success_counts_rejects(caplog):
     are counted as dropped, and said once (they were counted only)."""
     resp = ExportTraceServiceResponse()
     resp.partial_success.rejected_spans = 2
+    resp.partial_success.error_message = "attribute value too long"
     rx = Receiver(statuses=[503], response=resp.SerializeToString())
     try:
         obs, _q, ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url})
@@ -446,8 +449,37 @@ def test_retryable_status_is_retried_and_partial_success_counts_rejects(caplog):
         assert ex.exported_spans == len(rx.spans) - 2
         said = [r.getMessage() for r in caplog.records if "receiver rejected" in r.getMessage()]
         assert len(said) == 1 and "rejected 2 of" in said[0] and "dropped_spans" in said[0]
+        assert "(attribute value too long)" in said[0]  # the receiver's reason (never read)
     finally:
         rx.close()
+
+
+def test_a_receivers_warning_and_error_status_are_said_in_its_words(caplog):
+    """OTLP: a partial success with 0 rejected and a message is a warning (ignored, unsaid); a
+    4xx body is a google.rpc.Status (shown as protobuf bytes); a 308 (an ingress sending http
+    to https) was dropped without saying where to."""
+    from google.rpc.status_pb2 import Status
+
+    resp = ExportTraceServiceResponse()
+    resp.partial_success.error_message = "service.name is deprecated"
+    for statuses, body, want in (
+        ([], resp.SerializeToString(), "the receiver warns: service.name is deprecated"),
+        (
+            [400],
+            Status(code=3, message="bad trace_id").SerializeToString(),
+            "HTTP 400 bad trace_id;",
+        ),
+        ([308], b"", "HTTP 308 b'' to https://collector.example/v1/traces (not followed"),
+    ):
+        rx = Receiver(statuses=statuses, response=body)
+        try:
+            obs, _q, ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url}, prof=False)
+            run_session(obs, bursts=(1,), prof=False)
+            obs.shutdown(5)
+            said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("spans to")]
+            assert any(want in m and m.count(rx.url) == 1 for m in said), (want, said)
+        finally:
+            rx.close()
 
 
 def test_unretryable_status_drops_without_retry():
@@ -503,12 +535,12 @@ class BlockingSender:
         self.gate = threading.Event()
         self.sent = 0
 
-    def send(self, payload, timeout_s: float) -> int:
+    def send(self, payload, timeout_s: float) -> tuple[int, str]:
         self.gate.wait(10)
         if not self.gate.is_set():
             raise SendError("gate closed")
         self.sent += 1
-        return 0
+        return 0, ""
 
     def abort(self) -> None:
         self.gate.set()
@@ -748,7 +780,7 @@ def test_the_endpoints_query_is_not_shown_on_the_banner_or_in_send_errors():
         assert sender._path.endswith(f"?api_key={_SECRET}")  # sent all the same
         with pytest.raises((Retry, SendError)) as err:
             sender.send(b"", 2.0)
-        assert _SECRET not in str(err.value) and "?<redacted>" in str(err.value)
+        assert _SECRET not in str(err.value)  # (the exporter says it after sender.url)
     finally:
         ex.shutdown(1.0)
 
@@ -1151,3 +1183,36 @@ def test_the_readmes_using_it_directly_example_runs_as_written(tmp_path):
     assert '"name":"spec.round"' in path.read_text().replace(" ", "")
     assert not (tmp_path / "memra-obs-spans.jsonl").exists()
     assert not off.exists() or "spec.round" not in off.read_text()  # the sampler said no
+
+
+def test_a_keep_alive_the_receiver_closed_while_idle_is_reopened_at_once():
+    """Go's servers (the Collector's) close an idle keep-alive connection: the next request
+    failed on it, was counted a retry and waited its backoff (50-100 ms a request after any
+    pause). Now a reused connection found closed is reopened and the request sent at once."""
+    from memra_obs.otel.config import OtlpConfig
+    from memra_obs.otel.transport import HttpSender
+
+    class Idle(http.server.BaseHTTPRequestHandler):
+        protocol_version, timeout = "HTTP/1.1", 0.2  # closes after 0.2 s idle
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Idle)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/v1/traces"
+    sender = HttpSender(OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": url}))
+    try:
+        for _ in range(3):
+            assert sender.send(b"", 5.0) == (0, "")  # no Retry raised on the stale connection
+            time.sleep(0.5)
+    finally:
+        sender.close()
+        srv.shutdown()
+        srv.server_close()

@@ -429,6 +429,29 @@ def test_span_file_rotates_at_its_limit_keeping_one_previous_file(tmp_path):
     assert _spans_in(path)[-1]["name"] == "spec.session"
 
 
+def test_a_span_file_that_is_a_link_is_never_rotated(tmp_path):
+    """Rotation renamed the path: ``MEMRA_OBS_SPANS_FILE=/dev/stdout`` (a link) or a link into
+    a data volume was replaced by a regular file, its target abandoned (as root in a container,
+    /dev/stdout itself). A link is appended to as it is, said on the banner."""
+    from memra_obs.otel.transport import FileSender
+
+    (tmp_path / "data").mkdir()
+    target, link = tmp_path / "data" / "spans.jsonl", tmp_path / "spans.jsonl"
+    link.symlink_to(target)
+    sender = FileSender(str(link), max_bytes=100)
+    for i in range(3):
+        sender.send(b'{"line": %d, "pad": "%s"}' % (i, b"x" * 40))
+    sender.close()
+    assert link.is_symlink() and not (tmp_path / "spans.jsonl.1").exists()
+    assert len(target.read_text().splitlines()) == 3
+    assert sender.url.endswith("(a link or not a regular file: never rotated)")
+    plain = FileSender(str(tmp_path / "plain.jsonl"), max_bytes=100)
+    for i in range(3):
+        plain.send(b'{"line": %d, "pad": "%s"}' % (i, b"x" * 40))
+    plain.close()
+    assert (tmp_path / "plain.jsonl.1").exists()  # a regular file still rotates
+
+
 def test_workers_sharing_a_span_file_follow_each_others_rotations(tmp_path):
     """Workers started in one directory share the default span file. Each kept its own size
     and, after another rotated the file, appended to the moved FILE.1, which the next rotation
@@ -643,7 +666,7 @@ def test_a_grpc_tls_handshake_that_fails_is_not_retried(tmp_path):
             sender = GrpcSender(OtlpConfig.from_env(env))
             try:
                 if not why:  # the same server, trusted: delivered
-                    assert sender.send(b"", 10.0) == 0
+                    assert sender.send(b"", 10.0) == (0, "")
                     continue
                 with pytest.raises(SendError, match=why):
                     sender.send(b"", 10.0)

@@ -20,7 +20,7 @@ from ..diagnostics import say_once
 from ..timeline import Record
 from .otlp import Encoder
 from .spans import Span, SpanBuilder
-from .transport import Retry, SendError
+from .transport import Partial, Retry, SendError
 
 _CUT_S = 0.02  # what shutdown keeps of its time to cut a stuck send off and still be on time
 _CHUNK = 128  # spans encoded per call: a request passes max_bytes by one chunk at most
@@ -124,10 +124,15 @@ class Output:
                 self._qbytes -= size
                 self._flying = n
             try:
-                rejected = min(max(self._deliver(payload), 0), n)
+                rejected, why = self._deliver(payload)
+                rejected = min(max(rejected, 0), n)
                 got: tuple[Any, ...] = (n - rejected, rejected, 0)
-                if rejected:  # said too: a worker without /metrics never knew
-                    got += ("rejected", f"the receiver rejected {rejected} of {n} spans")
+                if rejected:  # said too (once a reason): a worker without /metrics never knew
+                    got += (f"rejected:{why}", f"the receiver rejected {rejected} of {n} spans"
+                            + f" ({why})" * bool(why))  # fmt: skip
+                elif why:  # OTLP: a warning, nothing rejected
+                    say_once(f"spans:{id(self.parent)}:warns:{why}",
+                             f"spans to {self.sender.url}: the receiver warns: {why}")  # fmt: skip
             except SendError as exc:
                 got = (0, n, 1, "send", str(exc))
             except Exception as exc:  # a sender bug must not kill the thread
@@ -144,7 +149,7 @@ class Output:
         with self._cv:
             return self._done if self._q or self._flying else self._sealed
 
-    def _deliver(self, payload: Any) -> int:
+    def _deliver(self, payload: Any) -> Partial:
         """Send, retrying what is retryable after the receiver's wait (at least
         :func:`backoff_s`) while the export timeout and shutdown's deadline allow."""
         s, tries = self.sender, 0
@@ -152,7 +157,7 @@ class Output:
         while True:
             left = min(until, self._stop_at) - time.monotonic()
             if left <= 0 or self._closed:
-                raise SendError(f"{s.url}: out of time (export timeout or shutdown)")
+                raise SendError("out of time (export timeout or shutdown)")
             try:
                 return s.send(payload, left)
             except Retry as exc:

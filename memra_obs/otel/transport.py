@@ -1,6 +1,7 @@
 """Where encoded requests go: OTLP/HTTP (stdlib), OTLP/gRPC (grpcio), a JSON-lines file rotated
 at a size limit, or an SDK ``SpanExporter`` found by entry point. ``send(payload, timeout_s)`` is
-one attempt (the retry loop is the exporter's): it returns the spans the receiver rejected, or
+one attempt (the retry loop is the exporter's): it returns the spans the receiver rejected and
+its ``error_message`` (a reason, or with 0 rejected a warning), or
 raises :class:`Retry` for what the OTLP specification calls retryable (with the receiver's wait),
 else :class:`SendError`. ``abort()`` (another thread, at shutdown) cuts the attempt in flight
 short. Goal (DESIGN §9): :mod:`.otlp`'s (the SDK's exporters send their span objects, not bytes).
@@ -78,12 +79,37 @@ def _uvarint(b: bytes, i: int) -> tuple[int, int]:
     return v | b[i] << shift, i + 1
 
 
-def rejected_spans(resp: bytes) -> int:
-    """``partial_success.rejected_spans`` of an ``ExportTraceServiceResponse`` (0 if none)."""
-    with contextlib.suppress(IndexError, ValueError):
-        v = dict(_fields(dict(_fields(resp)).get(1))).get(1, 0)
-        return v if isinstance(v, int) else 0
-    return 0
+#: A response's ``partial_success``: the spans rejected, and why (or a warning, with 0).
+Partial = tuple[int, str]
+
+
+def partial_success(resp: bytes) -> Partial:
+    """``partial_success`` {1: rejected_spans, 2: error_message} of an
+    ``ExportTraceServiceResponse`` ((0, "") if none or unreadable)."""
+    with contextlib.suppress(IndexError, ValueError, TypeError):
+        ps = dict(_fields(dict(_fields(resp)).get(1)))
+        n, why = ps.get(1, 0), ps.get(2, b"")
+        return (n if isinstance(n, int) else 0), _text(why)
+    return 0, ""
+
+
+def _text(b: object) -> str:
+    """A receiver's message as one short line ("" for anything but bytes)."""
+    if not isinstance(b, bytes):
+        return ""
+    return " ".join(b.decode("utf-8", "replace").split())[:300]
+
+
+def status_message(body: bytes, json_body: bool) -> str:
+    """``google.rpc.Status.message`` of an error response (OTLP: the body MUST be a Status),
+    else the body's first bytes as they are."""
+    with contextlib.suppress(ValueError, TypeError, IndexError, AttributeError):
+        msg = json.loads(body)["message"] if json_body else dict(_fields(body)).get(2)
+        if isinstance(msg, str) and msg.strip():
+            return _text(msg.encode())
+        if isinstance(msg, bytes) and msg.strip():
+            return _text(msg)
+    return repr(body[:200])
 
 
 def retry_info_s(details: bytes) -> float | None:
@@ -149,34 +175,51 @@ class HttpSender:
         }
         self._conn: http.client.HTTPConnection | None = None
 
-    def send(self, payload: bytes, timeout_s: float) -> int:
-        body = gzip.compress(payload, compresslevel=5) if self._gzip else payload
+    def _post(self, body: bytes, timeout_s: float) -> tuple[http.client.HTTPResponse, bytes]:
         c = self._conn
+        if c is None:
+            c = self._conn = self._connect(timeout=timeout_s)
+        elif c.sock is not None:
+            c.sock.settimeout(timeout_s)
+        c.request("POST", self._path, body=body, headers=self._headers)
+        r = c.getresponse()
+        return r, r.read(_BODY_MAX)
+
+    def send(self, payload: bytes, timeout_s: float) -> Partial:
+        body = gzip.compress(payload, compresslevel=5) if self._gzip else payload
+        reused = self._conn is not None
         try:
-            if c is None:
-                c = self._conn = self._connect(timeout=timeout_s)
-            elif c.sock is not None:
-                c.sock.settimeout(timeout_s)
-            c.request("POST", self._path, body=body, headers=self._headers)
-            r = c.getresponse()
-            data = r.read(_BODY_MAX)
+            try:
+                r, data = self._post(body, timeout_s)
+            except (ConnectionResetError, BrokenPipeError):  # (RemoteDisconnected among them)
+                if not reused:
+                    raise
+                self.close()  # a keep-alive the receiver closed while idle (Go's servers do):
+                r, data = self._post(body, timeout_s)  # at once, not a failure and a backoff
         except BaseException as exc:
             self.close()
             if isinstance(exc, ssl.SSLError) and not isinstance(exc, _TLS_CUT):  # a certificate
-                raise SendError(f"{self.url}: {exc!r}") from None
+                raise SendError(repr(exc)) from None
             if isinstance(exc, (OSError, http.client.HTTPException)):  # refused, reset, closed
-                raise Retry(f"{self.url}: {exc!r}") from None
+                raise Retry(repr(exc)) from None
             raise
         if r.will_close or not r.isclosed():  # not closed: more left unread, cannot carry another
             self.close()
         if 200 <= r.status < 300:
             if not self._json:
-                return rejected_spans(data)
+                return partial_success(data)
             try:
-                return int(json.loads(data or b"{}")["partialSuccess"]["rejectedSpans"])
-            except (ValueError, KeyError, TypeError):
-                return 0
-        msg = f"{self.url}: HTTP {r.status} {data[:200]!r}"
+                ps = json.loads(data or b"{}")["partialSuccess"]
+                return int(ps.get("rejectedSpans", 0)), _text(
+                    str(ps.get("errorMessage", "")).encode()
+                )
+            except (ValueError, KeyError, TypeError, AttributeError):
+                return 0, ""
+        msg = f"HTTP {r.status} {status_message(data, self._json)}"
+        if r.status in (301, 302, 303, 307, 308):  # an ingress sending http to https, say
+            msg += (
+                f" to {shown_url(r.getheader('Location') or '?')} (not followed: set the endpoint)"
+            )
         if r.status in RETRY_HTTP:
             raise Retry(msg, retry_after_s(r.getheader("Retry-After")))
         raise SendError(msg)
@@ -220,14 +263,14 @@ class GrpcSender:
         self._call = ch.unary_unary(method)  # no (de)serializer: bytes in, bytes out
         self._metadata = tuple((k.lower(), v) for k, v in cfg.headers) or None
 
-    def send(self, payload: bytes, timeout_s: float) -> int:
+    def send(self, payload: bytes, timeout_s: float) -> Partial:
         try:
-            return rejected_spans(self._call(payload, timeout=timeout_s, metadata=self._metadata))
+            return partial_success(self._call(payload, timeout=timeout_s, metadata=self._metadata))
         except self._grpc.RpcError as exc:
             code = exc.code()
             trailers = dict(exc.trailing_metadata() or ())
             after = retry_info_s(trailers.get("grpc-status-details-bin", b""))
-            msg = f"grpc {self.url}: {code} {exc.details()}"
+            msg = f"grpc {code} {exc.details()}"
             if any(m in msg for m in _GRPC_TLS):  # UNAVAILABLE to grpcio; to OTLP a failed TLS
                 raise SendError(msg + " (a TLS handshake: not retried)") from None
             if code.name in RETRY_GRPC or (code.name == "RESOURCE_EXHAUSTED" and after is not None):
@@ -259,17 +302,19 @@ class FileSender(_Local):
     def __init__(self, path: str, max_bytes: int = 0) -> None:
         self.path = os.path.abspath(path)
         mib = f"{max_bytes >> 20} MiB" if max_bytes % (1 << 20) == 0 else f"{max_bytes} bytes"
-        rotates = f" (rotates at {mib}, keeps one previous file)" if max_bytes else ""
-        self.url = self.path + rotates
         self._file = AppendFile(self.path, max_bytes)
         self._file.open()  # OSError now (no directory, no permission); no lock: never waits
+        rotates = f" (rotates at {mib}, keeps one previous file)" if max_bytes else ""
+        if max_bytes and not self._file.rotates():
+            rotates = " (a link or not a regular file: never rotated)"
+        self.url = self.path + rotates
 
-    def send(self, payload: bytes, timeout_s: float = 0.0) -> int:
+    def send(self, payload: bytes, timeout_s: float = 0.0) -> Partial:
         try:
             self._file.append(payload + b"\n")
         except OSError as exc:
-            raise SendError(f"{self.path}: {exc!r}") from None
-        return 0
+            raise SendError(repr(exc)) from None
+        return 0, ""
 
     def close(self) -> None:
         self._file.close()
@@ -306,12 +351,12 @@ class SdkSender(_Local):
 
         self.readable, self._ok = readable, SpanExportResult.SUCCESS
 
-    def send(self, payload: Sequence[Span], timeout_s: float = 0.0) -> int:
+    def send(self, payload: Sequence[Span], timeout_s: float = 0.0) -> Partial:
         time.sleep(0.0005)
         res = self.exporter.export([self.readable(sp) for sp in payload])
         if res != self._ok:
-            raise SendError(f"{self.url}.export returned {res}")
-        return 0
+            raise SendError(f"export() returned {res}")
+        return 0, ""
 
     def close(self) -> None:
         self.exporter.shutdown()
