@@ -473,7 +473,7 @@ def test_a_receivers_warning_and_error_status_are_said_in_its_words(caplog):
     ):
         rx = Receiver(statuses=statuses, response=body)
         try:
-            obs, _q, ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url}, prof=False)
+            obs, _q, _ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url}, prof=False)
             run_session(obs, bursts=(1,), prof=False)
             obs.shutdown(5)
             said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("spans to")]
