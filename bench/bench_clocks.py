@@ -1,6 +1,6 @@
 """What the phase clocks cost on a GPU. Run on a machine with one (CuPy and/or torch):
 
-    python bench/bench_clocks.py [--backend cupy|torch|all] [--bursts 15]
+    python bench/bench_clocks.py [--backend cupy|torch|all] [--bursts 40]
 
 Prints three tables per backend:
 

@@ -185,7 +185,7 @@ def scrape(n: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=20_000)
     ap.add_argument("--scrapes", type=int, default=40)
     a = ap.parse_args(argv)

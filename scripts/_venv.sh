@@ -11,12 +11,17 @@ if [ -x .venv/bin/python ] && ! .venv/bin/python -c "$new_enough" 2>/dev/null; t
   echo "[venv] .venv has $(.venv/bin/python -V 2>&1); the project needs Python >= 3.10: remaking it" >&2
   rm -rf .venv
 fi
+# A venv whose making failed half way (Debian without python3-venv: a python, no pip) is unmade.
+if [ -x .venv/bin/python ] && ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  echo "[venv] .venv has no pip (its making failed): remaking it" >&2
+  rm -rf .venv
+fi
 if [ ! -x .venv/bin/python ]; then
   if ! "$py" -c "$new_enough" 2>/dev/null; then
     echo "[venv] $py is $("$py" -V 2>&1 || true); the project needs Python >= 3.10 (PYTHON=python3.12 bash $0)" >&2
     exit 1
   fi
-  "$py" -m venv .venv
+  "$py" -m venv .venv || { rm -rf .venv; echo "[venv] $py -m venv failed (Debian: apt-get install python3-venv)" >&2; exit 1; }
 fi
 stamp=".venv/.memra-obs-installed-${EXTRAS:-core}"
 # Reinstall when the build inputs change.

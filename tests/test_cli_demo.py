@@ -59,6 +59,27 @@ def test_the_scripts_remake_a_venv_an_older_python_made(tmp_path: Path) -> None:
     assert not (tmp_path / ".venv").exists()
 
 
+def test_the_scripts_remake_a_venv_whose_making_failed(tmp_path: Path) -> None:
+    """Debian's python3 without python3-venv leaves a .venv with a python and no pip: every
+    later run reused it ("No module named pip"), even after python3-venv was installed."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / ".venv")],
+                   check=True)  # fmt: skip
+    no_venv = tmp_path / "python3"  # a Python whose venv module fails, as Debian's does
+    no_venv.write_text(f'#!/bin/sh\n[ "$1" = -m ] && exit 1\nexec {sys.executable} "$@"\n')
+    no_venv.chmod(0o755)
+    (tmp_path / "scripts").mkdir()
+    for f in ("scripts/_venv.sh", "scripts/demo.sh", "pyproject.toml"):
+        (tmp_path / f).write_bytes((ROOT / f).read_bytes())
+    env = {**os.environ, "PYTHON": str(no_venv)}
+    p = subprocess.run(
+        ["bash", "scripts/demo.sh"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert p.returncode == 1, p.stderr
+    assert "[venv] .venv has no pip (its making failed): remaking it" in p.stderr
+    assert "-m venv failed (Debian: apt-get install python3-venv)" in p.stderr
+    assert not (tmp_path / ".venv").exists()  # the next run makes it whole
+
+
 def test_demo_publishes_lines_metrics_and_spans(tmp_path):
     """Embedded defaults: stderr lines that parse, /metrics with exemplars, OTLP-JSON spans."""
     port = free_port()

@@ -13,6 +13,9 @@
 //   flags <general> <alias>        (each: "N" = None, or "S" + hex of the bytes)
 // Every answer (stdout and stderr) ends with a line "\x1e" on both streams.
 #![allow(dead_code)]
+// `.sum::<f64>()` of the seed is written `.fold(-0.0, |a, b| a + b)`: what std's float `Sum`
+// is in the Rust the seed's edition 2024 needs (>= 1.85; a sum of -0.0s is -0.0), which
+// Debian's rustc 1.63 (CI's) would start at +0.0.
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
@@ -32,13 +35,15 @@ fn parse_level(v: Option<&str>) -> Option<u8> {
 fn spec_trace_level_from(general: Option<&str>, glm5_alias: Option<&str>) -> u8 {
     let g = parse_level(general);
     let a = parse_level(glm5_alias);
-    if let (Some(gv), Some(av)) = (g, a)
-        && gv != av
-    {
-        eprintln!(
-            "[spec-trace] MEMRA_SPEC_TRACE={gv} overrides MEMRA_GLM5_SPEC_TRACE={av} \
-             (the general flag wins; unset one to silence this)"
-        );
+    // The seed's `if let ... && gv != av` (a let chain, edition 2024) as nested ifs: Debian's
+    // rustc (1.63, what CI installs) builds this file with edition 2021.
+    if let (Some(gv), Some(av)) = (g, a) {
+        if gv != av {
+            eprintln!(
+                "[spec-trace] MEMRA_SPEC_TRACE={gv} overrides MEMRA_GLM5_SPEC_TRACE={av} \
+                 (the general flag wins; unset one to silence this)"
+            );
+        }
     }
     g.or(a).unwrap_or(0)
 }
@@ -141,15 +146,15 @@ impl SpecRoundsLog {
             return "rounds=0".to_string();
         }
         let nf = n as f64;
-        let k: f64 = self.rounds.iter().map(|r| r.k as f64).sum::<f64>();
-        let j: f64 = self.rounds.iter().map(|r| r.j as f64).sum::<f64>();
+        let k: f64 = self.rounds.iter().map(|r| r.k as f64).fold(-0.0, |a, b| a + b);
+        let j: f64 = self.rounds.iter().map(|r| r.j as f64).fold(-0.0, |a, b| a + b);
         let mut walls: Vec<f32> = self.rounds.iter().map(|r| r.wall_ms).collect();
         walls.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
         let med = walls[n / 2];
-        let mean = walls.iter().map(|&w| w as f64).sum::<f64>() / nf;
+        let mean = walls.iter().map(|&w| w as f64).fold(-0.0, |a, b| a + b) / nf;
         let slow = walls.iter().filter(|&&w| w > 1.5 * med).count();
-        let verify_mean = self.rounds.iter().map(|r| r.verify_ms as f64).sum::<f64>() / nf;
-        let draft_mean = self.rounds.iter().map(|r| r.draft_ms as f64).sum::<f64>() / nf;
+        let verify_mean = self.rounds.iter().map(|r| r.verify_ms as f64).fold(-0.0, |a, b| a + b) / nf;
+        let draft_mean = self.rounds.iter().map(|r| r.draft_ms as f64).fold(-0.0, |a, b| a + b) / nf;
         let seq: u64 = self.rounds.iter().map(|r| r.seq_rows as u64).sum();
         format!(
             "rounds={n} k_mean={:.2} j_mean={:.2} accept={:.3} tok_per_round={:.2} \
