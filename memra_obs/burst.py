@@ -198,6 +198,10 @@ class Burst:
         t = self._t
         self._at = -1  # before the mark: a ranged burst's mark reads it as "the round closed"
         t.append(self._mark())
+        if self._ended:  # a cancel ended the session while the mark drained: the cut round
+            self._obs.dropped_rounds += 1  # is dropped and counted, not published after its
+            self._discard()  # session's end (family "unknown" on /metrics, no span)
+            return
         try:
             obs = self._obs
             seq = self._seq + obs.seq_rows.take() if seq_rows is None else _index(seq_rows)
@@ -235,7 +239,8 @@ class Burst:
         first-token profile). ``tokens`` defaults to the rounds' (+1 anchor on the first)."""
         end = now_ns()
         if self._ended:
-            say_once("burst-end", "Burst.end called twice; the second call is ignored")
+            if not self._cut:  # (cut: ended by a cancel from another thread, not misuse)
+                say_once("burst-end", "Burst.end called twice; the second call is ignored")
             return
         self._ended = True
         s = self._s

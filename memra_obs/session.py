@@ -74,12 +74,14 @@ def _trace_ids(sampled: Callable[[int], bool] | None = None) -> tuple[int, int, 
 
 
 def _error_text(exc: BaseException) -> str:
-    """``Type: message`` (what the SDK's span status says), the type alone without one."""
+    """``module.Type: message`` (``torch.OutOfMemoryError: ...``; a builtin's type bare), the
+    type alone without one."""
     try:
         msg = str(exc)
     except Exception:
         msg = ""
-    name = type(exc).__name__
+    t = type(exc)  # semconv's error.type: the class qualified by its module (not builtins.)
+    name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
     return f"{name}: {msg}" if msg else name
 
 
@@ -293,6 +295,10 @@ class Session:
         return self
 
     def __exit__(self, et: object, ev: BaseException | None, tb: object) -> None:
+        if isinstance(ev, GeneratorExit):  # a stream closed early (the client had enough): no
+            if self._open_burst is not None:  # error, as the SDK's spans have none; a round
+                self._open_burst._abort()  # it cut is dropped and counted, unsaid
+            ev = None
         self.end(ev)
 
     def _summarize(self, fo: Fanout, log: SpecRoundsLog) -> None:

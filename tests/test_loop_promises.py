@@ -1514,7 +1514,7 @@ def test_a_first_burst_cut_before_any_round_publishes_no_first_token():
             with s.burst(4) as b:
                 one_round(b)
     assert [(e.error, e.tokens, e.rounds) for e in cap.ends] == [
-        ("CancelledError", 0, 0), ("", 4, 1)
+        ("asyncio.exceptions.CancelledError", 0, 0), ("", 4, 1)
     ]  # fmt: skip
     (ft,) = cap.first_tokens
     assert ft.session == cap.ends[1].session
@@ -1808,3 +1808,74 @@ def test_num_spec_tokens_is_the_largest_burst_k_not_the_last():
         with s.burst(2) as b:
             one_round(b, k=2, j=1)
         assert s.spec_decode()["num_spec_tokens"] == 4
+
+
+def test_a_generator_closed_early_is_no_error():
+    """A streaming generator holding ``with obs.session(...)`` whose consumer stopped reading
+    (``g.close()``: GeneratorExit) ended the session as failed: ERROR status and
+    error.type=GeneratorExit on every early close, where the SDK's own spans say nothing."""
+    with capture(level=1) as cap:
+
+        def stream(obs):
+            with obs.session("glm5") as s:
+                for _ in range(10):
+                    with s.burst(4) as b:
+                        one_round(b)
+                    yield "tok"
+
+        g = stream(cap.observer)
+        next(g), next(g)
+        g.close()
+    assert [(e.error, e.rounds) for e in cap.ends] == [("", 2)]
+
+
+def test_error_type_is_qualified_by_its_module():
+    """semconv's error.type: the class "within the artifact" (torch.OutOfMemoryError and a
+    CuPy or user class of the same name were one value); a builtin stays bare."""
+    OutOfMemoryError = type("OutOfMemoryError", (RuntimeError,), {"__module__": "torch"})
+    with capture(level=0) as cap:
+        for exc in (OutOfMemoryError("CUDA out of memory"), ValueError("x")):
+            with contextlib.suppress(Exception), cap.observer.session("glm5"):
+                raise exc
+    assert [e.error for e in cap.ends] == [
+        "torch.OutOfMemoryError: CUDA out of memory",
+        "ValueError: x",
+    ]
+
+
+def test_a_round_whose_session_a_cancel_ended_during_its_drain_is_dropped_and_counted():
+    """The sync clock drains at end_round with the GIL released: a cancel from the handler's
+    thread ended the session meanwhile, then the round was published after the end record
+    (family="unknown" on /metrics, no span, not in the request) and the loop's own
+    ``b.end()`` was said as a misuse ("called twice")."""
+    in_drain, cancelled = threading.Event(), threading.Event()
+
+    class Stream:
+        n = 0
+
+        def synchronize(self) -> None:
+            Stream.n += 1
+            if Stream.n == 6:  # round 1's end_round() drain
+                in_drain.set()
+                cancelled.wait(5)
+
+    said: list[str] = []
+    with capture(level=1) as cap:
+        s = cap.observer.session("glm5", e=Stream())
+
+        def loop() -> None:
+            b = s.burst(4)
+            one_round(b, k=4, j=3)
+            b.end()
+
+        th = threading.Thread(target=loop)
+        th.start()
+        assert in_drain.wait(5)
+        s.end(RuntimeError("client disconnected"))
+        cancelled.set()
+        th.join(5)
+        said = [r for r in memra_obs.diagnostics._said if "burst-end" in r]
+        dropped = cap.observer.dropped_rounds
+    ends = [i for i, r in enumerate(cap.sink.records) if type(r).__name__ == "SessionEndRecord"]
+    assert not cap.rounds and ends == [len(cap.sink.records) - 1], cap.sink.records
+    assert dropped == 1 and cap.ends[0].rounds == 0 and said == []

@@ -848,6 +848,11 @@ def test_the_resource_comes_from_env_not_os_environ(monkeypatch, tmp_path):
     assert "team" not in attrs and attrs["deployment.environment"] == "prod"
     assert attrs["service.name"] == "memra-obs" and attrs["telemetry.sdk.language"] == "python"
     assert attrs.get("service.instance.id", "pod-a") != "pod-a"  # the SDK's own detector's
+    # semconv reserves "opentelemetry" for the official SDKs: these spans are encoded here
+    assert (attrs["telemetry.sdk.name"], attrs["telemetry.sdk.version"]) == (
+        "memra_obs",
+        __version__,
+    )
 
 
 def test_a_spans_file_it_cannot_write_fails_at_start_up(tmp_path):

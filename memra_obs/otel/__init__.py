@@ -75,8 +75,13 @@ def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> 
 
     def enc(cls: Any) -> Any:  # the SDK's own service.instance.id: a forked child's is its own
         renew = INSTANCE not in resource_attributes(env)
-        return cls(dict(res.attributes), SCOPE_NAME, __version__, schema_url=res.schema_url,
-                   renew_instance=renew)  # fmt: skip
+        # semconv: an SDK other than the official one names itself ("opentelemetry" is reserved)
+        attrs = {
+            **res.attributes,
+            "telemetry.sdk.name": "memra_obs",
+            "telemetry.sdk.version": __version__,
+        }
+        return cls(attrs, SCOPE_NAME, __version__, schema_url=res.schema_url, renew_instance=renew)
 
     if name == "file":  # lines well under the Collector file receivers' 1 MiB line limit
         path = settings.spans_file

@@ -102,8 +102,8 @@ class _Session:
     """Per open session; ``burst``: the burst whose rounds came but whose record has not (-1)."""
 
     __slots__ = (
-        "b_first", "b_rounds", "b_skipped", "b_start", "b_tokens", "burst", "js", "k", "ks", "last",
-        "off", "ph", "rec", "sid", "tid",
+        "b_first", "b_rounds", "b_skipped", "b_start", "b_tokens", "burst", "guessed", "js", "k",
+        "ks", "last", "off", "ph", "rec", "sid", "tid",
     )  # fmt: skip
 
     def __init__(self, rec: SessionRecord) -> None:
@@ -112,6 +112,7 @@ class _Session:
         self.last = rec.start_ns_mono
         self.burst, self.b_start, self.b_rounds, self.b_tokens = -1, 0, 0, 0
         self.b_first = self.b_skipped = 0
+        self.guessed = False  # a round of unknown counts (the tail's): its tokens a lower bound
         #: The per-request record's inputs: (k, j) of each drafting round, phase totals, and
         #: the largest burst k (the configured draft length).
         self.ks, self.js, self.ph, self.k = array("H"), array("H"), [0, 0, 0, 0, 0], 0
@@ -179,6 +180,7 @@ class SpanBuilder:
             s.b_start, s.b_rounds, s.b_tokens, s.b_first = t0, 0, 0, rec.index
         s.b_rounds += rep
         s.b_tokens += (j + 1 if j >= 0 else 1) * rep  # j = -1: unknown; the bonus token
+        s.guessed |= j < 0
         wall = t5 - t0
         s.last = t5 + (rep - 1) * wall
         if k > 0:
@@ -299,7 +301,8 @@ class SpanBuilder:
             attrs += (("memra.spec.unfinished", True),)
         else:
             ended = (rec.rounds, rec.bursts, rec.tokens, rec.tokens)
-            attrs += tuple(zip(_ENDED_KEYS, ended, strict=True))
+            attrs += tuple(zip(_ENDED_KEYS[: 3 if s.guessed else 4], ended, strict=False))  # no
+            # gen_ai.usage.output_tokens that is a lower bound: dashboards would sum it as exact
             if rec.error:
                 attrs += (("error.type", rec.error.partition(": ")[0]),)
                 status = (STATUS_ERROR, rec.error)
