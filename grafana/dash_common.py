@@ -243,8 +243,10 @@ def bar_chart(
     transformations: Sequence[dm.DataTransformerConfig] = (),
     w: int = 12,
     h: int = 9,
+    repeat: str = "",
 ) -> barchart.Panel:
-    """Bars over a categorical x field (a label turned into a table column), grouped by query."""
+    """Bars over a categorical x field (a label turned into a table column), grouped by query;
+    ``repeat``: one panel per value of that variable (bars of several series share each x)."""
     p = (
         barchart.Panel()
         .unit(unit)
@@ -260,4 +262,6 @@ def bar_chart(
     )
     for tr in transformations:
         p = p.with_transformation(tr)
+    if repeat:
+        p = p.repeat(repeat).repeat_direction("h").max_per_row(2)
     return _finish(p, ids, title, desc, targets, w, h)

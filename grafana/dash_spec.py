@@ -347,7 +347,8 @@ def _throughput_vs_k(ids: Ids):
         "about that many times higher; compare bars with each other, not with it. The second "
         "bar marks the recommended k (every k some worker "
         "recommends, when workers disagree: the bars average the workers' curves, each worker "
-        "advises from its own). Pick one family: the bars of several families share each k.",
+        "advises from its own). One panel per family ($family repeats it): the bars of "
+        "several families would share each k.",
         [
             target(est, "{{family}}", instant=True, fmt="table"),
             target(
@@ -360,6 +361,7 @@ def _throughput_vs_k(ids: Ids):
         unit="ops",
         x_field="k",
         transformations=transformations,
+        repeat="family",
     )
 
 
@@ -387,11 +389,15 @@ def advisor(ids: Ids) -> Section:
             ids,
             "Recommended k (estimate) and current k",
             "The draft length that maximises the estimated tokens/s over the window of recent "
-            "rounds, per worker, beside the mean k the loop actually drafted.",
+            "rounds, per worker, as its median over 10 minutes, beside the mean k the loop "
+            "actually drafted. Near the best k the curve is flat (neighbours within a percent "
+            "or two), so the instant advice flips between them on a steady load; the median "
+            "holds what the window keeps choosing.",
             [
                 target(
-                    f"max by (family, instance, worker) ({REC_K}{{{SPEC}}})",
-                    "{{family}} recommended (estimate) {{instance}} {{worker}}",
+                    f"max by (family, instance, worker) "
+                    f"(quantile_over_time(0.5, {REC_K}{{{SPEC}}}[10m]))",
+                    "{{family}} recommended (estimate, 10m median) {{instance}} {{worker}}",
                 ),
                 target(
                     per_round_mean("memra_spec_drafted_tokens_per_round", ("family",)),

@@ -162,3 +162,16 @@ def test_throughput_vs_k_says_it_is_one_loops_rate():
         p["description"] for p in _panels(board) if p["title"] == "Throughput vs k (estimate)"
     ]
     assert "one loop's rate" in desc and "Tokens / s" in desc, desc
+
+
+def test_throughput_vs_k_repeats_per_family_and_the_advice_is_held_over_10m():
+    """With $family at its default All, the bars of every family shared each k (the x axis
+    read 1,1,2,2,...); and the instant recommended k flipped 28-47 times in 5 minutes of a
+    steady demo (neighbouring k within 1%): the panel shows its 10-minute median."""
+    board = json.loads((ROOT / "grafana" / "dashboards" / "memra-spec.json").read_text())
+    by_title = {p["title"]: p for p in _panels(board)}
+    assert by_title["Throughput vs k (estimate)"]["repeat"] == "family"
+    (var,) = [v for v in board["templating"]["list"] if v["name"] == "family"]
+    assert var.get("multi") or var.get("includeAll")  # a repeat needs several values
+    exprs = [t["expr"] for t in by_title["Recommended k (estimate) and current k"]["targets"]]
+    assert "quantile_over_time(0.5, memra_spec_recommended_k{" in exprs[0]
