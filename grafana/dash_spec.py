@@ -437,14 +437,26 @@ def advisor(ids: Ids) -> Section:
 
 def slow_rounds(ids: Ids) -> Section:
     slow, rd = "memra_spec_slow_rounds_total", "memra_spec_rounds_total"
+    tail = "memra_obs_tail_rounds_total"  # source: row (measured) or burst_mean
     return "Slow rounds", [
         ts(
             ids,
             "Slow-round share",
             "Slow rounds / all rounds per family; a round is slow when its wall exceeds 1.5x the median "
             "of its session's last 64 rounds. A rise here is the "
-            "MemraSpecSlowRoundShareRising alert.",
-            [target(ratio(sum_rate(slow, ("family",)), sum_rate(rd, ("family",))), "{{family}}")],
+            "MemraSpecSlowRoundShareRising alert. A worker read by memra-obs tail: rounds past a "
+            "session's 64 logged rows carry their burst's mean wall and are never slow, so its "
+            "share reads low; 'rounds measured one by one (tail)' is the share with a row.",
+            [
+                target(ratio(sum_rate(slow, ("family",)), sum_rate(rd, ("family",))), "{{family}}"),
+                target(
+                    ratio(
+                        sum_rate(tail, ("instance", "worker"), HOST + ', source="row"'),
+                        sum_rate(tail, ("instance", "worker"), HOST),
+                    ),
+                    "rounds measured one by one (tail) {{instance}} {{worker}}",
+                ),
+            ],
             unit="percentunit",
             min_val=0,
         ),

@@ -175,3 +175,15 @@ def test_throughput_vs_k_repeats_per_family_and_the_advice_is_held_over_10m():
     assert var.get("multi") or var.get("includeAll")  # a repeat needs several values
     exprs = [t["expr"] for t in by_title["Recommended k (estimate) and current k"]["targets"]]
     assert "quantile_over_time(0.5, memra_spec_recommended_k{" in exprs[0]
+
+
+def test_slow_round_share_says_how_many_of_a_tailed_workers_rounds_were_measured():
+    """A worker read by memra-obs tail at trace level 1: every round past the logged rows
+    carries its burst's mean wall, never slow: the panel read 0.8% where the worker had 3.3%,
+    and nothing on the dashboard said why. It now plots the share measured one by one."""
+    board = json.loads((ROOT / "grafana" / "dashboards" / "memra-spec.json").read_text())
+    row = 'memra_obs_tail_rounds_total{job=~"$job", instance=~"$instance", source="row"}'
+    (panel,) = [p for p in _panels(board) if p["title"] == "Slow-round share"
+                and any(row in t["expr"] for t in p["targets"])]  # fmt: skip
+    assert "MemraSpecSlowRoundShareRising" in panel["description"]  # the alert's own panel
+    assert "memra-obs tail" in panel["description"]
