@@ -28,6 +28,9 @@ class _Counts:
     js: array[int] = field(default_factory=lambda: array("H"))
     phases: list[int] = field(default_factory=lambda: [0] * 5)
     first_token: dict[str, Any] | None = None
+    seen: int = 0  #: rounds received (a full queue may have dropped some)
+    unknown: int = 0  #: rounds of unknown k, j (the tail's past the logged rows)
+    prior: bool = False  #: agent mode: an earlier agent's rounds (their count not carried)
 
 
 class _Round(NamedTuple):
@@ -45,6 +48,11 @@ def request_record(
     out = spec_decode_record(map(_Round, ks, js), detailed=detailed, num_spec_tokens=n)
     out["phase_ms"] = {p: ns / 1e6 for p, ns in zip(tl.PHASES, phases_ns, strict=True)}
     return out
+
+
+#: The vLLM fields a request of no known counts cannot give (null, as vLLM sends no stats).
+_SPEC_KEYS = ("mean_acceptance_length", "draft_acceptance_rate", "acceptance_histogram",
+              "num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens")  # fmt: skip
 
 
 class RequestsExporter:
@@ -77,6 +85,8 @@ class RequestsExporter:
                 continue
             if isinstance(rec, tl.RoundRecord):
                 n = rec.repeat
+                c.seen += n
+                c.unknown += n if rec.k < 0 else 0
                 if rec.k > 0:
                     c.ks.extend([rec.k] * n)
                     c.js.extend([rec.j] * n)
@@ -86,6 +96,7 @@ class RequestsExporter:
             elif isinstance(rec, tl.FirstTokenRecord):
                 c.first_token = asdict(rec.prof)
             elif isinstance(rec, tl.PriorRecord):  # agent mode: what an earlier agent read
+                c.prior = True
                 c.ks.extend(rec.ks)
                 c.js.extend(rec.js)
                 c.phases = [t + ns for t, ns in zip(c.phases, rec.phases_ns, strict=True)]
@@ -108,6 +119,12 @@ class RequestsExporter:
             **request_record(c.ks, c.js, c.phases, self.detailed, c.k),
             "first_token": c.first_token,
         }  # fmt: skip
+        if c.unknown:  # unknown is not zero: no acceptance when no round's counts are known
+            out["unknown_rounds"] = c.unknown
+            if not c.ks:
+                out.update(dict.fromkeys(_SPEC_KEYS))
+        if (missing := end.rounds - c.seen) > 0 and not c.prior:  # a full queue's, said here:
+            out["rounds_missing"] = missing  # this line is short of them, not the request
         return json.dumps(out, separators=(",", ":"))
 
     def _write(self, lines: list[str]) -> None:

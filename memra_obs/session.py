@@ -270,7 +270,8 @@ class Session:
         if log is not None and not log.summarized:
             self._summarize(fo, log)
         # <= 256 characters, a loop's own text too: the same in-process as through the ring
-        err = (error if isinstance(error, str) else _error_text(error) if error else "")[:256]
+        err = error if isinstance(error, str) else _error_text(error) if error else ""
+        err = err.encode("utf-8", "backslashreplace").decode()[:256]  # (a path's lone surrogate)
         rec = SessionEndRecord(self.id, now_ns(), self._rounds, self._bursts, self._tokens, err,
                                self._advice)  # fmt: skip
         fan(fo.on_session_end, "on_session_end", rec)

@@ -436,3 +436,70 @@ def test_an_append_follows_a_file_others_keep_rotating_for_more_than_8_tries(tmp
     f.append(b"x\n")
     f.close()
     assert (tmp_path / "s.jsonl").read_text() == "x\n"
+
+
+def test_a_line_short_of_rounds_a_full_queue_dropped_says_how_many(tmp_path):
+    """Under load the queue drops the newest records: a session whose start and end got
+    through but some rounds did not was written with fewer steps, its line silently unlike
+    ``spec_decode()`` (14,629 steps against 16,000). The line now says how many it lacks."""
+    from memra_obs.requests import RequestsExporter
+    from memra_obs.timeline import RoundRecord, SessionEndRecord, SessionRecord
+
+    path = tmp_path / "r.jsonl"
+    ex = RequestsExporter(str(path))
+    t = (0, 1, 2, 3, 4, 5)
+    ex.export([
+        SessionRecord(1, "glm5", "t", "tv", "w", 0, 0, 0, 0, 0, 0, 0, False),
+        *[RoundRecord(1, 0, i, t, 4, 2, 0, 0, None) for i in range(3)],
+        SessionEndRecord(1, 9, 5, 1, 15, ""),  # 5 rounds ran; 2 of them never came
+        SessionRecord(2, "glm5", "t", "tv", "w", 0, 0, 0, 0, 0, 0, 0, False),
+        *[RoundRecord(2, 0, i, t, 4, 2, 0, 0, None) for i in range(3)],
+        SessionEndRecord(2, 9, 3, 1, 9, ""),
+    ])  # fmt: skip
+    ex.shutdown()
+    short, whole = map(json.loads, path.read_text().splitlines())
+    assert short["rounds_missing"] == 2 and short["num_spec_steps"] == 3
+    assert "rounds_missing" not in whole
+
+
+def test_rounds_of_unknown_counts_are_no_zero_acceptance(tmp_path):
+    """``memra-obs tail`` over a log without rows: every round's k, j unknown. The line said
+    k=4, 277 rounds, no spec step and 0% acceptance; unknown is not zero: vLLM's fields are
+    null (as vLLM sends no stats) and ``unknown_rounds`` counts them."""
+    from memra_obs.requests import RequestsExporter
+    from memra_obs.timeline import BurstRecord, RoundRecord, SessionEndRecord, SessionRecord
+
+    path = tmp_path / "r.jsonl"
+    ex = RequestsExporter(str(path))
+    t = (0, 1, 2, 3, 4, 5)
+    for sid, known in ((1, 0), (2, 1)):
+        ex.export([
+            SessionRecord(sid, "glm5", "t", "tv", "w", 0, 0, 0, 0, 0, 0, 0, False),
+            *[RoundRecord(sid, 0, i, t, 4, 3, 0, 0, None) for i in range(known)],
+            RoundRecord(sid, 0, known, t, -1, -1, 0, 0, None, 5),
+            BurstRecord(sid, 0, 4, 0, 5, None, None, 9, 0, 0),
+            SessionEndRecord(sid, 9, known + 5, 1, 9, ""),
+        ])  # fmt: skip
+    ex.shutdown()
+    none, some = map(json.loads, path.read_text().splitlines())
+    assert none["unknown_rounds"] == 5 and none["num_spec_tokens"] == 4
+    assert none["mean_acceptance_length"] is None and none["draft_acceptance_rate"] is None
+    assert none["acceptance_histogram"] is None and none["num_spec_steps"] is None
+    assert some["unknown_rounds"] == 5 and some["num_spec_steps"] == 1  # the known round's
+    assert "rounds_missing" not in none
+
+
+def test_an_error_with_a_lone_surrogate_is_written_as_valid_unicode(tmp_path):
+    """An exception naming a path that is not UTF-8 (``os.fsdecode``) wrote ``\\udcff``: JSON
+    that jq and Go read as U+FFFD and Python cannot encode back to UTF-8."""
+    path = tmp_path / "r.jsonl"
+    obs = build_observer(level=0, env={}, sinks="", requests_file=str(path))
+    try:
+        s = obs.session("glm5")
+        name = os.fsdecode(b"model-\xff.safetensors")
+        s.end(RuntimeError(f"cannot load {name}"))
+    finally:
+        obs.shutdown(5)
+    err = json.loads(path.read_text())["error"]
+    err.encode("utf-8")  # valid text
+    assert err == "RuntimeError: cannot load model-\\udcff.safetensors"  # the escape, as text
