@@ -297,7 +297,7 @@ class LoopMachine(RuleBasedStateMachine):
                 self._abort(m.open)
             self._end_model(m.open, None)
         m.ended = True
-        m.error = exc if isinstance(exc, str) else f"LoopError: {exc}" if exc else ""
+        m.error = exc if isinstance(exc, str) else f"{__name__}.LoopError: {exc}" if exc else ""
 
     def _abort(self, b: Burst) -> None:
         b.cut = True
