@@ -180,7 +180,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _say(line: str) -> None:
-    stderr_writer().write_lines([line])  # never raises (a closed pipe: `demo 2>&1 | head`)
+    stderr_writer().write_lines(
+        [line], count=False
+    )  # never raises (a closed pipe: `demo 2>&1 | head`)
 
 
 if __name__ == "__main__":

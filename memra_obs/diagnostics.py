@@ -45,6 +45,8 @@ def _routed(level: int) -> bool:
 _FALLBACK = _Fallback()
 logger.addHandler(_FALLBACK)
 _said: set[str] = set()
+_kinds: dict[str, int] = {}  #: new keys seen per kind
+PER_KIND = 8
 #: Distinct keys said at most (one more says the bound was reached): a loop that misuses a
 #: call with a new value each time must not grow memory, or stderr, without end.
 MAX_SAID = 1024
@@ -60,14 +62,22 @@ def _unlock_in_child() -> None:  # a thread saying something at fork() held it
 os.register_at_fork(after_in_child=_unlock_in_child)
 
 
-def say_once(key: str, msg: str) -> None:
+def say_once(key: str, msg: str, kind: str = "") -> None:
     """Say ``msg`` the first time ``key`` comes up in this process; never raises. A key is
-    spent only when the logger takes warnings (a disabled logger says it once re-enabled)."""
+    spent only when the logger takes warnings (a disabled logger says it once re-enabled).
+    ``kind``: keys made of values (a family per request, a receiver's message with ids) say
+    the first PER_KIND of that kind, then that more are not said; the rest keep MAX_SAID."""
     try:
         if logger.isEnabledFor(logging.WARNING):
             with _said_lock:
                 if key in _said:
                     return
+                if kind:
+                    n = _kinds[kind] = _kinds.get(kind, 0) + 1
+                    if n > PER_KIND + 1:
+                        return
+                    if n > PER_KIND:
+                        msg += f" ({PER_KIND + 1} of this kind said: more are not)"
                 if len(_said) >= MAX_SAID:  # keys made of callers' values: a bound, said
                     if _FULL in _said:
                         return
@@ -84,3 +94,4 @@ def reset() -> None:
     """Forget every key said so far (tests)."""
     with _said_lock:
         _said.clear()
+        _kinds.clear()

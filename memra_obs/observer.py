@@ -207,7 +207,7 @@ class Observer:
                      "session() (tag, tag_v, e, eh); ignored")  # fmt: skip
         if not (isinstance(family, str) and family):
             say_once(f"session-family:{family!r}", f"Observer.session(family={family!r}): expected a "
-                     "non-empty str; recording under the default family 'spec'")  # fmt: skip
+                     "non-empty str; recording under the default family 'spec'", "rename")  # fmt: skip
             family = "spec"
         family = _taggable("family", family) or "spec"
         tag, tag_v = _taggable("tag", tag), _taggable("tag_v", tag_v)
@@ -239,7 +239,7 @@ def _taggable(name: str, t: object) -> str | None:
     if not isinstance(t, str):
         if t is not None:  # bytes: '[b'glm5']' lines that parse back to nothing
             say_once(f"session-{name}-type:{t!r}", f"Observer.session({name}={t!r}): expected a str; "
-                     "using the default")  # fmt: skip
+                     "using the default", "rename")  # fmt: skip
         return None
     room = MAX_TAG - len("-phase-v") if name == "family" else MAX_TAG
     fixed = taggable(t, room)
@@ -249,7 +249,7 @@ def _taggable(name: str, t: object) -> str | None:
                  f"space, control character, ']' or undecodable byte, starts with none of "
                  f"{', '.join(RESERVED)}, and has at most {MAX_TAG} characters{fam}, or its "
                  f"lines would not parse back (nor /metrics encode "
-                 f"them); recorded as {fixed!r}")  # fmt: skip
+                 f"them); recorded as {fixed!r}", "rename")  # fmt: skip
     return fixed
 
 

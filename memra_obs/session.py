@@ -297,8 +297,9 @@ class Session:
 
     def __exit__(self, et: object, ev: BaseException | None, tb: object) -> None:
         if isinstance(ev, GeneratorExit):  # a stream closed early (the client had enough): no
-            if self._open_burst is not None:  # error, as the SDK's spans have none; a round
-                self._open_burst._abort()  # it cut is dropped and counted, unsaid
+            if (b := self._open_burst) is not None:  # error, as the SDK's spans have none;
+                b._abort()  # a round it cut is dropped and counted, unsaid
+                b.end()
             ev = None
         self.end(ev)
 

@@ -1826,7 +1826,19 @@ def test_a_generator_closed_early_is_no_error():
         g = stream(cap.observer)
         next(g), next(g)
         g.close()
-    assert [(e.error, e.rounds) for e in cap.ends] == [("", 2)]
+
+        def manual(obs):  # a burst without `with`, open when the consumer stops
+            with obs.session("glm5") as s:
+                b = s.burst(4)
+                b.begin_round()
+                yield "tok"
+
+        g = manual(cap.observer)
+        next(g)
+        g.close()
+        said = set(memra_obs.diagnostics._said)
+    assert [(e.error, e.rounds) for e in cap.ends] == [("", 2), ("", 0)]
+    assert cap.observer.dropped_rounds == 1 and "burst-open-end" not in said  # cut, unsaid
 
 
 def test_error_type_is_qualified_by_its_module():
@@ -1879,3 +1891,18 @@ def test_a_round_whose_session_a_cancel_ended_during_its_drain_is_dropped_and_co
     ends = [i for i, r in enumerate(cap.sink.records) if type(r).__name__ == "SessionEndRecord"]
     assert not cap.rounds and ends == [len(cap.sink.records) - 1], cap.sink.records
     assert dropped == 1 and cap.ends[0].rounds == 0 and said == []
+
+
+def test_values_said_by_kind_keep_the_budget_for_everything_else(caplog):
+    """A family per request (``f"chat req{i}"``, renamed) said each one: 1,024 lines, then the
+    budget of things said was spent and a later misuse went unsaid for the process's life.
+    The first few of a kind are said, then that more are not; other warnings still come."""
+    with capture(level=0) as cap:
+        for i in range(40):
+            with cap.observer.session(f"chat req{i}") as s, s.burst(4) as b:
+                one_round(b)
+        with cap.observer.session("glm5") as s, s.burst(4) as b:
+            b.end_round(k=4, j=1)  # no open round: a misuse
+    renamed = [r.getMessage() for r in caplog.records if "a legacy tag holds" in r.getMessage()]
+    assert len(renamed) == 9 and renamed[-1].endswith("(9 of this kind said: more are not)")
+    assert any("Burst.end_round() after no open round" in r.getMessage() for r in caplog.records)

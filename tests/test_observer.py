@@ -324,6 +324,9 @@ def test_the_librarys_own_messages_a_closed_stderr_refuses_are_not_lost_lines(mo
     monkeypatch.setattr(diagnostics, "_routed", lambda level: False)  # no handler: the fallback
     before = stderr_writer().errors
     diagnostics.say_once("test-unprinted", "a message stderr refuses")
+    from memra_obs import cli
+
+    cli._say("[memra-obs] demo: a banner")  # the CLI's and the agent's own lines neither
     assert stderr_writer().errors == before
     stderr_writer().write_lines(["[glm5-phase] rounds=1"])
     assert stderr_writer().errors == before + 1

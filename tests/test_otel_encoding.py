@@ -224,6 +224,7 @@ def test_an_error_bodys_status_message_is_read():
     assert status_message(body, False) == "bad span: trace_id is invalid"
     assert status_message(b'{"code": 3, "message": "bad"}', True) == "bad"
     assert status_message(b"<html>nope</html>", False) == "b'<html>nope</html>'"
+    assert status_message(b"[" * 200_000, True).startswith("b'[[[")  # (a 503 stays retryable)
 
 
 _EDGES = [0, 127, 128, 255, 256, 16383, 16384, 2097151, 2097152, 268435455, 268435456]

@@ -853,6 +853,9 @@ def test_the_resource_comes_from_env_not_os_environ(monkeypatch, tmp_path):
         "memra_obs",
         __version__,
     )
+    from memra_obs.otel import _resource  # the one resource, the SDK exporters' path too
+
+    assert _resource({}).attributes["telemetry.sdk.name"] == "memra_obs"
 
 
 def test_a_spans_file_it_cannot_write_fails_at_start_up(tmp_path):
@@ -1221,3 +1224,57 @@ def test_a_keep_alive_the_receiver_closed_while_idle_is_reopened_at_once():
         sender.close()
         srv.shutdown()
         srv.server_close()
+
+
+def test_an_abort_on_a_kept_alive_connection_is_not_a_resend():
+    """shutdown's ``abort()`` cuts the send in flight: a retry on a reset connection (meant
+    for a keep-alive the receiver closed while idle) read the abort as one, sent the request
+    again with a fresh timeout and outlived shutdown. A stale connection is found before a
+    request goes out, and nothing is sent twice."""
+    from memra_obs.otel.config import OtlpConfig
+    from memra_obs.otel.transport import HttpSender, Retry
+
+    got: list[float] = []
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            got.append(time.monotonic())
+            if len(got) > 1:  # the collector turns slow after its first answer
+                time.sleep(3)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/v1/traces"
+    sender = HttpSender(OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": url}))
+    try:
+        assert sender.send(b"", 5.0) == (0, "")
+        out: list[object] = []
+        t = threading.Thread(target=lambda: out.append(_attempt(sender)))
+        t.start()
+        time.sleep(0.3)
+        sender.abort()
+        t.join(1.0)
+        assert not t.is_alive() and isinstance(out[0], Retry), out
+        time.sleep(0.2)
+        assert len(got) == 2  # the first request and the aborted one: nothing resent
+    finally:
+        sender.close()
+        srv.shutdown()
+        srv.server_close()
+
+
+def _attempt(sender) -> object:
+    try:
+        return sender.send(b"", 5.0)
+    except Exception as exc:
+        return exc

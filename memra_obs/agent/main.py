@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import errno
 import fcntl
+import functools
 import glob
 import itertools
 import os
@@ -437,7 +438,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # started: an idle server thread made a scrape wait seconds on a busy host.
         set_priority(args.priority)
         metrics = "" if server is None else f"; /metrics on {server.url}"
-        say = stderr_writer().write_lines  # never raises: a closed stderr stops no agent
+        say = functools.partial(stderr_writer().write_lines, count=False)  # never raises: a
+        # closed stderr stops no agent; its own lines are no lost legacy lines
         say([f"[memra-obs agent] publishing rings in {agent.directory}{metrics}"])
         try:
             if args.once:

@@ -58,14 +58,16 @@ def _resource(env: Mapping[str, str]) -> Any:
 
     own = resource_attributes(env)
     res = resources.Resource.create(own)
+    attrs = dict(res.attributes)
     var = "OTEL_RESOURCE_ATTRIBUTES"
-    if env is os.environ or env.get(var) == os.environ.get(var):
-        return res
-    stray = set(resources.OTELResourceDetector().detect().attributes) - set(own)
-    attrs = {k: v for k, v in res.attributes.items() if k not in stray}
-    detector = getattr(resources, "ServiceInstanceIdResourceDetector", None)  # SDK 1.39+
-    if "service.instance.id" in stray and detector is not None:
-        attrs.update(detector().detect().attributes)
+    if env is not os.environ and env.get(var) != os.environ.get(var):
+        stray = set(resources.OTELResourceDetector().detect().attributes) - set(own)
+        attrs = {k: v for k, v in attrs.items() if k not in stray}
+        detector = getattr(resources, "ServiceInstanceIdResourceDetector", None)  # SDK 1.39+
+        if "service.instance.id" in stray and detector is not None:
+            attrs.update(detector().detect().attributes)
+    # semconv: an SDK other than the official one names itself ("opentelemetry" is reserved)
+    attrs.update({"telemetry.sdk.name": "memra_obs", "telemetry.sdk.version": __version__})
     return resources.Resource(attrs, res.schema_url)
 
 
@@ -75,12 +77,7 @@ def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> 
 
     def enc(cls: Any) -> Any:  # the SDK's own service.instance.id: a forked child's is its own
         renew = INSTANCE not in resource_attributes(env)
-        # semconv: an SDK other than the official one names itself ("opentelemetry" is reserved)
-        attrs = {
-            **res.attributes,
-            "telemetry.sdk.name": "memra_obs",
-            "telemetry.sdk.version": __version__,
-        }
+        attrs = dict(res.attributes)
         return cls(attrs, SCOPE_NAME, __version__, schema_url=res.schema_url, renew_instance=renew)
 
     if name == "file":  # lines well under the Collector file receivers' 1 MiB line limit

@@ -132,7 +132,7 @@ class Output:
                             + f" ({why})" * bool(why))  # fmt: skip
                 elif why:  # OTLP: a warning, nothing rejected
                     say_once(f"spans:{id(self.parent)}:warns:{why}",
-                             f"spans to {self.sender.url}: the receiver warns: {why}")  # fmt: skip
+                             f"spans to {self.sender.url}: the receiver warns: {why}", "receiver")  # fmt: skip
             except SendError as exc:
                 got = (0, n, 1, "send", str(exc))
             except Exception as exc:  # a sender bug must not kill the thread
@@ -216,7 +216,8 @@ class Output:
         self.parent._count(exported=ok, dropped=dropped, errors=errors)
         if kind:
             msg = f"spans to {self.sender.url}: {msg}; dropped (counted in dropped_spans)"
-            say_once(f"spans:{id(self.parent)}:{self.name}:{kind}", msg + " (reported once)")
+            many = "receiver" if kind.startswith("rejected:") else ""  # (its text: ids, say)
+            say_once(f"spans:{id(self.parent)}:{self.name}:{kind}", msg + " (reported once)", many)
 
 
 class SpanExporter:

@@ -16,6 +16,7 @@ import http.client
 import json
 import os
 import platform
+import select
 import socket
 import ssl
 import time
@@ -103,7 +104,7 @@ def _text(b: object) -> str:
 def status_message(body: bytes, json_body: bool) -> str:
     """``google.rpc.Status.message`` of an error response (OTLP: the body MUST be a Status),
     else the body's first bytes as they are."""
-    with contextlib.suppress(ValueError, TypeError, IndexError, AttributeError):
+    with contextlib.suppress(ValueError, TypeError, IndexError, AttributeError, RecursionError):
         msg = json.loads(body)["message"] if json_body else dict(_fields(body)).get(2)
         if isinstance(msg, str) and msg.strip():
             return _text(msg.encode())
@@ -150,6 +151,13 @@ _GRPC_TLS = ("SSL_ERROR_SSL", "Hostname Verification Check failed")
 _BODY_MAX = 1 << 20
 
 
+def _readable(sock: socket.socket) -> bool:
+    """Data or EOF waiting on an idle keep-alive (poll: select() refuses an fd past 1023)."""
+    p = select.poll()
+    p.register(sock, select.POLLIN)
+    return bool(p.poll(0))
+
+
 class HttpSender:
     """OTLP/HTTP on one keep-alive ``http.client`` connection (protobuf or JSON bodies)."""
 
@@ -177,6 +185,9 @@ class HttpSender:
 
     def _post(self, body: bytes, timeout_s: float) -> tuple[http.client.HTTPResponse, bytes]:
         c = self._conn
+        if c is not None and c.sock is not None and _readable(c.sock):
+            self.close()  # readable while idle: the receiver closed it (Go's servers do), so a
+            c = None  # new one now, not a failed send and a backoff (nothing is sent twice)
         if c is None:
             c = self._conn = self._connect(timeout=timeout_s)
         elif c.sock is not None:
@@ -187,15 +198,8 @@ class HttpSender:
 
     def send(self, payload: bytes, timeout_s: float) -> Partial:
         body = gzip.compress(payload, compresslevel=5) if self._gzip else payload
-        reused = self._conn is not None
         try:
-            try:
-                r, data = self._post(body, timeout_s)
-            except (ConnectionResetError, BrokenPipeError):  # (RemoteDisconnected among them)
-                if not reused:
-                    raise
-                self.close()  # a keep-alive the receiver closed while idle (Go's servers do):
-                r, data = self._post(body, timeout_s)  # at once, not a failure and a backoff
+            r, data = self._post(body, timeout_s)
         except BaseException as exc:
             self.close()
             if isinstance(exc, ssl.SSLError) and not isinstance(exc, _TLS_CUT):  # a certificate
@@ -213,7 +217,7 @@ class HttpSender:
                 return int(ps.get("rejectedSpans", 0)), _text(
                     str(ps.get("errorMessage", "")).encode()
                 )
-            except (ValueError, KeyError, TypeError, AttributeError):
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
                 return 0, ""
         msg = f"HTTP {r.status} {status_message(data, self._json)}"
         if r.status in (301, 302, 303, 307, 308):  # an ingress sending http to https, say
