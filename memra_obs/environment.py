@@ -299,7 +299,8 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
 
 _VARS = {name: var for name, var, _ in _TABLE}
 #: Names of the prefix that are not knobs: the compose replay's mount, the test scripts' own.
-_NOT_KNOBS = frozenset(("MEMRA_OBS_SPANS_DIR", "MEMRA_OBS_REQUIRE_PEERS", "MEMRA_OBS_PEERS_CACHE"))
+_NOT_KNOBS = frozenset(("MEMRA_OBS_SPANS_DIR", "MEMRA_OBS_REQUIRE_PEERS", "MEMRA_OBS_PEERS_CACHE",
+                        "MEMRA_OBS_REQUIRE_ORACLE"))  # fmt: skip
 #: Knobs that only their sink reads: set with that sink off, they silently did nothing.
 _SINK_OF = {
     "metrics_addr": "prometheus", "metrics_tls_cert": "prometheus",

@@ -51,7 +51,7 @@ def request_record(
 
 
 #: The vLLM fields a request of no known counts cannot give (null, as vLLM sends no stats).
-_SPEC_KEYS = ("mean_acceptance_length", "draft_acceptance_rate", "acceptance_histogram",
+SPEC_KEYS = ("mean_acceptance_length", "draft_acceptance_rate", "acceptance_histogram",
               "num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens")  # fmt: skip
 
 
@@ -122,7 +122,7 @@ class RequestsExporter:
         if c.unknown:  # unknown is not zero: no acceptance when no round's counts are known
             out["unknown_rounds"] = c.unknown
             if not c.ks:
-                out.update(dict.fromkeys(_SPEC_KEYS))
+                out.update(dict.fromkeys(SPEC_KEYS))
         if (missing := end.rounds - c.seen) > 0 and not c.prior:  # a full queue's, said here:
             out["rounds_missing"] = missing  # this line is short of them, not the request
         return json.dumps(out, separators=(",", ":"))

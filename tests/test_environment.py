@@ -263,7 +263,7 @@ def test_a_misspelled_knob_is_said_once_with_the_knob_it_is_near(caplog, tmp_pat
     from memra_obs.wiring import build_exporters, build_observer
 
     env = {"MEMRA_OBS_SINK": "prometheus", "MEMRA_OBS_ROUNDSPANS": "8", "MEMRA_OBS_X": "1",
-           "MEMRA_OBS_SPANS_DIR": "/data", "MEMRA_OBS_REQUIRE_PEERS": "1"}  # fmt: skip
+           "MEMRA_OBS_SPANS_DIR": "/data", "MEMRA_OBS_REQUIRE_PEERS": "1", "MEMRA_OBS_REQUIRE_ORACLE": "1"}  # fmt: skip
     with caplog.at_level("WARNING", logger="memra_obs"):
         build_observer(env=env)
         build_exporters(Settings.resolve(env), env=env)  # the agent's and the tail's way in

@@ -732,3 +732,10 @@ def test_a_session_with_rounds_of_unknown_counts_carries_no_gen_ai_tokens():
             for r in keep.records]  # fmt: skip
     guessed = dict(next(sp for sp in build(recs) if sp[NAME] == "spec.session")[ATTRS])
     assert "gen_ai.usage.output_tokens" not in guessed and guessed["memra.spec.tokens"] > 0
+    assert guessed["memra.spec.request.num_spec_steps"] == 2  # the known rounds' record
+    recs = [r._replace(k=-1, j=-1) if type(r).__name__ == "RoundRecord" else r
+            for r in keep.records]  # fmt: skip
+    none = dict(next(sp for sp in build(recs) if sp[NAME] == "spec.session")[ATTRS])
+    # no round's counts known: no acceptance at all (it read 0%: draft_acceptance_rate 0.0)
+    assert "memra.spec.request.draft_acceptance_rate" not in none
+    assert "memra.spec.request.mean_acceptance_length" not in none
