@@ -38,21 +38,30 @@ class _Round(NamedTuple):
     j: int
 
 
-def request_record(
-    ks: Sequence[int], js: Sequence[int], phases_ns: Sequence[int], detailed: bool, k: int = 0
-) -> dict[str, Any]:
-    """A session's spec-decode fields (from its rounds' ``ks``/``js``) and phase totals (ms);
-    ``Session.spec_decode()`` gives a server the same record. ``k``: the largest burst k, the
-    configured draft length vLLM reports as ``num_spec_tokens`` (a gated round drafts fewer)."""
-    n = max(k, max(ks, default=0))
-    out = spec_decode_record(map(_Round, ks, js), detailed=detailed, num_spec_tokens=n)
-    out["phase_ms"] = {p: ns / 1e6 for p, ns in zip(tl.PHASES, phases_ns, strict=True)}
-    return out
-
-
 #: The vLLM fields a request of no known counts cannot give (null, as vLLM sends no stats).
 SPEC_KEYS = ("mean_acceptance_length", "draft_acceptance_rate", "acceptance_histogram",
               "num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens")  # fmt: skip
+
+
+def request_record(
+    ks: Sequence[int],
+    js: Sequence[int],
+    phases_ns: Sequence[int],
+    detailed: bool,
+    k: int = 0,
+    unknown: int = 0,
+) -> dict[str, Any]:
+    """A session's spec-decode fields (from its rounds' ``ks``/``js``) and phase totals (ms);
+    ``Session.spec_decode()`` gives a server the same record. ``k``: the largest burst k, the
+    configured draft length vLLM reports as ``num_spec_tokens`` (a gated round drafts fewer).
+    ``unknown``: rounds of unknown k, j; with no known one, vLLM's fields are None (no stats,
+    as vLLM sends none: not a 0% acceptance)."""
+    n = max(k, max(ks, default=0))
+    out = spec_decode_record(map(_Round, ks, js), detailed=detailed, num_spec_tokens=n)
+    if unknown and not ks:
+        out.update(dict.fromkeys(SPEC_KEYS))
+    out["phase_ms"] = {p: ns / 1e6 for p, ns in zip(tl.PHASES, phases_ns, strict=True)}
+    return out
 
 
 class RequestsExporter:
@@ -116,13 +125,11 @@ class RequestsExporter:
             "session": s.session, "trace_id": format(tid, "032x") if tid else "",
             "family": s.family, "worker": s.worker, "rounds": end.rounds, "bursts": end.bursts,
             "tokens": end.tokens, "error": end.error,
-            **request_record(c.ks, c.js, c.phases, self.detailed, c.k),
+            **request_record(c.ks, c.js, c.phases, self.detailed, c.k, c.unknown),
             "first_token": c.first_token,
         }  # fmt: skip
-        if c.unknown:  # unknown is not zero: no acceptance when no round's counts are known
+        if c.unknown:
             out["unknown_rounds"] = c.unknown
-            if not c.ks:
-                out.update(dict.fromkeys(SPEC_KEYS))
         if (missing := end.rounds - c.seen) > 0 and not c.prior:  # a full queue's, said here:
             out["rounds_missing"] = missing  # this line is short of them, not the request
         return json.dumps(out, separators=(",", ":"))

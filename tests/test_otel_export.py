@@ -4,6 +4,7 @@ the OTEL_* selection rules."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.server
 import itertools
@@ -1193,37 +1194,56 @@ def test_the_readmes_using_it_directly_example_runs_as_written(tmp_path):
     assert not off.exists() or "spec.round" not in off.read_text()  # the sampler said no
 
 
-def test_a_keep_alive_the_receiver_closed_while_idle_is_reopened_at_once():
-    """Go's servers (the Collector's) close an idle keep-alive connection: the next request
-    failed on it, was counted a retry and waited its backoff (50-100 ms a request after any
-    pause). Now a reused connection found closed is reopened and the request sent at once."""
+class _Ok(http.server.BaseHTTPRequestHandler):
+    """Answers each POST 200 on a kept-alive connection; ``arrived`` runs before the answer."""
+
+    protocol_version = "HTTP/1.1"
+
+    def arrived(self) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.arrived()
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *a: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _sender_to(handler: type[_Ok]):
+    """An ``HttpSender`` to a loopback server of ``handler``, both closed after."""
     from memra_obs.otel.config import OtlpConfig
     from memra_obs.otel.transport import HttpSender
 
-    class Idle(http.server.BaseHTTPRequestHandler):
-        protocol_version, timeout = "HTTP/1.1", 0.2  # closes after 0.2 s idle
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *a: object) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Idle)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}/v1/traces"
     sender = HttpSender(OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": url}))
     try:
-        for _ in range(3):
-            assert sender.send(b"", 5.0) == (0, "")  # no Retry raised on the stale connection
-            time.sleep(0.5)
+        yield sender
     finally:
         sender.close()
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_keep_alive_the_receiver_closed_while_idle_is_reopened_at_once():
+    """Go's servers (the Collector's) close an idle keep-alive connection: the next request
+    failed on it, was counted a retry and waited its backoff (50-100 ms a request after any
+    pause). Now a reused connection found closed is reopened and the request sent at once."""
+
+    class Idle(_Ok):
+        timeout = 0.2  # closes after 0.2 s idle
+
+    with _sender_to(Idle) as sender:
+        for _ in range(3):
+            assert sender.send(b"", 5.0) == (0, "")  # no Retry raised on the stale connection
+            time.sleep(0.5)
 
 
 def test_an_abort_on_a_kept_alive_connection_is_not_a_resend():
@@ -1231,32 +1251,17 @@ def test_an_abort_on_a_kept_alive_connection_is_not_a_resend():
     for a keep-alive the receiver closed while idle) read the abort as one, sent the request
     again with a fresh timeout and outlived shutdown. A stale connection is found before a
     request goes out, and nothing is sent twice."""
-    from memra_obs.otel.config import OtlpConfig
-    from memra_obs.otel.transport import HttpSender, Retry
+    from memra_obs.otel.transport import Retry
 
     got: list[float] = []
 
-    class Slow(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
+    class Slow(_Ok):
+        def arrived(self) -> None:
             got.append(time.monotonic())
             if len(got) > 1:  # the collector turns slow after its first answer
                 time.sleep(3)
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
 
-        def log_message(self, *a: object) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}/v1/traces"
-    sender = HttpSender(OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": url}))
-    try:
+    with _sender_to(Slow) as sender:
         assert sender.send(b"", 5.0) == (0, "")
         out: list[object] = []
         t = threading.Thread(target=lambda: out.append(_attempt(sender)))
@@ -1267,10 +1272,6 @@ def test_an_abort_on_a_kept_alive_connection_is_not_a_resend():
         assert not t.is_alive() and isinstance(out[0], Retry), out
         time.sleep(0.2)
         assert len(got) == 2  # the first request and the aborted one: nothing resent
-    finally:
-        sender.close()
-        srv.shutdown()
-        srv.server_close()
 
 
 def _attempt(sender) -> object:

@@ -314,12 +314,11 @@ class SpanBuilder:
 
 def _request_attrs(s: _Session) -> tuple[tuple[str, Any], ...]:
     """The per-request record (``Session.spec_decode()``'s values) as ``memra.spec.request.*``."""
-    from ..requests import SPEC_KEYS, request_record
+    from ..requests import request_record
 
     out = []
-    unknown = SPEC_KEYS if s.guessed and not s.ks else ()  # no known counts: no acceptance
-    for key, v in request_record(s.ks, s.js, s.ph, False, s.k).items():
-        if key in unknown:  # (the requests file writes null; an attribute cannot be one)
+    for key, v in request_record(s.ks, s.js, s.ph, False, s.k, s.guessed).items():
+        if v is None:  # no known counts: no acceptance (an attribute cannot be null)
             continue
         if key == "phase_ms":
             out += [(f"memra.spec.request.{p}_ms", ms) for p, ms in v.items()]

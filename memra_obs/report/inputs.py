@@ -106,7 +106,7 @@ def read(path: str, progress: Progress | None = None, max_families: int = 64) ->
         f: Any = gzip.open(raw) if gz else raw  # noqa: SIM115  (a banked log, compressed)
         run.size = 0 if path == "-" or gz else os.fstat(raw.fileno()).st_size
         head = [f.readline(MAX_LINE + 1).removeprefix(b"\xef\xbb\xbf")]  # (a BOM)
-        while _blanks(head) < 2 and head[-1][-1:] == b"\n" and len(head) < 1000:  # (blanks: a
+        while _filled(head) < 2 and head[-1][-1:] == b"\n" and len(head) < 1000:  # (blanks: a
             # collector leaves some; an over-long line's rest is read past in _lines)
             head.append(f.readline(MAX_LINE + 1))
         # The kind is the first non-blank line's, or the second's: `tail -c` cuts the first.
@@ -120,7 +120,7 @@ def read(path: str, progress: Progress | None = None, max_families: int = 64) ->
     return run
 
 
-def _blanks(head: list[bytes]) -> int:
+def _filled(head: list[bytes]) -> int:
     """The lines in ``head`` that are not blank."""
     return sum(not x.isspace() and x != b"" for x in head)
 
