@@ -8,7 +8,6 @@ and counted in ``Observer.dropped_rounds``. Marks are kept per round (sync clock
 from __future__ import annotations
 
 import operator
-import os
 import threading
 import weakref
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from .timeline import BurstRecord, ProfRowsRecord, RoundRecord
 if TYPE_CHECKING:
     from .session import Session
 
-__all__ = ["SETTLE_ROUNDS", "Burst", "NoOpBurst", "new_burst"]
+__all__ = ["SETTLE_ROUNDS", "Burst", "NoOpBurst"]
 
 #: The event clock settles (one drain) at least every this many rounds of a burst.
 SETTLE_ROUNDS = 1024
@@ -289,21 +288,28 @@ class Burst:
         if len(self._t) >= _MAX_MARKS:
             if self._pending:
                 self._settle()
-            else:  # marks no round will read: the clock settles only the last ones
-                self._t = []
+            else:  # marks no round will read: dropped (the event clock's count of them too)
+                self._t = self._clock.settle([])
 
     def _settle(self) -> int:
-        """Settle the pending rounds; the last settled stamp (0: none)."""
+        """Settle the pending rounds; the last settled stamp (0: none). A clock that fails to
+        settle leaves the rounds their host stamps (a stream it cannot time), said once."""
         if not self._pending:
+            if self._t and not self._clock.immediate:  # only dropped rounds' marks
+                self._t = self._clock.settle([])
             return 0
         last = 0
         try:
             settled = self._clock.settle(self._t)
+        except Exception as exc:
+            say_once("settle", f"clock settle failed ({exc!r}); those rounds keep host stamps")
+            settled = self._t
+        try:
             for r0, k, j, ctx, seq, split in self._pending:
                 self._finish_round(settled[r0 : r0 + 6], k, j, ctx, seq, split)
             last = settled[-1]
         except Exception as exc:
-            say_once("settle", f"clock settle failed ({exc!r}); those rounds are dropped")
+            say_once("finish", f"finishing rounds failed ({exc!r}); those rounds are dropped")
             self._obs.dropped_rounds += len(self._pending)
         self._pending.clear()
         self._t = []
@@ -394,104 +400,3 @@ class Burst:
                  "the round is dropped (memra_obs_dropped_total{signal=\"rounds\"})")  # fmt: skip
 
     _discard = _discard
-
-
-def new_burst(s: Session, k: int, ranges: tuple[Any, ...]) -> Burst:
-    """A plain :class:`Burst`, or one with ranges when a sink offers a hook and this thread's
-    range stack is free. NVTX push/pop is a stack per thread: two bursts open at once on one
-    thread (asyncio tasks interleaving sessions) would pop each other's ranges, so the later
-    one goes without, said once."""
-    if not ranges:
-        return Burst(s, k)
-    own = _RANGE_OWNER.get(threading.get_ident())
-    if own is not None and own._thread is threading.current_thread():  # not a dead thread's
-        if own._ended:  # ended from another thread (a cancel): its ranges close here
-            own._close_ranges()
-        else:
-            say_once("range-interleaved", "two bursts open at once on one thread (asyncio "
-                     "tasks?): NVTX ranges are a stack per thread, so a burst begun while "
-                     "another is open gets none")  # fmt: skip
-            return Burst(s, k)
-    return _RangedBurst(s, k, ranges)
-
-
-#: thread id -> the ranged burst whose ranges are on that thread's stack (a forked child's
-#: thread may reuse its parent's id: its stacks start empty; so may a new thread, whose stack
-#: a burst its dead predecessor left open does not hold)
-_RANGE_OWNER: dict[int, _RangedBurst] = {}
-os.register_at_fork(after_in_child=_RANGE_OWNER.clear)
-
-
-class _RangedBurst(Burst):
-    """A :class:`Burst` that also moves named ranges (NVTX) at each boundary:
-    ``spec.burst`` > ``spec.round`` > one per phase. Its mark is wrapped, so a range closes
-    right after the clock's mark (a sync clock's drain inside the phase it ends) and before any
-    sink sees the round; the base class sets ``_at`` just before marking, which says which
-    boundary it is. Only when a sink offers a ``range_hook``, so the plain hot path is
-    untouched; its own depth keeps misused rounds balanced."""
-
-    __slots__ = ("_clock_mark", "_depth", "_ranges", "_thread", "_tid")
-    _NEXT = ("spec.verify", "spec.accept", "spec.rollback", "spec.maint")
-
-    def __init__(self, s: Session, k: int, ranges: tuple[Any, ...]) -> None:
-        super().__init__(s, k)
-        self._ranges = ranges
-        self._depth = 0
-        self._clock_mark, self._mark = self._mark, self._ranged_mark
-        self._tid, self._thread = threading.get_ident(), threading.current_thread()
-        _RANGE_OWNER[self._tid] = self
-        self._push("spec.burst")
-
-    def _ranged_mark(self) -> int:
-        t = self._clock_mark()
-        at = self._at  # 0: a round begins; 1..4: that phase ended; -1: the round closed
-        if at > 0:
-            self._pop_to(2)
-            self._push(self._NEXT[at - 1])
-        else:
-            self._pop_to(1)
-            if at == 0:
-                self._push("spec.round")
-                self._push("spec.draft")
-        return t
-
-    def _push(self, name: str) -> None:
-        self._depth += 1
-        for h in self._ranges:
-            try:
-                h.push(name)
-            except Exception as exc:
-                _range_failed(h, exc)
-
-    def _pop_to(self, depth: int) -> None:
-        while self._depth > depth:
-            self._depth -= 1
-            for h in self._ranges:
-                try:
-                    h.pop()
-                except Exception as exc:
-                    _range_failed(h, exc)
-
-    def end_round(
-        self, k: int | None = None, j: int | None = None, ctx: int = 0, seq_rows: int | None = None
-    ) -> None:
-        super().end_round(k, j, ctx, seq_rows)
-        if self._depth > 1:  # a misused round (no mark): its ranges close all the same
-            self._pop_to(1)
-
-    def end(self, tokens: int | None = None) -> None:
-        # A stack per thread: ended from another (a cancel), its ranges wait for their own
-        # thread's end() or next burst (they popped the canceller's stack).
-        if self._thread is threading.current_thread():
-            self._close_ranges()
-        super().end(tokens)
-
-    def _close_ranges(self) -> None:
-        self._pop_to(0)
-        self._mark = self._clock_mark  # drops the self-reference
-        if _RANGE_OWNER.get(self._tid) is self:
-            del _RANGE_OWNER[self._tid]
-
-
-def _range_failed(h: object, exc: BaseException) -> None:
-    say_once(f"range:{id(h)}", f"range hook {type(h).__name__} raised {exc!r}")

@@ -18,6 +18,7 @@ from typing import Any
 from . import flags
 from .burst import _NOOP_BURST, Burst, NoOpBurst
 from .clock import PhaseClock, Stream, SyncClock
+from .device.event_clock import pair
 from .diagnostics import forked_set, say_once
 from .fanout import Fanout
 from .legacy.parse import MAX_TAG, RESERVED, taggable
@@ -211,6 +212,8 @@ class Observer:
             family = "spec"
         family = _taggable("family", family) or "spec"
         tag, tag_v = _taggable("tag", tag), _taggable("tag_v", tag_v)
+        if e is not None and eh is not None and e is not eh:  # two wrappers of one stream
+            e, eh = pair(e, eh)  # (torch.cuda.current_stream() twice): drained once
         return Session(self, family, tag or f"{family}-phase", tag_v or f"{family}-phase-v", e, eh)
 
     def memory_snapshot(self) -> list[tuple[int, int]]:

@@ -17,11 +17,12 @@ from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from .analysis import EXPLORE, advise
-from .burst import Burst, NoOpBurst, _DiscardingBurst, new_burst
+from .burst import Burst, NoOpBurst, _DiscardingBurst
 from .clock import Stream, SyncClock, clock, now_ns
 from .diagnostics import say_once
 from .fanout import Fanout, fan
 from .legacy import advice_line
+from .ranged_burst import new_burst
 from .records import U16_MAX, SpecFirstTokenProf, SpecRoundsLog
 from .requests import request_record
 from .timeline import FirstTokenRecord, ProfSummaryRecord, SessionEndRecord, SessionRecord

@@ -125,6 +125,15 @@ def test_zero_draft_rounds_and_max_position():
     assert est.rounds == 6 and [p.at_risk for p in est.positions] == [3, 3]
 
 
+def test_max_position_caps_the_listing_not_the_rates():
+    """The pooled and tail rates are over every position: with max_position=1 the pooled rate
+    read 0.885 where the data's is 0.801 (the deeper, lower positions were cut first)."""
+    rs = [Round(8, j) for j in (8, 8, 8, 1, 2, 3, 5, 0, 8, 6) * 20]
+    full, cut = estimate_acceptance(rs), estimate_acceptance(rs, max_position=1)
+    assert len(cut.positions) == 2 and cut.positions == full.positions[:2]
+    assert cut.pooled == full.pooled and cut.tail == full.tail
+
+
 def test_zero_acceptance_position():
     """A position where nothing was accepted: S is 0 from there, with an upper bound above 0."""
     est = estimate_acceptance([Round(3, 1)] * 40)

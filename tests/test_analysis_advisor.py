@@ -164,19 +164,35 @@ def test_constant_k_is_flagged_and_falls_back():
     assert a is not None and a.costs.assumption == m.assumption and a.clock == "sync"
 
 
-def test_a_fit_with_a_negative_fixed_cost_goes_through_zero():
+def test_a_verify_fit_with_a_negative_fixed_cost_is_flat():
     """k alternating 7 and 8 with verify jumping 10 -> 20 ms (a tile boundary): the free line
-    crosses zero at 7 rows. A cost is never negative, so the fit goes through 0 and says so;
-    before, small k cost ~1 ns, won, and the plain step and the speedup came out negative."""
+    crosses zero at 7 rows. A cost is never negative: verify is taken flat in rows (as with k
+    constant) and the model says so; before, small k cost ~1 ns, won, and the plain step and
+    the speedup came out negative."""
     rs = [Round(k, 5, (1_000_000 * k, 10_000_000 * (k - 6), 300_000, 100_000, 100_000))
           for k in (7, 8) * 200]  # fmt: skip
     m = fit_costs(rs, clock="event")
-    assert "verify fixed part fitted negative" in m.assumption
-    assert m.verify_fixed_ns.value == 0.0 and m.verify_ns(1) > 0
-    assert m.verify_per_row_ns.value == pytest.approx((8 * 10e6 + 9 * 20e6) / (8 * 8 + 9 * 9))
+    assert "verify fixed part fitted negative" in m.assumption and "flat in rows" in m.assumption
+    assert m.verify_per_row_ns.value == 0.0 and m.verify_ns(1) == pytest.approx(15e6)
     a = advise(rs)
     assert a is not None and a.plain_step_ns > 0 and a.estimated_speedup.value > 0
     assert all(p.round_ns > 1e6 for p in a.curve)
+
+
+def test_a_verify_step_over_the_ks_seen_does_not_advise_plain_decoding():
+    """k in {3, 4} at α = 0.8, verify 2.0 ms up to 4 rows and 2.6 ms from 5 (a tile step). The
+    line through 0 put one row at 0.5 ms: k = 1 was advised (0.66 of the best throughput) and
+    the speedup read 0.69, "plain decoding wins", where speculation gives 1.57x."""
+    rng = random.Random(0)
+    rs = []
+    for _ in range(2000):
+        k = rng.choice([3, 4])
+        j = next((i for i in range(k) if rng.random() >= 0.8), k)
+        rs.append(Round(k, j, (100_000 * k, 2_000_000 if k + 1 <= 4 else 2_600_000, 100_000,
+                               50_000, 50_000)))  # fmt: skip
+    a = advise(rs, clock="host")
+    assert a is not None and a.recommended_k >= 3
+    assert a.estimated_speedup.value > 1.2 and a.plain_step_ns >= 2_000_000
 
 
 def test_constant_k_draft_line_is_through_zero_exactly_without_a_note():

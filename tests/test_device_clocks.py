@@ -237,6 +237,29 @@ def test_an_event_clock_burst_that_drops_its_rounds_holds_bounded_marks() -> Non
     assert r.t_ns_mono[5] - r.t_ns_mono[4] >= 19 * MS  # maint ran till the device's end
 
 
+def test_a_burst_dropping_thousands_of_rounds_leaves_the_clock_no_marks() -> None:
+    """The burst trimmed its own marks but the clock kept counting them: past MAX_PENDING it
+    wrapped, and the good round after 11,000 dropped ones lost its device time (and 65,536
+    events a stream stayed pooled)."""
+    e = SimStream()
+    with capture(level=1, clock="event") as cap, cap.observer.session("t", e=e) as s:
+        b = s.burst(4)
+        for i in range(11_001):
+            b.begin_round()
+            for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback):
+                end()
+            if i == 11_000:
+                e.enqueue(20)
+                b.end_round(k=4, j=2)
+            else:
+                b.end_round()
+        assert s._clock._n <= 6 * SETTLE_ROUNDS + 6
+        assert len(s._clock._lanes[0].pool) <= 2 * 6 * SETTLE_ROUNDS + 12
+        b.end()
+    (r,) = cap.rounds
+    assert r.t_ns_mono[5] - r.t_ns_mono[4] >= 19 * MS
+
+
 def test_event_clock_pools_events_across_bursts() -> None:
     """Steady state allocates no events: the pool made for the first burst is reused."""
     e = SimStream()

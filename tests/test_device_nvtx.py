@@ -371,7 +371,7 @@ def test_a_cancel_while_the_loop_builds_its_burst_raises_nowhere(
 ) -> None:
     """The session held a ranged burst before it was built: a thread ending the session
     then (a cancel) got an AttributeError from ``s.end()``."""
-    from memra_obs import burst as burst_mod
+    from memra_obs import ranged_burst as burst_mod
 
     raised: list[BaseException] = []
     calls: list[int] = []
@@ -463,3 +463,73 @@ def test_an_nvtx_older_than_0_2_12_falls_back_to_torch_said_once(
     assert NvtxSink().backend == "torch" and NvtxSink().backend == "torch"
     assert caplog.text.count("older than 0.2.12") == 1
     assert "failed" not in caplog.text
+
+
+def test_a_burst_dropped_unended_gives_the_thread_its_ranges_back() -> None:
+    """A request that raised outside ``with`` drops its session and burst unended. The thread's
+    table held the burst strongly: it stayed alive, its 3 ranges open, and every later burst on
+    the thread got none. Held weakly, its ranges close at the next burst, which gets its own."""
+    import gc
+    import weakref
+
+    d = FakeDomain()
+    with capture(level=1, sinks=[NvtxSink(domain=d)]) as cap:
+        s = cap.observer.session("t")
+        b = s.burst(4)
+        one_round(b)
+        b.begin_round()  # raised here: s and b dropped
+        gone = weakref.ref(s)
+        del s, b
+        gc.collect()
+        assert gone() is None
+        with cap.observer.session("t") as s2:
+            b2 = s2.burst(4)
+            one_round(b2)
+            b2.end()
+        assert type(b2) is not Burst
+    opened = [op for op in d.ops if op != "-"]
+    assert len(opened) == d.ops.count("-")  # balanced: the dropped burst's ranges closed
+    assert opened.count("+spec.round") == 3
+
+
+def test_no_profiler_attached_imports_no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVTX_INJECTION64_PATH unset (or NVTX_DISABLE): off before torch is imported, whose
+    ``is_available()`` would start the CUDA driver in, e.g., a server's pre-fork master."""
+    import sys
+    import types
+
+    probes: list[str] = []
+    cuda = types.SimpleNamespace(is_available=lambda: probes.append("is_available") or True)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(nvtx_mod, "_importable", lambda name: name == "torch")
+    monkeypatch.delenv("NVTX_INJECTION64_PATH", raising=False)
+    monkeypatch.delenv("NVTX_DISABLE", raising=False)
+    assert NvtxSink().backend == "off"
+    monkeypatch.setenv("NVTX_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so")
+    monkeypatch.setenv("NVTX_DISABLE", "1")
+    assert NvtxSink().backend == "off" and probes == []
+
+
+def test_an_nvtx_package_that_fails_to_import_falls_back_to_torch(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An installed nvtx whose import raises (a wheel built for another Python): NVTX was off
+    ("setting up ranges failed"), though torch.cuda.nvtx was there. Said once, torch used."""
+    import importlib.abc
+    import sys
+
+    class Broken(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+            if name == "nvtx":
+                raise ImportError("libnvToolsExt.so.1: cannot open shared object file")
+            return None
+
+    monkeypatch.delitem(sys.modules, "nvtx", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Broken(), *sys.meta_path])
+    ops: list[str] = []
+    fake_torch(monkeypatch, ops)
+    monkeypatch.setattr(nvtx_mod, "_importable", lambda name: True)
+    monkeypatch.setenv("NVTX_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so")
+    monkeypatch.delenv("NVTX_DISABLE", raising=False)
+    assert NvtxSink().backend == "torch" and NvtxSink().backend == "torch"
+    assert caplog.text.count("importing the nvtx package failed") == 1

@@ -36,6 +36,36 @@ def test_framework_is_read_off_the_type_module() -> None:
     assert framework(None) is None
 
 
+def test_an_engines_subclass_of_a_framework_stream_is_that_frameworks() -> None:
+    """An engine's own ``class EngineStream(torch.cuda.Stream)`` lives in the engine's module:
+    read off the type alone it was no framework, its events were made with ``record_event()``
+    (torch's have no timing) and the event clock dropped every round."""
+    torch_stream = fake_stream("torch.cuda.streams", 7, attr="cuda_stream")
+    engine = type("EngineStream", (type(torch_stream),), {"__module__": "engine.streams"})()
+    engine.cuda_stream, engine.device = 7, torch_stream.device
+    assert framework(engine) == "torch" and streams.stream_handle(engine) == 7
+    assert same_stream(engine, torch_stream)
+
+
+def test_two_wrappers_of_one_stream_given_as_e_and_eh_drain_once() -> None:
+    """The sync clock read ``eh is e``: ``e=current_stream(), eh=current_stream()`` (two
+    wrappers of one stream) synchronized it twice at every boundary, as two streams."""
+    from memra_obs.testing import capture
+
+    syncs = []
+    cls = type("Stream", (), {"__module__": "torch.cuda.streams",
+                              "synchronize": lambda self: syncs.append(self)})  # fmt: skip
+    a, b = cls(), cls()
+    for w in (a, b):
+        w.cuda_stream, w.device = 0xABC, type("Dev", (), {"index": 0})()
+    with capture(level=1) as cap, cap.observer.session("t", e=a, eh=b) as sess:
+        burst = sess.burst(4)
+        syncs.clear()
+        burst.begin_round()
+        burst.end_draft()
+    assert len(syncs) == 2  # two boundaries, one drain each
+
+
 def test_two_wrappers_of_one_cuda_stream_are_one_stream() -> None:
     """torch.cuda.current_stream() hands out a new wrapper each call: same handle = same stream."""
     a = fake_stream("torch.cuda.streams", 0xABC, attr="cuda_stream")

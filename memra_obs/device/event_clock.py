@@ -25,9 +25,16 @@ from ..diagnostics import say_once
 
 
 def framework(stream: object) -> str | None:
-    """``"cupy"``, ``"torch"`` or None, from the module of the stream's type (no import)."""
-    root = (type(stream).__module__ or "").split(".", 1)[0]  # None's is "builtins"
-    return {"cupy": "cupy", "cupy_backends": "cupy", "torch": "torch"}.get(root)
+    """``"cupy"``, ``"torch"`` or None, from the module of the stream's type or of a base of it
+    (an engine's own ``torch.cuda.Stream`` subclass is torch's: no import)."""
+    for t in type(stream).__mro__:
+        root = (t.__module__ or "").split(".", 1)[0]  # None's is "builtins"
+        if root in _FRAMEWORKS:
+            return _FRAMEWORKS[root]
+    return None
+
+
+_FRAMEWORKS = {"cupy": "cupy", "cupy_backends": "cupy", "torch": "torch"}
 
 
 def stream_handle(stream: object) -> int | None:
@@ -246,10 +253,10 @@ class EventClock:
         """The last ``len(stamps)`` marks' host stamps resolved to device truth with one drain
         (earlier unsettled marks dropped); a burst in which a record failed keeps its stamps."""
         n, lanes = len(stamps), self._lanes
+        base, broken = self._n - n, self._broken
+        self._n, self._broken = 0, False  # (0 stamps: the marks no round reads are forgotten)
         if not lanes or n == 0:
             return list(stamps)
-        base, broken = self._n - n, self._broken
-        self._n, self._broken = 0, False
         drain(self.e, self.eh)
         if base < 0:
             _say("settle-count", f"settle got {n} stamps for {base + n} marks; host stamps kept")

@@ -52,9 +52,7 @@ _NOTOOL = ("nvtx-notool", "no profiler attached (run under Nsight Systems, `nsys
 
 
 def _find(domain: Any) -> tuple[Any, str]:
-    if domain is None and _importable("nvtx"):
-        import nvtx
-
+    if domain is None and (nvtx := _nvtx()) is not None:
         if not hasattr(nvtx, "Domain"):  # < 0.2.12: no domain push/pop, no no-tool dummy
             say_once("nvtx:nvtx-old", "NVTX sink: the nvtx package is older than 0.2.12 "
                      "(pip install -U nvtx); trying torch.cuda.nvtx")  # fmt: skip
@@ -67,15 +65,16 @@ def _find(domain: Any) -> tuple[Any, str]:
         attrs = {name: mk(message=name, color=argb) for name, _, argb in _RANGES}
         return SimpleNamespace(push=lambda name: push(attrs[name]), pop=domain.pop_range), "nvtx"
     if _importable("torch"):
+        # torch's NVTX has no switch of its own: the nvtx package's, from the environment
+        # (Nsight tools attach through NVTX_INJECTION64_PATH); read before torch is imported
+        # and its is_available() starts the CUDA driver in a process no profiler watches
+        if os.environ.get("NVTX_DISABLE"):
+            return _off(*_DISABLED)
+        if not os.environ.get("NVTX_INJECTION64_PATH"):
+            return _off(*_NOTOOL)
         import torch
 
         if torch.cuda.is_available():
-            # torch's NVTX has no switch of its own: the nvtx package's, from the environment
-            # (Nsight tools attach through NVTX_INJECTION64_PATH)
-            if os.environ.get("NVTX_DISABLE"):
-                return _off(*_DISABLED)
-            if not os.environ.get("NVTX_INJECTION64_PATH"):
-                return _off(*_NOTOOL)
             why = "no nvtx package (0.2.12+); using torch.cuda.nvtx (no 'memra' domain)"
             say_once("nvtx:nvtx-torch", f"NVTX sink: {why}")
             nv = torch.cuda.nvtx  # no domain, no colour
@@ -87,6 +86,19 @@ def _find(domain: Any) -> tuple[Any, str]:
 def _off(key: str, msg: str) -> tuple[None, str]:
     say_once(f"nvtx:{key}", f"NVTX sink: {msg}")
     return None, "off"
+
+
+def _nvtx() -> Any:
+    """The nvtx package, or None (absent, or broken: said once, and torch's ranges tried)."""
+    if not _importable("nvtx"):
+        return None
+    try:
+        import nvtx
+    except Exception as exc:
+        say_once("nvtx:nvtx-broken", f"NVTX sink: importing the nvtx package failed ({exc!r}); "
+                 "trying torch.cuda.nvtx")  # fmt: skip
+        return None
+    return nvtx
 
 
 def _importable(name: str) -> bool:
