@@ -580,3 +580,57 @@ def test_the_plan_never_imports_a_framework_the_process_did_not(monkeypatch, tmp
     monkeypatch.setitem(sys.modules, "torch", torch)  # the loop imported it: that one is used
     q = memory.default_cuda()
     assert q is not None and q.name == "torch"
+
+
+def test_a_cupy_that_sees_no_device_does_not_hide_a_working_torch(monkeypatch) -> None:
+    """A CuPy built for another driver (imported by some library) counts 0 devices: it was the
+    runtime, the plan fell back to CUDA_VISIBLE_DEVICES and torch was never asked (MIG
+    ordinals skipped as "neither CuPy nor torch is there")."""
+    import sys
+
+    from memra_obs.device import memory
+
+    def broken() -> int:
+        raise RuntimeError("cudaErrorInsufficientDriver")
+
+    cupy_rt = SimpleNamespace(getDeviceCount=broken, deviceGetPCIBusId=broken)
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(runtime=cupy_rt)))
+    cuda = SimpleNamespace(is_available=lambda: True, device_count=lambda: 1)
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda, _C=SimpleNamespace()))
+    q = memory.default_cuda()
+    assert q is not None and q.name == "torch" and q.count() == 1
+    monkeypatch.delitem(sys.modules, "torch")
+    q = memory.default_cuda()  # CuPy alone, blind: still the one named (and said so)
+    assert q is not None and q.name == "cupy" and q.count() == 0
+
+
+def test_a_hung_nvml_start_holds_a_snapshot_once_and_forks_once(monkeypatch) -> None:
+    """nvmlInit hung (a driver stuck, a card off the bus): every profiled request's snapshot
+    waited on the warm-up's lock for as long as it hung, and every fork FORK_WAIT_S again.
+    Now the first waits FORK_WAIT_S, said; later ones, and later forks, not at all."""
+    import threading
+    import time
+
+    from memra_obs.device import memory
+
+    release, said = threading.Event(), []
+    fm = FreeMemory(nvml=lambda: release.wait(10) and FakeNvml(CARDS),
+                    cuda=lambda: FakeCuda(CUDA_BUS[:1]), report=lambda k, s: said.append(s))  # fmt: skip
+    monkeypatch.setattr(memory, "FORK_WAIT_S", 0.2)
+    monkeypatch.setattr(memory, "_default", fm)
+    threading.Thread(target=fm.warm, daemon=True).start()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    assert fm.snapshot() == [] and fm.snapshot() == []
+    assert 0.15 < time.monotonic() - t0 < 0.35  # one wait, not two
+    assert len(set(said)) == 1 and "did not start within 0.2 s" in said[0]  # (said once)
+    t0 = time.monotonic()
+    memory._before_fork()
+    memory._after_fork()
+    assert time.monotonic() - t0 < 0.1
+    release.set()
+    for _ in range(100):
+        if fm.snapshot():
+            break
+        time.sleep(0.02)
+    assert fm.snapshot() == [(0, 1000)] and not fm.stuck

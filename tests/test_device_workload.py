@@ -114,8 +114,8 @@ def test_a_session_runs_in_the_demo_order(small: NumpyOps, two_streams: bool) ->
 def test_a_full_cache_wraps_instead_of_overflowing(small: NumpyOps) -> None:
     w = GpuWorkload()
     w.cache_alloc(64)
-    w.prime(10_000)  # longer than the cache: clipped
-    assert w.ctx <= 64
+    w.prime(10_000)  # longer than the cache: clipped, a round's rows left
+    assert w.ctx <= w._cap - w.KMAX - 1
     w.draft_alloc(64)
     w.draft_prime(10_000)
     for _ in range(40):
@@ -124,6 +124,23 @@ def test_a_full_cache_wraps_instead_of_overflowing(small: NumpyOps) -> None:
         w.rollback(4, w.accept(4))
         w.maint()
         assert w.ctx <= w._cap
+
+
+def test_a_small_cache_holds_a_whole_round_of_the_longest_k(small: NumpyOps) -> None:
+    """``cache_alloc(64)`` made 64 rows; a k = 64 round with every draft accepted commits 65:
+    rollback raised (could not broadcast (3,2,65,16) into (3,2,64,16))."""
+    w = GpuWorkload()
+    w.cache_alloc(64)
+    w.prime(10)
+    w.draft_alloc(64)
+    w.draft_prime(10)
+    w.alpha = 1.0
+    for _ in range(3):
+        w.draft(64)
+        w.verify(64)
+        j = w.accept(64)
+        w.rollback(64, j)
+        assert j == 64 and w.ctx <= w._cap
 
 
 def test_the_demo_loop_runs_it_under_the_observer(small: NumpyOps) -> None:

@@ -22,6 +22,9 @@ from typing import Any, NamedTuple
 from ..diagnostics import say_once
 
 MIB = 1 << 20
+#: The longest a snapshot or a ``fork()`` waits for a warm-up under way (a stuck ``nvmlInit``
+#: must not hold the loop or the fork).
+FORK_WAIT_S = 10.0
 #: (domain, bus, device, function)
 BusId = tuple[int, int, int, int]
 #: NVML errors that mean "no GPU or driver here" (stay quiet): NOT_FOUND, DRIVER_NOT_LOADED,
@@ -183,13 +186,16 @@ def torch_query() -> CudaQuery:
 
 
 def default_cuda() -> CudaQuery | None:
-    """CuPy or torch, whichever the process imported; None when neither (not imported here:
-    torch's import takes seconds, and the plan is made in the first profiled request)."""
+    """CuPy or torch, the first the process imported that sees a device (a CuPy wheel built for
+    another driver, imported by some library, hid a working torch); None when neither (not
+    imported here: torch's import takes seconds, the plan is made in a profiled request)."""
+    blind: CudaQuery | None = None
     for n in [n for n in ("cupy", "torch") if n in sys.modules]:
         q: CudaQuery | None = _try(cupy_query if n == "cupy" else torch_query)  # import errors too
-        if q is not None:
+        if q is not None and _try(q.count):
             return q
-    return None
+        blind = blind or q
+    return blind
 
 
 class Slot(NamedTuple):
@@ -225,6 +231,8 @@ class FreeMemory:
         self._loaded, self._why, self._quiet = False, "", False  # NVML tried; why not; no GPU?
         self._lost = ""  # the devices NVML could not open
         self._cuda: CudaQuery | None = None
+        #: A warm-up outlived the wait once: snapshots and forks wait no more until it ends.
+        self.stuck = False
 
     def _say(self, key: str, msg: str) -> None:
         with suppress(Exception):
@@ -249,12 +257,22 @@ class FreeMemory:
             self._quiet = getattr(exc, "value", None) in _NVML_NO_GPU
 
     def slots(self) -> list[Slot]:
-        """The ordinal -> device plan, made once."""
-        with self._lock:
+        """The ordinal -> device plan, made once. A warm-up (``nvmlInit``) still under way is
+        waited for at most ``FORK_WAIT_S``, then not at all until it ends: a hung driver held
+        every profiled request's loop for as long as it hung."""
+        if not self._lock.acquire(timeout=0 if self.stuck else FORK_WAIT_S):
+            self.stuck = True
+            self._say("stuck", f"NVML did not start within {FORK_WAIT_S:g} s (a hung driver, "
+                      "a card off the bus?); none recorded until it does")  # fmt: skip
+            return []
+        try:
+            self.stuck = False
             if self._slots is None:
                 self._load()
                 self._slots = self._plan()
             return self._slots
+        finally:
+            self._lock.release()
 
     def _plan(self) -> list[Slot]:
         try:
@@ -380,16 +398,18 @@ def _process() -> FreeMemory:
         return _default
 
 
-#: The longest ``fork()`` waits for a warm-up under way (a stuck ``nvmlInit`` must not hold it).
-FORK_WAIT_S = 10.0
 _held: list[threading.Lock] = []
 
 
 def _before_fork() -> None:
     """A child forked mid-warm-up got its lock held by a thread it has not (and NVML half
     started): its first snapshot waited for ever. The fork waits for it, as ``logging`` does."""
-    if _default is not None and _default._lock.acquire(timeout=FORK_WAIT_S):
-        _held.append(_default._lock)
+    fm = _default
+    if fm is not None:  # (one wait: a pool of 8 forked 80 s behind one hung nvmlInit)
+        if fm._lock.acquire(timeout=0 if fm.stuck else FORK_WAIT_S):
+            _held.append(fm._lock)
+        else:
+            fm.stuck = True
 
 
 def _after_fork(child: bool = False) -> None:

@@ -179,7 +179,8 @@ class GpuWorkload:
 
     def cache_alloc(self, ctx: int) -> None:
         per_token = self.layers * 2 * self.KV_DIM * 2
-        self._cap = max(64, min(ctx, self.MAX_CACHE_BYTES // per_token))
+        # at least a prompt row and a whole round (KMAX + 1 rows: the wrap starts over at 0)
+        self._cap = max(2 * (self.KMAX + 1), min(ctx, self.MAX_CACHE_BYTES // per_token))
         with self.x.on(self.e):
             self._cache = self.x.empty((self.layers, 2, self._cap, self.KV_DIM))
         self.ctx = 0
