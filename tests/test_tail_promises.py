@@ -233,3 +233,26 @@ def test_every_line_over_one_mib_is_reported_also_inside_one_big_chunk():
     tail.close(2)
     assert len(notes) == 1 and notes[0].startswith("-:2: a line over 1048576 bytes")
     assert tail.lineno == 3 and tail.stats.lines["other"] == 2
+
+
+def test_a_line_over_one_mib_in_cri_parts_is_reported_as_a_plain_one_is():
+    """A pod's log (/var/log/pods) splits a long line into 16 KiB ``P`` parts: joined past
+    MAX_LINE it read as nothing, unsaid (a plain log's same bytes were reported), and the
+    report dropped it alike. Both say it now, with its line number."""
+    from memra_obs.report.inputs import Run, _read_log
+    from memra_obs.tail.passthrough import MAX_LINE
+
+    ts = "2026-12-07T01:02:03.123456789Z"
+    body = "\r 42%|####      |" * (MAX_LINE // 16 + 1) + PHASE
+    parts = [body[i : i + 16384] for i in range(0, len(body), 16384)]
+    cri = [f"{ts} stderr P {p}" for p in parts[:-1]] + [f"{ts} stderr F {parts[-1]}"]
+    cri.append(f"{ts} stderr F {PHASE}")
+    notes: list[str] = []
+    tail = Tail(Rebuilder("w"), lambda b: None, out=None, notes=notes.append)
+    tail.feed(("\n".join(cri) + "\n").encode(), 1)
+    tail.close(2)
+    assert len(notes) == 1 and notes[0].startswith(f"-:{len(parts)}: a line over 1048576 bytes")
+    assert tail.stats.lines["phase"] == 1
+    run = Run("pod.log")
+    _read_log(cri, run, 64)
+    assert [(n, why[:20]) for n, why, _ in run.refused] == [(len(parts), "a line over 1048576 ")]

@@ -60,9 +60,11 @@ MAX_TAG = 64
 #: Tag prefixes of this parser's own lines: a phase line under one is refused.
 RESERVED = ("spec-prof", "spec-trace", "spec-advice")
 _RESERVED_HEAD = tuple("[" + r for r in RESERVED)
-_UNTAGGABLE = re.compile(r"[\]\s\x00-\x1f\x7f\ud800-\udfff]")
-_TAG_HEAD = re.compile(rf"\[([^\]\s]{{1,{MAX_TAG}}}{_P})\] ").match
-_LONG_TAG = re.compile(rf"\[[^\]\s]{{{MAX_TAG + 1},}}\] rounds=").match
+#: A tag holds no bracket: ``[33m[glm5-phase]`` (a colour code whose ESC a collector cut) is
+#: ``glm5-phase`` behind a prefix, and a tag reads the same with or without one.
+_UNTAGGABLE = re.compile(r"[\[\]\s\x00-\x1f\x7f\ud800-\udfff]")
+_TAG_HEAD = re.compile(rf"\[([^\[\]\s]{{1,{MAX_TAG}}}{_P})\] ").match
+_LONG_TAG = re.compile(rf"\[[^\[\]\s]{{{MAX_TAG + 1},}}\] rounds=").match
 _PHASE = re.compile(
     rf"rounds={_N} k={_N} total={_F2}ms \| draft={_F2} verify={_F2} accept={_F2} roll={_F2} "
     rf"maint={_F2} \| per-round ms: draft={_F3} verify={_F3} accept={_F3} roll={_F3} "
@@ -123,7 +125,7 @@ _CRI_HEAD = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[^ ]+ (stdout|stderr) ([PF])
 
 
 def taggable(t: str, room: int = MAX_TAG) -> str:
-    """``t`` as a tag this parser takes back: a space, a control character, ``]`` or a lone
+    """``t`` as a tag this parser takes back: a space, a control character, a bracket or a lone
     surrogate (an undecodable byte: no UTF-8 carries it to /metrics) becomes ``_``, one of the
     :data:`RESERVED` prefixes gets an ``x`` before it, and it is cut to ``room`` characters."""
     t = _UNTAGGABLE.sub("_", t)
@@ -212,11 +214,12 @@ class CriJoin:
     conmon writes a part at each read of the pipe, containerd past 16 KiB), and so are Docker
     json-file's records whose ``log`` lacks its newline (cut at 16 KiB): alone, a part is a
     damaged line behind a prefix, its round lost unsaid. A call holds a part (per stream, up to
-    ``limit`` characters: a longer line reads as nothing) and returns ``""``; the line that ends
-    it comes back whole (a Docker line as its bare text), any other line as it is."""
+    ``limit`` characters: a longer line reads as nothing, counted in ``overlong`` for its reader
+    to say) and returns ``""``; the line that ends it comes back whole (a Docker line as its
+    bare text), any other line as it is."""
 
     def __init__(self, limit: int = 1 << 20) -> None:
-        self.limit = limit
+        self.limit, self.overlong = limit, 0
         self._held: dict[str, str | None] = {}  # a stream's parts so far; None: past the limit
 
     def __call__(self, line: str) -> str:
@@ -237,6 +240,7 @@ class CriJoin:
             self._held[stream] = part if part is None or len(part) <= self.limit else None
             return ""
         if held is None:  # the end of a line past the limit: nobody's legacy line
+            self.overlong += 1
             return ""
         return head + held + body if held else line
 

@@ -155,7 +155,11 @@ def _read_log(lines: Iterable[str], run: Run, max_families: int) -> None:
     cri = CriJoin()  # a pod's log: a line's CRI parts are read as one, as the tail reads them
     for n, line in enumerate(lines, 1):
         try:
-            if (rec := parse_line(cri(line))) is None:
+            was, line = cri.overlong, cri(line)
+            if cri.overlong != was:  # its CRI parts joined past the limit
+                run.refused.append((n, _OVERLONG, ""))
+                continue
+            if (rec := parse_line(line)) is None:
                 continue
             if type(rec) is RoundsLine and (p := rec.prof).j > p.k:  # the analysis refuses it
                 raise LegacyParseError(line, f"row with k={p.k}, j={p.j}: j must be in 0..k")

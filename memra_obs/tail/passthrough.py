@@ -155,7 +155,11 @@ class Tail:
                 self._bad(n, _OVERLONG, "")
                 continue
             if line[:1] != "[":  # no legacy line starts otherwise; a CRI part joins its line
-                line = cri(line)
+                was, line = cri.overlong, cri(line)
+                if cri.overlong != was:  # its parts joined past MAX_LINE
+                    other += 1
+                    self._bad(n, _OVERLONG, "")
+                    continue
             try:
                 rec = parse_line(line)
             except LegacyParseError as exc:
