@@ -459,3 +459,31 @@ def test_a_renamed_away_file_is_closed_once_drained(tmp_path):
     assert src.read(0.02) == b"b\n" and len(os.listdir("/proc/self/fd")) == held
     src.close()
     src.close()  # once: the number may be another file's by now
+
+
+def test_a_live_pipe_is_laid_out_live_and_a_file_read_once_is_a_backlog(tmp_path: Path):
+    """pump() tells the rebuilder when lines arrive at the writer's pace: a pipe's short reads
+    (interleaved loops then keep to the clock), never a regular file read once (a backlog)."""
+    from memra_obs.tail.source import PipeSource
+
+    seen: list[bool] = []
+
+    class Spy(Rebuilder):
+        def feed(self, rec: Any, t: int) -> str | None:
+            seen.append(self.live)
+            return super().feed(rec, t)
+
+    blob = ("\n".join(worker_lines(2)) + "\n").encode()
+    r, w = os.pipe()
+    os.write(w, blob)
+    os.close(w)
+    pump(Tail(Spy("w"), lambda b: None, out=None, notes=lambda s: None), PipeSource(r, "-", own=True),
+         stop=lambda: False)  # fmt: skip
+    assert seen and all(seen)
+    seen.clear()
+    path = tmp_path / "w.log"
+    path.write_bytes(blob)
+    fd = os.open(path, os.O_RDONLY)
+    pump(Tail(Spy("w"), lambda b: None, out=None, notes=lambda s: None), PipeSource(fd, "w", own=True),
+         stop=lambda: False)  # fmt: skip
+    assert seen and not any(seen)

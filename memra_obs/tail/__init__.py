@@ -24,7 +24,7 @@ from ..export import QueueSink
 from ..wiring import Exporters, build_exporters, sessions_sampled
 from .passthrough import Tail
 from .rebuild import Rebuilder
-from .source import GZIP_MAGIC, FollowSource, GzipSource, PipeSource
+from .source import CHUNK, GZIP_MAGIC, FollowSource, GzipSource, PipeSource
 from .stats import TailCollector, TailStats
 
 __all__ = ["Rebuilder", "Tail", "TailCollector", "TailStats", "main", "pump"]
@@ -185,6 +185,11 @@ def pump(
             tail.note(f"{source.path} rotated ({style}); reading the new content from its start")
 
         source.on_rotate = rotated
+    # a pipe or a followed file: a short read is the writer's pace (a file read once, a gzip
+    # and a full read are a backlog); laid out live, interleaved loops keep to the clock
+    live = isinstance(source, FollowSource) or not (
+        isinstance(source, GzipSource) or stat.S_ISREG(os.fstat(source.fd).st_mode)
+    )
     try:
         while not stop():
             data = source.read(read_s)
@@ -192,6 +197,7 @@ def pump(
             if data is None:
                 break
             if data:
+                tail.rebuilder.live = live and len(data) < CHUNK
                 tail.feed(data, now)
             tail.tick(now)
     finally:  # the end, a stop or a read error: what was read is published
