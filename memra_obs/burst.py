@@ -11,7 +11,7 @@ import operator
 import threading
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from typing import TYPE_CHECKING, Any
 
 from .clock import now_ns
@@ -289,14 +289,21 @@ class Burst:
             if self._pending:
                 self._settle()
             else:  # marks no round will read: dropped (the event clock's count of them too)
-                self._t = self._clock.settle([])
+                self._forget()
+
+    def _forget(self) -> None:
+        """Drop the marks no round reads, and the clock's count of them (a failing clock's
+        settle is its own next settle's to say: nothing raises into the loop)."""
+        self._t = []
+        with suppress(Exception):
+            self._clock.settle([])
 
     def _settle(self) -> int:
         """Settle the pending rounds; the last settled stamp (0: none). A clock that fails to
         settle leaves the rounds their host stamps (a stream it cannot time), said once."""
         if not self._pending:
             if self._t and not self._clock.immediate:  # only dropped rounds' marks
-                self._t = self._clock.settle([])
+                self._forget()
             return 0
         last = 0
         try:

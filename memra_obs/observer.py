@@ -249,7 +249,7 @@ def _taggable(name: str, t: object) -> str | None:
     if fixed != t:
         fam = f" (a family at most {room}: its tags add '-phase-v')" if room < MAX_TAG else ""
         say_once(f"session-{name}:{t}", f"Observer.session({name}={t!r}): a legacy tag holds no "
-                 f"space, control character, ']' or undecodable byte, starts with none of "
+                 f"space, control character, bracket or undecodable byte, starts with none of "
                  f"{', '.join(RESERVED)}, and has at most {MAX_TAG} characters{fam}, or its "
                  f"lines would not parse back (nor /metrics encode "
                  f"them); recorded as {fixed!r}", "rename")  # fmt: skip

@@ -123,7 +123,10 @@ class RequestsExporter:
         tid = s.trace_id or s.caller_trace_id  # an unsampled caller's too: the join key
         out = {
             "session": s.session, "trace_id": format(tid, "032x") if tid else "",
-            "family": s.family, "worker": s.worker, "rounds": end.rounds, "bursts": end.bursts,
+            "family": s.family, "worker": s.worker,  # when, as the spans say it (a join by time)
+            "start_unix_nano": tl.to_epoch_ns(s, s.start_ns_mono),
+            "end_unix_nano": tl.to_epoch_ns(s, end.end_ns_mono),
+            "rounds": end.rounds, "bursts": end.bursts,
             "tokens": end.tokens, "error": end.error,
             **request_record(c.ks, c.js, c.phases, self.detailed, c.k, c.unknown),
             "first_token": c.first_token,

@@ -132,6 +132,7 @@ def test_max_position_caps_the_listing_not_the_rates():
     full, cut = estimate_acceptance(rs), estimate_acceptance(rs, max_position=1)
     assert len(cut.positions) == 2 and cut.positions == full.positions[:2]
     assert cut.pooled == full.pooled and cut.tail == full.tail
+    assert all(cut.expected_tokens(k) == full.expected_tokens(k) for k in range(1, 12))
 
 
 def test_zero_acceptance_position():

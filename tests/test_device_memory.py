@@ -634,3 +634,7 @@ def test_a_hung_nvml_start_holds_a_snapshot_once_and_forks_once(monkeypatch) -> 
             break
         time.sleep(0.02)
     assert fm.snapshot() == [(0, 1000)] and not fm.stuck
+    fm.stuck = True  # a parent's wait that outlived a fork's: not the child's (NVML anew there)
+    monkeypatch.setattr(memory, "_restart", lambda fm: fm._lock.release())
+    memory._after_fork(child=True)
+    assert not fm.stuck

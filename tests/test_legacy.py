@@ -256,7 +256,7 @@ def test_a_line_behind_a_log_collectors_prefix_is_ours():
             assert parse_line(wrapped) == want, wrapped
 
 
-def test_a_tag_reads_the_same_behind_a_prefix_and_a_cut_colour_code_is_a_prefix():
+def test_a_tag_reads_the_same_behind_a_prefix_and_a_cut_colour_code_is_a_prefix(caplog):
     """A family with a bracket (``"qwen[mtp]"``) was printed as ``qwen[mtp_-phase``: read so
     direct, but ``mtp_-phase`` behind a CRI or kubectl prefix (two families for one worker). A
     colour code whose ESC a collector cut (``[33m[glm5-phase] ...``) minted family ``33m[glm5``.
@@ -271,13 +271,15 @@ def test_a_tag_reads_the_same_behind_a_prefix_and_a_cut_colour_code_is_a_prefix(
         b.end_round(k=4, j=2)
         b.end()
     (line,) = cap.lines
-    assert cap.sessions[0].family == "qwen_mtp_"
+    assert cap.sessions[0].family == "qwen_mtp_" and "bracket" in caplog.text
     for wrapped in (line, f"2026-12-07T01:02:03Z stderr F {line}", f"[pod/w-0/main] {line}"):
         assert parse_line(wrapped).tag == "qwen_mtp_-phase", wrapped
     golden = GOLDEN.read_text().splitlines()[0]
     want = parse_line(golden)
     for cut in (f"[33m{golden}", f"[1;33m{golden}"):
         assert parse_line(cut) == want, cut
+    old = golden.replace("[glm5-phase]", "[qwen[mtp_-phase]")  # a log of before: read as then
+    assert parse_line(old).tag == "qwen[mtp_-phase"
 
 
 def test_a_line_in_a_json_record_is_ours_whatever_its_field():

@@ -467,6 +467,28 @@ def test_a_clock_that_fails_to_settle_keeps_its_rounds_host_stamps(caplog):
     assert caplog.text.count("clock settle failed (RuntimeError('device lost'))") == 1
 
 
+def test_a_failing_clock_never_raises_into_a_loop_that_drops_its_rounds():
+    """Forgetting the marks of dropped rounds asks the clock too (settle of none): a clock
+    whose settle raises raised into the loop at the 1,535th dropped round, and a burst whose
+    only round was dropped was not published."""
+
+    class Failing(_FakeEventClock):
+        def settle(self, stamps):
+            raise RuntimeError("cudaErrorLaunchFailure")
+
+    keep = RecordingSink()
+    obs = Observer([keep], level=1, prof=False, clock=Failing)
+    with obs.session("glm5") as s:
+        b = s.burst(4)
+        for _ in range(3000):
+            one_round(b, k=None)  # dropped: no k
+        b.end()
+        b2 = s.burst(4)
+        one_round(b2, k=None)
+        b2.end()
+    assert obs.dropped_rounds == 3001 and len(keep.of(BurstRecord)) == 2
+
+
 def test_a_clock_going_back_refuses_the_log_row_not_the_loop(caplog):
     """A clock factory whose stamps go back: the round's profile row is refused, said; nothing
     raises into the loop."""

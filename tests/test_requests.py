@@ -503,3 +503,27 @@ def test_an_error_with_a_lone_surrogate_is_written_as_valid_unicode(tmp_path):
     err = json.loads(path.read_text())["error"]
     err.encode("utf-8")  # valid text
     assert err == "RuntimeError: cannot load model-\\udcff.safetensors"  # the escape, as text
+
+
+def test_a_line_says_when_as_its_session_span_does(tmp_path):
+    """start_unix_nano / end_unix_nano: the session span's start and end (Unix ns, through the
+    session's anchor pair). A line with no trace id (an unsampled session) joined nothing."""
+    import time
+
+    from memra_obs.requests import RequestsExporter
+    from memra_obs.testing import capture
+    from memra_obs.timeline import SessionEndRecord, SessionRecord, to_epoch_ns
+
+    t0 = time.time_ns()
+    with capture(level=0, prof=False) as cap:
+        _session(cap.observer, random.Random(1))
+    t1 = time.time_ns()
+    ex = RequestsExporter(str(tmp_path / "requests.jsonl"))
+    ex.export(cap.records)
+    ex.shutdown()
+    (rec,) = map(json.loads, (tmp_path / "requests.jsonl").read_text().splitlines())
+    (s,), (e,) = cap.sink.of(SessionRecord), cap.sink.of(SessionEndRecord)
+    assert rec["start_unix_nano"] == to_epoch_ns(s, s.start_ns_mono)
+    assert rec["end_unix_nano"] == to_epoch_ns(s, e.end_ns_mono)
+    assert t0 <= rec["start_unix_nano"] < rec["end_unix_nano"] <= t1
+    assert list(rec)[4:6] == ["start_unix_nano", "end_unix_nano"]

@@ -12,7 +12,7 @@ import math
 import threading
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate, islice
 from operator import mul
 from statistics import NormalDist
@@ -143,13 +143,16 @@ class AcceptanceEstimate:
     positions: tuple[Position, ...]
     pooled: Interval  # the i.i.d. rate: Σ accepted / Σ at risk, the censored-geometric MLE
     tail: Interval  # assumed past the data: the deepest positions' rate (a flat tail)
+    #: Every position (``positions`` may be capped by ``max_position``): E(k) reads these.
+    every: tuple[Position, ...] = field(default=(), repr=False, compare=False)
 
     def expected_tokens(self, k: int) -> Interval:
         """E(k) = 1 + Σ_{i=1..k} S(i), the tokens a round drafting k commits; its interval has
         each α's Wilson half-widths through dE/dα (MOVER), past the data the flat tail's
         and its covariance with the deepest positions it pools."""
-        n = len(self.positions)
-        al = [self.positions[i].alpha if i < n else self.tail for i in range(k)]
+        ps = self.every or self.positions
+        n = len(ps)
+        al = [ps[i].alpha if i < n else self.tail for i in range(k)]
         surv = list(accumulate((a.value for a in al), mul))
         grad, r = [0.0] * (min(k, n) + 1), 1.0  # dE/dα of each position seen, then of the tail
         for m in range(k - 1, -1, -1):
@@ -159,8 +162,8 @@ class AcceptanceEstimate:
         # tail's covariance with the deepest positions it pools (w_m var(α_m), w_m their share)
         terms = [(g * g, a) for g, a in zip(grad, [*al[:n], self.tail], strict=True) if g]
         if k > n:
-            first, _, pooled = _tail_of(self.positions)
-            for p in self.positions[first:]:
+            first, _, pooled = _tail_of(ps)
+            for p in ps[first:]:
                 terms.append((2 * grad[n] * grad[p.position] * p.at_risk / pooled, p.alpha))
         lo = math.sqrt(sum(w * (a.value - a.lo) ** 2 for w, a in terms))
         hi = math.sqrt(sum(w * (a.hi - a.value) ** 2 for w, a in terms))
@@ -181,8 +184,8 @@ def _tail_of(positions: Sequence[Position]) -> tuple[int, int, int]:
 def estimate_acceptance(
     rounds: Iterable[RoundLike] | Stats, *, level: float = 0.95, max_position: int | None = None
 ) -> AcceptanceEstimate:
-    """α_i and S(i+1) by position (0..max_position at most: the pooled and tail rates are
-    over every position), E(k) and the pooled rate."""
+    """α_i and S(i+1) by position (0..max_position at most: the pooled and tail rates and
+    E(k) are over every position), E(k) and the pooled rate."""
     st = rounds if isinstance(rounds, Stats) else Stats(rounds, phases=False)
     z, (_, accepted, at_risk) = z_of(level), st.counts()
     n_pos = next((i for i, n in enumerate(at_risk) if n == 0), len(at_risk))
@@ -204,7 +207,9 @@ def estimate_acceptance(
     pooled = wilson(sum(p.accepted for p in positions), sum(p.at_risk for p in positions), z)
     tail = wilson(*_tail_of(positions)[1:], z)
     shown = positions if max_position is None else positions[: max_position + 1]
-    return AcceptanceEstimate(st.kj.total(), st.skipped, level, (*shown,), pooled, tail)
+    return AcceptanceEstimate(
+        st.kj.total(), st.skipped, level, (*shown,), pooled, tail, (*positions,)
+    )
 
 
 def spec_decode_record(

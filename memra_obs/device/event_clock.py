@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from contextlib import suppress
 from functools import partial
 from operator import attrgetter
 from typing import Any
@@ -37,35 +36,48 @@ def framework(stream: object) -> str | None:
 _FRAMEWORKS = {"cupy": "cupy", "cupy_backends": "cupy", "torch": "torch"}
 
 
-def stream_handle(stream: object) -> int | None:
+def stream_handle(stream: object, fw: str | None = None) -> int | None:
     """The raw ``cudaStream_t`` of a CuPy (``.ptr``) or torch (``.cuda_stream``) stream."""
-    attr = {"cupy": "ptr", "torch": "cuda_stream"}.get(framework(stream) or "")
-    with suppress(Exception):
+    attr = _HANDLE.get(fw or framework(stream) or "")
+    try:
         return None if attr is None else int(getattr(stream, attr))
-    return None
+    except Exception:
+        return None
 
 
-def stream_device(stream: object) -> int | None:
+def stream_device(stream: object, fw: str | None = None) -> int | None:
     """The CUDA ordinal of a CuPy (``.device_id``) or torch (``.device.index``) stream, or None.
     CuPy's -1 (``Stream.null``, ``.ptds``, ``ExternalStream``: the current device's) is the
     current device: as an ordinal, every event failed to make (host stamps only, unsaid why)."""
-    attr = {"cupy": "device_id", "torch": "device.index"}.get(framework(stream) or "")
-    with suppress(Exception):
+    attr = _DEVICE.get(fw or framework(stream) or "")
+    try:
         d = None if attr is None else int(attrgetter(attr)(stream))
         if d is not None and d < 0:
             import cupy
 
             d = int(cupy.cuda.runtime.getDevice())
         return d
-    return None
+    except Exception:
+        return None
+
+
+_HANDLE = {"cupy": "ptr", "torch": "cuda_stream"}
+_DEVICE = {"cupy": "device_id", "torch": "device.index"}
 
 
 def same_stream(a: object, b: object) -> bool:
     """One CUDA stream: the same object, or one handle on one device (0 exists on each)."""
     if a is b:
         return True
-    ha = stream_handle(a)
-    return ha is not None and ha == stream_handle(b) and stream_device(a) == stream_device(b)
+    fw = framework(a)
+    if fw is None or fw != framework(b):  # (once a session: no more than it needs)
+        return False
+    ha = stream_handle(a, fw)
+    return (
+        ha is not None
+        and ha == stream_handle(b, fw)
+        and stream_device(a, fw) == stream_device(b, fw)
+    )
 
 
 def pair(e: Stream | None, eh: Stream | None) -> tuple[Stream | None, Stream | None]:

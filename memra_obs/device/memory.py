@@ -260,10 +260,11 @@ class FreeMemory:
         """The ordinal -> device plan, made once. A warm-up (``nvmlInit``) still under way is
         waited for at most ``FORK_WAIT_S``, then not at all until it ends: a hung driver held
         every profiled request's loop for as long as it hung."""
-        if not self._lock.acquire(timeout=0 if self.stuck else FORK_WAIT_S):
-            self.stuck = True
-            self._say("stuck", f"NVML did not start within {FORK_WAIT_S:g} s (a hung driver, "
-                      "a card off the bus?); none recorded until it does")  # fmt: skip
+        if not self._lock.acquire(timeout=0 if (waited := self.stuck) else FORK_WAIT_S):
+            if not waited:
+                self.stuck = True
+                self._say("stuck", f"NVML did not start within {FORK_WAIT_S:g} s (a hung "
+                          "driver, a card off the bus?); none recorded until it does")  # fmt: skip
             return []
         try:
             self.stuck = False
@@ -418,6 +419,8 @@ def _after_fork(child: bool = False) -> None:
         _held.pop().release()
     if child:
         _default_lock = threading.Lock()
+        if _default is not None:  # the parent's wait is not the child's (its NVML starts anew)
+            _default.stuck = False
         if _default is not None and _default._lock.locked():  # NVML stuck in the parent
             _default._lock, _default._slots = threading.Lock(), []
             say_once("memory:fork", "free memory: NVML was still starting when this process "

@@ -60,11 +60,13 @@ MAX_TAG = 64
 #: Tag prefixes of this parser's own lines: a phase line under one is refused.
 RESERVED = ("spec-prof", "spec-trace", "spec-advice")
 _RESERVED_HEAD = tuple("[" + r for r in RESERVED)
-#: A tag holds no bracket: ``[33m[glm5-phase]`` (a colour code whose ESC a collector cut) is
-#: ``glm5-phase`` behind a prefix, and a tag reads the same with or without one.
+#: The observer writes no bracket in a tag: a tag reads the same with a collector's prefix
+#: before it as without (read so, ``[qwen[mtp_-phase]`` is ``mtp_-phase``). A foreign tag
+#: with one reads as it always did, but for a colour code whose ESC a collector cut
+#: (``[33m[glm5-phase] ...``: ``glm5-phase`` behind a prefix, not family ``33m[glm5``).
 _UNTAGGABLE = re.compile(r"[\[\]\s\x00-\x1f\x7f\ud800-\udfff]")
-_TAG_HEAD = re.compile(rf"\[([^\[\]\s]{{1,{MAX_TAG}}}{_P})\] ").match
-_LONG_TAG = re.compile(rf"\[[^\[\]\s]{{{MAX_TAG + 1},}}\] rounds=").match
+_TAG_HEAD = re.compile(rf"\[(?![0-9;]*m\[)([^\]\s]{{1,{MAX_TAG}}}{_P})\] ").match
+_LONG_TAG = re.compile(rf"\[(?![0-9;]*m\[)[^\]\s]{{{MAX_TAG + 1},}}\] rounds=").match
 _PHASE = re.compile(
     rf"rounds={_N} k={_N} total={_F2}ms \| draft={_F2} verify={_F2} accept={_F2} roll={_F2} "
     rf"maint={_F2} \| per-round ms: draft={_F3} verify={_F3} accept={_F3} roll={_F3} "
