@@ -218,3 +218,39 @@ def test_event_clock_times_cupys_default_stream() -> None:
         queued = (host[2] - host[0]) / 1e6
         print(f"\n[gpu] cupy {s!r}: device ms between marks {gaps}; host ms to queue {queued:.3f}")
         assert min(gaps) > 1.0 and sum(gaps) > 3 * queued, (gaps, queued)
+
+
+def test_event_clock_times_an_engines_torch_stream_subclass() -> None:
+    """An engine's own ``class EngineStream(torch.cuda.Stream)`` (its module the engine's): read
+    off the type alone it was no framework, its ``record_event()`` events had no timing, and
+    every round was dropped. Its device time now lands between the marks, as a torch stream's."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device through torch")
+    EngineStream = type("EngineStream", (torch.cuda.Stream,), {"__module__": "engine.streams"})
+    s = EngineStream()
+    a = torch.ones((4096, 4096), device="cuda")
+    a @ a  # cuBLAS starts before any mark
+    torch.cuda.synchronize()
+    with (
+        capture(level=1, clock="event") as cap,
+        cap.observer.session("t", e=s, eh=s) as sess,
+        torch.cuda.stream(s),
+    ):
+        b = sess.burst(4)
+        for _ in range(2):
+            b.begin_round()
+            b.end_draft()
+            for _ in range(10):
+                a @ a
+            b.end_verify()
+            b.end_accept()
+            b.end_rollback()
+            b.end_round(k=4, j=2)
+        b.end()
+    verify = [(r.t_ns_mono[2] - r.t_ns_mono[1]) / 1e6 for r in cap.rounds]
+    print(
+        f"\n[gpu] torch subclass {type(s).__module__}: verify ms {verify}, "
+        f"dropped {cap.observer.dropped_rounds}"
+    )
+    assert len(verify) == 2 and cap.observer.dropped_rounds == 0 and min(verify) > 1.0
