@@ -16,6 +16,7 @@ from . import flags
 from .diagnostics import say_once
 from .environment import (
     MEMRA_OBS_AGENT,
+    MEMRA_OBS_SINKS,
     ConfigError,
     Settings,
     idle_knobs,
@@ -79,24 +80,14 @@ def build_exporters(
                 urls = [getattr(o.sender, "url", "?") for o in out.spans.outputs]
                 out.where.append("spans -> " + ", ".join(urls))
         if "prometheus" in st.sinks:
-            from .otel.spans import round_span_ids
-            from .prom import PrometheusExporter
-
             if retire is not None:  # what can be refused is built: the observer replaced
                 retire()  # gives up the registry's names unsaid (and the /metrics port)
-            out.prom = PrometheusExporter(
-                registry=registry,
-                worker=worker,
-                worker_label=worker_label,
-                round_span_id=round_span_ids(st.round_spans) if out.spans is not None else None,
-                advice_window=st.advice_window,
-                max_families=st.max_families,
-                plain_step_ns=None if st.plain_step_ms is None else st.plain_step_ms * 1e6,
-                traced=out.spans is not None,
+            out.prom = _prometheus(
+                st, registry, worker, worker_label, out.spans is not None, strict
             )
-            if st.metrics_addr is None:
+            if out.prom is not None and st.metrics_addr is None:
                 out.where.append(f"metrics -> the registry only ({st.named('metrics_addr')} empty)")
-            else:
+            elif out.prom is not None:
                 out.server = _serve(st, out.prom, strict)
                 if out.server is not None:
                     out.where.append(f"/metrics on {out.server.url}")
@@ -135,6 +126,35 @@ def sessions_sampled(env: Mapping[str, str] | None = None) -> Callable[[int], bo
     from .otel.config import traces_sampler
 
     return traces_sampler(os.environ if env is None else env)
+
+
+def _prometheus(
+    st: Settings, registry: Any, worker: str, worker_label: bool, traced: bool, strict: bool
+) -> Any:
+    """The Prometheus exporter, or None (said once) when the registry has its names already
+    (an app's own ``memra_*`` metric, a second copy of memra_obs, a reload): the observer's
+    spans and lines go on, as without a port (strict, the CLI: raised)."""
+    from .otel.spans import round_span_ids
+    from .prom import PrometheusExporter
+
+    try:
+        return PrometheusExporter(
+            registry=registry,
+            worker=worker,
+            worker_label=worker_label,
+            round_span_id=round_span_ids(st.round_spans) if traced else None,
+            advice_window=st.advice_window,
+            max_families=st.max_families,
+            plain_step_ns=None if st.plain_step_ms is None else st.plain_step_ms * 1e6,
+            traced=traced,
+        )
+    except ValueError as exc:
+        if strict or "Duplicated timeseries" not in str(exc):
+            raise
+        say_once("prom-clash", f"{MEMRA_OBS_SINKS}: the prometheus sink cannot join the registry "
+                 f"({exc}); carrying on without it (rename the other metrics, or leave "
+                 "prometheus out of the sinks)")  # fmt: skip
+        return None
 
 
 def _serve(st: Settings, prom: Any, strict: bool) -> Any:

@@ -176,3 +176,22 @@ def test_configure_replacing_an_observer_on_the_registry_says_nothing(addr, capl
         assert b"memra_spec_rounds_total" in generate_latest(reg)
     finally:
         memra_obs.get_observer().shutdown()
+
+
+def test_a_registry_that_has_the_names_costs_the_metrics_only(monkeypatch, caplog):
+    """A registry with a ``memra_*`` name already (an app's own metric, a second copy of
+    memra_obs, ``importlib.reload``): ``configure()`` raised DuplicateTimeseries and the process
+    lost its spans and lines too. Said once; the observer runs without the prometheus sink."""
+    from memra_obs.observer import Observer
+
+    monkeypatch.setattr(memra_obs, "_observer", None)
+    reg = CollectorRegistry()
+    Counter("memra_spec_rounds", "an app's own, by chance", registry=reg)
+    try:
+        obs = memra_obs.configure(level=1, prof=False, sinks="prometheus", metrics_addr="",
+                                  registry=reg, env={})  # fmt: skip
+        assert type(obs) is Observer and obs.level == 1  # its lines go on
+        assert caplog.text.count("the prometheus sink cannot join the registry") == 1
+        assert "memra_spec_rounds_total" in caplog.text
+    finally:
+        memra_obs.get_observer().shutdown()

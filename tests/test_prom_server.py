@@ -79,7 +79,7 @@ def test_gzip_methods_and_string_address(reg):
         assert h[
             "Content-Encoding"
         ] == "gzip" and b"memra_spec_round_seconds_bucket" in gzip.decompress(body)
-        assert get(srv.url, method="OPTIONS")[1]["Allow"] == "OPTIONS,GET"
+        assert get(srv.url, method="OPTIONS")[1]["Allow"] == "OPTIONS,GET,HEAD"
         with pytest.raises(urllib.error.HTTPError) as e:
             get(srv.url, method="POST")
         assert e.value.code == 405
@@ -430,3 +430,53 @@ def test_out_of_descriptors_the_accept_loop_waits_instead_of_spinning():
     calls, status = out.stdout.split(maxsplit=1)
     assert int(calls) < 60, f"{calls} accept attempts in 1 s"
     assert status.strip() == "HTTP/1.0 200"
+
+
+def test_head_answers_gets_headers_and_a_405_says_its_type(reg):
+    """HEAD (uptime checks, ``curl -I``) got 405; RFC 9110 asks a general server for it: GET's
+    headers, its length, no body. A 405 had no Content-Type."""
+    with serve_metrics(("127.0.0.1", 0), registry=reg) as srv:
+        _, h, body = get(srv.url)
+        status, hh, empty = get(srv.url, method="HEAD")
+        assert status == 200 and empty == b"" and hh["Content-Type"] == h["Content-Type"]
+        assert int(hh["Content-Length"]) == len(body)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            get(srv.url, method="POST")
+        assert e.value.code == 405 and e.value.headers["Content-Type"].startswith("text/plain")
+
+
+def test_openmetrics_2_asked_first_gets_1_0_0_labelled_so():
+    """Prometheus 3 with OpenMetricsText2.0.0 first in scrape_protocols: the 1.0.0 body came
+    labelled version=2.0.0 (prometheus_client copies the version asked), and Prometheus
+    refused the scrape (its openmetrics2 parser off) though 1.0.0 was listed next."""
+    from memra_obs.prom.model import encode
+
+    r = CollectorRegistry()
+    PrometheusExporter(r)
+    accept = ("application/openmetrics-text;version=2.0.0;escaping=allow-utf-8;q=0.6,"
+              "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,"
+              "text/plain;version=0.0.4;q=0.4")  # fmt: skip
+    body, headers = encode(r, accept)
+    ctype = dict(headers)["Content-Type"]
+    assert ctype.startswith("application/openmetrics-text; version=1.0.0") and "2.0.0" not in ctype
+    assert body.endswith(b"# EOF\n")
+    _, headers = encode(r, "application/openmetrics-text;version=2.0.0")
+    assert dict(headers)["Content-Type"].startswith("text/plain; version=0.0.4")
+
+
+def test_a_name_with_ipv4_and_ipv6_binds_ipv4(reg, monkeypatch):
+    """``localhost`` resolving ::1 first (Docker's /etc/hosts): bound to ::1 alone, a scrape of
+    127.0.0.1 was refused, unsaid. A name with both binds its IPv4 address."""
+    from memra_obs.prom import server as server_mod
+
+    real = socket.getaddrinfo
+
+    def v6_first(host, port, *a, **kw):
+        if host == "localhost":
+            six = (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0))
+            return [six, *real("127.0.0.1", port, *a, **kw)]
+        return real(host, port, *a, **kw)
+
+    monkeypatch.setattr(server_mod.socket, "getaddrinfo", v6_first)
+    with serve_metrics(("localhost", 0), registry=reg) as srv:
+        assert get(f"http://127.0.0.1:{srv.port}/metrics")[0] == 200

@@ -31,6 +31,11 @@ Snapshot = list[tuple[tuple[str, ...], Any, Any]]
 Query = dict[str, list[str]]
 #: OpenMetrics 0.0.1 is 1.0.0's text; prometheus_client answers it with text 0.0.4 (no exemplars).
 _OM_0_0_1 = re.compile(r"\s*;\s*version=0\.0\.1\b")
+#: An OpenMetrics version past 1.0.0 (Prometheus 3's OpenMetricsText2.0.0) is not ours to
+#: answer: prometheus_client labelled its 1.0.0 body with it, which Prometheus refused.
+_OM_NEXT = re.compile(
+    r"application/openmetrics-text\s*;[^,]*version=(?!1\.0\.0\b|0\.0\.1\b)[^,]*,?"
+)
 
 
 class Hist:
@@ -220,7 +225,7 @@ def encode(
 ) -> tuple[bytes, list[tuple[str, str]]]:
     """The body and headers answering one ``GET /metrics`` (``params``: its parsed query)."""
     try:
-        encoder, content_type = choose_encoder(_OM_0_0_1.sub("", accept or ""))
+        encoder, content_type = choose_encoder(_OM_0_0_1.sub("", _OM_NEXT.sub("", accept or "")))
     except Exception:  # its parser raises on a quoted (RFC 9110) or junk version=: text 0.0.4
         encoder, content_type = choose_encoder("")
     if params and "name[]" in params:

@@ -71,14 +71,17 @@ def metrics_app(registry: Any = None, basic_auth: tuple[str, str] | None = None)
                 ("Content-Type", "text/plain; charset=utf-8"),
             ]
         elif method == "OPTIONS":
-            headers = [("Allow", "OPTIONS,GET")]
-        elif method != "GET":
-            status, headers = "405 Method Not Allowed", [("Allow", "OPTIONS,GET")]
-            out = f"# HTTP {status}: {method}; use OPTIONS or GET\n".encode()
+            headers = [("Allow", "OPTIONS,GET,HEAD")]
+        elif method not in ("GET", "HEAD"):  # (HEAD: uptime checks, curl -I; RFC 9110 9.1)
+            status, out = "405 Method Not Allowed", f"# HTTP 405: {method}; use GET\n".encode()
+            headers = [("Allow", "OPTIONS,GET,HEAD"), ("Content-Type", "text/plain; charset=utf-8")]
         elif environ.get("PATH_INFO") != "/favicon.ico":  # an empty answer for browsers
             accept, gz = environ.get("HTTP_ACCEPT"), environ.get("HTTP_ACCEPT_ENCODING", "")
             query = parse_qs(environ.get("QUERY_STRING", ""))
             out, headers = encode(reg, accept, gzip_ok=gzip_accepted(gz), params=query)
+        if method == "HEAD":  # GET's headers, its length included, and no body
+            headers = [*headers, ("Content-Length", str(len(out)))]
+            out = b""
         start_response(status, headers)
         return [out]
 
@@ -306,7 +309,10 @@ def serve_metrics(
     app = metrics_app(registry, basic_auth)
     tls = _Tls(certfile, keyfile, client_cafile) if certfile and keyfile else None
     try:  # the address family follows the host (an IPv6 literal binds AF_INET6)
-        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        # a name with both (localhost: ::1 first where /etc/hosts says so): IPv4, where
+        # scrapers of 127.0.0.1 look (bound to ::1 alone, they were refused, unsaid)
+        info = next((i for i in infos if i[0] == socket.AF_INET), infos[0])
         cls = type("MetricsServer", (MetricsServer,), {"address_family": info[0]})
         srv = cast(MetricsServer, make_server(str(info[4][0]), port, app, cls, _Handler))
     except OSError as exc:
