@@ -6,10 +6,12 @@ a second (or at ``flush``), never the loop or a scrape.
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
+from ..analysis import Stats
 from ..diagnostics import say_once
 from ..timeline import RoundRecord
 from .model import Family
@@ -27,16 +29,34 @@ def _tail_sum(counts: list[int], start: int) -> float:
     return float(sum(counts[start:]))
 
 
+class _Kept(NamedTuple):
+    """What the fit needs of a round in the window (a RoundRecord kept whole was ~665 B)."""
+
+    k: int
+    j: int
+    ph: tuple[int, int, int, int, int]
+
+    def phase_ns(self) -> tuple[int, int, int, int, int]:
+        return self.ph
+
+
 class LoopAdvisor:
     """One ``(worker,) family`` label set's counts by k and j, and its window of rounds."""
 
-    __slots__ = ("by_j", "by_k", "clock", "dirty", "f", "info", "lv", "top", "win")
+    __slots__ = ("by_j", "by_k", "clock", "dirty", "f", "gone", "info", "lv", "new", "st", "top",
+                 "win")  # fmt: skip
 
     def __init__(self, f: dict[str, Family], lv: tuple[str, ...], window: int) -> None:
         self.f, self.lv = f, lv
         self.by_k, self.by_j = [0] * (POSITIONS + 1), [0] * (POSITIONS + 1)
         self.top, self.dirty = 0, False  # top: positions with series so far
-        self.win: deque[RoundRecord] | None = deque(maxlen=window) if window else None
+        self.win: deque[_Kept] | None = deque(maxlen=window) if window else None
+        #: The window's sums, kept up to date at each ``take`` from what came and went since
+        #: (the refit rebuilt them from every round: ~8 ms a family a second, on the GIL the
+        #: loop shares; 64 families slowed the loop ~30%); None: built anew at the next take.
+        self.st: Stats | None = None
+        self.gone: list[_Kept] = []  # rounds the window dropped since the last take
+        self.new = 0  # rounds it took since then
         self.clock = ""  # the clock that timed this label set's phases ("" until a session says)
         self.info: tuple[str, ...] = ()  # the info series' label values (none yet: ())
 
@@ -59,19 +79,33 @@ class LoopAdvisor:
         # (a conditional, not min(): a builtin call costs more, on every round)
         self.by_k[k if k < POSITIONS else POSITIONS] += n
         self.by_j[j if j < POSITIONS else POSITIONS] += n
-        if self.win is not None:  # a run is n rounds for the fit too
-            if n == 1:
-                self.win.append(r)
-            else:
-                self.win.extend([r] * min(n, self.win.maxlen or 1))
+        if (win := self.win) is not None:  # a run is n rounds for the fit too
+            kept, size = _Kept(k, j, r.phase_ns()), win.maxlen or 1
+            for _ in range(min(n, size)):
+                if self.st is not None and len(win) == size:
+                    self.gone.append(win[0])
+                win.append(kept)
+            self.new += n
+            if self.st is not None and self.new * 4 > size:  # many came: cheaper built anew
+                self.st, self.gone = None, []
             self.dirty = True
 
-    def take(self) -> list[RoundRecord] | None:
-        """The window's rounds when they changed since the last advice; under the lock."""
+    def take(self) -> Stats | None:
+        """The window's sums when they changed since the last advice (a copy: the fit runs
+        outside the lock); under the lock."""
         if not self.dirty or self.win is None:
             return None
-        self.dirty = False
-        return list(self.win)
+        st, win = self.st, self.win
+        if st is None:
+            st = self.st = Stats(win)
+        else:  # what went, and what came: the window's newest ``new``
+            for r in self.gone:
+                st.add(r.k, r.j, r.ph, -1)
+            for i in range(len(win) - self.new, len(win)):
+                r = win[i]
+                st.add(r.k, r.j, r.ph)
+        self.dirty, self.new, self.gone = False, 0, []
+        return copy.deepcopy(st)
 
     def publish(self, a: Any) -> None:
         """Set the gauges from an :class:`memra_obs.analysis.Advice` (None: the window gives
