@@ -65,16 +65,24 @@ def parse_addr(var: str, value: str, check: bool = True) -> tuple[str, int] | No
     if not check:
         return host, p
     try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            s.bind(sockaddr)
+        infos = bind_order(socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM))
     except socket.gaierror as exc:
         raise ConfigError(f"{var}={value!r}: cannot resolve {host!r} ({exc.strerror})") from None
-    except OSError as exc:
-        raise ConfigError(
-            f"{var}={value!r}: {host!r} is not an address of this host ({exc.strerror})"
-        ) from None
-    return host, p
+    err = OSError(f"{host!r}: no address")
+    for family, _, _, _, sockaddr in infos:  # as serve_metrics binds: the first that does
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind(sockaddr)
+            return host, p
+        except OSError as exc:
+            err = exc
+    raise ConfigError(f"{var}={value!r}: {host!r} is not an address of this host ({err.strerror})")
+
+
+def bind_order(infos: list[Any]) -> list[Any]:
+    """``getaddrinfo``'s answers, IPv4 first: ``localhost`` answering ``::1`` first (Docker's
+    /etc/hosts) bound to ::1 alone, and scrapers of 127.0.0.1 were refused, unsaid."""
+    return sorted(infos, key=lambda i: i[0] != socket.AF_INET)
 
 
 def _parse_sinks(var: str, value: str) -> frozenset[str]:

@@ -45,6 +45,9 @@ def test_an_engines_subclass_of_a_framework_stream_is_that_frameworks() -> None:
     engine.cuda_stream, engine.device = 7, torch_stream.device
     assert framework(engine) == "torch" and streams.stream_handle(engine) == 7
     assert same_stream(engine, torch_stream)
+    # and CuPy's ExternalStream of that handle is the one stream too, as it always was
+    assert same_stream(torch_stream, fake_stream("cupy.cuda.stream", 7))
+    assert not same_stream(torch_stream, fake_stream("cupy.cuda.stream", 8))
 
 
 def test_two_wrappers_of_one_stream_given_as_e_and_eh_drain_once() -> None:

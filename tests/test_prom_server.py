@@ -462,6 +462,12 @@ def test_openmetrics_2_asked_first_gets_1_0_0_labelled_so():
     assert body.endswith(b"# EOF\n")
     _, headers = encode(r, "application/openmetrics-text;version=2.0.0")
     assert dict(headers)["Content-Type"].startswith("text/plain; version=0.0.4")
+    for kept in ("application/openmetrics-text;version=1.0.0;x-version=2",
+                 "application/openmetrics-text;schemaversion=2;version=1.0.0"):  # fmt: skip
+        _, headers = encode(r, kept)  # another parameter's name ending in "version"
+        assert dict(headers)["Content-Type"].startswith(
+            "application/openmetrics-text; version=1.0.0"
+        )
 
 
 def test_a_name_with_ipv4_and_ipv6_binds_ipv4(reg, monkeypatch):
@@ -480,3 +486,18 @@ def test_a_name_with_ipv4_and_ipv6_binds_ipv4(reg, monkeypatch):
     monkeypatch.setattr(server_mod.socket, "getaddrinfo", v6_first)
     with serve_metrics(("localhost", 0), registry=reg) as srv:
         assert get(f"http://127.0.0.1:{srv.port}/metrics")[0] == 200
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+
+    def nat(host, port, *a, **kw):  # a cloud VM's name: its IPv4 a NAT's, not this host's
+        six = (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0))
+        return [six, (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("203.0.113.5", port))]
+
+    monkeypatch.setattr(server_mod.socket, "getaddrinfo", nat)
+    assert Settings.resolve(env={"MEMRA_OBS_METRICS_ADDR": "vm.example:0"}).metrics_addr
+    with serve_metrics(("vm.example", 0), registry=reg) as srv:  # the one that binds: ::1
+        assert get(f"http://[::1]:{srv.port}/metrics")[0] == 200

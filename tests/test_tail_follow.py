@@ -475,11 +475,20 @@ def test_a_live_pipe_is_laid_out_live_and_a_file_read_once_is_a_backlog(tmp_path
 
     blob = ("\n".join(worker_lines(2)) + "\n").encode()
     r, w = os.pipe()
-    os.write(w, blob)
-    os.close(w)
+
+    def write() -> None:  # the writer's pace: three short reads, the first alone not live
+        cut = [i + 1 for i, c in enumerate(blob) if c == 10]  # whole lines a part
+        for part in (blob[: cut[1]], blob[cut[1] : cut[3]], blob[cut[3] :]):
+            os.write(w, part)
+            time.sleep(0.05)
+        os.close(w)
+
+    writer = threading.Thread(target=write)
+    writer.start()
     pump(Tail(Spy("w"), lambda b: None, out=None, notes=lambda s: None), PipeSource(r, "-", own=True),
-         stop=lambda: False)  # fmt: skip
-    assert seen and all(seen)
+         stop=lambda: False, read_s=0.02)  # fmt: skip
+    writer.join()
+    assert seen and not seen[0] and seen[-1]
     seen.clear()
     path = tmp_path / "w.log"
     path.write_bytes(blob)

@@ -69,15 +69,10 @@ def same_stream(a: object, b: object) -> bool:
     """One CUDA stream: the same object, or one handle on one device (0 exists on each)."""
     if a is b:
         return True
-    fw = framework(a)
-    if fw is None or fw != framework(b):  # (once a session: no more than it needs)
+    fa, fb = framework(a), framework(b)  # (a torch stream and CuPy's ExternalStream of it: one)
+    if fa is None or fb is None or (ha := stream_handle(a, fa)) is None:
         return False
-    ha = stream_handle(a, fw)
-    return (
-        ha is not None
-        and ha == stream_handle(b, fw)
-        and stream_device(a, fw) == stream_device(b, fw)
-    )
+    return ha == stream_handle(b, fb) and stream_device(a, fa) == stream_device(b, fb)
 
 
 def pair(e: Stream | None, eh: Stream | None) -> tuple[Stream | None, Stream | None]:

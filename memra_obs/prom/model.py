@@ -34,7 +34,7 @@ _OM_0_0_1 = re.compile(r"\s*;\s*version=0\.0\.1\b")
 #: An OpenMetrics version past 1.0.0 (Prometheus 3's OpenMetricsText2.0.0) is not ours to
 #: answer: prometheus_client labelled its 1.0.0 body with it, which Prometheus refused.
 _OM_NEXT = re.compile(
-    r"application/openmetrics-text\s*;[^,]*version=(?!1\.0\.0\b|0\.0\.1\b)[^,]*,?"
+    r"application/openmetrics-text\s*;(?:[^,]*;)?\s*version=(?!1\.0\.0\b|0\.0\.1\b)[^,]*,?"
 )
 
 

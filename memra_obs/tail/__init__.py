@@ -185,11 +185,13 @@ def pump(
             tail.note(f"{source.path} rotated ({style}); reading the new content from its start")
 
         source.on_rotate = rotated
-    # a pipe or a followed file: a short read is the writer's pace (a file read once, a gzip
-    # and a full read are a backlog); laid out live, interleaved loops keep to the clock
+    # a pipe or a followed file: two short reads in a row are the writer's pace (a file read
+    # once, a gzip, a full read and the end of a backlog are not); laid out live, interleaved
+    # loops keep to the clock
     live = isinstance(source, FollowSource) or not (
         isinstance(source, GzipSource) or stat.S_ISREG(os.fstat(source.fd).st_mode)
     )
+    short = False
     try:
         while not stop():
             data = source.read(read_s)
@@ -197,7 +199,8 @@ def pump(
             if data is None:
                 break
             if data:
-                tail.rebuilder.live = live and len(data) < CHUNK
+                was, short = short, live and len(data) < CHUNK
+                tail.rebuilder.live = was and short
                 tail.feed(data, now)
             tail.tick(now)
     finally:  # the end, a stop or a read error: what was read is published

@@ -113,7 +113,7 @@ class Rebuilder:
         self._held: SessionEndRecord | None = None
         self._held_t = 0
         #: The lines arrive as they are written (the caller's: a live pipe or a followed file
-        #: caught up): a burst is never laid more than ``linger_ns`` ahead of its line's arrival.
+        #: caught up): a session is not laid more than ``linger_ns`` ahead of its arrival.
         self.live = False
         #: Rounds published with a row's values / with their burst's means; sessions opened.
         self.rounds_from_rows = self.rounds_from_means = self.sessions = 0
@@ -340,9 +340,11 @@ class Rebuilder:
                 self._spare = sid  # no session opened: the next one's id
             return
         # The burst ended when its line arrived, unless lines come faster than bursts run: a
-        # backlog (laid back to back), or loops interleaving one live stream (they overlapped:
-        # laid back to back, C loops ran (C - 1) x the time ahead, hours in a day)
-        if b.arrival > start + wall or (self.live and start + wall - b.arrival > self.linger_ns):
+        # backlog (laid back to back). Read live, a session laid more than linger_ns ahead
+        # starts at its line's arrival: loops interleaving one stream, laid back to back, ran
+        # (C - 1) x the time ahead, hours in a day (their sessions overlap, as they ran).
+        ahead = start + wall - b.arrival
+        if ahead < 0 or (s is None and self.live and ahead > self.linger_ns):
             dt, start, rounds = b.arrival - start - wall, b.arrival - wall, out[mark:]
             out[mark:] = [r._replace(t_ns_mono=tuple([x + dt for x in r.t_ns_mono])) for r in rounds]  # fmt: skip
         end = self._last_end = start + wall
