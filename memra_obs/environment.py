@@ -9,6 +9,7 @@ the environment leaves a command to stop on (:func:`stop_signals`: ``nohup`` kee
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import re
@@ -68,15 +69,20 @@ def parse_addr(var: str, value: str, check: bool = True) -> tuple[str, int] | No
         infos = bind_order(socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM))
     except socket.gaierror as exc:
         raise ConfigError(f"{var}={value!r}: cannot resolve {host!r} ({exc.strerror})") from None
-    err = OSError(f"{host!r}: no address")
+    first: OSError | None = None
     for family, _, _, _, sockaddr in infos:  # as serve_metrics binds: the first that does
         try:
             with socket.socket(family, socket.SOCK_STREAM) as s:
                 s.bind(sockaddr)
             return host, p
         except OSError as exc:
-            err = exc
-    raise ConfigError(f"{var}={value!r}: {host!r} is not an address of this host ({err.strerror})")
+            first = first or exc
+    why = first.strerror if first else "no address"
+    raise ConfigError(f"{var}={value!r}: {host!r} is not an address of this host ({why})")
+
+
+#: Bind errors that mean "not this host's address": the next of a name's addresses is tried.
+NOT_THIS_HOST = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
 
 
 def bind_order(infos: list[Any]) -> list[Any]:

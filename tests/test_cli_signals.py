@@ -35,6 +35,12 @@ def _wait_for(path: Path, text: str, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
+def _hangup_default() -> None:
+    """A hangup's default action in the child: a suite run under `nohup` (SIGHUP ignored, and
+    so inherited) made the tail keep running, as nohup asks, and the test wait for ever."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _sessions(path: Path) -> int:
     spans = [
         s
@@ -59,7 +65,7 @@ def test_a_hangup_stops_the_tail_as_sigterm_does(tmp_path: Path) -> None:
     env = _env(tmp_path, MEMRA_OBS_SPANS_FILE=str(spans))
     with err.open("wb") as f:
         p = subprocess.Popen([*CMD, "tail", "--follow", str(log), "--worker", "w"], env=env,
-                             stderr=f)  # fmt: skip
+                             stderr=f, preexec_fn=_hangup_default)  # fmt: skip
     try:
         _wait_for(err, "following")
         with log.open("ab") as f:

@@ -501,3 +501,10 @@ def test_a_name_with_ipv4_and_ipv6_binds_ipv4(reg, monkeypatch):
     assert Settings.resolve(env={"MEMRA_OBS_METRICS_ADDR": "vm.example:0"}).metrics_addr
     with serve_metrics(("vm.example", 0), registry=reg) as srv:  # the one that binds: ::1
         assert get(f"http://[::1]:{srv.port}/metrics")[0] == 200
+    # a port in use on the IPv4 address is said, not served on ::1 instead (another rank's)
+    monkeypatch.setattr(server_mod.socket, "getaddrinfo", v6_first)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(server_mod.MetricsAddressError, match="in use"):
+            serve_metrics(("localhost", taken.getsockname()[1]), registry=reg)

@@ -628,5 +628,29 @@ def test_loops_interleaving_a_live_stream_stay_with_the_clock():
     ends, arrivals = _interleaved(live=True)
     assert max(ends) - arrivals[-1] < 2 * 10**9
     _interleaved(live=True, loops=1)  # one loop read live: no burst of a session overlaps
+
+
+def test_one_loops_sessions_shipped_in_batches_never_overlap():
+    """One loop's lines forwarded every 5 s (a log shipper's flush), read live: a session
+    whose line came in the read the previous burst's did is laid after it, not moved back to
+    the batch's arrival (11 of 20 sessions began inside the previous one, by up to 1.2 s)."""
+    rb = Rebuilder("w", rng=random.Random(0), mono_ns=lambda: 0, epoch_ns=lambda: 0,
+                   max_bursts=20)  # fmt: skip
+    rb.live = True
+    line = parse_line(PHASE_LINE.replace("total=29.37ms", "total=30.00ms"))
+    out: list[Any] = []
+    for batch in range(12):  # 5 s of one loop's 30 ms bursts a batch, ~8 sessions
+        t = (batch + 1) * 5 * 10**9
+        for _ in range(166):
+            rb.feed(line, t)
+        rb.tick(t)
+        out += rb.take()
+    rb.close()
+    out += rb.take()
+    starts = {r.session: r.start_ns_mono for r in out if type(r) is SessionRecord}
+    ends = {r.session: r.end_ns_mono for r in out if type(r) is SessionEndRecord}
+    order = sorted(starts, key=starts.get)
+    assert len(order) > 50
+    assert all(ends[a] <= starts[b] for a, b in itertools.pairwise(order))
     ends, arrivals = _interleaved(live=False)
     assert max(ends) - arrivals[-1] > 30 * 10**9  # (a backlog: bursts back to back, documented)

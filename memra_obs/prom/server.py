@@ -26,7 +26,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.exposition import ThreadingWSGIServer, gzip_accepted
 
 from ..diagnostics import forked_set, say_once
-from ..environment import MEMRA_OBS_METRICS_ADDR, ConfigError, bind_order, parse_addr
+from ..environment import MEMRA_OBS_METRICS_ADDR, NOT_THIS_HOST, ConfigError, bind_order, parse_addr
 from .model import encode
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -310,14 +310,18 @@ def serve_metrics(
     tls = _Tls(certfile, keyfile, client_cafile) if certfile and keyfile else None
     try:  # the address family follows the host (an IPv6 literal binds AF_INET6)
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        for n, info in enumerate(bind_order(infos), 1):  # the first address that binds
+        first: OSError | None = None
+        for info in bind_order(infos):  # the first address of this host's that binds
             cls = type("MetricsServer", (MetricsServer,), {"address_family": info[0]})
             try:
                 srv = cast(MetricsServer, make_server(str(info[4][0]), port, app, cls, _Handler))
                 break
-            except OSError:
-                if n == len(infos):
+            except OSError as exc:  # in use: said, never another family's port instead
+                if exc.errno not in NOT_THIS_HOST:
                     raise
+                first = first or exc
+        else:
+            raise first or OSError(errno.EADDRNOTAVAIL, f"{host!r}: no address")
     except OSError as exc:
         raise MetricsAddressError((host, port), exc) from exc
     srv.host, srv.timeout_s, srv.max_connections = host, timeout_s, max_connections

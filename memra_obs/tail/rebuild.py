@@ -115,6 +115,7 @@ class Rebuilder:
         #: The lines arrive as they are written (the caller's: a live pipe or a followed file
         #: caught up): a session is not laid more than ``linger_ns`` ahead of its arrival.
         self.live = False
+        self._prev_last = 0  # the latest burst laid: its last line's arrival
         #: Rounds published with a row's values / with their burst's means; sessions opened.
         self.rounds_from_rows = self.rounds_from_means = self.sessions = 0
         #: Why each burst a line closed was refused while laid out (values no clock produces:
@@ -343,8 +344,10 @@ class Rebuilder:
         # backlog (laid back to back). Read live, a session laid more than linger_ns ahead
         # starts at its line's arrival: loops interleaving one stream, laid back to back, ran
         # (C - 1) x the time ahead, hours in a day (their sessions overlap, as they ran).
-        ahead = start + wall - b.arrival
-        if ahead < 0 or (s is None and self.live and ahead > self.linger_ns):
+        # (A session whose line came in the read the previous burst's did is one loop's batch,
+        # a log shipper's flush: laid back to back.)
+        ahead, prev, self._prev_last = start + wall - b.arrival, self._prev_last, b.last
+        if ahead < 0 or (s is None and self.live and ahead > self.linger_ns and b.arrival > prev):
             dt, start, rounds = b.arrival - start - wall, b.arrival - wall, out[mark:]
             out[mark:] = [r._replace(t_ns_mono=tuple([x + dt for x in r.t_ns_mono])) for r in rounds]  # fmt: skip
         end = self._last_end = start + wall
