@@ -1469,3 +1469,29 @@ def test_one_row_of_a_huge_k_keeps_the_page_small(runs, tmp_path):
     html = report(log, out=tmp_path / "bigk.html")
     assert len(html) < 3 << 20, len(html)
     assert "more not listed" in html
+
+
+def test_ab_of_trace_only_logs_resamples_the_sessions_they_were_read_into(tmp_path):
+    """Trace-only logs (phase lines, no rows) of one configuration: each burst resampled as its
+    own draw, 3 of 8 pairs were flagged (bursts of one session share its prompt and acceptance;
+    the demo read "wall B faster by 13%"). By the sessions the bursts were read into, none is,
+    and the rows say from how many sessions."""
+    for i in range(8):
+        for name, seed in (("a", 1000 + i), ("b", 2000 + i)):
+            lines = [x for x in bench_report.worker_log(12, seed=seed) if "-phase" in x]
+            (tmp_path / f"{name}.log").write_text("\n".join(lines) + "\n")
+        rows = ab_table(View("A", read(str(tmp_path / "a.log"))),
+                        View("B", read(str(tmp_path / "b.log"))))  # fmt: skip
+        assert not [r.metric for r in rows if r.flagged], i
+        assert rows[0].sessions is not None and min(rows[0].sessions) >= 1
+
+
+def test_ab_says_when_a_and_b_drafted_other_ks(tmp_path):
+    """A at k = 4, B at k = 6: per round, B's draft and verify are bound to be longer, and the
+    page compared them as alike ("draft B slower by 7.2%"), unsaid."""
+    lines = bench_report.worker_log(12, seed=1)
+    (a := tmp_path / "a.log").write_text("\n".join(lines) + "\n")
+    b_lines = [x.replace(" k=4 ", " k=6 ") if "-phase" in x else x for x in lines]
+    (b := tmp_path / "b.log").write_text("\n".join(b_lines) + "\n")
+    html = report(a, b, out=tmp_path / "ab.html")
+    assert re.search(r"not recorded alike \([^)]*k drafted: A [0-9-]+, B [0-9-]+", html)
