@@ -241,8 +241,10 @@ class Burst:
             if not self._cut:  # (cut: ended by a cancel from another thread, not misuse)
                 say_once("burst-end", "Burst.end called twice; the second call is ignored")
             return
-        self._ended = True
         s = self._s
+        if s._parents():
+            return
+        self._ended = True
         if s._open_burst is self:
             s._open_burst = None
         given = tokens

@@ -45,8 +45,18 @@ _ROUND1 = ("first_draft", "first_verify", "first_accept", "first_roll", "first_m
 #: worker) gave every session of every run one trace id. A forked child reseeds it from the
 #: OS, as ``random`` does its own.
 _IDS = random.Random()
-os.register_at_fork(after_in_child=_IDS.seed)
 _bits = _IDS.getrandbits
+#: Forks into this process: a session opened under an earlier count is its parent's (a child
+#: that unwinds the ``with`` it inherited must not publish it a second time).
+FORKS = [0]
+
+
+def _in_child() -> None:
+    _IDS.seed()
+    FORKS[0] += 1
+
+
+os.register_at_fork(after_in_child=_in_child)
 
 
 def _trace_ids(sampled: Callable[[int], bool] | None = None) -> tuple[int, int, int, int]:
@@ -105,6 +115,7 @@ class Session:
         self, obs: Observer, family: str, tag: str, tag_v: str, e: Stream | None, eh: Stream | None
     ) -> None:
         self._obs = obs
+        self._forks = FORKS[0]
         self.id = next(obs._ids)
         self.family = family
         self.e, self.eh = _stream("e", e), _stream("eh", eh)
@@ -257,7 +268,7 @@ class Session:
 
     def end(self, error: BaseException | str | None = None) -> None:
         """End the session (an open burst first): the round-log summary, then the end record."""
-        if self._ended:
+        if self._ended or self._parents():
             return
         self._ended = True  # first: a cancel racing the loop's own end made two end records
         b = self._open_burst
@@ -276,6 +287,18 @@ class Session:
         rec = SessionEndRecord(self.id, now_ns(), self._rounds, self._bursts, self._tokens, err,
                                self._advice)  # fmt: skip
         fan(fo.on_session_end, "on_session_end", rec)
+
+    def _parents(self) -> bool:
+        """Opened before this process was forked: the parent's to end and publish (said once;
+        the session and its open burst end here unpublished)."""
+        if self._forks == FORKS[0]:
+            return False
+        self._ended = True
+        if self._open_burst is not None:
+            self._open_burst._ended = self._open_burst._cut = True
+        say_once("fork-session", f"a session opened before fork() ({self.family!r}) ended in "
+                 f"forked process {os.getpid()}: it is its parent's to publish; ignored here")  # fmt: skip
+        return True
 
     def spec_decode(self, detailed: bool = False) -> dict[str, Any]:
         """This request's record so far, for a server's response: vLLM's spec-decode fields,

@@ -352,8 +352,8 @@ def test_a_forked_child_writes_its_own_ring(tmp_path):
     if pid == 0:  # pragma: no cover - child
         code = 0
         try:
-            code = 0 if sink.path != parent_path else 3
             sink.on_round(_round(2))
+            code = 0 if sink.path != parent_path else 3
             dropped[0] += 1
             sink.shutdown()
         finally:
@@ -369,6 +369,21 @@ def test_a_forked_child_writes_its_own_ring(tmp_path):
     assert not RingReader(parent_path).writer_gone()
     sink.shutdown()
     assert RingReader(parent_path).state().dropped_rounds == 2
+
+
+def test_a_forked_child_that_records_nothing_makes_no_ring(tmp_path):
+    """Each forked child made its 8 MiB ring at the fork: a ``subprocess`` with
+    ``preexec_fn`` between fork and exec, every worker of a tokenizer pool (eight filled a
+    container's 64 MiB /dev/shm). A child's ring is made at its first record."""
+    sink = RingSink(str(tmp_path), worker="fork", slots=64)
+    subprocess.run(["true"], preexec_fn=os.setpgrp, check=True)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        os._exit(len(os.listdir(tmp_path)))
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1
+    assert os.listdir(tmp_path) == [os.path.basename(sink.path)]
+    sink.shutdown()
 
 
 def test_a_forked_child_without_a_ring_of_its_own_says_so(tmp_path, monkeypatch):

@@ -28,6 +28,7 @@ from memra_obs.timeline import (
     FirstTokenRecord,
     ProfRowsRecord,
     RoundRecord,
+    SessionEndRecord,
     SessionRecord,
 )
 
@@ -826,6 +827,37 @@ def test_a_forked_child_exports_its_own_records():
     got = in_child(child)
     q.shutdown(1.0)
     assert got == b"103 1"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_that_unwinds_its_parents_session_publishes_nothing(monkeypatch):
+    """A child forked inside a session that leaves the ``with`` it inherited (``sys.exit``
+    unwinds it) printed the parent's phase line and wrote its requests line a second time
+    (the error ``SystemExit: 0``): it is the parent's to publish, once; the child says so."""
+    from memra_obs import session as session_mod
+
+    said: list[str] = []
+    monkeypatch.setattr(session_mod, "say_once", lambda key, msg: said.append(msg))
+    sink = RecordingSink()
+    obs = Observer([sink], level=1, prof=False)
+    with obs.session("glm5") as s, s.burst(4) as b:
+        for _ in range(3):
+            one_round(b)
+
+        def child() -> bytes:
+            n = len(sink.records)
+            with contextlib.suppress(SystemExit):
+                try:
+                    raise SystemExit(0)
+                finally:
+                    b.__exit__(SystemExit, SystemExit(0), None)
+                    s.__exit__(SystemExit, SystemExit(0), None)
+            fork = [m for m in said if "before fork()" in m]
+            return f"{len(sink.records) - n} {len(fork)}".encode()
+
+        assert in_child(child) == b"0 1"
+    assert len(sink.of(BurstRecord)) == 1 and len(sink.of(SessionEndRecord)) == 1
+    assert sink.of(SessionEndRecord)[0].error == "" and said == []
 
 
 def test_a_forked_child_records_under_its_own_pid():

@@ -72,6 +72,7 @@ def fs_type(path: str) -> str:
 
 
 _SHUT = -2  #: a RingSink's descriptor once shut down (-1: a forked child got no ring)
+_FORKED = -3  #: a forked child's, until its first record
 
 
 class RingSink(Sink):
@@ -196,6 +197,8 @@ class RingSink(Sink):
     # -- the sink ----------------------------------------------------------------------
     def on_round(self, rec: RoundRecord) -> None:
         with self._lock:
+            if self._fd == _FORKED:
+                self._ready()
             pos, r = self._pos, self.written
             try:
                 sid, burst, index, t, k, j, ctx, seq_rows, split, _ = rec  # repeat: 1 from a loop
@@ -212,6 +215,8 @@ class RingSink(Sink):
 
     def _put(self, rec: Any) -> None:
         with self._lock:
+            if self._fd == _FORKED:
+                self._ready()
             try:
                 kind, payload = F.encode(rec)
             except Exception:
@@ -223,6 +228,8 @@ class RingSink(Sink):
 
     def on_session(self, rec: SessionRecord) -> None:
         with self._lock:
+            if self._fd == _FORKED:
+                self._ready()
             try:
                 payload = F.encode(rec, True)[1]
                 fits = self._free and len(payload) <= F.TABLE_ENTRY - F.TABLE_HDR
@@ -246,18 +253,23 @@ class RingSink(Sink):
                 self._free.append(entry)
 
     def _after_fork(self) -> None:
-        """A forked child must not write into its parent's ring: it gets its own."""
+        """A forked child must not write into its parent's ring: it gets its own at its first
+        record (a child that only execs, a helper pool's worker, makes none: 8 MiB each)."""
         self._lock = threading.Lock()
         if self._pid_worker:  # no two rings share a label (the observer's follows too)
             self.worker = str(os.getpid())
         if self._fd >= 0:
             os.close(self._fd)  # the parent's lock stays: it holds its own descriptor
-            self._fd = -1
-            try:
-                self._open()
-            except OSError as exc:
-                say_once(f"ring-fork:{os.getpid()}", f"ring: forked process {os.getpid()} has no "
-                         f"ring in {self.directory} ({exc}); its records are not published")  # fmt: skip
+            self._fd = _FORKED
+
+    def _ready(self) -> None:
+        """Under the lock, in a forked child: its ring, made now."""
+        self._fd = -1
+        try:
+            self._open()
+        except OSError as exc:
+            say_once(f"ring-fork:{os.getpid()}", f"ring: forked process {os.getpid()} has no "
+                     f"ring in {self.directory} ({exc}); its records are not published")  # fmt: skip
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Mark the ring closed and drop the liveness lock; the file stays for the agent."""
@@ -266,6 +278,7 @@ class RingSink(Sink):
                 self._note_rounds()
                 self._pwrite(F.WSTAT.pack(self.refused, self.table_full, 1), F.OFF_WSTAT)
                 os.close(self._fd)
+            if self._fd != -1:  # (-1: a forked child's that could not be made)
                 self._fd = _SHUT
 
 

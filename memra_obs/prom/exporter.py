@@ -78,7 +78,7 @@ class PrometheusExporter:
         self._max_families, self._span_id, self._traced = max_families, round_span_id, traced
         self._advice_window, self._plain_step_ns = advice_window, plain_step_ns
         #: Said once by a forked child, whose parent serves this /metrics (set where it is).
-        self.fork_note = ""
+        self.fork_note = self._unserved = ""
         self.families = spec_families(worker_label)
         self._readers: dict[tuple[str, str], list[Callable[[], float]]] = {}
         self._reset()
@@ -103,6 +103,9 @@ class PrometheusExporter:
         self._advised = -ADVICE_EVERY_S  # monotonic time of the last advice
 
     def export(self, batch: Sequence[Record]) -> None:
+        if self._unserved and batch:
+            say_once(f"fork-metrics:{id(self)}", self._unserved)  # (a grandchild: key spent)
+            self._unserved = ""
         get = self._dispatch.get
         with self._lock:
             for rec in batch:
@@ -154,8 +157,9 @@ class PrometheusExporter:
         for f in self.families.values():
             if not f.name.startswith("memra_obs_"):
                 f.children.clear()
-        if self.fork_note:  # the parent's server thread (and its port) did not come along
-            say_once(f"fork-metrics:{id(self)}", self.fork_note)  # (a grandchild: key spent)
+        # The parent's server thread (and its port) did not come along: said at the child's
+        # first records (a child that only execs, or never records, serves no one).
+        self._unserved = self.fork_note
 
     def unregister(self) -> None:
         self.collector.unregister(self.registry)
