@@ -859,6 +859,33 @@ def test_the_resource_comes_from_env_not_os_environ(monkeypatch, tmp_path):
     assert _resource({}).attributes["telemetry.sdk.name"] == "memra_obs"
 
 
+def test_an_sdk_before_1_43_still_gives_spans_an_instance_id(monkeypatch):
+    """The SDK makes a ``service.instance.id`` from 1.43 only; with the floor's (1.27) spans
+    had none, and a forked child's were not told from its parent's. One of the process's own
+    is there whatever the SDK makes; ``OTEL_RESOURCE_ATTRIBUTES``' stays."""
+    from forked import in_child
+    from opentelemetry.sdk import resources
+
+    from memra_obs.otel import _resource
+
+    create = resources.Resource.create
+
+    def old_sdk(attributes=None, schema_url=None):
+        res = create(attributes, schema_url)
+        attrs = {k: v for k, v in res.attributes.items() if k != "service.instance.id"}
+        return resources.Resource(attrs | dict(attributes or {}), res.schema_url)
+
+    monkeypatch.setattr(resources.Resource, "create", staticmethod(old_sdk))
+    a, b = (_resource({}).attributes.get("service.instance.id") for _ in range(2))
+    assert a and a == b  # one a process, as the SDK's; a forked child's its own
+    assert in_child(lambda: _resource({}).attributes["service.instance.id"].encode()) not in (
+        b"",
+        a.encode(),
+    )
+    env = {"OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=pod-a"}
+    assert _resource(env).attributes["service.instance.id"] == "pod-a"
+
+
 def test_a_spans_file_it_cannot_write_fails_at_start_up(tmp_path):
     """It used to start, then drop every span (said once at the first write): a missing
     directory, a directory (``new/`` too: it wrote a file ``new``), a file it may not create,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,11 +50,20 @@ def build_span_exporter(
     return SpanExporter(outputs, round_spans=settings.round_spans) if outputs else None
 
 
+_INSTANCE: list[Any] = [0, ""]  # (pid, its service.instance.id)
+
+
+def _instance_id() -> str:
+    if _INSTANCE[0] != os.getpid():
+        _INSTANCE[:] = [os.getpid(), str(uuid.uuid4())]
+    return str(_INSTANCE[1])
+
+
 def _resource(env: Mapping[str, str]) -> Any:
     """The SDK's ``Resource.create()`` (``telemetry.sdk.*``, its detectors) with ``env``'s
     ``OTEL_*`` resource: its own ``OTEL_RESOURCE_ATTRIBUTES`` detector reads ``os.environ``
-    whatever ``env`` says, so the attributes it added from there are taken back out (the SDK's
-    own ``service.instance.id``, which one of them hid, back in)."""
+    whatever ``env`` says, so the attributes it added from there are taken back out (a
+    ``service.instance.id`` of the process's own, which one of them hid, back in)."""
     from opentelemetry.sdk import resources
 
     own = resource_attributes(env)
@@ -63,9 +73,8 @@ def _resource(env: Mapping[str, str]) -> Any:
     if env is not os.environ and env.get(var) != os.environ.get(var):
         stray = set(resources.OTELResourceDetector().detect().attributes) - set(own)
         attrs = {k: v for k, v in attrs.items() if k not in stray}
-        detector = getattr(resources, "ServiceInstanceIdResourceDetector", None)  # SDK 1.39+
-        if "service.instance.id" in stray and detector is not None:
-            attrs.update(detector().detect().attributes)
+    # The SDK makes one from 1.43 (before it, none): one a process, as the SDK's
+    attrs.setdefault("service.instance.id", _instance_id())
     # semconv: an SDK other than the official one names itself ("opentelemetry" is reserved)
     attrs.update({"telemetry.sdk.name": "memra_obs", "telemetry.sdk.version": __version__})
     return resources.Resource(attrs, res.schema_url)
