@@ -337,6 +337,26 @@ def test_cri_parts_past_the_limit_are_read_as_nothing():
     assert join(f"{t} stdout F phase]") == f"{t} stdout F [glm5-phase]"
 
 
+def test_docker_parts_are_held_for_its_two_streams_only():
+    """A Docker json-file part was held under any ``stream`` name: records naming 1,000
+    streams held 1 MiB each (1 GB in ``tail``, until each one's end that never comes).
+    Docker writes ``stdout`` and ``stderr``; a record naming another is not a part."""
+    import json
+
+    from memra_obs.legacy import CriJoin
+
+    def docker(log: str, stream: str) -> str:
+        return json.dumps({"log": log, "stream": stream}, separators=(",", ":"))
+
+    join = CriJoin()
+    for i in range(1000):
+        rec = docker("A" * 1000, f"s{i}")
+        assert join(rec) == rec
+    assert join._held == {}
+    assert join(docker("[glm5-", "stderr")) == ""
+    assert join(docker("phase]\n", "stderr")) == "[glm5-phase]\n"
+
+
 @pytest.mark.parametrize(
     ("line", "why"),
     [

@@ -232,10 +232,13 @@ class CriJoin:
         else:
             try:
                 rec = json.loads(line)
-                stream, head, body = "docker " + rec["stream"], "", rec["log"]
+                stream, head, body = rec["stream"], "", rec["log"]
                 last = "F" if body.endswith("\n") else "P"
             except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
                 return line
+            if stream not in ("stdout", "stderr"):  # Docker's two: held, other names a part each
+                return line
+            stream = "docker " + stream
         held = self._held.pop(stream, "")
         if last == "P":
             part = None if held is None else held + body
