@@ -82,7 +82,7 @@ class View:
         """The q-quantile of every round's wall (a run of n equal rounds weighs n)."""
         order = np.argsort(self.wall_ms)
         at = np.searchsorted(np.cumsum(self.n[order]), q * self.n.sum())
-        return float(self.wall_ms[order][min(at, len(order) - 1)])
+        return float(self.wall_ms[order][min(int(at), len(order) - 1)])
 
     def metric(self, name: str, first: int | None = None) -> np.ndarray:
         """Per-round ms of ``name`` (``wall``, a phase, ``rollback+maint``) over the rounds with
@@ -148,7 +148,7 @@ def bootstrap(a: np.ndarray, b: np.ndarray, ga: np.ndarray | None = None,
             keep = rng.choice(len(x), CAP, replace=False)
             x, g = x[keep], np.unique(g[keep], return_inverse=True)[1].ravel()
         order = np.argsort(x, kind="stable")
-        x, g, s = x[order], g[order], int(g.max()) + 1
+        x, g, s = x[order], g[order], int(np.max(g)) + 1
         step = max(1, 2_000_000 // len(x))  # ~16 MB of weights
         for i in range(0, N_BOOT, step):  # each session drawn w times: its rounds weigh w
             at = rng.integers(0, s, (m := min(step, N_BOOT - i), s)) + s * np.arange(m)[:, None]
