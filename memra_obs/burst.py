@@ -276,9 +276,15 @@ class Burst:
 
     def _abort(self) -> None:
         """An exception left the burst: its open round dropped and counted, unsaid (no misuse)."""
+        if self._s._parents():  # (a forked child's copy: the parent counts its own)
+            return
         self._cut = True
         if self._at >= 0:
             self._lose()
+
+    def _disown(self) -> None:
+        """A forked child's copy of its parent's open burst: ended here, unpublished."""
+        self._ended = self._cut = True
 
     def _lose(self) -> None:
         """Drop the round: its remaining boundaries are ignored until ``begin_round``. The

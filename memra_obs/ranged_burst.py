@@ -115,6 +115,11 @@ class _RangedBurst(Burst):
             self._close_ranges()
         super().end(tokens)
 
+    def _disown(self) -> None:
+        if self._thread is threading.current_thread():
+            self._close_ranges()
+        super()._disown()
+
     def _close_ranges(self) -> None:
         self._pop_to(0)
         self._mark = self._clock_mark  # drops the self-reference

@@ -248,6 +248,8 @@ class Session:
     def burst(self, k: int) -> Burst | NoOpBurst:
         """Enter a burst drafting ``k`` per round; one still open is ended first (said once).
         An ended session, or a ``k`` no loop drafts, gets a burst that records nothing."""
+        if self._parents():
+            return _DiscardingBurst(self._obs, self.level >= 2)
         try:
             ok = not self._ended and 0 <= (k := operator.index(k)) <= U16_MAX
         except TypeError:
@@ -295,7 +297,7 @@ class Session:
             return False
         self._ended = True
         if self._open_burst is not None:
-            self._open_burst._ended = self._open_burst._cut = True
+            self._open_burst._disown()
         say_once("fork-session", f"a session opened before fork() ({self.family!r}) ended in "
                  f"forked process {os.getpid()}: it is its parent's to publish; ignored here")  # fmt: skip
         return True

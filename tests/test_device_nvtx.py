@@ -301,6 +301,32 @@ def test_a_forked_child_gets_ranges_though_its_parent_had_a_burst_open() -> None
     assert got == b"_RangedBurst"
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_that_ends_its_parents_session_closes_its_ranges_either_way() -> None:
+    """A child unwinding the session it inherited closes the parent's open ranges whether it
+    ends the burst first or only the session (that left them on its stack, under its own)."""
+    from forked import in_child
+
+    for burst_first in (True, False):
+        d = FakeDomain()
+        with capture(level=1, sinks=[NvtxSink(domain=d)]) as cap:
+            s = cap.observer.session("a")
+            b = s.burst(4)
+            b.begin_round()
+            b.end_draft()  # open: spec.burst > spec.round > spec.verify
+
+            def child(s=s, b=b, d=d, burst_first=burst_first) -> bytes:
+                n = len(d.ops)
+                if burst_first:
+                    b.end()
+                s.end()
+                return "".join(d.ops[n:]).encode()
+
+            got = in_child(child)
+            s.end()
+        assert got == b"---", burst_first
+
+
 class ThreadStacks(FakeDomain):
     """A range stack per thread, as NVTX keeps them; counts pops on an empty one."""
 

@@ -844,6 +844,9 @@ def test_a_forked_child_that_unwinds_its_parents_session_publishes_nothing(monke
         for _ in range(3):
             one_round(b)
 
+        b.begin_round()
+        b.end_draft()  # a round open across the fork: the parent's to end, or to drop
+
         def child() -> bytes:
             n = len(sink.records)
             with contextlib.suppress(SystemExit):
@@ -852,12 +855,18 @@ def test_a_forked_child_that_unwinds_its_parents_session_publishes_nothing(monke
                 finally:
                     b.__exit__(SystemExit, SystemExit(0), None)
                     s.__exit__(SystemExit, SystemExit(0), None)
-            fork = [m for m in said if "before fork()" in m]
-            return f"{len(sink.records) - n} {len(fork)}".encode()
+            one_round(s.burst(4))  # nor a burst of it (records of a session it never opened)
+            fork = {m for m in said if "before fork()" in m}  # (one key: said once)
+            return f"{len(sink.records) - n} {len(fork)} {obs.dropped_rounds}".encode()
 
-        assert in_child(child) == b"0 1"
+        assert in_child(child) == b"0 1 0"
+        b.end_verify()
+        b.end_accept()
+        b.end_rollback()
+        b.end_round(k=4, j=2)
     assert len(sink.of(BurstRecord)) == 1 and len(sink.of(SessionEndRecord)) == 1
     assert sink.of(SessionEndRecord)[0].error == "" and said == []
+    assert len(sink.of(RoundRecord)) == 4 and obs.dropped_rounds == 0
 
 
 def test_a_forked_child_records_under_its_own_pid():

@@ -594,6 +594,34 @@ def test_a_forked_child_sends_under_its_own_service_instance_id(tmp_path):
             assert len(set(ids)) == 2 and ids[0] == ids[-1] != ids[1]
 
 
+def test_an_sdk_exporter_in_a_forked_child_sends_under_its_own_service_instance_id():
+    """An entry-point exporter (``OTEL_TRACES_EXPORTER=console``, any SDK ``SpanExporter``) got
+    spans under the parent's ``service.instance.id`` in every forked child (the encoders'
+    renewed theirs); one the user set stays."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from memra_obs.otel.transport import SdkSender
+
+    span = ("spec.session", 1, 2, 0, 10, 20, (), None)
+    for renew in (True, False):
+        mem = InMemorySpanExporter()
+        res = Resource({"service.name": "s", "service.instance.id": "parent"})
+        sender = SdkSender(mem, res, InstrumentationScope("x"), renew_instance=renew)
+
+        def child(sender=sender, mem=mem) -> bytes:
+            sender.after_fork()
+            sender.send([span])
+            return mem.get_finished_spans()[-1].resource.attributes["service.instance.id"].encode()
+
+        got = in_child(child)
+        assert (got != b"parent") if renew else (got == b"parent")
+        assert got
+        sender.send([span])
+        assert mem.get_finished_spans()[-1].resource.attributes["service.instance.id"] == "parent"
+
+
 def self_signed(tmp_path, san="IP:127.0.0.1"):
     """(certificate, key) for 127.0.0.1 (or ``san``), self-signed, one day; skips without the
     openssl CLI."""

@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import errno
 import os
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from ..environment import ConfigError, Settings
 from ..version import __version__
-from .config import OTEL_TRACES_EXPORTER, OtlpConfig, resource_attributes, traces_exporters
+from .config import (
+    INSTANCE,
+    OTEL_TRACES_EXPORTER,
+    OtlpConfig,
+    instance_id,
+    resource_attributes,
+    traces_exporters,
+)
 from .exporter import Output, SpanExporter
 from .spans import SpanBuilder, burst_span_id, round_span_id
 
@@ -50,15 +56,6 @@ def build_span_exporter(
     return SpanExporter(outputs, round_spans=settings.round_spans) if outputs else None
 
 
-_INSTANCE: list[Any] = [0, ""]  # (pid, its service.instance.id)
-
-
-def _instance_id() -> str:
-    if _INSTANCE[0] != os.getpid():
-        _INSTANCE[:] = [os.getpid(), str(uuid.uuid4())]
-    return str(_INSTANCE[1])
-
-
 def _resource(env: Mapping[str, str]) -> Any:
     """The SDK's ``Resource.create()`` (``telemetry.sdk.*``, its detectors) with ``env``'s
     ``OTEL_*`` resource: its own ``OTEL_RESOURCE_ATTRIBUTES`` detector reads ``os.environ``
@@ -73,8 +70,7 @@ def _resource(env: Mapping[str, str]) -> Any:
     if env is not os.environ and env.get(var) != os.environ.get(var):
         stray = set(resources.OTELResourceDetector().detect().attributes) - set(own)
         attrs = {k: v for k, v in attrs.items() if k not in stray}
-    # The SDK makes one from 1.43 (before it, none): one a process, as the SDK's
-    attrs.setdefault("service.instance.id", _instance_id())
+    attrs.setdefault(INSTANCE, instance_id())  # the SDK makes one from 1.43, before it none
     # semconv: an SDK other than the official one names itself ("opentelemetry" is reserved)
     attrs.update({"telemetry.sdk.name": "memra_obs", "telemetry.sdk.version": __version__})
     return resources.Resource(attrs, res.schema_url)
@@ -118,7 +114,10 @@ def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> 
         except Exception as exc:
             raise ConfigError(f"{var}: the exporter failed to start: {exc!r}") from exc
         # A request is one export() call: what it returns is that request's fate, whole.
-        sdk = SdkSender(exporter, res, InstrumentationScope(SCOPE_NAME, __version__))
+        scope = InstrumentationScope(SCOPE_NAME, __version__)
+        sdk = SdkSender(
+            exporter, res, scope, renew_instance=INSTANCE not in resource_attributes(env)
+        )
         return Output(name, None, sdk, max_spans=SdkSender.chunk, queue_requests=256)
     cfg = OtlpConfig.from_env(env, protocol=_FORCED[name])
     if cfg.protocol != "grpc":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import ssl
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,6 +97,18 @@ def traces_exporters(env: Mapping[str, str]) -> list[str]:
     if len(set(names)) != len(names):
         raise ConfigError(f"{OTEL_TRACES_EXPORTER}={raw!r}: an exporter is named twice")
     return [] if names == ["none"] else names
+
+
+INSTANCE = "service.instance.id"
+_INSTANCE: list[Any] = [0, ""]  # (pid, its id)
+
+
+def instance_id() -> str:
+    """This process's ``service.instance.id`` where none is set: one a process (a forked
+    child's its own), as the SDK makes from 1.43 (before it, none)."""
+    if _INSTANCE[0] != os.getpid():
+        _INSTANCE[:] = [os.getpid(), str(uuid.uuid4())]
+    return str(_INSTANCE[1])
 
 
 def resource_attributes(env: Mapping[str, str]) -> dict[str, Any]:

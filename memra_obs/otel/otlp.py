@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import math
 import struct
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _jascii  # the C escaper
 from typing import Any
 
+from .config import INSTANCE, instance_id
 from .spans import Span
 
 _M64 = (1 << 64) - 1
@@ -33,7 +33,6 @@ _F64 = struct.Struct("<d")
 _RANGE = struct.Struct("<QQQQ")  # JSON: refuse the times and ids the protobuf writer refuses
 #: Span.flags: W3C sampled + "has is_remote" (the parent is local), as the SDK writes it.
 SPAN_FLAGS = 0x101
-INSTANCE = "service.instance.id"
 _FLAGS = b"\x85\x01" + struct.pack("<I", SPAN_FLAGS)  # field 16, wire type 5
 _JFLAGS = f',"flags":{SPAN_FLAGS}}}'
 _KIND_INTERNAL = b"\x30\x01"
@@ -148,7 +147,7 @@ class Encoder:
         parent's (``renew_instance``), as the SDK's providers renew theirs: one per instance."""
         if self._made is not None and INSTANCE in self._made[0]:
             res, scope, version, schema = self._made
-            self._made = ({**res, INSTANCE: str(uuid.uuid4())}, scope, version, schema)
+            self._made = ({**res, INSTANCE: instance_id()}, scope, version, schema)
             self._head = self._heads(*self._made)
 
     def spans(self, spans: Sequence[Span], out: list[Any]) -> int:

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 from ..diagnostics import say_once
 from ..linewriter import AppendFile
 from ..version import __version__
-from .config import OtlpConfig, shown_url
+from .config import INSTANCE, OtlpConfig, instance_id, shown_url
 from .spans import Span
 
 RETRY_HTTP = frozenset((429, 502, 503, 504))
@@ -331,7 +331,9 @@ class SdkSender(_Local):
 
     chunk = 64
 
-    def __init__(self, exporter: Any, resource: Any, scope: Any) -> None:
+    def __init__(
+        self, exporter: Any, resource: Any, scope: Any, renew_instance: bool = True
+    ) -> None:
         from opentelemetry.sdk.trace import ReadableSpan
         from opentelemetry.sdk.trace.export import SpanExportResult
         from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -353,7 +355,15 @@ class SdkSender(_Local):
                 **same,
             )
 
-        self.readable, self._ok = readable, SpanExportResult.SUCCESS
+        self.readable, self._ok, self._same = readable, SpanExportResult.SUCCESS, same
+        self._renew = renew_instance and INSTANCE in resource.attributes
+
+    def after_fork(self) -> None:
+        """A forked child's spans under a ``service.instance.id`` of its own, as the encoders'."""
+        if self._renew:
+            res = self._same["resource"]
+            attrs = {**res.attributes, INSTANCE: instance_id()}
+            self._same["resource"] = type(res)(attrs, res.schema_url)
 
     def send(self, payload: Sequence[Span], timeout_s: float = 0.0) -> Partial:
         time.sleep(0.0005)
