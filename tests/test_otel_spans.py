@@ -99,6 +99,7 @@ def test_tree_parentage_and_timestamps_follow_the_records():
     rec0 = keep.records[1]
     a = dict(rounds[0][ATTRS])
     assert a["memra.spec.k"] == rec0.k and a["memra.spec.j"] == rec0.j
+    assert a["memra.spec.accepted"] == rec0.j  # DESIGN §4 names it
     assert a["memra.spec.ctx"] == 1000 and a["memra.spec.wall_ns"] == rec0.wall_ns
     assert a["memra.spec.tokens"] == rec0.j + 1 and a["memra.spec.seq_rows"] == 0
     verify = dict(next(sp for sp in spans if sp[NAME] == "spec.verify")[ATTRS])

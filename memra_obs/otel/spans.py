@@ -205,6 +205,7 @@ class SpanBuilder:
                     ("memra.spec.round", idx),
                     ("memra.spec.k", k),
                     ("memra.spec.j", j),
+                    ("memra.spec.accepted", j),  # DESIGN §4's name for j (drafts accepted)
                     ("memra.spec.ctx", rec.ctx),
                     ("memra.spec.seq_rows", rec.seq_rows),
                     ("memra.spec.acceptance_rate", j / k if k else 0.0),
