@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -275,17 +276,23 @@ def build_observer(
 
         if (nv := NvtxSink()).range_hook is not None:
             sinks.append(nv)
-    consumers = [*exporters, *built.all]
-    qsink = None
-    if consumers:
-        qsink = QueueSink(consumers, capacity=st.queue_size, interval_ms=st.export_interval_ms)
-        sinks.append(qsink)
-    sinks.extend(extra_sinks)
-    if not sinks:
-        return NOOP_OBSERVER
-    obs = Observer(sinks, level=lvl, prof=prf, clock=st.clock, memory=memory, worker=st.worker,
-                   settings=st, queue=qsink, closers=(built.close,), where=built.where,
-                   sampled=sessions_sampled(env))  # fmt: skip
+    consumers, qsink = [*exporters, *built.all], None
+    try:  # (a thread refused, under a pids limit: none of what was built is left running)
+        if consumers:
+            qsink = QueueSink(consumers, capacity=st.queue_size, interval_ms=st.export_interval_ms)
+            sinks.append(qsink)
+        sinks.extend(extra_sinks)
+        if not sinks:
+            return NOOP_OBSERVER
+        obs = Observer(sinks, level=lvl, prof=prf, clock=st.clock, memory=memory, worker=st.worker,
+                       settings=st, queue=qsink, closers=(built.close,), where=built.where,
+                       sampled=sessions_sampled(env))  # fmt: skip
+    except BaseException:
+        closers = [built.close] if qsink is None else [qsink.shutdown, built.close]
+        for close in [*closers, *([] if ring is None else [ring.shutdown])]:
+            with contextlib.suppress(Exception):
+                close()
+        raise
     if built.prom is not None:
         built.prom.attach_queue(qsink)
         built.prom.watch("dropped", "rounds", lambda: obs.dropped_rounds)

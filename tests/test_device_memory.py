@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -499,6 +500,46 @@ def test_a_forked_child_reads_nvml_not_a_cuda_context_of_its_own(
         return repr((memory.free_mb_snapshot(), cuda.reads, said)).encode()
 
     assert in_child(child) == b"([(0, 1000)], 0, [])"
+
+
+def test_a_forked_child_with_no_thread_to_be_had_starts_nvml_at_its_first_snapshot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under a pids limit the child's NVML restart thread could not start: the lock taken for
+    it stayed taken, the first snapshot waited ``FORK_WAIT_S`` (10 s of the loop) and said NVML
+    was hung, and none was recorded there. It restarts NVML itself; the warm-up alike."""
+    import threading
+
+    from memra_obs.device import memory
+
+    said: list[str] = []
+    nv, cuda = ForkedNvml(CARDS), FakeCuda(CUDA_BUS[:1], [7])
+
+    def load() -> Any:
+        nv.nvmlInit()
+        return nv
+
+    f = FreeMemory(nvml=load, cuda=lambda: cuda, report=lambda k, s: said.append(s))
+    monkeypatch.setattr(memory, "_default", f)
+    memory.warm(wait=True)
+    assert memory.free_mb_snapshot() == [(0, 1000)]
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+
+    def child() -> bytes:
+        signal.alarm(5)
+        t0 = time.monotonic()
+        snap = memory.free_mb_snapshot()
+        return repr((snap, time.monotonic() - t0 < 1.0, cuda.reads, said)).encode()
+
+    assert in_child(child) == b"([(0, 1000)], True, 0, [])"
+    f2 = FreeMemory(nvml=load, cuda=lambda: cuda, report=lambda k, s: said.append(s))
+    monkeypatch.setattr(memory, "_default", f2)
+    memory.warm()  # no thread: no raise, the first snapshot starts it
+    assert memory.free_mb_snapshot() == [(0, 1000)] and said == []
 
 
 def test_cudamemgetinfo_reads_only_ordinals_that_have_this_process_context(

@@ -75,6 +75,25 @@ def test_a_refused_build_leaves_nothing_in_the_registry():
     assert b"memra_" not in generate_latest(reg)
 
 
+def test_an_observer_that_cannot_be_made_leaves_nothing_running(monkeypatch, tmp_path):
+    """A thread refused (a container's pids limit: ``RuntimeError: can't start new thread``)
+    made ``configure()`` raise with its /metrics server, span file writer and export thread
+    left running: a retry found its own port taken. What was built is closed."""
+    from memra_obs import wiring
+
+    def refused(*a: object, **kw: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(wiring, "Observer", refused)
+    before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(RuntimeError):
+        build_observer(level=1, prof=False, env={}, registry=CollectorRegistry(),
+                       sinks="prometheus,otel", metrics_addr="127.0.0.1:0",
+                       spans_file=str(tmp_path / "s.jsonl"))  # fmt: skip
+    left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert left == []
+
+
 def test_the_cli_exits_2_with_one_line():
     s, port = busy_port()
     try:

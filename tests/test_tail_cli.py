@@ -350,6 +350,44 @@ def test_wiring_publishes_worker_labelled_metrics_and_its_own_counters():
         w.close()
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_lines_the_output_refuses_are_counted_and_still_published(tmp_path):
+    """``memra-obs tail -f log 2>/dev/full``: the lines it could not pass through were given up
+    silently (``memra_obs_tail_bytes_total`` read as passed through). They are counted as
+    ``memra_obs_export_errors_total{signal="lines"}``, and published all the same."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    log = tmp_path / "w.log"
+    log.write_text((PHASE + "\n" + VERIFY + "\n") * 3)
+    env = {**_env(), "MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": f"127.0.0.1:{port}"}
+    with open("/dev/full", "wb") as full:
+        p = subprocess.Popen([sys.executable, "-m", "memra_obs.cli", "tail", "-f", "--from-start",
+                              str(log)], stdout=full, stderr=full, env=env)  # fmt: skip
+    try:
+        want = 'memra_obs_export_errors_total{signal="lines"} 6.0'
+        body = ""
+        for _ in range(100):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    body = r.read().decode()
+            except OSError:
+                body = ""
+            rounds = [ln for ln in body.splitlines() if ln.startswith("memra_spec_rounds_total{")]
+            if want in body and rounds:
+                break
+            time.sleep(0.1)
+        assert want in body, [ln for ln in body.splitlines() if "errors_total" in ln]
+        assert len(rounds) == 1 and 'family="glm5"' in rounds[0]  # (the last burst may linger)
+        assert float(rounds[0].split()[-1]) >= 12
+    finally:
+        p.terminate()
+        p.wait(30)
+
+
 def test_a_file_name_that_is_not_utf8_makes_a_label_every_scrape_can_encode():
     """The tail's worker label defaults to the file's name, and argv and the environment keep
     undecodable bytes as surrogates: every /metrics was a 500 (UnicodeEncodeError). Settled

@@ -268,8 +268,8 @@ class FreeMemory:
             return []
         try:
             self.stuck = False
+            self._load()  # (a forked child whose restart got no thread: here, once)
             if self._slots is None:
-                self._load()
                 self._slots = self._plan()
             return self._slots
         finally:
@@ -430,8 +430,12 @@ def _after_fork(child: bool = False) -> None:
             # every read failed, then a CUDA context of the child's own for cudaMemGetInfo).
             # Started again on a thread, as the warm-up; a snapshot waits for it.
             _default._lock.acquire()
-            threading.Thread(target=_restart, args=(_default,), name="memra-obs-nvml",
-                             daemon=True).start()  # fmt: skip
+            try:
+                threading.Thread(target=_restart, args=(_default,), name="memra-obs-nvml",
+                                 daemon=True).start()  # fmt: skip
+            except RuntimeError:  # no thread to be had (a pids limit): the first snapshot does it
+                _default._loaded = False
+                _default._lock.release()
 
 
 def _restart(fm: FreeMemory) -> None:
@@ -463,4 +467,5 @@ def warm(wait: bool = False) -> None:
     if fm._load_nvml is load_pynvml:  # the import is Python, under the GIL (~17 ms): here, at
         with suppress(Exception):  # start-up, not on a thread the first request's loop waits on
             import pynvml  # noqa: F401
-    threading.Thread(target=fm.warm, name="memra-obs-nvml", daemon=True).start()
+    with suppress(RuntimeError):  # no thread to be had (a pids limit): the first snapshot does it
+        threading.Thread(target=fm.warm, name="memra-obs-nvml", daemon=True).start()

@@ -94,6 +94,7 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
                 max_devices=st.max_devices)  # fmt: skip
     if built.prom is not None:
         built.prom.attach_queue(queue)
+        built.prom.watch("errors", "lines", lambda: tail.lost_lines)  # passed through: refused
         collector = TailCollector()
         collector.add(st.worker, tail.stats)
         built.prom.registry.register(collector)

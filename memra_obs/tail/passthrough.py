@@ -37,13 +37,19 @@ class Tail:
         self.stats = TailStats(rebuilder)
         self.lineno = self.reports = 0
         self.report_limit, self.max_devices, self._capped = report_limit, max_devices, False
-        self._write, self._note_to = _writer(out), notes
+        #: Lines the output refused (a full disk, a closed pipe): published all the same.
+        self.lost_lines = 0
+        self._write, self._note_to = _writer(out, self._lost), notes
+        self._write_notes = _writer(out, lambda rest: None)  # its own: no line of the input
         self._notes: list[bytes] = []
         # The partial last line (kept until its newline), how much of it already went
         # through (see tick) and since when; the output at a line boundary; an over-long line.
         self._buf, self._written, self._since, self._bol, self._skipping = b"", 0, 0, True, False
         self._ended = False  # close() ran: no line boundary will come to wait for
         self._cri = CriJoin(MAX_LINE)  # a pod's log: a line's CRI parts are read as one
+
+    def _lost(self, rest: bytes | memoryview) -> None:
+        self.lost_lines += bytes(rest).count(b"\n") or 1
 
     def note(self, text: str) -> None:
         """One line of the tail's own on the output, between passed-through lines."""
@@ -60,7 +66,7 @@ class Tail:
                 self._write(b"\n")
                 self._bol = True
             notes, self._notes = self._notes, []
-            self._write(b"".join(notes))
+            self._write_notes(b"".join(notes))
 
     def feed(self, data: bytes, t: int) -> None:
         """A chunk read at ``t`` (ns, monotonic): its complete lines go through now, a partial
@@ -215,8 +221,11 @@ class Tail:
             )
 
 
-def _writer(out: BinaryIO | int | None) -> Callable[[bytes | memoryview], None]:
-    """Whole writes to ``out``; a closed output is given up silently (publishing goes on)."""
+def _writer(
+    out: BinaryIO | int | None, lost: Callable[[bytes | memoryview], None]
+) -> Callable[[bytes | memoryview], None]:
+    """Whole writes to ``out``; what it refuses goes to ``lost`` (publishing goes on: the
+    output that failed is where it would be said)."""
 
     def write(b: bytes | memoryview) -> None:
         if isinstance(out, int):
@@ -227,12 +236,13 @@ def _writer(out: BinaryIO | int | None) -> Callable[[bytes | memoryview], None]:
                 except BlockingIOError:  # a non-blocking stderr that is full: wait, as the
                     select.select([], [out], [], 1.0)  # worker itself would have
                 except OSError:
+                    lost(view)
                     return
         elif out is not None:
             try:
                 out.write(b)
                 out.flush()
             except (OSError, ValueError):
-                pass
+                lost(b)
 
     return write
