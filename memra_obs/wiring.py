@@ -237,6 +237,14 @@ _MULTIPROC = (
 )
 
 
+def _undo(*closers: Callable[[], object] | None) -> None:
+    """Close what a build made before it failed: none of it is left running."""
+    for close in closers:
+        if close is not None:
+            with contextlib.suppress(Exception):
+                close()
+
+
 def build_observer(
     *,
     level: int | None = None,
@@ -261,9 +269,8 @@ def build_observer(
     here = st if ring is None else replace(st, sinks=frozenset())  # what this process publishes
     built = Exporters()  # first: an address that cannot be served is the one line said
     if here.sinks & {"otel", "prometheus"} or st.requests_file:
-        built = build_exporters(
-            here, worker=st.worker, registry=registry, env=env, strict=strict, retire=retire
-        )
+        built = build_exporters(here, worker=st.worker, registry=registry, env=env,
+                                strict=strict, retire=retire)  # fmt: skip
     if ring is not None:
         sinks.append(ring)
         built.where.append(f"records -> agent rings in {ring.directory}")
@@ -288,10 +295,7 @@ def build_observer(
                        settings=st, queue=qsink, closers=(built.close,), where=built.where,
                        sampled=sessions_sampled(env))  # fmt: skip
     except BaseException:
-        closers = [built.close] if qsink is None else [qsink.shutdown, built.close]
-        for close in [*closers, *([] if ring is None else [ring.shutdown])]:
-            with contextlib.suppress(Exception):
-                close()
+        _undo(getattr(qsink, "shutdown", None), built.close, getattr(ring, "shutdown", None))
         raise
     if built.prom is not None:
         built.prom.attach_queue(qsink)

@@ -95,9 +95,8 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     if built.prom is not None:
         built.prom.attach_queue(queue)
         built.prom.watch("errors", "lines", lambda: tail.lost_lines)  # passed through: refused
-        collector = TailCollector()
+        built.prom.registry.register(collector := TailCollector())
         collector.add(st.worker, tail.stats)
-        built.prom.registry.register(collector)
     if not args.quiet:
         where = "; ".join(built.where) or "publishing nothing (MEMRA_OBS_SINKS)"
         mode = "following" if isinstance(source, FollowSource) else "reading"
