@@ -11,6 +11,7 @@ import errno
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from . import flags
@@ -53,6 +54,16 @@ class Exporters:
             self.server.close()
             self.server = None
 
+    def abandon(self, shut: bool = True) -> None:
+        """A build that failed: its exporters shut down (``shut``: no queue did), its collector
+        gone from the registry (a retry was told it "takes its names over"), its server closed."""
+        for ex in (self.spans, self.requests) if shut else ():
+            if ex is not None:
+                ex.shutdown(0.5)
+        if self.prom is not None:
+            self.prom.unregister()
+        self.close()
+
 
 def build_exporters(
     st: Settings,
@@ -93,12 +104,7 @@ def build_exporters(
                 if out.server is not None:
                     out.where.append(f"/metrics on {out.server.url}")
     except BaseException:
-        for ex in (out.spans, out.requests):
-            if ex is not None:
-                ex.shutdown(0.5)
-        if out.prom is not None:  # a refused build leaves no collector in the registry
-            out.prom.unregister()
-        out.close()
+        out.abandon()
         raise
     return out
 
@@ -237,6 +243,16 @@ _MULTIPROC = (
 )
 
 
+def _nvtx(st: Settings) -> list[Sink]:
+    """The NVTX sink where asked for and a profiler attached (none: no sink, nothing to pay)."""
+    if "nvtx" not in st.sinks:
+        return []
+    from .sinks.nvtx import NvtxSink
+
+    nv = NvtxSink()
+    return [nv] if nv.range_hook is not None else []
+
+
 def _undo(*closers: Callable[[], object] | None) -> None:
     """Close what a build made before it failed: none of it is left running."""
     for close in closers:
@@ -266,26 +282,21 @@ def build_observer(
     lvl, prf = _seed_flags(env, level, prof)
     sinks: list[Sink] = [lines := StderrSink(lvl, prf)] if lvl >= 1 or prf else []
     ring = _ring(st, registry)  # agent mode: the agent publishes; here, the requests file only
-    here = st if ring is None else replace(st, sinks=frozenset())  # what this process publishes
-    built = Exporters()  # first: an address that cannot be served is the one line said
-    if here.sinks & {"otel", "prometheus"} or st.requests_file:
-        built = build_exporters(here, worker=st.worker, registry=registry, env=env,
-                                strict=strict, retire=retire)  # fmt: skip
-    if ring is not None:
-        sinks.append(ring)
-        built.where.append(f"records -> agent rings in {ring.directory}")
-    elif built.prom is not None and (os.environ if env is None else env).get(
-        "PROMETHEUS_MULTIPROC_DIR"
-    ):
-        say_once("multiproc", _MULTIPROC)
-    if "nvtx" in st.sinks:  # off (no profiler attached, no nvtx): no sink, nothing to pay
-        from .sinks.nvtx import NvtxSink
-
-        if (nv := NvtxSink()).range_hook is not None:
-            sinks.append(nv)
-    consumers, qsink = [*exporters, *built.all], None
-    try:  # (a thread refused, under a pids limit: none of what was built is left running)
-        if consumers:
+    built, qsink = Exporters(), None  # first: an address that cannot be served is the one line said
+    try:  # (a knob refused, a thread under a pids limit: none of what was built is left running)
+        here = st if ring is None else replace(st, sinks=frozenset())  # what this process publishes
+        if here.sinks & {"otel", "prometheus"} or st.requests_file:
+            built = build_exporters(here, worker=st.worker, registry=registry, env=env,
+                                    strict=strict, retire=retire)  # fmt: skip
+        if ring is not None:
+            sinks.append(ring)
+            built.where.append(f"records -> agent rings in {ring.directory}")
+        elif built.prom is not None and (os.environ if env is None else env).get(
+            "PROMETHEUS_MULTIPROC_DIR"
+        ):
+            say_once("multiproc", _MULTIPROC)
+        sinks.extend(_nvtx(st))
+        if consumers := [*exporters, *built.all]:
             qsink = QueueSink(consumers, capacity=st.queue_size, interval_ms=st.export_interval_ms)
             sinks.append(qsink)
         sinks.extend(extra_sinks)
@@ -295,7 +306,8 @@ def build_observer(
                        settings=st, queue=qsink, closers=(built.close,), where=built.where,
                        sampled=sessions_sampled(env))  # fmt: skip
     except BaseException:
-        _undo(getattr(qsink, "shutdown", None), built.close, getattr(ring, "shutdown", None))
+        shut = getattr(qsink, "shutdown", None)  # (it shuts the exporters down, else abandon)
+        _undo(shut, partial(built.abandon, shut is None), getattr(ring, "shutdown", None))
         raise
     if built.prom is not None:
         built.prom.attach_queue(qsink)

@@ -75,23 +75,39 @@ def test_a_refused_build_leaves_nothing_in_the_registry():
     assert b"memra_" not in generate_latest(reg)
 
 
-def test_an_observer_that_cannot_be_made_leaves_nothing_running(monkeypatch, tmp_path):
-    """A thread refused (a container's pids limit: ``RuntimeError: can't start new thread``)
-    made ``configure()`` raise with its /metrics server, span file writer and export thread
-    left running: a retry found its own port taken. What was built is closed."""
+@pytest.mark.parametrize("fails", ["Observer", "QueueSink"])
+def test_an_observer_that_cannot_be_made_leaves_nothing_running(monkeypatch, tmp_path, fails):
+    """A thread refused (a container's pids limit: ``RuntimeError: can't start new thread``,
+    the export queue's thread first) made ``configure()`` raise with its /metrics server, span
+    file writer and export thread left running, its names in the registry: a retry found its
+    own port taken, or was told it "takes the names over". What was built is undone."""
     from memra_obs import wiring
 
     def refused(*a: object, **kw: object) -> None:
         raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(wiring, "Observer", refused)
+    monkeypatch.setattr(wiring, fails, refused)
     before = {t.ident for t in threading.enumerate()}
+    reg = CollectorRegistry()
     with pytest.raises(RuntimeError):
-        build_observer(level=1, prof=False, env={}, registry=CollectorRegistry(),
-                       sinks="prometheus,otel", metrics_addr="127.0.0.1:0",
-                       spans_file=str(tmp_path / "s.jsonl"))  # fmt: skip
+        build_observer(level=1, prof=False, env={}, registry=reg, sinks="prometheus,otel",
+                       metrics_addr="127.0.0.1:0", spans_file=str(tmp_path / "s.jsonl"),
+                       requests_file=str(tmp_path / "r.jsonl"))  # fmt: skip
     left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
-    assert left == []
+    assert left == [] and b"memra_" not in generate_latest(reg)
+
+
+def test_a_refused_build_in_agent_mode_leaves_no_live_ring(tmp_path):
+    """Agent mode with a knob refused after the ring was made (a requests file it cannot
+    write): the ring kept its lock, and the agent took the worker for a live one."""
+    import fcntl
+
+    with pytest.raises(ConfigError):
+        build_observer(level=1, prof=False, env={}, agent=str(tmp_path / "rings"),
+                       sinks="prometheus", requests_file=str(tmp_path / "no" / "r.jsonl"))  # fmt: skip
+    (ring,) = (tmp_path / "rings").glob("*.ring")
+    with open(ring, "rb") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no live writer holds it
 
 
 def test_the_cli_exits_2_with_one_line():

@@ -388,6 +388,29 @@ def test_lines_the_output_refuses_are_counted_and_still_published(tmp_path):
         p.wait(30)
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_refused_line_counts_once_however_it_was_written():
+    """A line the output refused counts once: written in pieces (a partial line waits 0.1 s,
+    then goes), over-long, or followed by the tail's own note (its newline not counted)."""
+    fd = os.open("/dev/full", os.O_WRONLY)
+    try:
+        for feeds, want in (
+            ([b"abc", b"def\n"], 1),
+            ([b"a\nb\nc\n"], 3),
+            ([b"x" * (3 << 20), b"\n"], 1),
+            ([b"abc\n", b"d"], 1),  # (an input's last line without its newline: not counted)
+        ):
+            tail = Tail(Rebuilder("w"), lambda b: None, out=fd)
+            for i, chunk in enumerate(feeds):
+                tail.feed(chunk, i * 1_000_000_000)
+                tail.tick(i * 1_000_000_000 + 500_000_000)
+            tail.close(10**10)
+            tail.note("a note of the tail's own")
+            assert tail.lost_lines == want, feeds
+    finally:
+        os.close(fd)
+
+
 def test_a_file_name_that_is_not_utf8_makes_a_label_every_scrape_can_encode():
     """The tail's worker label defaults to the file's name, and argv and the environment keep
     undecodable bytes as surrogates: every /metrics was a 500 (UnicodeEncodeError). Settled

@@ -434,6 +434,7 @@ def _after_fork(child: bool = False) -> None:
                 threading.Thread(target=_restart, args=(_default,), name="memra-obs-nvml",
                                  daemon=True).start()  # fmt: skip
             except RuntimeError:  # no thread to be had (a pids limit): the first snapshot does it
+                # (unbounded there if nvmlInit hangs, as in a process that never warmed up)
                 _default._loaded = False
                 _default._lock.release()
 

@@ -103,7 +103,7 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...], tuple[float, ...], str], ...] = (
     ("memra_obs_export_errors", C, ("signal",), (),
      "Exports that failed (signal: records = an exporter raised on a batch; spans = a "
      "span export failed; metrics = a record this exporter could not aggregate; requests "
-     "= lines the requests file could not take; lines = legacy lines stderr refused)."),
+     "= lines the requests file could not take; lines = legacy lines stderr refused; the tail's: the lines its output refused)."),
 )  # fmt: skip
 
 

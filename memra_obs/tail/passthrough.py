@@ -49,7 +49,7 @@ class Tail:
         self._cri = CriJoin(MAX_LINE)  # a pod's log: a line's CRI parts are read as one
 
     def _lost(self, rest: bytes | memoryview) -> None:
-        self.lost_lines += bytes(rest).count(b"\n") or 1
+        self.lost_lines += bytes(rest).count(b"\n")  # a line counts once: by its newline
 
     def note(self, text: str) -> None:
         """One line of the tail's own on the output, between passed-through lines."""
@@ -63,7 +63,7 @@ class Tail:
         """Held notes out, at a line boundary; after the end no boundary comes: make one."""
         if self._notes and (self._bol or self._ended):
             if not self._bol:  # the input ended mid-line
-                self._write(b"\n")
+                self._write_notes(b"\n")
                 self._bol = True
             notes, self._notes = self._notes, []
             self._write_notes(b"".join(notes))

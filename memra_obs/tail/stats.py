@@ -25,7 +25,8 @@ _FAMILIES = (  # name, help, second label
      "source"),
     ("sessions", "Sessions the tail published.", None),
     ("rotations", "Log rotations the tail followed.", "style"),
-    ("bytes", "Bytes the tail read (all passed through).", None),
+    ("bytes", "Bytes the tail read (passed through but for the lines its output refused: "
+     "memra_obs_export_errors_total{signal=\"lines\"}).", None),
 )  # fmt: skip
 
 
