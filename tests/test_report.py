@@ -1109,16 +1109,22 @@ def test_bench_report_runs(tmp_path, capsys):
 
 def test_acceptance_section_is_the_advisors_estimate(runs):
     """The page's recommended k, E(k*) and speedup are advise() over the rounds the report read
-    (clock "host": the inputs do not say theirs), for a log, its span file and both as A/B;
-    every figure of the section is there, and the numbers are labelled as estimates."""
+    with the clock the inputs name (``[spec-advice] ... clock=``, the session span's
+    ``memra.spec.advice.clock``: the page said "unknown" beside them), for a log, its span file
+    and both as A/B; every figure of the section is there, labelled as estimates."""
     html = report(runs["log"], runs["spans"], out=runs["tmp"] / "acc.html")
     k = keys(html)
     for col, path in enumerate((runs["log"], runs["spans"])):
-        a = advise(read(str(path)).rounds, clock="host")
+        run = read(str(path))
+        assert run.clocks == {"sync"}  # the demo's loop drains its streams
+        a = advise(run.rounds, clock="sync")
         assert a is not None and k["recommended_k"][col] == str(a.recommended_k)
         assert k["speedup"][col].startswith(f"{a.estimated_speedup.value:.3f} [")
         assert k["expected_tokens"][col].startswith(f"{a.expected_tokens.value:.3f} [")
-        assert k["clock"][col].startswith("unknown")
+        assert k["clock"][col] == "sync"
+        # vLLM's draft acceptance rate beside the per-position alpha (two numbers, both named)
+        rate = int(k["accepted"][col]) / int(k["drafted"][col])
+        assert k["draft_acceptance"][col] == f"{rate:.3f}"
         assert k["alpha_0"][col].startswith(f"{a.acceptance.positions[0].alpha.value:.3f}")
     acc = html[html.index('<section id="acceptance">') :].split("</section>")[0]
     assert "Estimates" in acc and acc.count("<img") == 3

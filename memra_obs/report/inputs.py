@@ -21,6 +21,7 @@ from .. import records
 from ..environment import utf8
 from ..legacy import (
     KIND,
+    AdviceLine,
     CriJoin,
     LegacyParseError,
     RoundsLine,
@@ -95,6 +96,7 @@ class Run:
     first_tokens: list[FirstTokenRecord] = field(default_factory=list)
     logs: list[RoundLog] = field(default_factory=list)
     unsampled: int = 0  # span files: rounds past the span cap
+    clocks: set[str] = field(default_factory=set)  # the phases' clock, as [spec-advice] says
     notes: list[str] = field(default_factory=list)
 
 
@@ -167,6 +169,8 @@ def _read_log(lines: Iterable[str], run: Run, max_families: int) -> None:
             run.refused.append((n, exc.reason, line[:160]))
             continue
         run.kinds[KIND[type(rec)]] += 1
+        if type(rec) is AdviceLine:
+            run.clocks.add(rec.clock)
         # The round logs as the worker kept them: row 0 or a row after a summary opens one, a
         # summary closes it (concurrent sessions interleave: README, "memra-obs report", limits).
         if isinstance(rec, RoundsLine | SummaryLine):
@@ -277,6 +281,8 @@ def _session(sid: int, tid: int, sp: Span, kids: Kids, run: Run) -> None:
     run.sessions.append(SessionRecord(sid, fam, f"{fam}-phase", f"{fam}-phase-v",
                         at.get(A + "worker", ""), sp[3], 0, 0, tid, sp[1], sp[2],
                         at.get(A + "trace_level", 0), bool(at.get(A + "prof"))))  # fmt: skip
+    if type(clock := at.get(A + "advice.clock")) is str:  # (with the profile on)
+        run.clocks.add(clock)
     mine = sorted(kids.get(sp[1], []), key=lambda k: k[3])
     rounds = [r for b in mine if b[0] == "spec.burst" for r in _burst(sid, tid, b, kids, run)]
     run.first_tokens += [_first_token(sid, ft, kids) for ft in mine if ft[0] == "spec.first_token"]

@@ -345,7 +345,8 @@ def advice(v: View) -> list[Row]:
 
     return [
         ("acc_rounds", ("rounds with known k, j (used); without",), f"{e.rounds}; {v.without}"),
-        ("pooled_alpha", ("pooled acceptance (i.i.d.)",), _iv(e.pooled) if e.positions else "-"),
+        ("draft_acceptance", ("accepted / drafted (vLLM's draft acceptance rate)",), f"{(v.j * v.n)[v.own].sum() / d:.3f}" if (d := (v.k * v.n)[v.own].sum()) else "-"),
+        ("pooled_alpha", ("acceptance α per position, pooled (i.i.d.)",), _iv(e.pooled) if e.positions else "-"),
         adv("recommended_k", "recommended k", lambda a: str(a.recommended_k)),
         adv("expected_tokens", "E(k*): expected tokens per round", lambda a: _iv(a.expected_tokens)),
         adv("tokens_per_s", "throughput at k*, tokens/s", lambda a: _iv(a.tokens_per_s, ".0f")),
@@ -355,7 +356,7 @@ def advice(v: View) -> list[Row]:
         adv("current_k", "mean k of the rounds; tokens/s there: model; measured",
             lambda a: f"{a.current_k:.2f}; {a.current_tokens_per_s.value:.0f}; {a.measured_tokens_per_s:.0f}"),
         adv("cost_model", "cost model", lambda a: a.costs.assumption or "fitted (k varied)"),
-        ("clock", ("clock that timed the phases",), f"unknown ({said} do not say)"),
+        ("clock", ("clock that timed the phases",), v.clock or f"unknown ({said} do not say)"),
     ]  # fmt: skip
 
 
@@ -398,10 +399,10 @@ def acceptance(views: Sequence[View]) -> str:
     """The acceptance section (issue 16): the estimator's output, labelled as estimates, one
     family at a time."""
     out = ["<p class=note><b>Estimates</b> from <code>memra_obs.analysis</code> over the rounds whose"
-           " k and j are known, with 95% intervals, each family on its own. Which clock timed the"
-           " phases is unknown (neither the legacy lines nor the spans say): the costs are fitted as"
-           f" <code>clock={CLOCK!r}</code>. Positions no round reached are extrapolated (a flat"
-           " tail).</p>"]  # fmt: skip
+           " k and j are known, with 95% intervals, each family on its own. The costs are fitted"
+           " with the clock the input's <code>[spec-advice]</code> lines or session spans name (the"
+           f" profile's), else as <code>clock={CLOCK!r}</code>. Positions no round reached are"
+           " extrapolated (a flat tail).</p>"]  # fmt: skip
     for name, vs in by_family(list(views)):
         out.append(f"<h3>family {escape(name)}</h3>" * bool(name) + _acceptance(vs))
     return "".join(out)

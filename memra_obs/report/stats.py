@@ -35,8 +35,8 @@ AB_METHOD = (
     f"Flagged: {MIN_N} sessions a run or more, the CI excludes 0 and |B - A| is at least "
     f"{REL_THRESHOLD:.0%} of median A"
 )
-#: The advisor's clock: neither the legacy lines nor the spans say which clock timed the phases,
-#: and "host" claims no device (the page says the clock is unknown).
+#: The advisor's clock where the inputs name none (or several): "host" claims no device (the
+#: page says the clock is unknown). ``[spec-advice]`` lines and session spans name it.
 CLOCK = "host"
 
 
@@ -65,10 +65,13 @@ class View:
         self.burst_ms = np.array([p.phases() for p in ph], dtype=float).reshape(-1, 5) / 1e6
         self.burst_n = np.array([p.rounds for p in ph], dtype=float)
         self.ttft_ms = np.array([f.prof.total_ms() for f in run.first_tokens])
+        clocks = run.clocks & {"event", "sync", "host"}
+        #: The clock that timed the phases, if the input says one ("": unknown, fitted as CLOCK).
+        self.clock = next(iter(clocks)) if len(clocks) == 1 else ""
 
     @cached_property  # a run of several families is advised per family only (by_family)
     def advice(self) -> Advice | None:
-        return advise(self.known(), clock=CLOCK)
+        return advise(self.known(), clock=self.clock or CLOCK)
 
     @cached_property
     def acceptance(self) -> AcceptanceEstimate:
