@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -170,11 +171,13 @@ def _demo(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
     acc = stats.accepted / stats.drafted if stats.drafted else 0.0
     lost = getattr(getattr(obs, "queue", None), "dropped", 0)  # said: no /metrics is left
+    st = getattr(obs, "settings", None)  # the banner scrolled away: where the spans are, again
+    spans = st.spans_file if st is not None and "otel" in st.sinks and not st.agent else ""
     _say(
         f"[memra-obs] demo done: sessions={stats.sessions} rounds={stats.rounds} "
-        f"tokens={stats.tokens} accept={acc:.3f}"
-        + f"; {lost} records dropped (a full queue): spans and requests lack them"
-        * bool(lost)
+        f"tokens={stats.tokens} accept={acc:.3f} (accepted / drafted)"
+        + f"; {lost} records dropped (a full queue): spans and requests lack them" * bool(lost)
+        + f"; spans in {spans}: memra-obs report {shlex.quote(spans)}" * bool(spans)
     )
     return 0
 

@@ -112,6 +112,9 @@ def test_demo_publishes_lines_metrics_and_spans(tmp_path):
              and not line.startswith("[memra-obs]")}  # fmt: skip
     assert {PhaseLine.__name__, VerifyLine.__name__, FirstTokenLine.__name__} <= kinds
     assert "[memra-obs] demo done: sessions=" in err
+    # the banner scrolled away under the lines: the closing line says where the spans went
+    done = next(x for x in err.splitlines() if "demo done:" in x)
+    assert done.endswith("; spans in memra-obs-spans.jsonl: memra-obs report memra-obs-spans.jsonl")
     spans = (tmp_path / "memra-obs-spans.jsonl").read_text().splitlines()
     assert spans
     names = {

@@ -86,7 +86,10 @@ _TABLE: tuple[tuple[str, str, tuple[str, ...], tuple[float, ...], str], ...] = (
      "from (verify_fit or measured)."),
     ("memra_spec_first_token_phase_seconds", H, ("phase",), FIRST_TOKEN_PHASE_BUCKETS,
      "One bucket of a session's first-token profile (SpecFirstTokenProf *_ms field); "
-     "buckets the route did not run (0 ms) are not observed."),
+     "buckets the route did not run (0 ms) are not observed. They nest: cache_alloc, "
+     "sink_alloc, prime, capture, anchor, draft_alloc, first_burst and unattributed add up to "
+     "memra_spec_first_token_seconds; the others sit inside them (draft_prime, first_* and "
+     "first_burst_hook inside first_burst), so a sum over every phase counts them twice."),
     ("memra_spec_first_token_seconds", H, (), TTFT_BUCKETS,
      "Time to first token of a session: creation plus the first burst "
      "(SpecFirstTokenProf.total_ms)."),

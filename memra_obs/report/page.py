@@ -306,7 +306,7 @@ def totals(v: View) -> list[Row]:
         ("bytes", ("bytes", ""), r.size),
         ("recorded", ("sessions started, UTC", "span start times"), started(v)),
         ("lines", ("lines", ""), r.lines),
-        *((f"lines_{k}", (f"{k} lines", lines), r.kinds[k])
+        *((f"lines_{k}", (f"{k} lines" if k != "spans" else "spans", lines), r.kinds[k])
           for k in (*KIND.values(), "spans")),
         ("refused", ("lines the parser refused", lines), len(r.refused)),
         ("unplaced", ("valid lines the rebuild could not place", "the log's lines"), len(r.unplaced)),
