@@ -171,8 +171,10 @@ def _demo(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
     acc = stats.accepted / stats.drafted if stats.drafted else 0.0
     lost = getattr(getattr(obs, "queue", None), "dropped", 0)  # said: no /metrics is left
-    st = getattr(obs, "settings", None)  # the banner scrolled away: where the spans are, again
-    spans = st.spans_file if st is not None and "otel" in st.sinks and not st.agent else ""
+    # The banner scrolled away: the span file again, where one was opened.
+    spans = getattr(getattr(obs, "settings", None), "spans_file", "") or ""
+    if not any(w.startswith("spans -> ") and os.path.abspath(spans) in w for w in obs.where):
+        spans = ""
     _say(
         f"[memra-obs] demo done: sessions={stats.sessions} rounds={stats.rounds} "
         f"tokens={stats.tokens} accept={acc:.3f} (accepted / drafted)"

@@ -235,6 +235,19 @@ def _demo(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
                             cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
+def test_the_closing_line_names_a_span_file_only_where_one_was_written(tmp_path):
+    """Spans sent elsewhere (``OTEL_TRACES_EXPORTER=none``, an OTLP endpoint) wrote no file:
+    the closing line pointed the report at one all the same."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_", "OTEL_"))}
+    env.update(MEMRA_OBS_METRICS_ADDR="", MEMRA_OBS_SINKS="otel", OTEL_TRACES_EXPORTER="none")
+    p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "demo", "--seed", "1", "--requests",
+                        "1", "--speed", "20"], cwd=tmp_path, env=env, stderr=subprocess.PIPE,
+                       text=True, timeout=60)  # fmt: skip
+    done = next(x for x in p.stderr.splitlines() if "demo done:" in x)
+    assert p.returncode == 0 and "spans in" not in done, done
+    assert not (tmp_path / "memra-obs-spans.jsonl").exists()
+
+
 def test_demo_arguments_are_bounded_and_its_stops_are_kept(tmp_path):
     """``--k 100000`` (refused by the loop: a demo that recorded nothing and could not be
     stopped) is a usage error, as is junk; ``--duration`` ends the request in flight after its

@@ -1130,6 +1130,16 @@ def test_acceptance_section_is_the_advisors_estimate(runs):
     assert "Estimates" in acc and acc.count("<img") == 3
 
 
+def test_an_input_naming_two_clocks_says_so(runs, tmp_path):
+    """Two logs of loops timed by other clocks, concatenated: the page said the input names no
+    clock; it names both, and the costs are fitted as host."""
+    text = Path(runs["log"]).read_text()
+    both = tmp_path / "both.log"
+    both.write_text(text + text.replace("clock=sync", "clock=event"))
+    html = report(both, out=tmp_path / "both.html")
+    assert keys(html)["clock"] == ["several (event, sync): fitted as host"]
+
+
 def test_trace_only_logs_compare_burst_means_and_an_empty_input_still_reports(tmp_path):
     """Phase lines only (no profile, no rows): A/B falls back to one per-round mean a burst
     and still flags a 20% verify slowdown; an empty input gives a page of empty sections."""

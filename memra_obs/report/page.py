@@ -356,7 +356,7 @@ def advice(v: View) -> list[Row]:
         adv("current_k", "mean k of the rounds; tokens/s there: model; measured",
             lambda a: f"{a.current_k:.2f}; {a.current_tokens_per_s.value:.0f}; {a.measured_tokens_per_s:.0f}"),
         adv("cost_model", "cost model", lambda a: a.costs.assumption or "fitted (k varied)"),
-        ("clock", ("clock that timed the phases",), v.clock or f"unknown ({said} do not say)"),
+        ("clock", ("clock that timed the phases",), v.clock_said or f"unknown ({said} do not say)"),
     ]  # fmt: skip
 
 

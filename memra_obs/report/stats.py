@@ -65,9 +65,13 @@ class View:
         self.burst_ms = np.array([p.phases() for p in ph], dtype=float).reshape(-1, 5) / 1e6
         self.burst_n = np.array([p.rounds for p in ph], dtype=float)
         self.ttft_ms = np.array([f.prof.total_ms() for f in run.first_tokens])
-        clocks = run.clocks & {"event", "sync", "host"}
-        #: The clock that timed the phases, if the input says one ("": unknown, fitted as CLOCK).
-        self.clock = next(iter(clocks)) if len(clocks) == 1 else ""
+        clocks = sorted(run.clocks & {"event", "sync", "host"})
+        #: The clock that timed the phases, if the input names one ("": unknown, fitted as CLOCK),
+        #: and what the page says of it ("": none named).
+        self.clock = clocks[0] if len(clocks) == 1 else ""
+        self.clock_said = self.clock or f"several ({', '.join(clocks)}): fitted as {CLOCK}" * (
+            len(clocks) > 1
+        )
 
     @cached_property  # a run of several families is advised per family only (by_family)
     def advice(self) -> Advice | None:
