@@ -399,9 +399,14 @@ def test_a_ring_truncated_under_the_agent_and_its_worker_kills_neither(tmp_path)
     )  # all of the bystander's, and the victim's before the cut
 
 
-def test_records_plus_lost_equal_written_on_metrics(tmp_path):
+def test_records_plus_lost_equal_written_on_metrics(tmp_path, monkeypatch):
     """read + lost == written per worker, on /metrics: a lapped ring (stand-in sessions and
-    RingOverrun ends that the agent makes up) and refused records included."""
+    RingOverrun ends that the agent makes up) and refused records included. The first loss is
+    said once too (an agent publishing spans only has no /metrics to show it)."""
+    from memra_obs.agent import main as agent_main
+
+    said: dict[str, str] = {}
+    monkeypatch.setattr(agent_main, "say_once", lambda key, msg: said.setdefault(key, msg))
     sink = RingSink(str(tmp_path), worker="w", slots=64)
     reg = CollectorRegistry()
     env = {"MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": ""}
@@ -426,6 +431,8 @@ def test_records_plus_lost_equal_written_on_metrics(tmp_path):
     assert value("memra_obs_agent_lost_records_total") == reg.get_sample_value(
         "memra_obs_dropped_total", {"signal": "ring"}
     )
+    (lapped,) = [m for m in said.values() if "lapped" in m]
+    assert "'w'" in lapped and 'memra_obs_dropped_total{signal="ring"}' in lapped
     agent.close()
     for c in closers:
         c()
