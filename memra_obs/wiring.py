@@ -164,6 +164,9 @@ def _prometheus(
         return None
 
 
+_LOOPBACK = frozenset(("127.0.0.1", "::1", "localhost"))
+
+
 def _serve(st: Settings, prom: Any, strict: bool) -> Any:
     """``/metrics`` for ``prom`` (the note its forked children say), or None (said once)."""
     from prometheus_client import REGISTRY
@@ -194,6 +197,10 @@ def _serve(st: Settings, prom: Any, strict: bool) -> Any:
                     f"has memra_obs's metrics already: set {var} empty")  # fmt: skip
         say_once(f"metrics-addr:{host}:{port}", msg + "; carrying on without /metrics")
         return None
+    if st.metrics_basic_auth and not st.metrics_tls_cert and host not in _LOOPBACK:
+        say_once("metrics-auth-plain", f"{var}={host}:{server.port} asks basic auth over plain "
+                 f"HTTP: the password crosses the network readable; set {st.named('metrics_tls_cert')}"
+                 f" and {st.named('metrics_tls_key')}")  # fmt: skip
     prom.fork_note = (
         f"{var}={host}:{server.port}: a forked process cannot serve /metrics "
         f"there (its parent does); several workers on one host: agent mode ({MEMRA_OBS_AGENT}) "

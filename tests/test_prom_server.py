@@ -244,6 +244,36 @@ def test_knobs(tmp_path: Path, cert):
         Settings.resolve({"MEMRA_OBS_METRICS_BASIC_AUTH_FILE": str(auth)})
 
 
+def test_basic_auth_over_plain_http_off_loopback_is_said(tmp_path: Path, monkeypatch):
+    """``MEMRA_OBS_METRICS_BASIC_AUTH_FILE`` without TLS on an address other hosts reach sent
+    the password readable, unsaid; said once (loopback, or with TLS: nothing to say)."""
+    import types
+
+    from memra_obs import prom, wiring
+    from memra_obs.wiring import build_exporters
+
+    said: list[str] = []
+    monkeypatch.setattr(wiring, "say_once", lambda key, msg: said.append(msg))
+    # No socket bound off loopback: the server stands in (its address is all that is read).
+    monkeypatch.setattr(prom, "serve_metrics", lambda addr, **kw: types.SimpleNamespace(
+        port=addr[1] or 9464, url=f"http://{addr[0]}/metrics", close=lambda: None))  # fmt: skip
+    auth = tmp_path / "auth"
+    auth.write_text("prom:pw\n")
+    for addr, warned in (("0.0.0.0:0", True), ("127.0.0.1:0", False)):
+        said.clear()
+        env = {"MEMRA_OBS_METRICS_BASIC_AUTH_FILE": str(auth), "MEMRA_OBS_METRICS_ADDR": addr,
+               "MEMRA_OBS_SINKS": "prometheus"}  # fmt: skip
+        st = Settings.resolve(env)
+        built = build_exporters(st, registry=CollectorRegistry(), env=env)
+        try:
+            plain = [m for m in said if "basic auth over plain HTTP" in m]
+            assert len(plain) == int(warned), said
+            if warned:
+                assert "MEMRA_OBS_METRICS_TLS_CERT" in plain[0]
+        finally:
+            built.close()
+
+
 def test_build_observer_serves_and_attaches_the_queue(tmp_path: Path, cert):
     """setup wiring: sinks=prometheus serves /metrics (TLS + auth from knobs) with self-metrics."""
     from memra_obs.wiring import build_observer
