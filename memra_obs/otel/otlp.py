@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from json.encoder import encode_basestring_ascii as _jascii  # the C escaper
 from typing import Any
 
@@ -169,27 +170,32 @@ class Encoder:
         return self._traces.setdefault(tid, self._trace_head(tid))
 
 
-class _Small(dict[int, bytes]):
-    """A key's whole fields for ints 0..255, each made at its first use: all 256 at once took
-    ~0.3 ms a key on the export thread, and a first export's dozens of new keys held the GIL
-    the loop needs for 5-11 ms (a slow round in Jaeger at +200 ms)."""
+class _PerInt(dict[int, Any]):
+    """A key's whole attribute for ints 0..255 (both writers'), each made at its first use:
+    all 256 at once took ~0.3 ms a key on the export thread, and a first export's dozens of
+    new keys held the GIL the loop needs for 5-11 ms (a slow round in Jaeger at +200 ms)."""
 
-    __slots__ = ("kb",)
+    __slots__ = ("make",)
 
-    def __init__(self, kb: bytes) -> None:
+    def __init__(self, make: Callable[[int], Any]) -> None:
         super().__init__()
-        self.kb = kb
+        self.make = make
 
-    def __missing__(self, i: int) -> bytes:
-        b = self[i] = _field(0x4A, self.kb + _field(0x12, b"\x18" + varint(i)))
-        return b
+    def __missing__(self, i: int) -> Any:
+        v = self[i] = self.make(i)
+        return v
 
 
-def _key_entry(key: str) -> tuple[_Small, list[bytes], bytes, bytes]:
+def _json_int(kh: str, i: int) -> str:
+    """An OTLP/JSON attribute of int ``i`` under the key head ``kh``."""
+    return f'{kh}{{"intValue":"{i}"}}}}'
+
+
+def _key_entry(key: str) -> tuple[_PerInt, list[bytes], bytes, bytes]:
     """What of attribute ``key`` does not depend on the value: whole fields for ints 0..255;
     field heads for an int of each varint length and for a double; the key field."""
     kb = _text(0x0A, key)
-    small = _Small(kb)
+    small = _PerInt(lambda i: _field(0x4A, kb + _field(0x12, b"\x18" + varint(i))))
     heads = [b"\x4a" + varint(len(kb) + 3 + n) + kb + b"\x12" + _B1[n + 1] for n in range(1, 11)]
     ints = [b""] + [h + b"\x18" for h in heads]
     return small, ints, b"\x4a" + varint(len(kb) + 11) + kb + b"\x12\x09\x21", kb
@@ -291,7 +297,7 @@ class JsonEncoder(Encoder):
                 ent = keys.get(k)
                 if ent is None:  # the '{"key":..,"value":' head, whole pairs for ints 0..255
                     kh = f'{{"key":{_jstr(k)},"value":'
-                    ent = keys[k] = (kh, [f'{kh}{{"intValue":"{i}"}}}}' for i in range(256)])
+                    ent = keys[k] = (kh, _PerInt(partial(_json_int, kh)))
                 tv = type(v)
                 if tv is int:
                     if 0 <= v < 256:
