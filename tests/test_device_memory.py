@@ -473,6 +473,27 @@ class ForkedNvml(FakeNvml):
         return super().nvmlDeviceGetMemoryInfo(h)
 
 
+def _nvml_warmed_in_parent(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], Any, Any]:
+    """The process's FreeMemory over a fake NVML a fork uninitialises, warmed and read once
+    here: (what it said, the fake CUDA, a maker of another such FreeMemory, not warmed)."""
+    from memra_obs.device import memory
+
+    said: list[str] = []
+    nv, cuda = ForkedNvml(CARDS), FakeCuda(CUDA_BUS[:1], [7])
+
+    def load() -> Any:
+        nv.nvmlInit()
+        return nv
+
+    def fresh() -> FreeMemory:
+        return FreeMemory(nvml=load, cuda=lambda: cuda, report=lambda k, s: said.append(s))
+
+    monkeypatch.setattr(memory, "_default", fresh())
+    memory.warm(wait=True)
+    assert memory.free_mb_snapshot() == [(0, 1000)]
+    return said, cuda, fresh
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_a_forked_child_reads_nvml_not_a_cuda_context_of_its_own(
     monkeypatch: pytest.MonkeyPatch,
@@ -483,17 +504,7 @@ def test_a_forked_child_reads_nvml_not_a_cuda_context_of_its_own(
     reports. The child starts NVML again and reads it."""
     from memra_obs.device import memory
 
-    said: list[str] = []
-    nv, cuda = ForkedNvml(CARDS), FakeCuda(CUDA_BUS[:1], [7])
-
-    def load() -> Any:
-        nv.nvmlInit()
-        return nv
-
-    f = FreeMemory(nvml=load, cuda=lambda: cuda, report=lambda k, s: said.append(s))
-    monkeypatch.setattr(memory, "_default", f)
-    memory.warm(wait=True)
-    assert memory.free_mb_snapshot() == [(0, 1000)]
+    said, cuda, _ = _nvml_warmed_in_parent(monkeypatch)
 
     def child() -> bytes:
         signal.alarm(5)
@@ -512,17 +523,7 @@ def test_a_forked_child_with_no_thread_to_be_had_starts_nvml_at_its_first_snapsh
 
     from memra_obs.device import memory
 
-    said: list[str] = []
-    nv, cuda = ForkedNvml(CARDS), FakeCuda(CUDA_BUS[:1], [7])
-
-    def load() -> Any:
-        nv.nvmlInit()
-        return nv
-
-    f = FreeMemory(nvml=load, cuda=lambda: cuda, report=lambda k, s: said.append(s))
-    monkeypatch.setattr(memory, "_default", f)
-    memory.warm(wait=True)
-    assert memory.free_mb_snapshot() == [(0, 1000)]
+    said, cuda, fresh = _nvml_warmed_in_parent(monkeypatch)
 
     def no_thread(self: threading.Thread) -> None:
         raise RuntimeError("can't start new thread")
@@ -536,8 +537,7 @@ def test_a_forked_child_with_no_thread_to_be_had_starts_nvml_at_its_first_snapsh
         return repr((snap, time.monotonic() - t0 < 1.0, cuda.reads, said)).encode()
 
     assert in_child(child) == b"([(0, 1000)], True, 0, [])"
-    f2 = FreeMemory(nvml=load, cuda=lambda: cuda, report=lambda k, s: said.append(s))
-    monkeypatch.setattr(memory, "_default", f2)
+    monkeypatch.setattr(memory, "_default", fresh())
     memory.warm()  # no thread: no raise, the first snapshot starts it
     assert memory.free_mb_snapshot() == [(0, 1000)] and said == []
 
