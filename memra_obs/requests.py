@@ -5,7 +5,10 @@ and the first-token profile. Off the loop: a session's counts are kept until its
 from __future__ import annotations
 
 import json
+import threading
+import time
 from array import array
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
@@ -67,10 +70,15 @@ def request_record(
 class RequestsExporter:
     """Writes one JSON line per ended session to ``path`` (appending); ``detailed`` adds the
     per-step lists. At most ``max_open`` sessions wait for their end (a dropped end record
-    must not leak); the oldest is then forgotten, said once."""
+    must not leak); the oldest is then forgotten, said once.
+
+    The appends have a thread of their own: one that blocks (a FIFO whose reader stopped, a
+    hung NFS mount) holds back this file, not the spans and /metrics the export worker also
+    feeds. At most ``max_lines`` wait for it; more are lost, counted in ``export_errors``."""
 
     signal = "requests"
     max_open = 4096
+    max_lines = 4096
 
     def __init__(self, path: str, *, detailed: bool = False) -> None:
         self.detailed, self.export_errors, self._closed = detailed, 0, False
@@ -78,8 +86,33 @@ class RequestsExporter:
         self.path = self._file.path  # absolute: lines go there whatever chdir() comes later
         self._file.open()  # OSError now, not every line lost later; no lock: never waits
         self._open: dict[int, _Counts] = {}
+        self._fresh()
+        try:
+            self._thread.start()
+        except BaseException:  # a thread refused (a pids limit): no descriptor left open
+            self._file.close()
+            raise
+
+    def _fresh(self) -> None:
+        """An empty queue, its lock, and the writer thread (not started)."""
+        self._q: deque[str] = deque()
+        self._cv = threading.Condition()  # guards the queue, _busy and export_errors
+        self._busy = 0  # lines in the append in flight
+        self._added = self._done = 0  # lines put; lines appended or counted lost
+        self._thread = threading.Thread(target=self._run, name="memra-obs-requests", daemon=True)
+
+    def after_fork(self) -> None:
+        """In a forked child: its own queue, thread and count; the parent's open sessions stay
+        the parent's (their ends come there)."""
+        self._open.clear()
+        self.export_errors = 0
+        self._fresh()
+        if not self._closed:
+            self._thread.start()
 
     def export(self, batch: Sequence[tl.Record]) -> None:
+        if self._closed:  # a stuck exporter's batch, counted dropped by the queue's shutdown
+            return
         lines = []
         for rec in batch:
             if isinstance(rec, tl.SessionRecord):
@@ -116,7 +149,7 @@ class RequestsExporter:
                 del self._open[rec.session]
                 lines.append(self._line(c, rec))
         if lines:
-            self._write(lines)
+            self._put(lines)
 
     def _line(self, c: _Counts, end: tl.SessionEndRecord) -> str:
         s = c.rec
@@ -137,18 +170,76 @@ class RequestsExporter:
             out["rounds_missing"] = missing  # this line is short of them, not the request
         return json.dumps(out, separators=(",", ":"))
 
-    def _write(self, lines: list[str]) -> None:
-        if self._closed:  # a stuck exporter's batch, counted dropped by the queue's shutdown
-            return
-        try:
-            self._file.append(("\n".join(lines) + "\n").encode())
-        except OSError as exc:
-            self.export_errors += len(lines)
-            say_once("requests-write", f"requests file {self.path}: {exc.strerror}; lines lost")
+    def mark(self) -> int:
+        """Lines so far; :meth:`settled` says when all before a mark are appended or counted
+        lost (the agent persists its cursors past them only then)."""
+        return self._added
+
+    def settled(self, mark: int) -> bool:
+        return self._done >= mark
+
+    def _put(self, lines: list[str]) -> None:
+        with self._cv:
+            self._added += len(lines)
+            if len(self._q) + len(lines) > self.max_lines:
+                self.export_errors += len(lines)
+                self._done += len(lines)
+                say_once("requests-full", f"requests file {self.path}: appends are not keeping "
+                         "up (a blocked pipe, a stalled disk?); lines lost, counted in "
+                         'memra_obs_export_errors_total{signal="requests"}')  # fmt: skip
+                return
+            self._q.extend(lines)
+            self._cv.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._q and not self._closed:
+                    self._cv.wait()
+                if not self._q:
+                    return
+                lines = list(self._q)
+                self._q.clear()
+                self._busy = len(lines)
+            try:
+                self._file.append(("\n".join(lines) + "\n").encode())
+                lost = ""
+            except OSError as exc:
+                lost = exc.strerror or str(exc)
+            with self._cv:
+                if lost:
+                    self.export_errors += self._busy
+                self._done += self._busy
+                self._busy = 0
+                self._cv.notify_all()
+            if lost:
+                say_once("requests-write", f"requests file {self.path}: {lost}; lines lost")
 
     def flush(self, timeout_s: float = 5.0) -> bool:
+        """True once every line so far is appended (or counted lost)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while self._q or self._busy:
+                if (left := deadline - time.monotonic()) <= 0 or not self._thread.is_alive():
+                    return False
+                self._cv.wait(left)
         return True
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
-        self._closed = True
+        """Append what waits while ``timeout_s`` lasts; what is still waiting then, and an
+        append stuck in flight, is counted lost."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(max(0.0, timeout_s))
+        with self._cv:
+            left = len(self._q) + self._busy
+            self._q.clear()
+            self._busy = 0
+            self.export_errors += left
+            self._done += left
+        if left:
+            say_once("requests-shutdown", f"requests file {self.path}: shutdown's time ran out "
+                     f"with {left} lines not appended; lost")  # fmt: skip
         self._file.close()

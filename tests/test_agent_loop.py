@@ -462,6 +462,7 @@ def test_agent_self_metrics_are_the_in_process_ones(tmp_path):
             rounds(s, 3)
         if mode == "agent":
             agent.drain(5)
+            agent.worker.flush(5.0)  # the requests file's appends have their own thread
         else:
             obs.flush(5.0)
         text = encode(reg, "text/plain")[0].decode()

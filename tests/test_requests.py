@@ -527,3 +527,78 @@ def test_a_line_says_when_as_its_session_span_does(tmp_path):
     assert rec["end_unix_nano"] == to_epoch_ns(s, e.end_ns_mono)
     assert t0 <= rec["start_unix_nano"] < rec["end_unix_nano"] <= t1
     assert list(rec)[4:6] == ["start_unix_nano", "end_unix_nano"]
+
+
+def _full_fifo(tmp_path):
+    """A FIFO whose reader reads nothing, its buffer full: the next append blocks."""
+    import contextlib
+
+    fifo = tmp_path / "r.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    filler = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(filler, b"x" * 4096)
+    return fifo, reader, filler
+
+
+def test_a_requests_file_that_blocks_holds_back_neither_metrics_nor_shutdown(tmp_path):
+    """A requests file whose appends block (a FIFO whose reader stopped, a hung NFS mount) held
+    the export worker: /metrics and the spans stood still with it, and shutdown waited out its
+    time. The appends have their own thread: the rest flows, lines past ``max_lines`` are lost
+    and counted, shutdown is on time and counts what it could not append."""
+    import time
+
+    fifo, reader, filler = _full_fifo(tmp_path)
+    reg = CollectorRegistry()
+    obs = build_observer(sinks="prometheus", requests_file=str(fifo), level=0, prof=False,
+                         env={}, registry=reg, metrics_addr="")  # fmt: skip
+    (req,) = [x for x in obs.queue.worker.exporters if x.signal == "requests"]
+    req.max_lines = 2
+    try:
+        for n in range(1, 6):
+            with obs.session("glm5") as s, s.burst(4) as b:
+                _rounds(b, [(4, 2)])
+            obs.flush(0.3)
+            rounds = [x.value for m in reg.collect() for x in m.samples
+                      if x.name == "memra_spec_rounds_total"]  # fmt: skip
+            assert sum(rounds) == n
+        t0 = time.monotonic()
+        obs.shutdown(0.3)
+        assert time.monotonic() - t0 < 2.0
+        assert req.export_errors == 5  # 1 stuck in its append, 2 waiting, 2 past max_lines
+    finally:
+        os.close(reader)  # the stuck append ends (EPIPE): counted once, at shutdown
+        os.close(filler)
+    req._thread.join(5)
+    assert req.export_errors == 5 and not req._thread.is_alive()
+
+
+def test_a_requests_line_is_settled_once_appended(tmp_path):
+    """The agent persists its rings' cursors past a pass once its exporters have delivered it:
+    a requests line still waiting for a blocked append is not, and is once it is appended."""
+    import time
+
+    from memra_obs.requests import RequestsExporter
+    from memra_obs.timeline import SessionEndRecord, SessionRecord
+
+    fifo, reader, filler = _full_fifo(tmp_path)
+    ex = RequestsExporter(str(fifo))
+    ex.export([SessionRecord(7, "f", "t", "tv", "w", 0, 0, 0, 0, 0, 0, 0, False),
+               SessionEndRecord(7, 1, 0, 0, 0, "")])  # fmt: skip
+    mark = ex.mark()
+    time.sleep(0.1)
+    assert not ex.settled(mark) and not ex.flush(0.05)
+    os.close(filler)
+    got = b""
+    deadline = time.monotonic() + 5
+    while b'"session":7' not in got and time.monotonic() < deadline:
+        try:
+            got += os.read(reader, 1 << 16)
+        except BlockingIOError:
+            time.sleep(0.01)
+    assert ex.flush(5) and ex.settled(mark) and ex.export_errors == 0
+    ex.shutdown(1)
+    os.close(reader)
+    assert json.loads(got[got.index(b'{"session":7') :].splitlines()[0])["session"] == 7
