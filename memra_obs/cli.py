@@ -175,10 +175,13 @@ def _demo(args: argparse.Namespace) -> int:
     spans = getattr(getattr(obs, "settings", None), "spans_file", "") or ""
     if not any(w.startswith("spans -> ") and os.path.abspath(spans) in w for w in obs.where):
         spans = ""
+    out = getattr(getattr(obs, "queue", None), "worker", None)  # delivered, after shutdown:
+    sent = [x for x in getattr(out, "exporters", ()) if getattr(x, "signal", "") == "spans"]
     _say(
         f"[memra-obs] demo done: sessions={stats.sessions} rounds={stats.rounds} "
         f"tokens={stats.tokens} accept={acc:.3f} (accepted / drafted)"
         + f"; {lost} records dropped (a full queue): spans and requests lack them" * bool(lost)
+        + "".join(f"; spans: {x.exported_spans} exported, {x.dropped_spans} dropped" for x in sent)
         + f"; spans in {spans}: memra-obs report {shlex.quote(spans)}" * bool(spans)
     )
     return 0

@@ -117,6 +117,10 @@ def test_demo_publishes_lines_metrics_and_spans(tmp_path):
     assert done.endswith("; spans in memra-obs-spans.jsonl: memra-obs report memra-obs-spans.jsonl")
     spans = (tmp_path / "memra-obs-spans.jsonl").read_text().splitlines()
     assert spans
+    # and how many got there (a Jaeger user could not tell a short trace list from lost spans)
+    written = sum(len(ss["spans"]) for line in spans for rs in json.loads(line)["resourceSpans"]
+                  for ss in rs["scopeSpans"])  # fmt: skip
+    assert f"; spans: {written} exported, 0 dropped; spans in" in done, done
     names = {
         s["name"]
         for line in spans
