@@ -171,8 +171,7 @@ def _demo(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
     acc = stats.accepted / stats.drafted if stats.drafted else 0.0
     lost = getattr(getattr(obs, "queue", None), "dropped", 0)  # said: no /metrics is left
-    # The banner scrolled away: the span file again, where one was opened.
-    spans = getattr(getattr(obs, "settings", None), "spans_file", "") or ""
+    spans = getattr(getattr(obs, "settings", None), "spans_file", "") or ""  # (banner gone)
     if not any(w.startswith("spans -> ") and os.path.abspath(spans) in w for w in obs.where):
         spans = ""
     out = getattr(getattr(obs, "queue", None), "worker", None)  # delivered, after shutdown:

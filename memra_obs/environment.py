@@ -338,9 +338,18 @@ def unknown_knobs(env: Mapping[str, str]) -> list[str]:
     return notes
 
 
+#: Knobs the agent reads, not its workers: their records go to the ring, the agent publishes.
+_AGENTS = (*_SINK_OF, "advice_window", "max_families")
+
+
 def idle_knobs(st: Settings, env: Mapping[str, str]) -> list[str]:
     """A note per knob ``env`` sets (not empty: off) for a sink ``st`` leaves off
-    (``MEMRA_OBS_METRICS_ADDR`` alone published nothing and said nothing)."""
+    (``MEMRA_OBS_METRICS_ADDR`` alone published nothing and said nothing), or in agent mode
+    for the agent (a worker's ``MEMRA_OBS_ADVICE_WINDOW`` changed nothing, unsaid)."""
+    if st.agent:
+        return [f"{_VARS[n]} is set, but in agent mode ({st.named('agent')}) the agent "
+                "publishes: it does nothing here (set it on memra-obs agent)" for n in _AGENTS
+                if n not in st.given and env.get(_VARS[n], "").strip()]  # fmt: skip
     on = ",".join(sorted(st.sinks)) or "none"
     idle = [(n, sink) for n, sink in _SINK_OF.items() if sink not in st.sinks]
     return [f"{_VARS[n]} is set, but {st.named('sinks')} ({on}) has no {sink}: it does "

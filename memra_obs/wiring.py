@@ -110,8 +110,8 @@ def build_exporters(
 
 
 def _say_unknown(env: Mapping[str, str] | None, st: Settings | None = None) -> None:
-    """Names no knob reads; with ``st``, knobs only its off sinks read (not in agent mode: the
-    agent's own sinks decide)."""
+    """Names no knob reads; with ``st``, knobs only its off sinks read (in agent mode: those
+    only the agent reads)."""
     env = os.environ if env is None else env
     for note in unknown_knobs(env) + (idle_knobs(st, env) if st is not None else []):
         say_once(f"knob:{note.split()[0]}", note)
@@ -285,7 +285,7 @@ def build_observer(
     from ``os.environ``), ``knobs`` are :class:`Settings` fields, ``exporters`` extra consumers
     behind the queue, ``strict`` as in :func:`build_exporters`. Nothing on: NOOP_OBSERVER."""
     st = Settings.resolve(env, **knobs)
-    _say_unknown(env, None if st.agent else st)  # before a silent no-op observer
+    _say_unknown(env, st)  # before a silent no-op observer
     lvl, prf = _seed_flags(env, level, prof)
     sinks: list[Sink] = [lines := StderrSink(lvl, prf)] if lvl >= 1 or prf else []
     ring = _ring(st, registry)  # agent mode: the agent publishes; here, the requests file only

@@ -49,6 +49,6 @@ def test_bench_prom_times_the_scrape_of_a_live_set(capsys):
     """The GET it quoted hit every child's memoised text: a live loop's scrape changes them."""
     bench_prom.main(["--rounds", "64", "--scrapes", "1"])
     out = capsys.readouterr().out
-    assert "(991 samples;" in out, out
+    assert "(991 samples;" in out, out  # a new metric changes it (README, prom/model.py quote it)
     for row in ("GET /metrics, all changed", "GET /metrics gzip, all changed"):
         assert f"\n  {row} " in out, row

@@ -279,8 +279,9 @@ def test_a_misspelled_knob_is_said_once_with_the_knob_it_is_near(caplog, tmp_pat
 def test_a_knob_whose_sink_is_off_is_said_once(caplog, tmp_path):
     """``MEMRA_OBS_METRICS_ADDR=:9464`` alone (no ``prometheus`` in ``MEMRA_OBS_SINKS``)
     published nothing and said nothing. Each knob only an off sink reads is said once, naming
-    the sink; one the argument set, an empty one (off), or in agent mode (the agent's own
-    sinks decide) is not."""
+    the sink; one the argument set or an empty one (off) is not. In agent mode the knobs only
+    the agent reads are said as such (a worker's ``MEMRA_OBS_ADVICE_WINDOW`` changed nothing,
+    unsaid); what the worker still reads (``MEMRA_OBS_PLAIN_STEP_MS``: its advice line) is not."""
     from memra_obs import diagnostics
     from memra_obs.wiring import build_observer
 
@@ -292,12 +293,17 @@ def test_a_knob_whose_sink_is_off_is_said_once(caplog, tmp_path):
         build_observer(env=off, spans_file=str(tmp_path / "s.jsonl")).shutdown()
         for _ in range(2):
             build_observer(env=env, spans_file=str(tmp_path / "s.jsonl")).shutdown()
-        build_observer(env={**env, "MEMRA_OBS_AGENT": str(tmp_path)}).shutdown()
+        agent = {"MEMRA_OBS_AGENT": str(tmp_path), "MEMRA_OBS_ADVICE_WINDOW": "64",
+                 "MEMRA_OBS_PLAIN_STEP_MS": "20", "MEMRA_OBS_SINKS": "prometheus"}  # fmt: skip
+        build_observer(env={**env, **agent}, metrics_addr="").shutdown()
     said = [r.getMessage() for r in caplog.records if "it does nothing" in r.getMessage()]
+    agent_mode = "in agent mode (MEMRA_OBS_AGENT) the agent publishes: it does nothing here"
     assert said == [
         "MEMRA_OBS_METRICS_ADDR is set, but MEMRA_OBS_SINKS (otel) has no prometheus: it does "
-        "nothing (add prometheus there)"
-    ]
+        "nothing (add prometheus there)",
+        *(f"{var} is set, but {agent_mode} (set it on memra-obs agent)" for var in (
+            "MEMRA_OBS_SPANS_FILE", "MEMRA_OBS_ROUND_SPANS", "MEMRA_OBS_ADVICE_WINDOW")),
+    ]  # fmt: skip
 
 
 def test_an_otlp_timeout_in_seconds_for_opentelemetry_python_is_said(caplog):

@@ -120,3 +120,58 @@ def test_the_readme_quotes_metrics_as_they_are_exposed():
         assert not value or labels[name] - said <= {"worker"}, (name, inside)
     for bound in re.findall(r'\ble="([^"]+)"', text):
         assert bound == floatToGoString(float(bound)), bound
+
+
+def test_every_knob_has_its_readme_row_and_its_configure_argument():
+    """A knob is three places a user reads: its variable in the README's Knobs table, its
+    ``configure()`` argument ("Every knob also has a constructor argument"), its Settings
+    field; one left out was found by no test."""
+    import dataclasses
+    import inspect
+
+    import memra_obs
+    from memra_obs.environment import _TABLE, Settings
+
+    text = (ROOT / "README.md").read_text().split("\n## Knobs\n", 1)[1]
+    table = text[text.index("\n|") : text.index("\n\n", text.index("\n|"))]
+    rows = {v for line in table.splitlines() for v in re.findall(r"`(MEMRA_OBS_\w+)`",
+                                                                    line.split(" | ")[0])}  # fmt: skip
+    assert rows == {var for _, var, _ in _TABLE}
+    fields = {f.name for f in dataclasses.fields(Settings) if f.compare}
+    assert fields == {name for name, _, _ in _TABLE}
+    assert fields <= set(inspect.signature(memra_obs.configure).parameters)
+
+
+def test_every_metric_has_its_readme_row():
+    """Metric names are public interface (DESIGN §5): each family the loop, the agent or the
+    tail exposes is a row of a README metrics table (the agent's counters: named in its
+    section), with its exposed name."""
+    from memra_obs.agent.main import _COUNTERS
+    from memra_obs.prom.families import spec_families
+    from memra_obs.tail.stats import _FAMILIES
+
+    text = (ROOT / "README.md").read_text()
+    rows = set(re.findall(r"^\| `(memra_\w+)`", text, re.M))
+    exposed = {f.name + "_total" * (f.kind == "counter") for f in spec_families(True).values()}
+    exposed |= {f"memra_obs_tail_{name}_total" for name, _, _ in _FAMILIES}
+    assert exposed <= rows, sorted(exposed - rows)
+    for name, _ in _COUNTERS:
+        assert f"`{name}_total" in text, name
+
+
+def test_the_design_contract_is_in_the_repository():
+    """Code, tests and docs cite "DESIGN §N": docs/DESIGN.md is the contract (and the seed it
+    names, docs/seeds/), each cited section exists, and where the developers' shared copy is
+    beside the clone the two are one text."""
+    design = (ROOT / "docs" / "DESIGN.md").read_text()
+    sections = set(re.findall(r"^## (\d+)\.", design, re.M))
+    for f in ("spec_phase.rs", "spec_phase.module-doc.txt", "SpecFirstTokenProf.struct-doc.txt"):
+        assert (ROOT / "docs" / "seeds" / f).is_file(), f
+    cited = set()
+    for path in [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("memra_obs/**/*.py"),
+                 *ROOT.glob("tests/*.py")]:  # fmt: skip
+        cited |= set(re.findall(r"DESIGN §(\d+)", path.read_text()))
+    assert cited and cited <= sections, sorted(cited - sections)
+    shared = ROOT.parent / "shared" / "DESIGN.md"
+    if shared.is_file():
+        assert shared.read_text() == design, "docs/DESIGN.md is behind ../shared/DESIGN.md"

@@ -148,7 +148,7 @@ def test_openmetrics_0_0_1_is_answered_in_openmetrics():
         assert headers == [
             ("Content-Type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
         ]
-        assert len(list(om_parse(body.decode()))) == 22
+        assert len(list(om_parse(body.decode()))) == 22  # DESIGN §5's families: a new one, +1
 
 
 def test_escaping_dots_is_spelt_as_prometheus_client_spells_it():
