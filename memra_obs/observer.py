@@ -205,7 +205,7 @@ class Observer:
             return _NOOP_SESSION
         for name in unknown:
             say_once(f"session-kw:{name}", f"Observer.session({name}=...): not a keyword of "
-                     "session() (tag, tag_v, e, eh); ignored")  # fmt: skip
+                     "session() (tag, tag_v, e, eh); ignored", "session-kw")  # fmt: skip
         if not (isinstance(family, str) and family):
             say_once(f"session-family:{family!r}", f"Observer.session(family={family!r}): expected a "
                      "non-empty str; recording under the default family 'spec'", "rename")  # fmt: skip

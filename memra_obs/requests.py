@@ -74,14 +74,15 @@ class RequestsExporter:
 
     The appends have a thread of their own: one that blocks (a FIFO whose reader stopped, a
     hung NFS mount) holds back this file, not the spans and /metrics the export worker also
-    feeds. At most ``max_lines`` wait for it; more are lost, counted in ``export_errors``."""
+    feeds. At most ``max_bytes`` of lines wait for it; more are lost, counted in
+    ``export_errors``."""
 
     signal = "requests"
-    max_open = 4096
-    max_lines = 4096
+    max_bytes = 32 << 20  # ~60,000 requests (an agent's batch holds many workers' ends)
 
-    def __init__(self, path: str, *, detailed: bool = False) -> None:
+    def __init__(self, path: str, *, detailed: bool = False, max_open: int = 4096) -> None:
         self.detailed, self.export_errors, self._closed = detailed, 0, False
+        self.max_open = max_open
         self._file = AppendFile(path)
         self.path = self._file.path  # absolute: lines go there whatever chdir() comes later
         self._file.open()  # OSError now, not every line lost later; no lock: never waits
@@ -97,7 +98,7 @@ class RequestsExporter:
         """An empty queue, its lock, and the writer thread (not started)."""
         self._q: deque[str] = deque()
         self._cv = threading.Condition()  # guards the queue, _busy and export_errors
-        self._busy = 0  # lines in the append in flight
+        self._busy = self._qbytes = 0  # lines in the append in flight; bytes queued
         self._added = self._done = 0  # lines put; lines appended or counted lost
         self._thread = threading.Thread(target=self._run, name="memra-obs-requests", daemon=True)
 
@@ -116,10 +117,12 @@ class RequestsExporter:
         lines = []
         for rec in batch:
             if isinstance(rec, tl.SessionRecord):
-                if len(self._open) >= self.max_open:
+                if len(self._open) >= self.max_open:  # its line is lost, counted
                     self._open.pop(next(iter(self._open)))
-                    say_once("requests-open", "requests file: too many open sessions; "
-                             "the oldest is forgotten")  # fmt: skip
+                    with self._cv:
+                        self.export_errors += 1
+                    say_once("requests-open", f"requests file: over {self.max_open} sessions "
+                             "open at once; the oldest is forgotten, its line lost")  # fmt: skip
                 self._open[rec.session] = _Counts(rec)
                 continue
             c = self._open.get(rec.session)
@@ -181,15 +184,21 @@ class RequestsExporter:
     def _put(self, lines: list[str]) -> None:
         with self._cv:
             self._added += len(lines)
-            if len(self._q) + len(lines) > self.max_lines:
-                self.export_errors += len(lines)
-                self._done += len(lines)
+            took = 0
+            for line in lines:  # (JSON, ASCII: a character is a byte)
+                if self._qbytes + len(line) + 1 > self.max_bytes:
+                    break
+                self._q.append(line)
+                self._qbytes += len(line) + 1
+                took += 1
+            if took:
+                self._cv.notify_all()
+            if lost := len(lines) - took:
+                self.export_errors += lost
+                self._done += lost
                 say_once("requests-full", f"requests file {self.path}: appends are not keeping "
                          "up (a blocked pipe, a stalled disk?); lines lost, counted in "
                          'memra_obs_export_errors_total{signal="requests"}')  # fmt: skip
-                return
-            self._q.extend(lines)
-            self._cv.notify_all()
 
     def _run(self) -> None:
         while True:
@@ -200,6 +209,7 @@ class RequestsExporter:
                     return
                 lines = list(self._q)
                 self._q.clear()
+                self._qbytes = 0
                 self._busy = len(lines)
             try:
                 self._file.append(("\n".join(lines) + "\n").encode())
@@ -236,6 +246,7 @@ class RequestsExporter:
         with self._cv:
             left = len(self._q) + self._busy
             self._q.clear()
+            self._qbytes = 0
             self._busy = 0
             self.export_errors += left
             self._done += left

@@ -74,20 +74,23 @@ def build_exporters(
     env: Mapping[str, str] | None = None,
     strict: bool = True,
     retire: Callable[[], None] | None = None,
+    open_sessions: int | None = None,
 ) -> Exporters:
     """The exporters ``st.sinks`` asks for: spans (``otel``), metrics (``prometheus``, into
     ``registry``, default the global one) and ``/metrics``; ``worker_label`` labels every series
-    ``worker``. An unbindable address: ConfigError with ``strict`` (the CLI), else said once."""
+    ``worker``. An unbindable address: ConfigError with ``strict`` (the CLI), else said once.
+    ``open_sessions``: how many each keeps open at once (None: one process's bound)."""
     out = Exporters()
     _say_unknown(env)
+    cap = {} if open_sessions is None else {"max_open": open_sessions}
     try:
         if st.requests_file:
-            out.requests = _requests(st)
+            out.requests = _requests(st, **cap)
             out.where.append(f"requests -> {out.requests.path}")
         if "otel" in st.sinks:
             from .otel import build_span_exporter
 
-            out.spans = build_span_exporter(st, env=env)
+            out.spans = build_span_exporter(st, env=env, **cap)
             if out.spans is not None:
                 urls = [getattr(o.sender, "url", "?") for o in out.spans.outputs]
                 out.where.append("spans -> " + ", ".join(urls))
@@ -95,7 +98,7 @@ def build_exporters(
             if retire is not None:  # what can be refused is built: the observer replaced
                 retire()  # gives up the registry's names unsaid (and the /metrics port)
             out.prom = _prometheus(
-                st, registry, worker, worker_label, out.spans is not None, strict
+                st, registry, worker, worker_label, out.spans is not None, strict, **cap
             )
             if out.prom is not None and st.metrics_addr is None:
                 out.where.append(f"metrics -> the registry only ({st.named('metrics_addr')} empty)")
@@ -117,11 +120,11 @@ def _say_unknown(env: Mapping[str, str] | None, st: Settings | None = None) -> N
         say_once(f"knob:{note.split()[0]}", note)
 
 
-def _requests(st: Settings) -> RecordExporter:
+def _requests(st: Settings, **cap: int) -> RecordExporter:
     from .requests import RequestsExporter
 
     try:
-        return RequestsExporter(st.requests_file or "", detailed=st.requests_detail)
+        return RequestsExporter(st.requests_file or "", detailed=st.requests_detail, **cap)
     except OSError as exc:  # a missing directory, a directory, no permission
         var = st.named("requests_file")
         raise ConfigError(f"{var}={st.requests_file!r}: {exc.strerror}") from None
@@ -136,7 +139,13 @@ def sessions_sampled(env: Mapping[str, str] | None = None) -> Callable[[int], bo
 
 
 def _prometheus(
-    st: Settings, registry: Any, worker: str, worker_label: bool, traced: bool, strict: bool
+    st: Settings,
+    registry: Any,
+    worker: str,
+    worker_label: bool,
+    traced: bool,
+    strict: bool,
+    max_open: int = 8192,
 ) -> Any:
     """The Prometheus exporter, or None (said once) when the registry has its names already
     (an app's own ``memra_*`` metric, a second copy of memra_obs, a reload): the observer's
@@ -154,6 +163,7 @@ def _prometheus(
             max_families=st.max_families,
             plain_step_ns=None if st.plain_step_ms is None else st.plain_step_ms * 1e6,
             traced=traced,
+            max_sessions=max_open,
         )
     except ValueError as exc:
         if strict or "Duplicated timeseries" not in str(exc):

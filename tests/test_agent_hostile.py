@@ -406,7 +406,7 @@ def test_records_plus_lost_equal_written_on_metrics(tmp_path, monkeypatch):
     from memra_obs.agent import main as agent_main
 
     said: dict[str, str] = {}
-    monkeypatch.setattr(agent_main, "say_once", lambda key, msg: said.setdefault(key, msg))
+    monkeypatch.setattr(agent_main, "say_once", lambda key, msg, kind="": said.setdefault(key, msg))
     sink = RingSink(str(tmp_path), worker="w", slots=64)
     reg = CollectorRegistry()
     env = {"MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": ""}
@@ -570,3 +570,27 @@ def test_a_ring_of_another_uid_it_cannot_open_says_whose_it_is():
         finally:
             os.seteuid(0)
         sink.shutdown()
+
+
+def test_refused_rings_removed_since_are_forgotten(tmp_path, caplog):
+    """Each ring the agent refuses (junk, another format version) was kept in its skip set for
+    good, removed or not: a rolling deploy's rings of a new pid each held memory and, said
+    one by one, spent the process's bound of reports. Removed, a refused ring is forgotten;
+    the reports stop at a few, said so; a valid ring is read as before."""
+    caplog.set_level(logging.WARNING, logger="memra_obs")
+    a = Agent(str(tmp_path), [cap := Collect()], cleanup=False)
+    for i in range(40):
+        junk = tmp_path / f"w{i}.ring"
+        junk.write_bytes(b"\0" * 4096)
+        a.drain(1)
+        junk.unlink()
+    a.drain(1)
+    assert a._skip == set()
+    said = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert len(said) == 9 and said[-1].endswith("more are not)")
+    sink = RingSink(str(tmp_path), worker="w", slots=64)
+    work(sink, 1, 2)
+    sink.shutdown()
+    a.drain(2)
+    assert len([r for r in cap.records if type(r) is RoundRecord]) == 2
+    a.close()

@@ -390,7 +390,7 @@ def test_a_forked_child_without_a_ring_of_its_own_says_so(tmp_path, monkeypatch)
     """A forked child whose ring cannot be made says once that its records are not
     published; its records then go nowhere, without raising."""
     said: list[str] = []
-    monkeypatch.setattr(ring, "say_once", lambda key, msg: said.append(msg))
+    monkeypatch.setattr(ring, "say_once", lambda key, msg, kind="": said.append(msg))
     sink = RingSink(str(tmp_path), worker="fork", slots=64)
     (tmp_path / "file").touch()
     sink.directory = str(tmp_path / "file" / "sub")  # no ring can be made there

@@ -837,7 +837,7 @@ def test_a_forked_child_that_unwinds_its_parents_session_publishes_nothing(monke
     from memra_obs import session as session_mod
 
     said: list[str] = []
-    monkeypatch.setattr(session_mod, "say_once", lambda key, msg: said.append(msg))
+    monkeypatch.setattr(session_mod, "say_once", lambda key, msg, kind="": said.append(msg))
     sink = RecordingSink()
     obs = Observer([sink], level=1, prof=False)
     with obs.session("glm5") as s, s.burst(4) as b:
@@ -1422,16 +1422,28 @@ def test_the_observer_imports_what_a_first_session_needs_when_it_is_built():
 
 def test_misuse_with_a_new_name_each_time_is_bounded(caplog):
     """``s.lap(f"step_{i}")`` in a loop: each new name was said, and kept as a key, for ever
-    (200,000 lines and +21 MB). Distinct reports stop at MAX_SAID, the bound said once."""
+    (200,000 lines and +21 MB); then it spent the bound of distinct reports, MAX_SAID, and
+    every later problem of the process (a full queue, a failed export) went unsaid. A misuse
+    says its first names, then that more are not; other things are still said; keys of no
+    kind stop at MAX_SAID, the bound said once."""
     from memra_obs import diagnostics
 
+    diagnostics.reset()
     with capture(level=0, prof=True) as cap:
         s = cap.observer.session("glm5")
         for i in range(diagnostics.MAX_SAID + 500):
             s.lap(f"step_{i}")
+            s.add(**{f"x{i}_ms": 1.0})
         s.end()
     said = [r.getMessage() for r in caplog.records]
-    assert len(said) == diagnostics.MAX_SAID + 1 and len(diagnostics._said) == len(said)
+    assert len(said) == 2 * (diagnostics.PER_KIND + 1), said
+    assert sum(m.endswith("more are not)") for m in said) == 2
+    diagnostics.say_once("queue-full:1", "record queue full")
+    assert caplog.records[-1].getMessage() == "record queue full"
+    for i in range(diagnostics.MAX_SAID + 500):
+        diagnostics.say_once(f"key:{i}", f"thing {i}")
+    said = [r.getMessage() for r in caplog.records]
+    assert len(diagnostics._said) == diagnostics.MAX_SAID + 1
     assert sum("different things said; new ones are not" in m for m in said) == 1
 
 

@@ -133,7 +133,7 @@ def test_a_forked_child_of_a_serving_observer_says_it_once(monkeypatch):
     at its first records (a ``subprocess`` child between fork and exec was told so too); a
     parent that serves nothing gives its children nothing to say."""
     said: list[str] = []
-    monkeypatch.setattr(prom_exporter, "say_once", lambda key, msg: said.append(msg))
+    monkeypatch.setattr(prom_exporter, "say_once", lambda key, msg, kind="": said.append(msg))
     for addr in ("127.0.0.1:0", ""):
         obs = build_observer(
             level=0, prof=False, env={}, registry=CollectorRegistry(), sinks="prometheus",

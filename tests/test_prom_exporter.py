@@ -498,6 +498,25 @@ def test_state_of_sessions_whose_records_were_lost_is_bounded(reg):
     assert val(r2, "memra_spec_rounds_total", family="a") == 1
 
 
+def test_a_live_session_forgotten_past_max_sessions_is_said(reg, caplog):
+    """More sessions open at once than ``max_sessions``: the oldest's later rounds count under
+    ``unknown``, which the README explains as a full queue's, and nothing said why."""
+    from memra_obs import diagnostics
+
+    diagnostics.reset()
+    ex = PrometheusExporter(reg, max_sessions=2)
+    with caplog.at_level("WARNING", logger="memra_obs"):
+        ex.export([rnd(9, 0, (1, 1, 0, 0, 0))])  # a session whose start was lost: unsaid
+        ex.export([session(s, family="a") for s in (1, 2)])
+        assert not caplog.records
+        ex.export([session(3, family="a"), rnd(1, 0, (1, 1, 0, 0, 0))])
+    assert val(reg, "memra_spec_rounds_total", family="unknown") == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "metrics: over 2 sessions open at once (or their ends lost); the oldest is forgotten, "
+        "its later rounds counted under family='unknown'"
+    ]
+
+
 def test_a_family_per_request_mints_no_series_past_max_families(reg, caplog):
     """A loop naming a family per request (``session(f"req_{i}")``): each family is ~250
     series, and 15,000 such sessions held 1.1 million (80 MB /metrics, 0.5 GB), growing for

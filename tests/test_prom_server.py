@@ -253,7 +253,7 @@ def test_basic_auth_over_plain_http_off_loopback_is_said(tmp_path: Path, monkeyp
     from memra_obs.wiring import build_exporters
 
     said: list[str] = []
-    monkeypatch.setattr(wiring, "say_once", lambda key, msg: said.append(msg))
+    monkeypatch.setattr(wiring, "say_once", lambda key, msg, kind="": said.append(msg))
     # No socket bound off loopback: the server stands in (its address is all that is read).
     monkeypatch.setattr(prom, "serve_metrics", lambda addr, **kw: types.SimpleNamespace(
         port=addr[1] or 9464, url=f"http://{addr[0]}/metrics", close=lambda: None))  # fmt: skip

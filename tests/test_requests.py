@@ -343,19 +343,19 @@ def test_a_requests_line_states_the_sessions_phase_totals_in_ms_and_its_error(tm
 
 def test_past_max_open_sessions_the_oldest_is_forgotten(tmp_path):
     """At most ``max_open`` sessions wait for their end: one more forgets the oldest (its end
-    then writes nothing), the newer ones are written."""
+    then writes nothing: a line lost, counted), the newer ones are written."""
     from memra_obs.requests import RequestsExporter
     from memra_obs.timeline import SessionEndRecord, SessionRecord
 
     path = tmp_path / "r.jsonl"
-    ex = RequestsExporter(str(path))
-    ex.max_open = 2
+    ex = RequestsExporter(str(path), max_open=2)
     ex.export(
         [SessionRecord(s, "f", "t", "tv", "w", 0, 0, 0, 0, 0, 0, 0, False) for s in (1, 2, 3)]
     )
     ex.export([SessionEndRecord(s, 1, 0, 0, 0, "") for s in (1, 2, 3)])
     ex.shutdown()
     assert [json.loads(x)["session"] for x in path.read_text().splitlines()] == [2, 3]
+    assert ex.export_errors == 1
 
 
 def test_an_append_waiting_for_the_lock_at_close_writes_nothing_and_leaks_nothing(tmp_path):
@@ -546,7 +546,7 @@ def _full_fifo(tmp_path):
 def test_a_requests_file_that_blocks_holds_back_neither_metrics_nor_shutdown(tmp_path):
     """A requests file whose appends block (a FIFO whose reader stopped, a hung NFS mount) held
     the export worker: /metrics and the spans stood still with it, and shutdown waited out its
-    time. The appends have their own thread: the rest flows, lines past ``max_lines`` are lost
+    time. The appends have their own thread: the rest flows, lines past ``max_bytes`` are lost
     and counted, shutdown is on time and counts what it could not append."""
     import time
 
@@ -555,7 +555,7 @@ def test_a_requests_file_that_blocks_holds_back_neither_metrics_nor_shutdown(tmp
     obs = build_observer(sinks="prometheus", requests_file=str(fifo), level=0, prof=False,
                          env={}, registry=reg, metrics_addr="")  # fmt: skip
     (req,) = [x for x in obs.queue.worker.exporters if x.signal == "requests"]
-    req.max_lines = 2
+    req.max_bytes = 1100  # two lines of ~513 bytes wait, a third does not
     try:
         for n in range(1, 6):
             with obs.session("glm5") as s, s.burst(4) as b:
@@ -567,7 +567,7 @@ def test_a_requests_file_that_blocks_holds_back_neither_metrics_nor_shutdown(tmp
         t0 = time.monotonic()
         obs.shutdown(0.3)
         assert time.monotonic() - t0 < 2.0
-        assert req.export_errors == 5  # 1 stuck in its append, 2 waiting, 2 past max_lines
+        assert req.export_errors == 5  # 1 stuck in its append, 2 waiting, 2 past max_bytes
     finally:
         os.close(reader)  # the stuck append ends (EPIPE): counted once, at shutdown
         os.close(filler)

@@ -53,6 +53,10 @@ FORGET_S = 300.0
 #: Finished rings kept (file and descriptor) until the span exporters deliver their spans;
 #: past it the oldest retires at once: a collector down for minutes must not fill /dev/shm.
 HELD_RINGS = 4
+#: Sessions the agent's exporters keep open at once: every worker's on the host (a process's
+#: 4096 lost the lines and spans of 8 ranks of 600 requests in flight). Those of a worker
+#: gone, or whose ends its ring lost, the agent ends itself.
+OPEN_SESSIONS = 65536
 
 
 class AgentBusy(RuntimeError):
@@ -114,7 +118,7 @@ class Agent:
             say_once(f"ring-lost:{s.worker}", f"agent: worker {s.worker!r}'s ring lapped the "
                      f"agent: {d[1]} records lost, and every later loss counted in "
                      'memra_obs_dropped_total{signal="ring"} (a stopped or slow agent, or '
-                     "MEMRA_OBS_RING_SLOTS too small)")  # fmt: skip
+                     "MEMRA_OBS_RING_SLOTS too small)", "ring-lost")  # fmt: skip
 
     def _still_ours(self) -> bool:
         """The directory's lock file is the one this agent holds (or is taken again): a ring
@@ -136,9 +140,11 @@ class Agent:
     def _discover(self) -> None:
         if not self._still_ours():
             return
-        known = self._streams.keys() | self._skip
         # glob skips dot names (rings being created) and says nothing of a directory gone
-        for path in glob.glob(os.path.join(glob.escape(self.directory), "*.ring")):
+        paths = glob.glob(os.path.join(glob.escape(self.directory), "*.ring"))
+        self._skip.intersection_update(paths)  # a refused ring removed: its name is free again
+        known = self._streams.keys() | self._skip
+        for path in paths:
             if path in known:
                 continue
             try:
@@ -148,11 +154,11 @@ class Agent:
             except Exception as exc:
                 if not isinstance(exc, OSError):  # a file may become readable; a bad ring stays bad
                     self._skip.add(path)
-                say_once(f"agent-ring:{path}", f"agent: skipping {path}: {exc}")
+                say_once(f"agent-ring:{path}", f"agent: skipping {path}: {exc}", "agent-ring")
 
     def _drop(self, s: RingStream, exc: BaseException) -> None:
         say_once(f"agent-ring:{s.path}", f"agent: dropping {s.path} ({exc}); what it holds from "
-                 "here on is neither published nor counted")  # fmt: skip
+                 "here on is neither published nor counted", "agent-ring")  # fmt: skip
         r, lost, written, rounds = s.accounted  # what it published counts; no claim of it does
         self._account(s, (s.read, lost, written + s.read - r, rounds))
         del self._streams[s.path]
@@ -201,7 +207,7 @@ class Agent:
                          f"label {s.worker!r} ({os.path.basename(other.path)}, "
                          f"{os.path.basename(s.path)}): their series are summed under one "
                          f"worker; give each process its own {MEMRA_OBS_WORKER} (unset, it is "
-                         "$RANK or the pid)")  # fmt: skip
+                         "$RANK or the pid)", "agent-label")  # fmt: skip
 
     def taken(self) -> None:
         """The pass is exported: count it. Its cursors are persisted, and finished rings
@@ -372,7 +378,8 @@ def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None =
     directory = ring_directory(directory or st.agent or default_directory())
     unread = registry is None  # a registry of its own, read only through /metrics
     registry = CollectorRegistry() if registry is None else registry
-    built = build_exporters(st, worker_label=True, registry=registry, env=env)
+    built = build_exporters(st, worker_label=True, registry=registry, env=env,
+                            open_sessions=OPEN_SESSIONS)  # fmt: skip
     read = [x for x in built.all if not (x is built.prom and unread and built.server is None)]
     try:
         if not (read or exporters):  # it would read the rings, remove them, and publish nothing

@@ -35,7 +35,7 @@ _FORCED = {"otlp": None, "otlp_proto_http": "http/protobuf", "otlp_proto_grpc": 
 
 
 def build_span_exporter(
-    settings: Settings, env: Mapping[str, str] | None = None
+    settings: Settings, env: Mapping[str, str] | None = None, max_open: int = 4096
 ) -> SpanExporter | None:
     """The span exporter the environment asks for, or None when spans are off; a value it
     cannot use raises :class:`~memra_obs.environment.ConfigError` and nothing is started."""
@@ -53,7 +53,9 @@ def build_span_exporter(
         for o in outputs:
             o.sender.close()
         raise
-    return SpanExporter(outputs, round_spans=settings.round_spans) if outputs else None
+    if not outputs:
+        return None
+    return SpanExporter(outputs, round_spans=settings.round_spans, max_open=max_open)
 
 
 def _resource(env: Mapping[str, str]) -> Any:

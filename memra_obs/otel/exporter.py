@@ -225,8 +225,10 @@ class SpanExporter:
 
     signal = "spans"  #: the label its counters are published under (memra_obs_dropped_total)
 
-    def __init__(self, outputs: Sequence[Output], *, round_spans: int = 256) -> None:
-        self.builder = SpanBuilder(round_spans)
+    def __init__(
+        self, outputs: Sequence[Output], *, round_spans: int = 256, max_open: int = 4096
+    ) -> None:
+        self.builder = SpanBuilder(round_spans, max_open=max_open)
         self.outputs = tuple(outputs)
         self._lock, self._count_lock = threading.Lock(), threading.Lock()
         self.exported_spans = self.dropped_spans = self.export_errors = 0

@@ -211,8 +211,11 @@ class PrometheusExporter:
             loop.clock = rec.clock
         self.families["memra_spec_first_token_seconds"].child(w)  # from the worker's first session
         s = self._sessions[sid] = _Session(rec, loop, w, self._traced)
-        if len(self._sessions) > self._max_sessions:  # end records lost, or very many open
-            del self._sessions[next(iter(self._sessions))]
+        over = len(self._sessions) > self._max_sessions  # end records lost, or many open
+        if over and self._sessions.pop(next(iter(self._sessions))).rec is not None:
+            say_once("prom-open", f"metrics: over {self._max_sessions} sessions open at "
+                     "once (or their ends lost); the oldest is forgotten, its later rounds "
+                     f"counted under family={UNKNOWN_FAMILY!r}")  # fmt: skip
         return s
 
     def _family(self, fam: str) -> str:
