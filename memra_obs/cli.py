@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from .device.workload import GpuUnavailable
 from .environment import MEMRA_OBS_SINKS, ConfigError, positive, stop_signals
@@ -169,21 +170,29 @@ def _demo(args: argparse.Namespace) -> int:
         obs.shutdown(10.0)
         for sig, handler in old.items():
             signal.signal(sig, handler)
+    _say(_done_line(stats, obs))
+    return 0
+
+
+def _done_line(stats: Any, obs: Any) -> str:
+    """The demo's closing line: its counts, and what was lost or delivered where (the banner
+    that said where spans go scrolled away under the lines; after shutdown: all delivered)."""
     acc = stats.accepted / stats.drafted if stats.drafted else 0.0
     lost = getattr(getattr(obs, "queue", None), "dropped", 0)  # said: no /metrics is left
-    spans = getattr(getattr(obs, "settings", None), "spans_file", "") or ""  # (banner gone)
+    spans = getattr(getattr(obs, "settings", None), "spans_file", "") or ""
     if not any(w.startswith("spans -> ") and os.path.abspath(spans) in w for w in obs.where):
         spans = ""
-    out = getattr(getattr(obs, "queue", None), "worker", None)  # delivered, after shutdown:
+    out = getattr(getattr(obs, "queue", None), "worker", None)
     sent = [x for x in getattr(out, "exporters", ()) if getattr(x, "signal", "") == "spans"]
-    _say(
+    delivered = [f"; spans to {o.name}: {o.exported} exported, {o.dropped} dropped"
+                 for x in sent for o in x.outputs]  # fmt: skip
+    return (
         f"[memra-obs] demo done: sessions={stats.sessions} rounds={stats.rounds} "
         f"tokens={stats.tokens} accept={acc:.3f} (accepted / drafted)"
         + f"; {lost} records dropped (a full queue): spans and requests lack them" * bool(lost)
-        + "".join(f"; spans: {x.exported_spans} exported, {x.dropped_spans} dropped" for x in sent)
+        + "".join(delivered)
         + f"; spans in {spans}: memra-obs report {shlex.quote(spans)}" * bool(spans)
     )
-    return 0
 
 
 def _say(line: str) -> None:

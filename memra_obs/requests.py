@@ -75,9 +75,10 @@ class RequestsExporter:
     The appends have a thread of their own: one that blocks (a FIFO whose reader stopped, a
     hung NFS mount) holds back this file, not the spans and /metrics the export worker also
     feeds. At most ``max_bytes`` of lines wait for it; more are lost, counted in
-    ``export_errors``."""
+    ``export_errors`` (with ``hold``, the tail's, they wait for room: its reading held back)."""
 
     signal = "requests"
+    hold = False  #: a full queue waits for room instead of losing lines (the tail's reading)
     max_bytes = 32 << 20  # ~60,000 requests (an agent's batch holds many workers' ends)
 
     def __init__(self, path: str, *, detailed: bool = False, max_open: int = 4096) -> None:
@@ -96,10 +97,12 @@ class RequestsExporter:
 
     def _fresh(self) -> None:
         """An empty queue, its lock, and the writer thread (not started)."""
-        self._q: deque[str] = deque()
-        self._cv = threading.Condition()  # guards the queue, _busy and export_errors
-        self._busy = self._qbytes = 0  # lines in the append in flight; bytes queued
-        self._added = self._done = 0  # lines put; lines appended or counted lost
+        #: Lines, and the counts of lines lost behind them (settled in order: see settled).
+        self._q: deque[str | int] = deque()
+        self._cv = threading.Condition()  # guards the queue, the counts and export_errors
+        self._qbytes = 0
+        self._busy = (0, 0)  # the append in flight: its lines, and those it settles
+        self._added = self._done = 0  # lines put; lines before them appended or counted lost
         self._thread = threading.Thread(target=self._run, name="memra-obs-requests", daemon=True)
 
     def after_fork(self) -> None:
@@ -174,8 +177,8 @@ class RequestsExporter:
         return json.dumps(out, separators=(",", ":"))
 
     def mark(self) -> int:
-        """Lines so far; :meth:`settled` says when all before a mark are appended or counted
-        lost (the agent persists its cursors past them only then)."""
+        """Lines so far; :meth:`settled` says when every line before a mark is appended or
+        counted lost (the agent persists its cursors past them only then)."""
         return self._added
 
     def settled(self, mark: int) -> bool:
@@ -184,21 +187,32 @@ class RequestsExporter:
     def _put(self, lines: list[str]) -> None:
         with self._cv:
             self._added += len(lines)
-            took = 0
-            for line in lines:  # (JSON, ASCII: a character is a byte)
-                if self._qbytes + len(line) + 1 > self.max_bytes:
+            for i, line in enumerate(lines):  # (JSON, ASCII: a character is a byte)
+                while self.hold and not self._closed and not self._room(line):
+                    if not self._thread.is_alive():
+                        break
+                    self._cv.notify_all()  # (the writer: what this call queued so far)
+                    self._cv.wait(0.05)  # the tail: its reading held back, nothing dropped
+                if self._closed or not self._room(line):
+                    self._lose(len(lines) - i)
                     break
                 self._q.append(line)
                 self._qbytes += len(line) + 1
-                took += 1
-            if took:
-                self._cv.notify_all()
-            if lost := len(lines) - took:
-                self.export_errors += lost
-                self._done += lost
-                say_once("requests-full", f"requests file {self.path}: appends are not keeping "
-                         "up (a blocked pipe, a stalled disk?); lines lost, counted in "
-                         'memra_obs_export_errors_total{signal="requests"}')  # fmt: skip
+            self._cv.notify_all()
+
+    def _room(self, line: str) -> bool:
+        return not self._q or self._qbytes + len(line) + 1 <= self.max_bytes
+
+    def _lose(self, n: int) -> None:
+        """``n`` lines lost (under the lock): counted now, settled after what waits before."""
+        self.export_errors += n
+        if self._q or self._busy[1]:
+            self._q.append(n)
+        else:
+            self._done += n
+        say_once("requests-full", f"requests file {self.path}: appends are not keeping up (a "
+                 "blocked pipe, a stalled disk?) or shut down; lines lost, counted in "
+                 'memra_obs_export_errors_total{signal="requests"}')  # fmt: skip
 
     def _run(self) -> None:
         while True:
@@ -207,20 +221,24 @@ class RequestsExporter:
                     self._cv.wait()
                 if not self._q:
                     return
-                lines = list(self._q)
+                lines = [x for x in self._q if isinstance(x, str)]
+                self._busy = (
+                    len(lines),
+                    len(lines) + sum(x for x in self._q if isinstance(x, int)),
+                )
                 self._q.clear()
                 self._qbytes = 0
-                self._busy = len(lines)
+            lost = ""
             try:
-                self._file.append(("\n".join(lines) + "\n").encode())
-                lost = ""
+                if lines:
+                    self._file.append(("\n".join(lines) + "\n").encode())
             except OSError as exc:
                 lost = exc.strerror or str(exc)
             with self._cv:
                 if lost:
-                    self.export_errors += self._busy
-                self._done += self._busy
-                self._busy = 0
+                    self.export_errors += self._busy[0]
+                self._done += self._busy[1]
+                self._busy = (0, 0)
                 self._cv.notify_all()
             if lost:
                 say_once("requests-write", f"requests file {self.path}: {lost}; lines lost")
@@ -229,7 +247,7 @@ class RequestsExporter:
         """True once every line so far is appended (or counted lost)."""
         deadline = time.monotonic() + timeout_s
         with self._cv:
-            while self._q or self._busy:
+            while self._q or self._busy[1]:
                 if (left := deadline - time.monotonic()) <= 0 or not self._thread.is_alive():
                     return False
                 self._cv.wait(left)
@@ -244,13 +262,14 @@ class RequestsExporter:
         if self._thread.is_alive():
             self._thread.join(max(0.0, timeout_s))
         with self._cv:
-            left = len(self._q) + self._busy
+            left = sum(isinstance(x, str) for x in self._q) + self._busy[0]
+            self._done += sum(x if isinstance(x, int) else 1 for x in self._q) + self._busy[1]
             self._q.clear()
             self._qbytes = 0
-            self._busy = 0
+            self._busy = (0, 0)
             self.export_errors += left
-            self._done += left
         if left:
             say_once("requests-shutdown", f"requests file {self.path}: shutdown's time ran out "
-                     f"with {left} lines not appended; lost")  # fmt: skip
+                     f"with {left} lines not appended (an append in flight may yet end); "
+                     "counted lost")  # fmt: skip
         self._file.close()

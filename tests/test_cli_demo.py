@@ -120,7 +120,7 @@ def test_demo_publishes_lines_metrics_and_spans(tmp_path):
     # and how many got there (a Jaeger user could not tell a short trace list from lost spans)
     written = sum(len(ss["spans"]) for line in spans for rs in json.loads(line)["resourceSpans"]
                   for ss in rs["scopeSpans"])  # fmt: skip
-    assert f"; spans: {written} exported, 0 dropped; spans in" in done, done
+    assert f"; spans to file: {written} exported, 0 dropped; spans in" in done, done
     names = {
         s["name"]
         for line in spans
@@ -250,6 +250,22 @@ def test_the_closing_line_names_a_span_file_only_where_one_was_written(tmp_path)
     done = next(x for x in p.stderr.splitlines() if "demo done:" in x)
     assert p.returncode == 0 and "spans in" not in done, done
     assert not (tmp_path / "memra-obs-spans.jsonl").exists()
+
+
+def test_the_closing_line_counts_each_outputs_spans(tmp_path):
+    """Two span outputs (``OTEL_TRACES_EXPORTER=file,console``): the closing line said each span
+    twice (2,214 exported beside a file of 1,107); each output is counted on its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_", "OTEL_"))}
+    env.update(MEMRA_OBS_METRICS_ADDR="", MEMRA_OBS_SINKS="otel", MEMRA_OBS_SPANS_FILE="a.jsonl",
+               OTEL_TRACES_EXPORTER="file,console")  # fmt: skip
+    p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "demo", "--seed", "3", "--requests",
+                        "2", "--speed", "20"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    done = next(x for x in p.stderr.splitlines() if "demo done:" in x)
+    written = sum(len(ss["spans"]) for line in (tmp_path / "a.jsonl").read_text().splitlines()
+                  for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"])  # fmt: skip
+    assert f"; spans to file: {written} exported, 0 dropped; " in done, done
+    assert f"; spans to console: {written} exported, 0 dropped; " in done, done
 
 
 def test_demo_arguments_are_bounded_and_its_stops_are_kept(tmp_path):

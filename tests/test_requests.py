@@ -539,7 +539,7 @@ def _full_fifo(tmp_path):
     filler = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
     with contextlib.suppress(BlockingIOError):
         while True:
-            os.write(filler, b"x" * 4096)
+            os.write(filler, b"x" * 4095 + b"\n")  # whole lines (atomic: PIPE_BUF)
     return fifo, reader, filler
 
 
@@ -577,19 +577,27 @@ def test_a_requests_file_that_blocks_holds_back_neither_metrics_nor_shutdown(tmp
 
 def test_a_requests_line_is_settled_once_appended(tmp_path):
     """The agent persists its rings' cursors past a pass once its exporters have delivered it:
-    a requests line still waiting for a blocked append is not, and is once it is appended."""
+    a requests line still waiting for a blocked append is not, and is once it is appended;
+    lines lost behind it do not settle it (a count of lines done did: cursors went past lines
+    neither written nor counted)."""
     import time
 
     from memra_obs.requests import RequestsExporter
     from memra_obs.timeline import SessionEndRecord, SessionRecord
 
+    def request(sid: int) -> list:
+        return [SessionRecord(sid, "f", "t", "tv", "w", 0, 0, 0, 0, 0, 0, 0, False),
+                SessionEndRecord(sid, 1, 0, 0, 0, "")]  # fmt: skip
+
     fifo, reader, filler = _full_fifo(tmp_path)
     ex = RequestsExporter(str(fifo))
-    ex.export([SessionRecord(7, "f", "t", "tv", "w", 0, 0, 0, 0, 0, 0, 0, False),
-               SessionEndRecord(7, 1, 0, 0, 0, "")])  # fmt: skip
+    ex.max_bytes = 600  # one line waits
+    ex.export(request(7))
     mark = ex.mark()
     time.sleep(0.1)
     assert not ex.settled(mark) and not ex.flush(0.05)
+    ex.export(request(8) + request(9))  # 8 waits, 9 is lost: no settling past 7, 8 (by count)
+    assert ex.export_errors == 1 and not ex.settled(mark) and not ex.settled(ex.mark())
     os.close(filler)
     got = b""
     deadline = time.monotonic() + 5
@@ -598,7 +606,45 @@ def test_a_requests_line_is_settled_once_appended(tmp_path):
             got += os.read(reader, 1 << 16)
         except BlockingIOError:
             time.sleep(0.01)
-    assert ex.flush(5) and ex.settled(mark) and ex.export_errors == 0
+    assert ex.flush(5) and ex.settled(ex.mark()) and ex.export_errors == 1
     ex.shutdown(1)
     os.close(reader)
     assert json.loads(got[got.index(b'{"session":7') :].splitlines()[0])["session"] == 7
+
+
+def test_the_tail_holds_its_reading_back_for_a_slow_requests_file(tmp_path, monkeypatch, capfd):
+    """``memra-obs tail`` promises backpressure, not drops: a requests file read slowly (a FIFO,
+    ``/dev/stdout | slow-consumer``) lost about half the lines once its queue was full, the
+    tail's closing line saying 0 dropped. The tail waits for room instead."""
+    import threading
+    import time
+
+    from memra_obs.cli import main as cli_main
+    from memra_obs.requests import RequestsExporter
+
+    log = tmp_path / "demo.log"
+    with open(log, "wb") as f:
+        subprocess.run([sys.executable, "-m", "memra_obs.cli", "demo", "--requests", "30",
+                        "--speed", "100", "--seed", "3"], stderr=f, check=True, timeout=120,
+                       env={**os.environ, "MEMRA_OBS_SINKS": ""})  # fmt: skip
+    fifo, reader, filler = _full_fifo(tmp_path)
+    monkeypatch.setattr(RequestsExporter, "max_bytes", 1100)  # two lines wait
+    monkeypatch.setenv("MEMRA_OBS_SINKS", "")
+    monkeypatch.setenv("MEMRA_OBS_REQUESTS_FILE", str(fifo))
+    got = bytearray()
+
+    def slow_reader() -> None:
+        time.sleep(1.0)
+        os.close(filler)
+        os.set_blocking(reader, True)
+        while chunk := os.read(reader, 1 << 16):
+            got.extend(chunk)
+
+    t = threading.Thread(target=slow_reader)
+    t.start()
+    assert cli_main(["tail", str(log), "--quiet"]) == 0
+    t.join(10)
+    os.close(reader)
+    capfd.readouterr()
+    lines = [json.loads(x) for x in bytes(got).split(b"\n") if x.startswith(b'{"session"')]
+    assert len(lines) == 30

@@ -68,6 +68,7 @@ class Output:
         # Delivery marks, in spans added: every span up to _sealed is in a request; one up to
         # _done is sent or counted dropped (requests go in order). See :meth:`settled`.
         self.added = self._sealed = self._done = 0
+        self.exported = self.dropped = 0  # this output's spans (the exporter's: every output's)
         name = f"memra-obs-spans-{self.name}"
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -213,7 +214,7 @@ class Output:
                 self.sender.close()
 
     def _count(self, ok: int, dropped: int, errors: int, kind: str = "", msg: str = "") -> None:
-        self.parent._count(exported=ok, dropped=dropped, errors=errors)
+        self.parent._count(exported=ok, dropped=dropped, errors=errors, out=self)
         if kind:
             msg = f"spans to {self.sender.url}: {msg}; dropped (counted in dropped_spans)"
             many = "receiver" if kind.startswith("rejected:") else ""  # (its text: ids, say)
@@ -298,8 +299,13 @@ class SpanExporter:
         for o in self.outputs:
             o.close(deadline)
 
-    def _count(self, *, exported: int = 0, dropped: int = 0, errors: int = 0) -> None:
+    def _count(
+        self, *, exported: int = 0, dropped: int = 0, errors: int = 0, out: Output | None = None
+    ) -> None:
         with self._count_lock:
             self.exported_spans += exported
             self.dropped_spans += dropped
             self.export_errors += errors
+            if out is not None:
+                out.exported += exported
+                out.dropped += dropped

@@ -154,6 +154,8 @@ def _run(
     (bounded: 10 s). Returns whether a signal stopped it."""
     for o in getattr(built.spans, "outputs", ()):  # a local span output (file, console) holds
         o.hold = o.sender.timeout_s == float("inf")  # it back too; a network one drops (down)
+    if built.requests is not None:  # (a file: local)
+        built.requests.hold = True
     stop: list[int] = []
     old = {s: signal.signal(s, lambda n, f: stop.append(n)) for s in stop_signals()}
     try:
