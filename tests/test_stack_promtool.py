@@ -62,6 +62,26 @@ def test_every_alert_has_a_unit_test():
     assert alerts <= tested, f"alerts never seen firing in a test: {sorted(alerts - tested)}"
 
 
+def test_every_alert_names_a_readme_section_as_its_runbook():
+    """Each alert's `runbook` annotation names a section the README has (the project publishes
+    no URL, so a runbook_url would be made up), in the form `README.md, section "TITLE"`."""
+    import re
+
+    import yaml
+
+    readme = (PROM.parent.parent / "README.md").read_text()
+    sections = {m.group(1).strip() for m in re.finditer(r"^#{2,4} (.+)$", readme, re.M)}
+    for f in (PROM / "rules").glob("*.rules.yml"):
+        for g in yaml.safe_load(f.read_text())["groups"]:
+            for r in g["rules"]:
+                if "alert" not in r:
+                    continue
+                runbook = r.get("annotations", {}).get("runbook", "")
+                m = re.fullmatch(r'README\.md, section "(.+)"', runbook)
+                assert m, f"{r['alert']}: runbook {runbook!r}"
+                assert m.group(1) in sections, f"{r['alert']}: no README section {m.group(1)!r}"
+
+
 #: Dashboard panels whose queries deploy/prometheus/tests/memra-dashboard.test.yml runs (full
 #: titles: "Acceptance" is also the start of "Acceptance rate", and a row's title).
 DASHBOARD_PANELS_TESTED = (
