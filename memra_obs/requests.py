@@ -206,7 +206,9 @@ class RequestsExporter:
     def _lose(self, n: int) -> None:
         """``n`` lines lost (under the lock): counted now, settled after what waits before."""
         self.export_errors += n
-        if self._q or self._busy[1]:
+        if self._q and isinstance(self._q[-1], int):
+            self._q[-1] += n  # (one count for a run of losses: a stuck file's queue stays small)
+        elif self._q or self._busy[1]:
             self._q.append(n)
         else:
             self._done += n

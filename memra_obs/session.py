@@ -162,7 +162,7 @@ class Session:
             return 0.0
         if bucket not in LAP_BUCKETS:
             say_once(f"lap:{bucket}",
-                     f"Session.lap({bucket!r}): not a bucket of {LAP_BUCKETS}; ignored", "lap")  # fmt: skip
+                     f"Session.lap({bucket!r}): not a bucket of {LAP_BUCKETS}; ignored", "lap-bucket")  # fmt: skip
             return 0.0
         b = self._open_burst
         # Creation buckets run before the first burst, the drafter prime in round 1's draft:
@@ -174,7 +174,7 @@ class Session:
         if not placed:
             where = "outside round 1's draft" if bucket == "draft_prime" else "inside a burst"
             say_once(f"lap-where:{bucket}", f"Session.lap({bucket!r}) {where}: its time stays "
-                     "in first_burst_ms / unattributed_ms; ignored", "lap")  # fmt: skip
+                     "in first_burst_ms / unattributed_ms; ignored", "lap-where")  # fmt: skip
             if b is None:  # drained: unattributed, not the next bucket's
                 with contextlib.suppress(Exception):
                     self._last_ns = clock(self.e, self.eh)
@@ -196,7 +196,7 @@ class Session:
             return ms
         except Exception as exc:
             say_once(f"lap:{bucket}:error", f"Session.lap({bucket!r}) failed ({exc!r}); ignored",
-                     "lap")  # fmt: skip
+                     "lap-error")  # fmt: skip
             return 0.0
 
     def add(self, **shares_ms: float) -> None:
@@ -213,12 +213,12 @@ class Session:
                 return
             if name not in allowed:
                 say_once(f"{call}:{name}",
-                         f"Session.{call}({name}=...): not one of {sorted(allowed)}", call)  # fmt: skip
+                         f"Session.{call}({name}=...): not one of {sorted(allowed)}", call + "-name")  # fmt: skip
                 continue
             try:
                 setattr(self.prof, name, getattr(self.prof, name) + v if call == "add" else v)
             except Exception as exc:
-                say_once(f"{call}:{name}:bad", f"Session.{call}: {exc}; ignored", call)
+                say_once(f"{call}:{name}:bad", f"Session.{call}: {exc}; ignored", call + "-bad")
 
     def free_memory(self, point: str) -> list[tuple[int, int]]:
         """Free device memory per CUDA ordinal into ``free_mb_<point>`` (``before`` the trunk

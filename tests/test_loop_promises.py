@@ -1434,10 +1434,13 @@ def test_misuse_with_a_new_name_each_time_is_bounded(caplog):
         for i in range(diagnostics.MAX_SAID + 500):
             s.lap(f"step_{i}")
             s.add(**{f"x{i}_ms": 1.0})
+        with s.burst(4):
+            s.lap("anchor")  # another misuse of lap(): said, whatever came before
         s.end()
     said = [r.getMessage() for r in caplog.records]
-    assert len(said) == 2 * (diagnostics.PER_KIND + 1), said
+    assert len(said) == 2 * (diagnostics.PER_KIND + 1) + 1, said
     assert sum(m.endswith("more are not)") for m in said) == 2
+    assert said[-1].startswith("Session.lap('anchor') inside a burst")
     diagnostics.say_once("queue-full:1", "record queue full")
     assert caplog.records[-1].getMessage() == "record queue full"
     for i in range(diagnostics.MAX_SAID + 500):

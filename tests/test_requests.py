@@ -598,6 +598,9 @@ def test_a_requests_line_is_settled_once_appended(tmp_path):
     assert not ex.settled(mark) and not ex.flush(0.05)
     ex.export(request(8) + request(9))  # 8 waits, 9 is lost: no settling past 7, 8 (by count)
     assert ex.export_errors == 1 and not ex.settled(mark) and not ex.settled(ex.mark())
+    for sid in range(10, 60):  # lost one export at a time: one count waits for them all
+        ex.export(request(sid))
+    assert ex.export_errors == 51 and len(ex._q) == 2
     os.close(filler)
     got = b""
     deadline = time.monotonic() + 5
@@ -606,7 +609,7 @@ def test_a_requests_line_is_settled_once_appended(tmp_path):
             got += os.read(reader, 1 << 16)
         except BlockingIOError:
             time.sleep(0.01)
-    assert ex.flush(5) and ex.settled(ex.mark()) and ex.export_errors == 1
+    assert ex.flush(5) and ex.settled(ex.mark()) and ex.export_errors == 51
     ex.shutdown(1)
     os.close(reader)
     assert json.loads(got[got.index(b'{"session":7') :].splitlines()[0])["session"] == 7
@@ -648,3 +651,41 @@ def test_the_tail_holds_its_reading_back_for_a_slow_requests_file(tmp_path, monk
     capfd.readouterr()
     lines = [json.loads(x) for x in bytes(got).split(b"\n") if x.startswith(b'{"session"')]
     assert len(lines) == 30
+
+
+def test_a_stop_signal_lets_go_of_a_requests_file_nobody_reads(tmp_path):
+    """A tail held back by a requests file whose reader stopped for good (SIGSTOP, ``| less``,
+    a hung mount) ran on 30 s past SIGTERM (only SIGKILL ended it, its buffered lines lost
+    uncounted): a stop signal lets go of the hold, the lines then lost are counted, and the
+    tail ends within its bounded shutdown."""
+    import signal
+    import time
+
+    log = tmp_path / "demo.log"
+    with open(log, "wb") as f:
+        subprocess.run([sys.executable, "-m", "memra_obs.cli", "demo", "--requests", "60",
+                        "--speed", "100", "--seed", "4"], stderr=f, check=True, timeout=120,
+                       env={**os.environ, "MEMRA_OBS_SINKS": ""})  # fmt: skip
+    fifo, reader, filler = _full_fifo(tmp_path)  # never read
+    code = ("import sys\n"
+            "from memra_obs.requests import RequestsExporter\n"
+            "RequestsExporter.max_bytes = 1100\n"
+            "from memra_obs.cli import main\n"
+            f"sys.exit(main(['tail', {str(log)!r}, '--quiet']))\n")  # fmt: skip
+    env = {**os.environ, "MEMRA_OBS_SINKS": "", "MEMRA_OBS_REQUESTS_FILE": str(fifo),
+           "MEMRA_OBS_QUEUE_SIZE": "16"}  # fmt: skip
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        time.sleep(2.0)
+        assert p.poll() is None  # held: the reader stopped
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+        assert time.monotonic() - t0 < 15, "the shutdown's bound is 10 s"
+    finally:
+        p.kill()
+        os.close(reader)
+        os.close(filler)
+    assert p.returncode == 0, err[-2000:]
+    assert b"requests file" in err and b"lines lost, counted" in err

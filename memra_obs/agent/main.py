@@ -154,11 +154,12 @@ class Agent:
             except Exception as exc:
                 if not isinstance(exc, OSError):  # a file may become readable; a bad ring stays bad
                     self._skip.add(path)
-                say_once(f"agent-ring:{path}", f"agent: skipping {path}: {exc}", "agent-ring")
+                say_once(f"agent-ring:{path}", f"agent: skipping {path}: {exc}", "agent-skip")
 
     def _drop(self, s: RingStream, exc: BaseException) -> None:
-        say_once(f"agent-ring:{s.path}", f"agent: dropping {s.path} ({exc}); what it holds from "
-                 "here on is neither published nor counted", "agent-ring")  # fmt: skip
+        # No kind: rare (once a ring), and never hidden behind refused rings' reports.
+        say_once(f"agent-drop:{s.path}", f"agent: dropping {s.path} ({exc}); what it holds "
+                 "from here on is neither published nor counted")  # fmt: skip
         r, lost, written, rounds = s.accounted  # what it published counts; no claim of it does
         self._account(s, (s.read, lost, written + s.read - r, rounds))
         del self._streams[s.path]

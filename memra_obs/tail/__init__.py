@@ -152,12 +152,20 @@ def _run(
 ) -> bool:
     """Pump until the input ends or a stop signal (SIGTERM, ...), then flush the exporters
     (bounded: 10 s). Returns whether a signal stopped it."""
-    for o in getattr(built.spans, "outputs", ()):  # a local span output (file, console) holds
-        o.hold = o.sender.timeout_s == float("inf")  # it back too; a network one drops (down)
-    if built.requests is not None:  # (a file: local)
-        built.requests.hold = True
+    # A local span output (file, console) and the requests file hold the reading back too; a
+    # network output drops (down). A stop signal lets go: what they then lose is counted.
+    held = [o for o in getattr(built.spans, "outputs", ()) if o.sender.timeout_s == float("inf")]
+    held += [built.requests] if built.requests is not None else []
+    for x in held:
+        x.hold = True
     stop: list[int] = []
-    old = {s: signal.signal(s, lambda n, f: stop.append(n)) for s in stop_signals()}
+
+    def on_signal(n: int, _: object) -> None:
+        stop.append(n)
+        for x in held:  # (a reader stopped for good held it past SIGTERM)
+            x.hold = False
+
+    old = {s: signal.signal(s, on_signal) for s in stop_signals()}
     try:
         pump(tail, source, stop=lambda: bool(stop))
     finally:
