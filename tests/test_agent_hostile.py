@@ -594,3 +594,26 @@ def test_refused_rings_removed_since_are_forgotten(tmp_path, caplog):
     a.drain(2)
     assert len([r for r in cap.records if type(r) is RoundRecord]) == 2
     a.close()
+
+
+def test_rings_dropped_one_after_another_never_spend_the_agents_reports(tmp_path, caplog):
+    """Each dropped ring is said under its own name, and ring names are new with each process:
+    a crash loop whose rings broke a rule said every drop, up to the process's 1,024 distinct
+    reports, and nothing the agent met after that was said. Drops say their first 9."""
+    from memra_obs import diagnostics
+
+    diagnostics.reset()
+    caplog.set_level(logging.WARNING, logger="memra_obs")
+    a = Agent(str(tmp_path), [Collect()])
+    for i in range(12):
+        victim = RingSink(str(tmp_path), worker=f"v{i}", slots=64)
+        work(victim, 1, 1)
+        a.drain(2)
+        fd = os.open(victim.path, os.O_RDWR)
+        os.pwrite(fd, F.HEAD.pack(2, 2), F.OFF_HEAD)  # its head goes back: dropped
+        os.close(fd)
+        a.drain(2)
+        victim.shutdown()
+    drops = [r.getMessage() for r in caplog.records if "agent: dropping" in r.getMessage()]
+    assert len(drops) == 9 and drops[-1].endswith("more are not)")
+    a.close()

@@ -157,9 +157,10 @@ class Agent:
                 say_once(f"agent-ring:{path}", f"agent: skipping {path}: {exc}", "agent-skip")
 
     def _drop(self, s: RingStream, exc: BaseException) -> None:
-        # No kind: rare (once a ring), and never hidden behind refused rings' reports.
+        # A kind of its own: never hidden behind refused rings' reports, and a crash loop's new
+        # ring names never spend the process's reports.
         say_once(f"agent-drop:{s.path}", f"agent: dropping {s.path} ({exc}); what it holds "
-                 "from here on is neither published nor counted")  # fmt: skip
+                 "from here on is neither published nor counted", "agent-drop")  # fmt: skip
         r, lost, written, rounds = s.accounted  # what it published counts; no claim of it does
         self._account(s, (s.read, lost, written + s.read - r, rounds))
         del self._streams[s.path]
