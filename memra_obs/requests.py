@@ -81,7 +81,7 @@ class RequestsExporter:
     hold = False  #: a full queue waits for room instead of losing lines (the tail's reading)
     max_bytes = 32 << 20  # ~60,000 requests (an agent's batch holds many workers' ends)
 
-    def __init__(self, path: str, *, detailed: bool = False, max_open: int = 4096) -> None:
+    def __init__(self, path: str, *, detailed: bool = False, max_open: int = tl.MAX_OPEN) -> None:
         self.detailed, self.export_errors, self._closed = detailed, 0, False
         self.max_open = max_open
         self._file = AppendFile(path)

@@ -14,13 +14,16 @@ from typing import NamedTuple
 from .records import SpecFirstTokenProf, SpecPhaseNs, SpecRoundProf
 
 __all__ = [
-    "PHASES", "BurstRecord", "FirstTokenRecord", "PriorRecord", "ProfRowsRecord",
+    "MAX_OPEN", "PHASES", "BurstRecord", "FirstTokenRecord", "PriorRecord", "ProfRowsRecord",
     "ProfSummaryRecord", "Record", "RoundRecord", "SessionEndRecord", "SessionRecord",
     "each_round", "to_epoch_ns",
 ]  # fmt: skip
 
 #: The five phases of a round, in order; ``RoundRecord.t_ns_mono`` holds their six bounds.
 PHASES = ("draft", "verify", "accept", "rollback", "maint")
+#: Sessions a process's span and requests exporters keep open at once (an end record lost must
+#: not leak: past it the oldest is forgotten, said); the agent's keep the host's, more.
+MAX_OPEN = 4096
 
 
 class SessionRecord(NamedTuple):

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..environment import ConfigError, Settings
+from ..timeline import MAX_OPEN
 from ..version import __version__
 from .config import (
     INSTANCE,
@@ -35,7 +36,7 @@ _FORCED = {"otlp": None, "otlp_proto_http": "http/protobuf", "otlp_proto_grpc": 
 
 
 def build_span_exporter(
-    settings: Settings, env: Mapping[str, str] | None = None, max_open: int = 4096
+    settings: Settings, env: Mapping[str, str] | None = None, max_open: int = MAX_OPEN
 ) -> SpanExporter | None:
     """The span exporter the environment asks for, or None when spans are off; a value it
     cannot use raises :class:`~memra_obs.environment.ConfigError` and nothing is started."""

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..diagnostics import say_once
-from ..timeline import Record
+from ..timeline import MAX_OPEN, Record
 from .otlp import Encoder
 from .spans import Span, SpanBuilder
 from .transport import Partial, Retry, SendError
@@ -227,7 +227,7 @@ class SpanExporter:
     signal = "spans"  #: the label its counters are published under (memra_obs_dropped_total)
 
     def __init__(
-        self, outputs: Sequence[Output], *, round_spans: int = 256, max_open: int = 4096
+        self, outputs: Sequence[Output], *, round_spans: int = 256, max_open: int = MAX_OPEN
     ) -> None:
         self.builder = SpanBuilder(round_spans, max_open=max_open)
         self.outputs = tuple(outputs)

@@ -16,6 +16,7 @@ from typing import Any
 from ..diagnostics import say_once
 from ..records import FIRST_TOKEN_FIELDS, U64_MAX
 from ..timeline import (
+    MAX_OPEN,
     BurstRecord,
     FirstTokenRecord,
     PriorRecord,
@@ -126,7 +127,7 @@ class SpanBuilder:
 
     __slots__ = ("_open", "bad_records", "max_open", "orphans", "round_spans")
 
-    def __init__(self, round_spans: int = 256, *, max_open: int = 4096) -> None:
+    def __init__(self, round_spans: int = 256, *, max_open: int = MAX_OPEN) -> None:
         self.round_spans, self.max_open = round_spans, max_open
         self._open: dict[int, _Session] = {}
         self.orphans = self.bad_records = 0
