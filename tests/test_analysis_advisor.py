@@ -7,11 +7,14 @@ import math
 import random
 import threading
 import time
+from collections import deque
 
 import pytest
 from analysis_sim import COSTS, CURVES, Round, rounds, true_tokens_per_s
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from memra_obs.analysis import MIN_ROUNDS, AdviceWindow, advise, fit_costs
+from memra_obs.analysis import MIN_ROUNDS, AdviceWindow, Kept, Ring, advise, fit_costs
 
 
 def uniform(lo: int, hi: int):
@@ -394,3 +397,36 @@ def test_with_k_constant_the_throughput_interval_narrows_with_the_rounds():
         t = a.curve[3].tokens_per_s
         widths.append(math.log(t.hi / t.value))
     assert 0.4 < widths[1] / widths[0] < 0.65
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 9), st.lists(st.integers(0, 2**64 - 1), min_size=7, max_size=7 * 40))
+def test_the_ring_holds_what_a_bounded_deque_would(size: int, ints: list[int]) -> None:
+    """A window's rounds are kept as seven unsigned ints in one array (56 B a round, not ~300
+    of tuples): it keeps, evicts and gives back exactly what a deque(maxlen=size) would."""
+    ring, model = Ring(size), deque[Kept](maxlen=size)
+    for i in range(0, len(ints) - 6, 7):
+        k, j, *ph = ints[i : i + 7]
+        old = model[0] if len(model) == size else None
+        assert ring.push(k, j, ph) == old
+        model.append(Kept(k, j, tuple(ph)))  # type: ignore[arg-type]
+        for m in range(size + 2):
+            assert list(ring.last(m)) == list(model)[len(model) - min(m, len(model)) :]
+    assert len(ring) == len(model)
+
+
+@pytest.mark.parametrize(
+    "ph", [(-1, 2, 3, 4, 5), (2**64, 2, 3, 4, 5), (1, 2, 3, 4), (1, 2, 3, 4, 5, 6)]
+)
+def test_a_round_no_loop_makes_is_refused_by_the_window_whole(ph: tuple[int, ...]) -> None:
+    """A phase below 0 or past 64 bits, or not five of them, is refused and counted, never
+    raised, and leaves the window as it was (the ring is unsigned: a partial write would corrupt
+    the slot)."""
+    rs = rounds(CURVES["decaying"], 600, random.Random(3), uniform(1, 6), COSTS["cheap-draft"])
+    w = AdviceWindow(64, max_k=8)
+    for i, r in enumerate(rs):
+        assert w.add(r)
+        if i % 100 == 7:
+            assert not w.add(Round(3, 1, ph))  # type: ignore[arg-type]
+    assert w.refused == 6 and len(w) == 64
+    assert w.advice() == advise(rs[-64:], max_k=8)

@@ -411,3 +411,42 @@ def test_the_refit_keeps_the_windows_sums_instead_of_rebuilding_them(monkeypatch
         got = val(reg, "memra_spec_expected_tokens_per_round", family="glm5")
         assert got == want.expected_tokens.value
         assert val(reg, "memra_spec_recommended_k", family="glm5") == want.recommended_k
+
+
+def test_a_full_advice_window_holds_a_round_in_56_bytes() -> None:
+    """The window of 2,048 rounds a (worker,) family keeps held ~611 KB as tuples of boxed
+    ints: 330 MB in an agent at the 64-family cap x 8 workers. As seven unsigned ints a round
+    in one array it is ~115 KB (README, "The sliding window")."""
+    import gc
+    import tracemalloc
+
+    e = PrometheusExporter(CollectorRegistry())
+    rs = rounds(4096)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for f in range(4):
+            e.export([session(f + 1, family=f"f{f}")])
+            e.export([r._replace(session=f + 1) for r in rs])
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    print(f"\n{held / 4 / 1024:.0f} KB a family with a full window")
+    assert held / 4 < 200 * 1024
+
+
+def test_a_round_whose_stamps_are_out_of_order_enters_the_window_at_zero() -> None:
+    """A round with a negative phase (stamps out of order: a clock stepped, a hostile ring) is
+    observed at 0 by its histogram; the advisor's window keeps it the same way, uncounted as an
+    error (its unsigned ring would refuse the negative value)."""
+    reg = CollectorRegistry()
+    e = PrometheusExporter(reg)
+    e.export([session()])
+    rs = rounds(300)
+    t = rs[5].t_ns_mono
+    rs[5] = rs[5]._replace(t_ns_mono=(t[0], t[0] - 7, *t[2:]))
+    e.export(rs)
+    e.flush()
+    assert e.export_errors == 0
+    assert val(reg, "memra_spec_recommended_k", family="glm5") is not None

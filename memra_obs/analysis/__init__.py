@@ -10,8 +10,9 @@ from __future__ import annotations
 import copy
 import math
 import threading
-from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from array import array
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, islice
 from operator import mul
@@ -46,6 +47,54 @@ class RoundLike(Counted, Protocol):
     """A round (``RoundRecord`` fits): its counts and its phases in ns."""
 
     def phase_ns(self) -> tuple[int, int, int, int, int]: ...
+
+
+class Kept(NamedTuple):
+    """A round as a window holds it: its counts and phases (a ``RoundLike``)."""
+
+    k: int
+    j: int
+    ph: tuple[int, int, int, int, int]
+
+    def phase_ns(self) -> tuple[int, int, int, int, int]:
+        return self.ph
+
+
+class Ring:
+    """The last ``size`` rounds, seven unsigned ints each in one array: 56 B a round, where
+    tuples of boxed ints kept ~300 (64 families x 8 workers of 2,048 rounds: 59 MB, not 330)."""
+
+    __slots__ = ("a", "at", "n", "size")
+
+    def __init__(self, size: int) -> None:
+        self.a, self.size, self.at, self.n = array("Q"), size, 0, 0  # grows while it fills
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _at(self, i: int) -> Kept:
+        a = self.a
+        return Kept(a[i], a[i + 1], (a[i + 2], a[i + 3], a[i + 4], a[i + 5], a[i + 6]))
+
+    def push(self, k: int, j: int, ph: Sequence[int]) -> Kept | None:
+        """Keep a round; the one it overwrote (None while the ring fills). A round no loop
+        makes (a count or phase < 0 or past 64 bits, not five phases) raises, keeping none."""
+        row = array("Q", (k, j, *ph))
+        if len(row) != 7:
+            raise ValueError(f"{len(row) - 2} phases: a round has 5")
+        if self.n < self.size:
+            self.a.extend(row)
+            self.at, self.n = (self.at + 1) % self.size, self.n + 1
+            return None
+        old, i = self._at(7 * self.at), 7 * self.at
+        self.a[i : i + 7], self.at = row, (self.at + 1) % self.size
+        return old
+
+    def last(self, m: int) -> Iterator[Kept]:
+        """The newest ``m`` rounds (all: ``len(ring)``), oldest first."""
+        m = min(m, self.n)
+        for d in range(m):
+            yield self._at((self.at - m + d) % self.size * 7)
 
 
 class Interval(NamedTuple):
@@ -413,14 +462,15 @@ def advise(rounds: Iterable[RoundLike] | Stats, *, max_k: int = 16,
 class AdviceWindow:
     """The last ``size`` rounds with known counts of one family; ``advice()`` is :func:`advise`
     over them with ``options`` (its keywords). ``add`` runs on an exporter thread, so it never
-    raises: unknown counts are ignored, j outside 0..k dropped and counted in ``refused``."""
+    raises: unknown counts are ignored, j outside 0..k (or a phase no loop makes: < 0, past 64
+    bits) dropped and counted in ``refused``."""
 
     def __init__(self, size: int = 2048, **options: Any) -> None:
         if size < MIN_ROUNDS:
             raise ValueError(f"size={size}: a window holds at least MIN_ROUNDS={MIN_ROUNDS}")
         advise(Stats(), **options)  # a bad keyword, clock or level fails here, not on a scrape
         self.size, self.refused, self._opts, self._st = size, 0, options, Stats()
-        self._lock, self._q = threading.Lock(), deque[tuple[int, int, tuple[int, ...]]]()
+        self._lock, self._q = threading.Lock(), Ring(size)
 
     def __len__(self) -> int:
         return len(self._q)
@@ -431,10 +481,14 @@ class AdviceWindow:
             self.refused += k >= 0  # unknown counts are not refusals
             return False
         with self._lock:
-            self._q.append((k, j, r.phase_ns()))
-            self._st.add(*self._q[-1])
-            if len(self._q) > self.size:
-                self._st.add(*self._q.popleft(), -1)
+            try:
+                old = self._q.push(k, j, ph := r.phase_ns())
+            except (TypeError, ValueError, OverflowError):
+                self.refused += 1
+                return False
+            if old is not None:
+                self._st.add(*old, -1)
+            self._st.add(k, j, ph)
         return True
 
     def advice(self) -> Advice | None:

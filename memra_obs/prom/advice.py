@@ -7,11 +7,10 @@ a second (or at ``flush``), never the loop or a scrape.
 from __future__ import annotations
 
 import copy
-from collections import deque
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
-from ..analysis import Stats
+from ..analysis import Kept, Ring, Stats
 from ..diagnostics import say_once
 from ..timeline import RoundRecord
 from .model import Family
@@ -29,17 +28,6 @@ def _tail_sum(counts: list[int], start: int) -> float:
     return float(sum(counts[start:]))
 
 
-class _Kept(NamedTuple):
-    """What the fit needs of a round in the window (a RoundRecord kept whole was ~665 B)."""
-
-    k: int
-    j: int
-    ph: tuple[int, int, int, int, int]
-
-    def phase_ns(self) -> tuple[int, int, int, int, int]:
-        return self.ph
-
-
 class LoopAdvisor:
     """One ``(worker,) family`` label set's counts by k and j, and its window of rounds."""
 
@@ -50,12 +38,12 @@ class LoopAdvisor:
         self.f, self.lv = f, lv
         self.by_k, self.by_j = [0] * (POSITIONS + 1), [0] * (POSITIONS + 1)
         self.top, self.dirty = 0, False  # top: positions with series so far
-        self.win: deque[_Kept] | None = deque(maxlen=window) if window else None
+        self.win = Ring(window) if window else None  # 56 B a round
         #: The window's sums, kept up to date at each ``take`` from what came and went since
         #: (the refit rebuilt them from every round: ~8 ms a family a second, on the GIL the
         #: loop shares; 64 families slowed the loop ~30%); None: built anew at the next take.
         self.st: Stats | None = None
-        self.gone: list[_Kept] = []  # rounds the window dropped since the last take
+        self.gone: list[Kept] = []  # rounds the window dropped since the last take
         self.new = 0  # rounds it took since then
         self.clock = ""  # the clock that timed this label set's phases ("" until a session says)
         self.info: tuple[str, ...] = ()  # the info series' label values (none yet: ())
@@ -80,13 +68,16 @@ class LoopAdvisor:
         self.by_k[k if k < POSITIONS else POSITIONS] += n
         self.by_j[j if j < POSITIONS else POSITIONS] += n
         if (win := self.win) is not None:  # a run is n rounds for the fit too
-            kept, size = _Kept(k, j, r.phase_ns()), win.maxlen or 1
-            for _ in range(min(n, size)):
-                if self.st is not None and len(win) == size:
-                    self.gone.append(win[0])
-                win.append(kept)
+            ph: tuple[int, ...] = r.phase_ns()
+            for _ in range(min(n, win.size)):
+                try:
+                    old = win.push(k, j, ph)
+                except OverflowError:  # stamps out of order: 0, as the phase's histogram has it
+                    old = win.push(k, j, ph := tuple(p if p > 0 else 0 for p in ph))
+                if old is not None and self.st is not None:
+                    self.gone.append(old)
             self.new += n
-            if self.st is not None and self.new * 4 > size:  # many came: cheaper built anew
+            if self.st is not None and self.new * 4 > win.size:  # many came: cheaper built anew
                 self.st, self.gone = None, []
             self.dirty = True
 
@@ -97,12 +88,11 @@ class LoopAdvisor:
             return None
         st, win = self.st, self.win
         if st is None:
-            st = self.st = Stats(win)
+            st = self.st = Stats(win.last(len(win)))
         else:  # what went, and what came: the window's newest ``new``
             for r in self.gone:
                 st.add(r.k, r.j, r.ph, -1)
-            for i in range(len(win) - self.new, len(win)):
-                r = win[i]
+            for r in win.last(self.new):
                 st.add(r.k, r.j, r.ph)
         self.dirty, self.new, self.gone = False, 0, []
         return copy.deepcopy(st)
