@@ -154,14 +154,17 @@ def test_event_clock_matches_sync_on_the_spec_workload(backend: str, two_streams
     out: dict[str, list[Any]] = {"sync": [], "event": []}
     with capture(level=1, clock="sync") as warm:
         spec_bursts(w, warm.observer, 4)
-    window = []
+    window, walls = [], []
     for pair in abba(12):  # cache depth and GPU speed drift alike for both clocks
+        wall = {}
         for clock in pair:
             with capture(level=1, clock=clock) as cap:
                 c = spec_bursts(w, cap.observer, 1)
             out[clock].extend(cap.rounds)
+            wall[clock] = sum(per_round_ms(cap.rounds).values())
             if clock == "event":
                 window.append(c.anchor_window_ns / 1e3)
+        walls.append(wall["event"] / wall["sync"])
     w.end_session()
     sync, ev = per_round_ms(out["sync"]), per_round_ms(out["event"])
     ws, we = sum(sync.values()), sum(ev.values())
@@ -172,11 +175,13 @@ def test_event_clock_matches_sync_on_the_spec_workload(backend: str, two_streams
         f"\n[gpu] shares % (sync, event) "
         + " ".join(f"{n}=({a:.1f},{b:.1f})" for n, (a, b) in share.items())
         + f"\n[gpu] event clock anchor window µs (median of bursts) {statistics.median(window):.1f}"
+        + f"\n[gpu] event/sync wall per pair, median {statistics.median(walls):.3f}"
     )
     # Absolute times may differ: the sync clock's drains serialize launches behind device work
     # and slow the round (on the H200, CuPy on one stream: verify 5.26 ms sync, 4.76 event).
-    # Where the time goes agrees, and the undrained loop is never the slower one.
-    assert we <= 1.05 * ws, (sync, ev)
+    # Where the time goes agrees, and the undrained loop is never the slower one: per adjacent
+    # pair (one slow stretch of the card, 18% on a whole half once on an H100, is not the clock).
+    assert statistics.median(walls) <= 1.05, (walls, sync, ev)
     for n, (a, b) in share.items():
         assert abs(a - b) <= 3.0, (n, share)
 
