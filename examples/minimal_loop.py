@@ -21,7 +21,7 @@ def work(ms: float) -> None:
 
 
 def main(requests: int = 3, k: int = 4, rounds_per_burst: int = 6, tokens: int = 64) -> None:
-    obs = memra_obs.get_observer()  # the no-op observer unless a flag or MEMRA_OBS_SINKS is on
+    obs = memra_obs.get_observer()  # no-op unless a flag, MEMRA_OBS_SINKS or _REQUESTS_FILE
     rng = random.Random(0)
     for _ in range(requests):
         with obs.session("glm5", e=None, eh=None) as s:  # e/eh: your CuPy or torch streams

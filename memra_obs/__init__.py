@@ -5,7 +5,7 @@ observer a loop talks to, and the sinks that publish what it saw: the legacy std
 OpenTelemetry spans, Prometheus histograms and NVTX ranges.
 
     import memra_obs
-    obs = memra_obs.get_observer()   # no-op unless a flag or MEMRA_OBS_SINKS turns it on
+    obs = memra_obs.get_observer()   # no-op unless a flag, MEMRA_OBS_SINKS or MEMRA_OBS_REQUESTS_FILE is set
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Whole lines, never interleaved: to a text stream under one lock per stream, in writes of
 at most PIPE_BUF bytes so processes sharing a pipe never tear a line (:class:`LineWriter`, every
-legacy line's way out), and appended to a file that processes share (:class:`AppendFile`)."""
+legacy line's way out), and appended to a file that processes share (:class:`AppendFile`).
+:func:`forked_set` (objects to reset in a forked child) lives here, the package's lowest module,
+because these are its first users (a lock held across ``fork()``); the rest share it."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ class SessionRecord(NamedTuple):
     start_ns_mono: int
     anchor_ns_mono: int
     anchor_ns_epoch: int
-    trace_id: int  #: 128-bit: the caller's when a span was current, else a fresh one
+    trace_id: int  #: 128-bit: the caller's span's, else fresh; 0: no sink wants one, or unsampled
     span_id: int  #: 64-bit id of this session's ``spec.session`` span
     parent_span_id: int  #: the caller's current span (e.g. the HTTP request), else 0
     level: int  #: trace level in force (0-2)

@@ -4,7 +4,9 @@
     worker 2>&1 >/dev/null | memra-obs tail - --worker rank0
 
 Bytes go through unchanged (:mod:`.passthrough`); legacy lines become records (:mod:`.rebuild`)
-for a worker's exporters, with backpressure: the tail holds its reading back rather than drop."""
+for a worker's exporters, with backpressure where the output is local: a span file and the
+requests file hold the reading back rather than drop; a network span output that is down drops,
+counted, as the worker's would."""
 
 from __future__ import annotations
 
