@@ -4,11 +4,13 @@ its HTTP API must give sane quantiles, exact counters and the sessions' trace id
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -89,6 +91,25 @@ class ScriptedClock:
 
     def settle(self, stamps: list[int]) -> list[int]:
         return stamps
+
+
+def readme_promql() -> list[list[str]]:
+    """The README's ```promql blocks, a list of queries each (a query: a line and the indented
+    lines after it; comments left out)."""
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    blocks = []
+    for body in re.findall(r"^```promql\n(.*?)^```", text, re.M | re.S):
+        qs: list[str] = []
+        for line in body.splitlines():
+            line = re.sub(r"\s+#.*$", "", line)
+            if not line.strip() or line.startswith("#"):
+                continue
+            if line[0].isspace() and qs:
+                qs[-1] += " " + line.strip()
+            else:
+                qs.append(line.strip())
+        blocks.append(qs)
+    return blocks
 
 
 def free_port() -> int:
@@ -285,3 +306,20 @@ def test_prometheus_scrapes_quantiles_counters_and_exemplars(worker, prometheus)
     assert {e["labels"]["trace_id"] for series in ex for e in series["exemplars"]} <= set(
         trace_ids.values()
     )
+    # Every recipe the README gives is a query Prometheus takes; the in-process ones (the first
+    # block's, but for the losses filter: none here) find their series.
+    wait_for(
+        "two samples of every series (a rate's least)",
+        lambda: scalar(base, "min(count_over_time(memra_spec_rounds_total[5m]))") >= 2,
+    )
+    bad, empty = [], []
+    for n, block in enumerate(readme_promql()):
+        for query in block:
+            try:
+                found = api(base, "query", query=query)["result"]
+            except urllib.error.HTTPError as exc:
+                bad.append((query, exc.read().decode(errors="replace")[:300]))
+                continue
+            if not found and n == 0 and not query.endswith("> 0"):
+                empty.append(query)
+    assert len(readme_promql()) == 3 and not bad and not empty, (bad, empty)
