@@ -10,7 +10,7 @@ import time
 from collections import deque
 
 import pytest
-from analysis_sim import COSTS, CURVES, Round, rounds, true_tokens_per_s
+from analysis_sim import COSTS, CURVES, Round, draw_j, rounds, true_tokens_per_s
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -430,3 +430,39 @@ def test_a_round_no_loop_makes_is_refused_by_the_window_whole(ph: tuple[int, ...
             assert not w.add(Round(3, 1, ph))  # type: ignore[arg-type]
     assert w.refused == 6 and len(w) == 64
     assert w.advice() == advise(rs[-64:], max_k=8)
+
+
+def _batched(k_of, gate: float, rng: random.Random, batch: int = 8, n: int = 400) -> list[Round]:
+    """A batch's rounds as its requests' sessions record them: every request times the same
+    phases, and the draft lasts as long as the batch's longest draft."""
+    c, alpha, out = COSTS["launch-bound"], CURVES["decaying"], []
+    for _ in range(n):
+        k = k_of(rng)
+        ks = [rng.randint(0, k) if rng.random() < gate else k for _ in range(batch)]
+        top = max(ks)
+        ph = (int(c["d0"] + c["d1"] * top), int(c["a"] + c["b"] * (top + 1)), int(c["acc"]))
+        ph += (int(c["rb"]), int(c["mt"]))
+        out += [Round(kk, draw_j(alpha, kk, rng), ph) for kk in ks]  # type: ignore[arg-type]
+    return out
+
+
+def test_a_batch_drafting_one_k_a_round_is_advised_as_one_loop() -> None:
+    """README "Batched loops": a batch whose requests draft one k a round (explored by whole
+    rounds at k + 1, k + 2) is advised as one loop is; a per-request k inside the batch (a
+    confidence gate) reads the draft's cost per token as about nothing and the advice runs long."""
+    c, alpha = COSTS["launch-bound"], CURVES["decaying"]
+    best = max(range(1, 17), key=lambda k: true_tokens_per_s(alpha, c, k))
+
+    def k_of(r: random.Random) -> int:
+        return best + (r.choice((1, 2)) if r.random() < 0.2 else 0)
+
+    one = advise(_batched(k_of, 0.0, random.Random(1)), max_k=16, clock="event")
+    per_request = advise(_batched(k_of, 0.3, random.Random(1)), max_k=16, clock="event")
+    assert one is not None and per_request is not None
+    print(f"\nbest {best}: one k a round -> {one.recommended_k}, per request -> "
+          f"{per_request.recommended_k} (draft ns/token {one.costs.draft_per_token_ns.value:.0f}, "
+          f"{per_request.costs.draft_per_token_ns.value:.0f}; true {c['d1']:.0f})")  # fmt: skip
+    assert abs(one.recommended_k - best) <= 1
+    assert one.costs.draft_per_token_ns.value == pytest.approx(c["d1"], rel=0.05)
+    assert per_request.costs.draft_per_token_ns.value < 0.5 * c["d1"]
+    assert per_request.recommended_k > best + 1
