@@ -144,7 +144,7 @@ _TLS_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
 
 #: grpcio's words (under UNAVAILABLE) for a handshake that fails: a certificate not trusted, and
 #: one for another host (its own check; retried, it held each export for the whole timeout).
-_GRPC_TLS = ("SSL_ERROR_SSL", "Hostname Verification Check failed")
+_GRPC_TLS = ("SSL_ERROR_SSL", "Hostname Verification Check failed", "is not in peer certificate")
 
 #: The most of an answer read: an OTLP response is a few bytes; an endpoint that streams on
 #: (not a collector) held the sender, and with it every span after, for good.
@@ -256,6 +256,7 @@ class GrpcSender:
         opt: list[tuple[str, Any]] = [("grpc.max_send_message_length", 64 << 20)]
         opt += [("grpc.enable_retries", 0), ("grpc.primary_user_agent", _AGENT)]  # spec's UA
         opt += [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000)]
+        opt += [("grpc.min_reconnect_backoff_ms", 500)]  # before grpcio 1.80 its 20 s held too
         comp = grpc.Compression.Gzip if cfg.compression == "gzip" else None  # None: uncompressed
         if cfg.secure:
             pems = (cfg.certificate, cfg.client_key, cfg.client_certificate)

@@ -90,7 +90,7 @@ def round_wall_distribution(ax: Axes, v: View, views: Sequence[View]) -> None:
     need(len(w := v.metric("wall")), "no round with its own wall")
     every = np.concatenate([x.metric("wall") for x in views])
     edges = np.linspace(every.min(), np.quantile(every, 0.995), 81)
-    ax.hist(np.clip(w, None, edges[-1]), bins=edges, color=COLORS["verify"], alpha=0.8)  # type: ignore[arg-type]
+    ax.hist(np.clip(w, None, edges[-1]), bins=edges.tolist(), color=COLORS["verify"], alpha=0.8)
     med = median(w32 := w.astype(np.float32))  # the seed's rule: f32 walls past f32(1.5 x median)
     above = int((w32 > np.float32(thr := f32(1.5 * med))).sum())
     ax.axvline(med, color="k", lw=1, label=f"median {med:.3f} ms")
@@ -345,7 +345,7 @@ def advice(v: View) -> list[Row]:
 
     return [
         ("acc_rounds", ("rounds with known k, j (used); without",), f"{e.rounds}; {v.without}"),
-        ("draft_acceptance", ("accepted / drafted (vLLM's draft acceptance rate)",), f"{(v.j * v.n)[v.own].sum() / d:.3f}" if (d := (v.k * v.n)[v.own].sum()) else "-"),
+        ("draft_acceptance", ("accepted / drafted (vLLM's draft acceptance rate)",), f"{int((v.j * v.n)[v.own].sum()) / d:.3f}" if (d := int((v.k * v.n)[v.own].sum())) else "-"),
         ("pooled_alpha", ("acceptance α per position, pooled (i.i.d.)",), _iv(e.pooled) if e.positions else "-"),
         adv("recommended_k", "recommended k", lambda a: str(a.recommended_k)),
         adv("expected_tokens", "E(k*): expected tokens per round", lambda a: _iv(a.expected_tokens)),
