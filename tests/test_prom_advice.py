@@ -446,7 +446,10 @@ def test_a_round_whose_stamps_are_out_of_order_enters_the_window_at_zero() -> No
     rs = rounds(300)
     t = rs[5].t_ns_mono
     rs[5] = rs[5]._replace(t_ns_mono=(t[0], t[0] - 7, *t[2:]))
+    t = rs[9].t_ns_mono  # and one past the ring's 64 bits, which only a hand-made record has
+    rs[9] = rs[9]._replace(t_ns_mono=(t[0], t[0] + 10**20, *(x + 10**20 for x in t[2:])))
     e.export(rs)
     e.flush()
     assert e.export_errors == 0
+    assert val(reg, "memra_spec_slow_rounds_total", family="glm5") == 1  # the round went on
     assert val(reg, "memra_spec_recommended_k", family="glm5") is not None

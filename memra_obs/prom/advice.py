@@ -22,6 +22,7 @@ POSITIONS = 64
 ADVICE_EVERY_S = 1.0
 #: The curve's bound: ``memra_spec_estimated_tokens_per_second{k}`` for k = 1..MAX_K.
 MAX_K = 16
+_U64 = (1 << 64) - 1  # a window's ring holds unsigned 64-bit phases
 
 
 def _tail_sum(counts: list[int], start: int) -> float:
@@ -73,7 +74,9 @@ class LoopAdvisor:
                 try:
                     old = win.push(k, j, ph)
                 except OverflowError:  # stamps out of order: 0, as the phase's histogram has it
-                    old = win.push(k, j, ph := tuple(p if p > 0 else 0 for p in ph))
+                    ph = tuple(0 if p < 0 else p if p < _U64 else _U64 for p in ph)
+                    k, j = min(k, _U64), min(j, _U64)  # (past 64 bits: a record no loop made)
+                    old = win.push(k, j, ph)
                 if old is not None and self.st is not None:
                     self.gone.append(old)
             self.new += n
