@@ -402,13 +402,14 @@ def test_with_k_constant_the_throughput_interval_narrows_with_the_rounds():
 @settings(max_examples=80, deadline=None)
 @given(st.integers(1, 9), st.lists(st.integers(0, 2**64 - 1), min_size=7, max_size=7 * 40))
 def test_the_ring_holds_what_a_bounded_deque_would(size: int, ints: list[int]) -> None:
-    """A window's rounds are kept as seven unsigned ints in one array (56 B a round, not ~300
+    """A window's rounds are kept as seven unsigned ints in one buffer (56 B a round, not ~300
     of tuples): it keeps, evicts and gives back exactly what a deque(maxlen=size) would."""
     ring, model = Ring(size), deque[Kept](maxlen=size)
     for i in range(0, len(ints) - 6, 7):
         k, j, *ph = ints[i : i + 7]
         old = model[0] if len(model) == size else None
-        assert ring.push(k, j, ph) == old
+        assert ring.oldest() == old
+        ring.push(k, j, ph)
         model.append(Kept(k, j, tuple(ph)))  # type: ignore[arg-type]
         for m in range(size + 2):
             assert list(ring.last(m)) == list(model)[len(model) - min(m, len(model)) :]

@@ -416,7 +416,7 @@ def test_the_refit_keeps_the_windows_sums_instead_of_rebuilding_them(monkeypatch
 def test_a_full_advice_window_holds_a_round_in_56_bytes() -> None:
     """The window of 2,048 rounds a (worker,) family keeps held ~611 KB as tuples of boxed
     ints: 330 MB in an agent at the 64-family cap x 8 workers. As seven unsigned ints a round
-    in one array it is ~115 KB (README, "The sliding window")."""
+    in one buffer it is ~115 KB (README, "The sliding window")."""
     import gc
     import tracemalloc
 

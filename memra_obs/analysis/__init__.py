@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import copy
 import math
+import struct
 import threading
-from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +49,9 @@ class RoundLike(Counted, Protocol):
     def phase_ns(self) -> tuple[int, int, int, int, int]: ...
 
 
+_ROW = struct.Struct("7Q")  # a round in a Ring: k, j, five phases
+
+
 class Kept(NamedTuple):
     """A round as a window holds it: its counts and phases (a ``RoundLike``)."""
 
@@ -61,40 +64,40 @@ class Kept(NamedTuple):
 
 
 class Ring:
-    """The last ``size`` rounds, seven unsigned ints each in one array: 56 B a round, where
-    tuples of boxed ints kept ~300 (64 families x 8 workers of 2,048 rounds: 59 MB, not 330)."""
+    """The last ``size`` rounds, seven unsigned 64-bit ints each in one buffer: 56 B a round,
+    where tuples of boxed ints kept ~300 (64 families x 8 workers of 2,048 rounds: 59 MB, not
+    330). A round no loop makes (a count or phase < 0 or past 64 bits, not five phases) raises
+    ``struct.error`` at ``push``, and the ring is left as it was."""
 
-    __slots__ = ("a", "at", "n", "size")
+    __slots__ = ("at", "b", "n", "size")
 
     def __init__(self, size: int) -> None:
-        self.a, self.size, self.at, self.n = array("Q"), size, 0, 0  # grows while it fills
+        self.b, self.size, self.at, self.n = bytearray(), size, 0, 0  # grows while it fills
 
     def __len__(self) -> int:
         return self.n
 
     def _at(self, i: int) -> Kept:
-        a = self.a
-        return Kept(a[i], a[i + 1], (a[i + 2], a[i + 3], a[i + 4], a[i + 5], a[i + 6]))
+        k, j, *ph = _ROW.unpack_from(self.b, 56 * i)
+        return Kept(k, j, (*ph,))
 
-    def push(self, k: int, j: int, ph: Sequence[int]) -> Kept | None:
-        """Keep a round; the one it overwrote (None while the ring fills). A round no loop
-        makes (a count or phase < 0 or past 64 bits, not five phases) raises, keeping none."""
-        row = array("Q", (k, j, *ph))
-        if len(row) != 7:
-            raise ValueError(f"{len(row) - 2} phases: a round has 5")
+    def oldest(self) -> Kept | None:
+        """The round the next ``push`` overwrites (None while the ring fills)."""
+        return self._at(self.at) if self.n == self.size else None
+
+    def push(self, k: int, j: int, ph: Sequence[int]) -> None:
         if self.n < self.size:
-            self.a.extend(row)
-            self.at, self.n = (self.at + 1) % self.size, self.n + 1
-            return None
-        old, i = self._at(7 * self.at), 7 * self.at
-        self.a[i : i + 7], self.at = row, (self.at + 1) % self.size
-        return old
+            self.b += _ROW.pack(k, j, *ph)
+            self.n += 1
+        else:  # (not pack_into: it writes up to the value it refuses)
+            self.b[56 * self.at : 56 * self.at + 56] = _ROW.pack(k, j, *ph)
+        self.at = (self.at + 1) % self.size
 
     def last(self, m: int) -> Iterator[Kept]:
         """The newest ``m`` rounds (all: ``len(ring)``), oldest first."""
         m = min(m, self.n)
         for d in range(m):
-            yield self._at((self.at - m + d) % self.size * 7)
+            yield self._at((self.at - m + d) % self.size)
 
 
 class Interval(NamedTuple):
@@ -481,9 +484,10 @@ class AdviceWindow:
             self.refused += k >= 0  # unknown counts are not refusals
             return False
         with self._lock:
+            old = self._q.oldest()
             try:
-                old = self._q.push(k, j, ph := r.phase_ns())
-            except (TypeError, ValueError, OverflowError):
+                self._q.push(k, j, ph := r.phase_ns())
+            except (TypeError, struct.error):
                 self.refused += 1
                 return False
             if old is not None:

@@ -7,6 +7,7 @@ a second (or at ``flush``), never the loop or a scrape.
 from __future__ import annotations
 
 import copy
+import struct
 from functools import partial
 from typing import Any
 
@@ -71,14 +72,14 @@ class LoopAdvisor:
         if (win := self.win) is not None:  # a run is n rounds for the fit too
             ph: tuple[int, ...] = r.phase_ns()
             for _ in range(min(n, win.size)):
+                if self.st is not None and (old := win.oldest()) is not None:
+                    self.gone.append(old)
                 try:
-                    old = win.push(k, j, ph)
-                except OverflowError:  # stamps out of order: 0, as the phase's histogram has it
+                    win.push(k, j, ph)
+                except struct.error:  # stamps out of order: 0, as the phase's histogram has it
                     ph = tuple(0 if p < 0 else p if p < _U64 else _U64 for p in ph)
                     k, j = min(k, _U64), min(j, _U64)  # (past 64 bits: a record no loop made)
-                    old = win.push(k, j, ph)
-                if old is not None and self.st is not None:
-                    self.gone.append(old)
+                    win.push(k, j, ph)
             self.new += n
             if self.st is not None and self.new * 4 > win.size:  # many came: cheaper built anew
                 self.st, self.gone = None, []
