@@ -64,10 +64,9 @@ class Kept(NamedTuple):
 
 
 class Ring:
-    """The last ``size`` rounds, seven unsigned 64-bit ints each in one buffer: 56 B a round,
-    where tuples of boxed ints kept ~300 (64 families x 8 workers of 2,048 rounds: 59 MB, not
-    330). A round no loop makes (a count or phase < 0 or past 64 bits, not five phases) raises
-    ``struct.error`` at ``push``, and the ring is left as it was."""
+    """The last ``size`` rounds as 7 unsigned 64-bit ints in one buffer, 56 B a round (tuples of
+    ints: ~300). A round no loop makes (a count or phase < 0 or past 64 bits, not five phases)
+    raises ``struct.error`` at ``push``, leaving the ring as it was."""
 
     __slots__ = ("at", "b", "n", "size")
 
