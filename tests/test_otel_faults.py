@@ -276,6 +276,68 @@ def test_a_collector_that_comes_up_late_still_gets_the_spans():
     assert ex.exported_spans == SPANS == len(rx.spans) and ex.dropped_spans == 0
 
 
+def test_a_collector_back_from_an_outage_has_the_spans_within_about_a_second():
+    """A refused connection (nothing answered: a retry hammers nothing) is retried at most 1 s
+    apart, so a collector back after a 6 s outage has the spans about a second later (with the
+    5 s cap of a receiver that answered: up to 5 s; over gRPC, compounded with its reconnect
+    backoff, 8 s). A receiver that answers 503 is still backed off to 5 s."""
+    from memra_obs.otel.exporter import BACKOFF_CAP_S, REFUSED_CAP_S, backoff_s
+
+    assert all(backoff_s(9, REFUSED_CAP_S) <= 1.0 for _ in range(200)) and BACKOFF_CAP_S == 5.0
+    port = closed_port()
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_TIMEOUT": "30000"}  # fmt: skip
+    obs, _q, ex = make(env, prof=False)
+    run_session(obs, prof=False)
+    time.sleep(6.0)
+    rx = Receiver()
+    rx.server.server_close()
+    rx.server.shutdown()
+    late = http.server.ThreadingHTTPServer(("127.0.0.1", port), rx.server.RequestHandlerClass)
+    threading.Thread(target=late.serve_forever, daemon=True).start()
+    back = time.monotonic()
+    try:
+        wait_for(lambda: len(rx.spans) == SPANS, timeout=10.0)
+        took = time.monotonic() - back
+    finally:
+        obs.shutdown(5)
+        late.shutdown()
+        late.server_close()
+    print(f"\nthe spans {took:.2f} s after the collector's return")
+    assert took < 1.5 and ex.dropped_spans == 0
+
+
+def test_only_a_refused_connection_is_retried_within_a_second() -> None:
+    """A refused connection (HTTP, and gRPC's "failed to connect to all addresses") is the one
+    failure whose retries wait at most 1 s; a 503 keeps the 5 s cap."""
+    from memra_obs.otel.config import OtlpConfig
+    from memra_obs.otel.transport import HttpSender, Retry
+
+    port = closed_port()
+    for proto in ("http/protobuf", "grpc"):
+        if proto == "grpc":
+            pytest.importorskip("grpc")
+            from memra_obs.otel.transport import GrpcSender as Sender
+        else:
+            Sender = HttpSender  # type: ignore[assignment]
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_PROTOCOL": proto}  # fmt: skip
+        sender = Sender(OtlpConfig.from_env(env))
+        try:
+            with pytest.raises(Retry) as refused:
+                sender.send(b"", 2.0)
+        finally:
+            sender.close()
+        assert refused.value.refused, (proto, refused.value)
+    rx = Receiver(statuses=[503])
+    sender = HttpSender(OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url}))
+    try:
+        with pytest.raises(Retry) as answered:
+            sender.send(b"", 2.0)
+    finally:
+        sender.close()
+        rx.close()
+    assert not answered.value.refused
+
+
 class Streaming:
     """An endpoint that answers every POST ``200`` and then streams a chunked body for as long
     as the client reads (not a collector: a proxy or a mistyped endpoint)."""

@@ -27,9 +27,15 @@ _CHUNK = 128  # spans encoded per call: a request passes max_bytes by one chunk 
 _QUEUE_BYTES = 32 << 20
 
 
-def backoff_s(n: int) -> float:
+#: The longest wait before a retry; after a refused connection (no receiver answered, so none is
+#: hammered) 1 s: a collector back from an outage has the spans within ~1 s (gRPC: its reconnect
+#: backoff, 2.4 s at most, first; the two compounded to 8 s with 5 s here).
+BACKOFF_CAP_S, REFUSED_CAP_S = 5.0, 1.0
+
+
+def backoff_s(n: int, cap: float = BACKOFF_CAP_S) -> float:
     """The wait before retry ``n`` (0-based): exponential, capped, jittered to spread clients."""
-    return min(0.1 * 2**n, 5.0) * random.uniform(0.5, 1.0)
+    return min(0.1 * 2**n, cap) * random.uniform(0.5, 1.0)
 
 
 class Output:
@@ -162,7 +168,8 @@ class Output:
             try:
                 return s.send(payload, left)
             except Retry as exc:
-                wait = max(exc.after_s or 0.0, backoff_s(tries))  # "0" must not hammer it
+                cap = REFUSED_CAP_S if exc.refused else BACKOFF_CAP_S
+                wait = max(exc.after_s or 0.0, backoff_s(tries, cap))  # "0" must not hammer it
                 tries += 1
                 end = time.monotonic() + wait
                 with self._cv:  # a shutdown meanwhile brings the deadline in

@@ -47,11 +47,12 @@ class SendError(Exception):
 
 
 class Retry(Exception):
-    """A retryable failure; ``after_s`` is the wait the receiver asked for (None: back off)."""
+    """A retryable failure; ``after_s`` is the wait the receiver asked for (None: back off);
+    ``refused``: no receiver answered (a connection refused), so trying soon hammers none."""
 
-    def __init__(self, msg: str, after_s: float | None = None) -> None:
+    def __init__(self, msg: str, after_s: float | None = None, refused: bool = False) -> None:
         super().__init__(msg)
-        self.after_s = after_s
+        self.after_s, self.refused = after_s, refused
 
 
 def _fields(b: Any) -> list[tuple[int, Any]]:
@@ -205,7 +206,7 @@ class HttpSender:
             if isinstance(exc, ssl.SSLError) and not isinstance(exc, _TLS_CUT):  # a certificate
                 raise SendError(repr(exc)) from None
             if isinstance(exc, (OSError, http.client.HTTPException)):  # refused, reset, closed
-                raise Retry(repr(exc)) from None
+                raise Retry(repr(exc), refused=isinstance(exc, ConnectionRefusedError)) from None
             raise
         if r.will_close or not r.isclosed():  # not closed: more left unread, cannot carry another
             self.close()
@@ -279,7 +280,8 @@ class GrpcSender:
             if any(m in msg for m in _GRPC_TLS):  # UNAVAILABLE to grpcio; to OTLP a failed TLS
                 raise SendError(msg + " (a TLS handshake: not retried)") from None
             if code.name in RETRY_GRPC or (code.name == "RESOURCE_EXHAUSTED" and after is not None):
-                raise Retry(msg, after or None) from None  # RetryInfo 0: no advice, back off
+                refused = "failed to connect to all addresses" in msg  # grpcio 1.60..1.85 alike
+                raise Retry(msg, after or None, refused) from None  # RetryInfo 0: back off
             raise SendError(msg) from None
 
     def abort(self) -> None:
