@@ -27,9 +27,9 @@ _CHUNK = 128  # spans encoded per call: a request passes max_bytes by one chunk 
 _QUEUE_BYTES = 32 << 20
 
 
-#: The longest wait before a retry; after a refused connection (no receiver answered, so none is
-#: hammered) 1 s: a collector back from an outage has the spans within ~1 s (gRPC: its reconnect
-#: backoff, 2.4 s at most, first; the two compounded to 8 s with 5 s here).
+#: The longest wait before a retry; with no connection (refused: nobody to hammer) 1 s, so a
+#: collector back from an outage has the spans within ~1 s (gRPC: its reconnect backoff, 2.4 s
+#: at most, first; the two compounded to 8 s with 5 s here).
 BACKOFF_CAP_S, REFUSED_CAP_S = 5.0, 1.0
 
 
