@@ -257,6 +257,16 @@ def test_backoff_is_jittered_exponential_within_the_overall_deadline():
         assert max(draws) - min(draws) > 0.3 * cap, n  # jittered, not a fixed step
 
 
+def late_receiver(port: int) -> tuple[Receiver, http.server.ThreadingHTTPServer]:
+    """A Receiver that starts now on ``port`` (refused until then); shut the server down."""
+    rx = Receiver()
+    rx.server.server_close()
+    rx.server.shutdown()
+    late = http.server.ThreadingHTTPServer(("127.0.0.1", port), rx.server.RequestHandlerClass)
+    threading.Thread(target=late.serve_forever, daemon=True).start()
+    return rx, late
+
+
 def test_a_collector_that_comes_up_late_still_gets_the_spans():
     """Connection refused is retried with backoff (OTLP/HTTP Connection): a collector that
     starts half a second late receives everything."""
@@ -264,11 +274,7 @@ def test_a_collector_that_comes_up_late_still_gets_the_spans():
     obs, _q, ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}, prof=False)
     run_session(obs, prof=False)
     time.sleep(0.5)
-    rx = Receiver()
-    rx.server.server_close()
-    rx.server.shutdown()
-    late = http.server.ThreadingHTTPServer(("127.0.0.1", port), rx.server.RequestHandlerClass)
-    threading.Thread(target=late.serve_forever, daemon=True).start()
+    rx, late = late_receiver(port)
     try:
         obs.shutdown(8)
     finally:
@@ -278,10 +284,9 @@ def test_a_collector_that_comes_up_late_still_gets_the_spans():
 
 
 def test_a_collector_back_from_an_outage_has_the_spans_within_about_a_second():
-    """A refused connection (nothing answered: a retry hammers nothing) is retried at most 1 s
+    """A refused connection (no connection: a retry hammers nobody) is retried at most 1 s
     apart, so a collector back after a 6 s outage has the spans about a second later (with the
-    5 s cap of a receiver that answered: up to 5 s; over gRPC, compounded with its reconnect
-    backoff, 8 s). A receiver that answers 503 is still backed off to 5 s."""
+    5 s cap of an answer: up to 5 s; over gRPC, compounded with its reconnect backoff, 8 s)."""
     from memra_obs.otel.exporter import BACKOFF_CAP_S, REFUSED_CAP_S, backoff_s
 
     assert all(backoff_s(9, REFUSED_CAP_S) <= 1.0 for _ in range(200)) and BACKOFF_CAP_S == 5.0
@@ -290,11 +295,7 @@ def test_a_collector_back_from_an_outage_has_the_spans_within_about_a_second():
     obs, _q, ex = make(env, prof=False)
     run_session(obs, prof=False)
     time.sleep(6.0)
-    rx = Receiver()
-    rx.server.server_close()
-    rx.server.shutdown()
-    late = http.server.ThreadingHTTPServer(("127.0.0.1", port), rx.server.RequestHandlerClass)
-    threading.Thread(target=late.serve_forever, daemon=True).start()
+    rx, late = late_receiver(port)
     back = time.monotonic()
     try:
         wait_for(lambda: len(rx.spans) == SPANS, timeout=10.0)
