@@ -267,14 +267,7 @@ class GrpcSender:
             ch = grpc.insecure_channel(cfg.endpoint, options=opt, compression=comp)
         self._channel, method = ch, "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
         self._call = ch.unary_unary(method)  # no (de)serializer: bytes in, bytes out
-        # A failure with no connection is "refused" (retried soon): an answer, even one a relay
-        # words as grpcio does ("failed to connect ..."), comes on a ready channel.
-        self._ready = False
-        ch.subscribe(self._on_state, try_to_connect=False)
         self._metadata = tuple((k.lower(), v) for k, v in cfg.headers) or None
-
-    def _on_state(self, state: Any) -> None:  # on grpcio's thread
-        self._ready = state is self._grpc.ChannelConnectivity.READY
 
     def send(self, payload: bytes, timeout_s: float) -> Partial:
         try:
@@ -287,7 +280,11 @@ class GrpcSender:
             if any(m in msg for m in _GRPC_TLS):  # UNAVAILABLE to grpcio; to OTLP a failed TLS
                 raise SendError(msg + " (a TLS handshake: not retried)") from None
             if code.name in RETRY_GRPC or (code.name == "RESOURCE_EXHAUSTED" and after is not None):
-                raise Retry(msg, after or None, not self._ready) from None  # RetryInfo 0: back off
+                # No connection (grpcio 1.60..1.85 word it alike; a relay that forwards these words
+                # has no upstream either). Not the channel's state: subscribe()'s thread raised
+                # into threading.excepthook when the channel closed under it.
+                refused = "failed to connect to all addresses" in msg
+                raise Retry(msg, after or None, refused) from None  # RetryInfo 0: back off
             raise SendError(msg) from None
 
     def abort(self) -> None:
