@@ -222,6 +222,22 @@ def test_too_little_data_gives_no_advice():
     assert advise([Round(r.k, r.j) for r in few + few[:1]]) is None
 
 
+def test_rounds_whose_verify_took_no_time_give_no_speedup_of_0():
+    """A clock that never saw the verify (an overlap scheduler's boundaries on the event clock
+    put each round's device time in its draft) fitted the plain step at 0: the speedup read 0
+    and the advice k = 10 (true best 3). No advice, unless the loop gives a plain step."""
+    c = COSTS["launch-bound"]
+    rs = rounds(CURVES["flat"], 200, random.Random(4), uniform(1, 8), c)
+    blind = [Round(r.k, r.j, (sum(r.ph[:2]), 0, *r.ph[2:])) for r in rs]
+    assert advise(rs) is not None and advise(blind) is None
+    a = advise(blind, plain_step_ns=c["a"] + c["b"])
+    assert a is not None and a.plain_step_source == "measured" and a.estimated_speedup.value > 1
+    w = AdviceWindow(64)
+    for r in blind:
+        w.add(r)
+    assert w.advice() is None
+
+
 def test_fully_accepting_loop_recommends_the_bound():
     """j == k always: E(k) = 1 + k grows faster than the round cost, so the bound is advised."""
     c = COSTS["launch-bound"]

@@ -416,10 +416,9 @@ def _ratio(e: Interval, log_var: float, z: float, scale: float) -> Interval:
 def advise(rounds: Iterable[RoundLike] | Stats, *, max_k: int = 16,
            plain_step_ns: float | None = None, clock: str = "event", level: float = 0.95,
            explore: int = EXPLORE) -> Advice | None:  # fmt: skip
-    """Advice over ``rounds`` (or their :class:`Stats`), None below MIN_ROUNDS drafting rounds
-    or when they took no time.
-    ``plain_step_ns``: a measured plain one-token step; else the verify fit at one row. The
-    recommendation stays within ``explore`` of the longest draft seen; the curve is 1..max_k."""
+    """Advice over ``rounds`` (or their Stats); None below MIN_ROUNDS drafting rounds, or if they
+    (or their verify, with no measured plain step ``plain_step_ns`` to stand for its fit at one
+    row) took no time. k stays within ``explore`` of the longest draft seen; curve: 1..max_k."""
     z = z_of(level, clock)
     for name, v in (("max_k", max_k), ("explore", explore)):
         if type(v) is not int:
@@ -432,8 +431,9 @@ def advise(rounds: Iterable[RoundLike] | Stats, *, max_k: int = 16,
         raise ValueError(f"plain_step_ns={plain_step_ns!r}: expected a positive time in ns")
     st = rounds if isinstance(rounds, Stats) else Stats(rounds)
     acc = estimate_acceptance(st, level=level)
-    wall = st.s(ONE, WALL)  # <= 0: rounds that took no time (billions of tokens/s, nan speedup)
-    if not acc.positions or acc.positions[0].at_risk < MIN_ROUNDS or wall <= 0:
+    wall = st.s(ONE, WALL)  # 0: billions of tokens/s, nan speedup; verify 0: speedup 0
+    untimed = wall <= 0 or (plain_step_ns is None and st.s(ONE, VERIFY) <= 0)
+    if not acc.positions or acc.positions[0].at_risk < MIN_ROUNDS or untimed:
         return None
     c = fit_costs(st, clock=clock, level=level)
     curve = []
