@@ -114,6 +114,21 @@ def test_a_file_without_follow_is_read_once(tmp_path):
     assert p.returncode == 2 and b"No such file" in p.stderr
 
 
+@pytest.mark.parametrize("args", [("w.err",), ("--follow", "w.err"), ("-",)])
+def test_an_input_that_is_its_own_standard_error_is_refused(tmp_path, args):
+    """``tail log 2>>log`` (a unit file's append to the worker's log): the tail read its own
+    copy back for ever, the disk filled and /metrics showed sessions that never ran."""
+    f = tmp_path / "w.err"
+    f.write_text(PHASE + "\n")
+    argv = [sys.executable, "-m", "memra_obs.cli", "tail", *args]
+    with open(f, "rb") as stdin, open(f, "ab") as err:
+        p = subprocess.run(argv, stdin=stdin, stderr=err, cwd=tmp_path, env=_env(), timeout=60)
+    assert p.returncode == 2
+    assert f.read_bytes().split(b"\n")[1:] == [
+        f"memra-obs tail: {args[-1]} is its standard error (its copy of the lines): it would "
+        "read them back for ever".encode(), b""]  # fmt: skip
+
+
 def test_a_gzipped_file_is_read_as_the_report_reads_it(tmp_path):
     """A rotated, compressed log (``w.err.1.gz``) is read decompressed (its bytes went through
     as they were: 0 legacy lines, status 0), with ``--follow`` and on standard input too;

@@ -11,6 +11,7 @@ counted, as the worker's would."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import signal
@@ -74,6 +75,12 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     if MEMRA_OBS_SINKS not in os.environ:
         knobs["sinks"] = "otel,prometheus"
     st = Settings.resolve(None, **knobs)
+    with contextlib.suppress(OSError):  # `tail log 2>>log`: it read its own copy for ever
+        given = os.fstat(0) if path == "-" else os.stat(path)
+        if stat.S_ISREG(given.st_mode) and os.path.samestat(given, os.fstat(2)):
+            print(f"memra-obs tail: {path} is its standard error (its copy of the lines): "
+                  "it would read them back for ever", file=sys.stderr)  # fmt: skip
+            return 2
     early: list[str] = []
     try:
         source = _source(args, early.append)
