@@ -370,9 +370,9 @@ def _check_tls(st: Settings) -> None:
         import ssl
 
         try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, b"")  # no prompt
         except (ssl.SSLError, OSError) as exc:
             raise ConfigError(
-                f"{c}={cert!r} / {k}={key!r}: not a PEM certificate chain and its private key "
-                f"({exc})"
+                f"{c}={cert!r} / {k}={key!r}: not a PEM certificate chain and its unencrypted "
+                f"private key ({exc})"
             ) from None

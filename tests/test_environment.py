@@ -102,6 +102,40 @@ def test_tls_files_must_be_a_pem_chain_and_its_key(pem):
         assert "MEMRA_OBS_METRICS_TLS_CERT" in str(e.value)
 
 
+def test_an_encrypted_metrics_key_is_refused_never_prompted_for(pem, tmp_path):
+    """On a terminal, an encrypted MEMRA_OBS_METRICS_TLS_KEY stopped every command at OpenSSL's
+    "Enter PEM pass phrase:" (the check at start-up, then the server's own load)."""
+    import fcntl
+    import select
+    import termios
+
+    cert, key, _ = pem
+    locked = tmp_path / "locked.pem"
+    subprocess.run(["openssl", "pkey", "-in", key, "-out", str(locked), "-aes256", "-passout",
+                    "pass:secret"], check=True, capture_output=True, timeout=60)  # fmt: skip
+    code = ("from memra_obs.environment import Settings as S\n"
+            f"S.resolve({{'MEMRA_OBS_METRICS_TLS_CERT': {cert!r}, "
+            f"'MEMRA_OBS_METRICS_TLS_KEY': {str(locked)!r}}})")  # fmt: skip
+    master, slave = os.openpty()
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=slave, stdout=slave, stderr=slave,
+                         start_new_session=True,  # the pty its controlling terminal: /dev/tty
+                         preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # fmt: skip
+    os.close(slave)
+    out = b""
+    while select.select([master], [], [], 20)[0]:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        out += chunk
+        if not chunk or b"pass phrase" in out:
+            break
+    p.kill()
+    p.wait(10)
+    os.close(master)
+    assert b"pass phrase" not in out and b"its unencrypted private key" in out, out
+
+
 def test_otlp_client_pair_must_be_a_pem_certificate_and_its_key(pem, tmp_path):
     """mTLS for OTLP: a pair that does not load is a ConfigError naming both variables (it was
     a raw ssl.SSLError when HTTPS started); an encrypted key is refused, never prompted for."""

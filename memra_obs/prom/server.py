@@ -155,7 +155,7 @@ class _Tls:
     def _load(self) -> ssl.SSLContext:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.load_cert_chain(certfile=self.files[0], keyfile=self.files[1])
+        ctx.load_cert_chain(*self.files, b"")  # an encrypted key: an error, never a prompt
         if self.cafile:
             ctx.load_verify_locations(cafile=self.cafile)
             ctx.verify_mode = ssl.CERT_REQUIRED
