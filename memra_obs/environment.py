@@ -162,6 +162,14 @@ def _ring_slots(var: str, value: str) -> int:
     return n
 
 
+def _rotate_at(var: str, value: str) -> int:
+    n = _int_in(0, 1 << 50)(var, value)
+    if 0 < n < 1 << 16:  # 64 meant MiB: each write rotated, one request kept, none counted lost
+        raise ConfigError(f"{var}={value!r}: expected 0 (never rotate) or bytes from 65536 "
+                          "(64 KiB; 64 MiB is 67108864)")  # fmt: skip
+    return n
+
+
 def _positive_ms(var: str, value: str) -> float:
     x = _number(value) or 0.0
     if not 0 < x < 1e6:
@@ -285,6 +293,11 @@ class Settings:
         values.setdefault("worker", utf8(env.get("RANK", "").strip() or str(os.getpid())))
         st = cls(**values, given=frozenset(k for k, v in overrides.items() if v is not None))
         _check_tls(st)
+        one = st.requests_file and os.path.realpath(st.requests_file) == os.path.realpath(
+            st.spans_file)  # fmt: skip
+        if one and "otel" in st.sinks:  # the report of it read no span of the mix
+            raise ConfigError(f"{st.named('requests_file')} and {st.named('spans_file')} name "
+                              f"one file ({st.requests_file!r}): give each its own")  # fmt: skip
         return st
 
 
@@ -292,7 +305,7 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     ("sinks", MEMRA_OBS_SINKS, _parse_sinks),
     ("metrics_addr", MEMRA_OBS_METRICS_ADDR, parse_addr),
     ("spans_file", "MEMRA_OBS_SPANS_FILE", lambda n, v: _nonblank(n, v).strip()),
-    ("spans_file_max_bytes", "MEMRA_OBS_SPANS_FILE_MAX_BYTES", _int_in(0, 1 << 50)),
+    ("spans_file_max_bytes", "MEMRA_OBS_SPANS_FILE_MAX_BYTES", _rotate_at),
     ("agent", MEMRA_OBS_AGENT, lambda _, v: v.strip() or None),
     ("clock", "MEMRA_OBS_CLOCK", _parse_clock),
     ("round_spans", "MEMRA_OBS_ROUND_SPANS", _int_in(0, 1 << 20)),

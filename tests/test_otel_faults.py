@@ -470,7 +470,7 @@ def test_span_file_rotates_at_its_limit_keeping_one_previous_file(tmp_path):
     twice the limit; every line in both is a whole OTLP-JSON request; the newest spans are
     in FILE."""
     path = tmp_path / "spans.jsonl"
-    limit = 60_000
+    limit = 65_536
     st = Settings.resolve({"MEMRA_OBS_SPANS_FILE_MAX_BYTES": str(limit)}, spans_file=str(path))
     obs, _q, ex = make(
         {}, prof=False, spans_file=str(path), spans_file_max_bytes=st.spans_file_max_bytes
@@ -582,7 +582,7 @@ def test_span_file_limit_knob(tmp_path):
     from memra_obs.wiring import build_exporters
 
     assert Settings.resolve({}).spans_file_max_bytes == 64 << 20
-    for bad in ("lots", "-1", "1.5"):
+    for bad in ("lots", "-1", "1.5", "64", "65535"):  # 64 meant MiB: one request kept
         with pytest.raises(ConfigError, match="MEMRA_OBS_SPANS_FILE_MAX_BYTES"):
             Settings.resolve({"MEMRA_OBS_SPANS_FILE_MAX_BYTES": bad})
     path = tmp_path / "s.jsonl"
