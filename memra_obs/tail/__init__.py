@@ -60,6 +60,11 @@ def _check(rest: Sequence[str], ns: argparse.Namespace) -> None:
         p.error("argument FILE|-: must not be empty (- for standard input)")
     if ns.worker is not None and not ns.worker.strip():  # never replaced by the file's name
         p.error("argument --worker: must not be empty (leave it out for the file's name)")
+    with contextlib.suppress(OSError):  # `tail log 2>>log`: it read its own copy for ever
+        given = os.fstat(0) if ns.path == "-" else os.stat(ns.path)
+        if stat.S_ISREG(given.st_mode) and os.path.samestat(given, os.fstat(2)):
+            p.exit(2, f"memra-obs tail: {ns.path} is its standard error (its copy of the "
+                   "lines): it would read them back for ever\n")  # fmt: skip
 
 
 def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
@@ -75,12 +80,6 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     if MEMRA_OBS_SINKS not in os.environ:
         knobs["sinks"] = "otel,prometheus"
     st = Settings.resolve(None, **knobs)
-    with contextlib.suppress(OSError):  # `tail log 2>>log`: it read its own copy for ever
-        given = os.fstat(0) if path == "-" else os.stat(path)
-        if stat.S_ISREG(given.st_mode) and os.path.samestat(given, os.fstat(2)):
-            print(f"memra-obs tail: {path} is its standard error (its copy of the lines): "
-                  "it would read them back for ever", file=sys.stderr)  # fmt: skip
-            return 2
     early: list[str] = []
     try:
         source = _source(args, early.append)
