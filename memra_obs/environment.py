@@ -57,8 +57,8 @@ def parse_addr(var: str, value: str, check: bool = True) -> tuple[str, int] | No
     if not v:
         return None
     host, sep, port = v.rpartition(":")
-    if not sep or not (port.isascii() and port.isdigit()) or not host:
-        raise ConfigError(f"{var}={value!r}: expected host:port, e.g. 127.0.0.1:9464")
+    if not sep or not (port.isascii() and port.isdigit()) or not host or "/" in host:  # a URL
+        raise ConfigError(f"{var}={value!r}: expected host:port (no scheme), e.g. 127.0.0.1:9464")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if len(port) > 5 or (p := int(port)) > 65535:  # not int() of 5,000 digits (it raises)

@@ -33,6 +33,7 @@ def pem(tmp_path):
         ("MEMRA_OBS_METRICS_ADDR", "nowhere.invalid:9464", "cannot resolve"),
         ("MEMRA_OBS_METRICS_ADDR", "192.0.2.1:9464", "not an address of this host"),
         ("MEMRA_OBS_METRICS_ADDR", "127.0.0.1:٩٤٦٤", "expected host:port"),
+        ("MEMRA_OBS_METRICS_ADDR", "http://127.0.0.1:9464", "expected host:port .no scheme"),
         ("MEMRA_OBS_WORKER", "", "must not be empty"),
         ("MEMRA_OBS_SPANS_FILE", "   ", "must not be empty"),
         ("MEMRA_OBS_QUEUE_SIZE", "1_024", "digits 0-9 only"),
