@@ -49,7 +49,11 @@ class AppendFile:
         appends never waits on another process's append. Raises OSError."""
         if not self._fds:
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
-            fd = os.open(self.path, flags, 0o644)  # a FIFO with no reader: ENXIO
+            try:
+                fd = os.open(self.path, flags, 0o644)
+            except OSError as exc:  # ENXIO said "No such device or address"
+                why = "a FIFO nobody reads (start its reader first)"
+                raise OSError(exc.errno, why) if exc.errno == errno.ENXIO else exc from None
             self._fds.append(fd)
             os.set_blocking(fd, True)
 
