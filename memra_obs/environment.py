@@ -147,7 +147,7 @@ def _int_in(lo: int, hi: int) -> Callable[[str, str], int]:
     def parse(var: str, value: str) -> int:
         n = _number(value, integer=True)
         if n is None:
-            raise ConfigError(f"{var}={value!r}: expected an integer (digits 0-9 only)")
+            raise ConfigError(f"{var}={value!r}: expected an integer {lo}..{hi} (digits 0-9 only)")
         if not lo <= n <= hi:
             raise ConfigError(f"{var}={value!r}: expected {lo}..{hi}")
         return int(n)

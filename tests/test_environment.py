@@ -39,6 +39,7 @@ def pem(tmp_path):
         ("MEMRA_OBS_QUEUE_SIZE", "1_024", "digits 0-9 only"),
         ("MEMRA_OBS_QUEUE_SIZE", "١٠٢٤", "digits 0-9 only"),
         ("MEMRA_OBS_ROUND_SPANS", "+5", "digits 0-9 only"),
+        ("MEMRA_OBS_REQUESTS_DETAIL", "true", "expected an integer 0..1 "),  # its range said
         ("MEMRA_OBS_MAX_DEVICES", "0", "expected 1..4096"),
         ("MEMRA_OBS_PLAIN_STEP_MS", "6_8", "positive number of milliseconds"),
         ("MEMRA_OBS_PLAIN_STEP_MS", "1e3", "positive number of milliseconds"),
