@@ -798,3 +798,24 @@ def test_the_agent_keeps_every_workers_sessions_open(tmp_path, caplog):
         reg.get_sample_value("memra_spec_rounds_total", {"family": "unknown", "worker": "w0"})
         is None
     )
+
+
+def test_records_the_writer_refused_are_not_said_as_a_lapped_ring(tmp_path, caplog):
+    """A session record too large for the ring (a 3,000-character label, given past the knob's
+    bound) was refused by the writer, unsaid, and the agent blamed a lapped ring: a slow agent
+    or MEMRA_OBS_RING_SLOTS too small. The writer's own count is said as refused."""
+    from memra_obs import diagnostics
+
+    diagnostics.reset()
+    obs, sink = observer(tmp_path, "w" * 3000)
+    with obs.session("glm5") as s:
+        rounds(s, 1)
+    sink.shutdown()
+    a = Agent(str(tmp_path), [Collect()])
+    with caplog.at_level("WARNING", logger="memra_obs"):
+        assert a.drain(5)
+    a.close()
+    said = [r.getMessage() for r in caplog.records if "ring" in r.getMessage()]
+    assert a.lost_total() == sink.refused == 1
+    assert not [m for m in said if "lapped" in m], said
+    assert [m for m in said if "ring refused 1 records" in m and "cannot hold" in m], said

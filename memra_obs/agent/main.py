@@ -114,11 +114,17 @@ class Agent:
         self.published, self._lost = self.published + d[0], self._lost + d[1]
         self.dropped_rounds += d[3]
         s.accounted = now
-        if d[1] > 0:  # (an agent publishing spans only has no /metrics to show the count)
+        if d[1] <= 0:  # (an agent publishing spans only has no /metrics to show the count)
+            return
+        later = 'and every later loss counted in memra_obs_dropped_total{signal="ring"}'
+        if s.overwritten:
             say_once(f"ring-lost:{s.worker}", f"agent: worker {s.worker!r}'s ring lapped the "
-                     f"agent: {d[1]} records lost, and every later loss counted in "
-                     'memra_obs_dropped_total{signal="ring"} (a stopped or slow agent, or '
-                     "MEMRA_OBS_RING_SLOTS too small)", "ring-lost")  # fmt: skip
+                     f"agent: {s.overwritten} records lost, {later} (a stopped or slow agent, "
+                     "or MEMRA_OBS_RING_SLOTS too small)", "ring-lost")  # fmt: skip
+        if s.last.refused:  # the writer's count: never overwritten, not the agent's pace
+            say_once(f"ring-refused:{s.worker}", f"agent: worker {s.worker!r}'s ring refused "
+                     f"{s.last.refused} records, {later}: records the ring format cannot hold, "
+                     "or writes its file refused (the worker says those)", "ring-lost")  # fmt: skip
 
     def _still_ours(self) -> bool:
         """The directory's lock file is the one this agent holds (or is taken again): a ring
