@@ -32,7 +32,7 @@ from .sinks.stderr import StderrSink
 if TYPE_CHECKING:
     from .agent.ring import RingSink
 
-__all__ = ["Exporters", "build_exporters", "build_observer", "sessions_sampled"]
+__all__ = ["Exporters", "build_exporters", "build_observer", "delivered", "sessions_sampled"]
 
 
 @dataclass
@@ -110,6 +110,14 @@ def build_exporters(
         out.abandon()
         raise
     return out
+
+
+def delivered(exporters: Sequence[Any]) -> str:
+    """What each span output of ``exporters`` did, for a closing line (``; spans to NAME: N
+    exported, M dropped``): a banner that said where spans go does not say they arrived."""
+    return "".join(f"; spans to {o.name}: {o.exported} exported, {o.dropped} dropped"
+                   for x in exporters if getattr(x, "signal", "") == "spans"
+                   for o in x.outputs)  # fmt: skip
 
 
 def _say_unknown(env: Mapping[str, str] | None, st: Settings | None = None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -819,3 +820,37 @@ def test_records_the_writer_refused_are_not_said_as_a_lapped_ring(tmp_path, capl
     assert a.lost_total() == sink.refused == 1
     assert not [m for m in said if "lapped" in m], said
     assert [m for m in said if "ring refused 1 records" in m and "cannot hold" in m], said
+
+
+def test_the_agent_says_where_spans_go_and_how_many_arrived(tmp_path):
+    """``memra-obs agent``'s banner named only the ring directory and /metrics while it wrote
+    ./memra-obs-spans.jsonl or sent to OTEL_EXPORTER_OTLP_ENDPOINT, and with no collector
+    listening its done line said ``published=N lost=0`` with every span dropped. Now the banner
+    names where spans go and the done line adds the spans exported and dropped (as the demo's);
+    the fields both lines had stay first, as they were."""
+    spans = tmp_path / "s.jsonl"
+    dead = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "500",
+    }
+    for extra, where, done in (
+        ({"MEMRA_OBS_SPANS_FILE": str(spans)}, f"; spans -> {spans}", r"spans to file: (\d+) exp"),
+        (dead, "; spans -> http://127.0.0.1:1/", r"spans to otlp: 0 exported, (\d+) dropped"),
+    ):
+        obs, sink = observer(str(tmp_path / "r"), "w")
+        with obs.session("glm5") as s:
+            rounds(s, 1)
+        sink.shutdown()
+        env = {**os.environ, "MEMRA_OBS_METRICS_ADDR": "127.0.0.1:0", **extra}
+        env.pop("MEMRA_OBS_SINKS", None)
+        p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "agent", "--dir",
+                            str(tmp_path / "r"), "--once", "--priority", "normal"],
+                           capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+        banner, *_, end = p.stderr.splitlines()
+        assert p.returncode == 0 and re.fullmatch(
+            r"\[memra-obs agent\] publishing rings in \S+; /metrics on http://\S+" + re.escape(where)
+            + r".*", banner), p.stderr  # fmt: skip
+        n = re.fullmatch(r"\[memra-obs agent\] done: published=\d+ lost=0 rings_removed=1; "
+                         + done + ".*", end)  # fmt: skip
+        assert n and int(n[1]) > 0, p.stderr
+    assert spans.read_text().count('"spec.session"') == 1
