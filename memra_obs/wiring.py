@@ -203,10 +203,12 @@ def _serve(st: Settings, prom: Any, strict: bool) -> Any:
         )
     except OSError as exc:
         why = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
-        msg = (
-            f"{var}={host}:{port}: cannot serve /metrics there ({why}); "
-            f"several workers on one host: agent mode ({MEMRA_OBS_AGENT}) or one port per rank"
-        )
+        hint = (  # labelled by worker: the agent's or a tail's, where agent mode is no answer
+            f"set {var} to another port, or port 0 for any free one (another memra-obs agent or "
+            "tail may hold this one)" if prom.worker_label
+            else f"several workers on one host: agent mode ({MEMRA_OBS_AGENT}) or one port per rank"
+        )  # fmt: skip
+        msg = f"{var}={host}:{port}: cannot serve /metrics there ({why}); {hint}"
         if strict:
             raise ConfigError(msg) from None
         if exc.errno == errno.EADDRINUSE and prom.registry is REGISTRY:  # the app's own server?

@@ -322,12 +322,14 @@ def test_one_agent_per_directory(tmp_path):
 
 
 def test_an_unusable_directory_or_poll_is_one_line_and_status_2(tmp_path):
-    """A ring directory under a file: one line naming it, status 2. ``--poll-ms nan`` (it
+    """A ring directory under a file, or a file (it said "File exists"): one line naming it,
+    status 2. ``--poll-ms nan`` (it
     spun), ``inf`` (a traceback), ``0`` and ``--dir ''`` (it read $MEMRA_OBS_AGENT or the
     default): a usage error naming the option as typed. ``--keep`` reports no ring removed."""
     (tmp_path / "f").write_text("")
     for args, said in (
         (["--dir", str(tmp_path / "f" / "sub")], "ring directory"),
+        (["--dir", str(tmp_path / "f")], "(--dir, MEMRA_OBS_AGENT): not a directory"),
         (["--dir", str(tmp_path), "--poll-ms", "nan"], "--poll-ms: 'nan' is not"),
         (["--dir", str(tmp_path), "--poll-ms", "inf"], "--poll-ms: 'inf' is not"),
         (["--dir", str(tmp_path), "--poll-ms", "0"], "--poll-ms: '0' is not a positive number"),
