@@ -177,21 +177,19 @@ def _demo(args: argparse.Namespace) -> int:
 def _done_line(stats: Any, obs: Any) -> str:
     """The demo's closing line: its counts, and what was lost or delivered where (the banner
     that said where spans go scrolled away under the lines; after shutdown: all delivered)."""
+    from .wiring import delivered
+
     acc = stats.accepted / stats.drafted if stats.drafted else 0.0
     queue = getattr(obs, "queue", None)  # (the no-op observer's: none)
     lost = getattr(queue, "dropped", 0)  # said: no /metrics is left
     spans = getattr(getattr(obs, "settings", None), "spans_file", "") or ""
     if not any(w.startswith("spans -> ") and os.path.abspath(spans) in w for w in obs.where):
         spans = ""
-    sent = [x for x in getattr(getattr(queue, "worker", None), "exporters", ())
-            if getattr(x, "signal", "") == "spans"]  # fmt: skip
-    delivered = [f"; spans to {o.name}: {o.exported} exported, {o.dropped} dropped"
-                 for x in sent for o in x.outputs]  # fmt: skip
     return (
         f"[memra-obs] demo done: sessions={stats.sessions} rounds={stats.rounds} "
         f"tokens={stats.tokens} accept={acc:.3f} (accepted / drafted)"
         + f"; {lost} records dropped (a full queue): spans and requests lack them" * bool(lost)
-        + "".join(delivered)
+        + delivered(getattr(getattr(queue, "worker", None), "exporters", ()))
         + f"; spans in {spans}: memra-obs report {shlex.quote(spans)}" * bool(spans)
     )
 

@@ -194,6 +194,21 @@ def _nonblank(var: str, value: str) -> str:
     return value
 
 
+#: A worker label's most UTF-8 bytes: each session record carries it, through the agent's ring
+#: too, whose largest record (16 slots: 1,792 bytes) holds it beside the family and tags at
+#: their caps (56, 64, 64 characters of up to 4 bytes: 834 bytes with the rest). A file name
+#: (the tail's default label) always fits.
+MAX_WORKER = 512
+
+
+def _worker(var: str, value: str) -> str:
+    label = utf8(_nonblank(var, value).strip())  # " w1": a 2nd series
+    if (n := len(label.encode())) > MAX_WORKER:  # the ring refused its sessions, unsaid
+        raise ConfigError(f"{var}={label[:16]!r}...: {n} bytes long (UTF-8), expected at most "
+                          f"{MAX_WORKER} (each session record carries it)")  # fmt: skip
+    return label
+
+
 def stop_signals() -> tuple[int, ...]:
     """What a command stops on, flushing first: Ctrl-C, SIGTERM and a hangup (its terminal or
     ssh session closed), unless it was started ignoring the hangup (``nohup``)."""
@@ -311,7 +326,7 @@ _TABLE: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     ("round_spans", "MEMRA_OBS_ROUND_SPANS", _int_in(0, 1 << 20)),
     ("queue_size", "MEMRA_OBS_QUEUE_SIZE", _int_in(16, 1 << 24)),
     ("export_interval_ms", "MEMRA_OBS_EXPORT_INTERVAL_MS", _int_in(1, 60_000)),
-    ("worker", MEMRA_OBS_WORKER, lambda n, v: utf8(_nonblank(n, v).strip())),  # " w1": a 2nd series
+    ("worker", MEMRA_OBS_WORKER, _worker),
     ("ring_slots", "MEMRA_OBS_RING_SLOTS", _ring_slots),
     ("metrics_tls_cert", "MEMRA_OBS_METRICS_TLS_CERT", _readable_file),
     ("metrics_tls_key", "MEMRA_OBS_METRICS_TLS_KEY", _readable_file),

@@ -32,7 +32,7 @@ from .sinks.stderr import StderrSink
 if TYPE_CHECKING:
     from .agent.ring import RingSink
 
-__all__ = ["Exporters", "build_exporters", "build_observer", "sessions_sampled"]
+__all__ = ["Exporters", "build_exporters", "build_observer", "delivered", "sessions_sampled"]
 
 
 @dataclass
@@ -110,6 +110,14 @@ def build_exporters(
         out.abandon()
         raise
     return out
+
+
+def delivered(exporters: Sequence[Any]) -> str:
+    """What each span output of ``exporters`` did, for a closing line (``; spans to NAME: N
+    exported, M dropped``): a banner that said where spans go does not say they arrived."""
+    return "".join(f"; spans to {o.name}: {o.exported} exported, {o.dropped} dropped"
+                   for x in exporters if getattr(x, "signal", "") == "spans"
+                   for o in x.outputs)  # fmt: skip
 
 
 def _say_unknown(env: Mapping[str, str] | None, st: Settings | None = None) -> None:
@@ -195,10 +203,12 @@ def _serve(st: Settings, prom: Any, strict: bool) -> Any:
         )
     except OSError as exc:
         why = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
-        msg = (
-            f"{var}={host}:{port}: cannot serve /metrics there ({why}); "
-            f"several workers on one host: agent mode ({MEMRA_OBS_AGENT}) or one port per rank"
-        )
+        hint = (  # labelled by worker: the agent's or a tail's, where agent mode is no answer
+            f"set {var} to another port, or port 0 for any free one (another memra-obs agent or "
+            "tail may hold this one)" if prom.worker_label
+            else f"several workers on one host: agent mode ({MEMRA_OBS_AGENT}) or one port per rank"
+        )  # fmt: skip
+        msg = f"{var}={host}:{port}: cannot serve /metrics there ({why}); {hint}"
         if strict:
             raise ConfigError(msg) from None
         if exc.errno == errno.EADDRINUSE and prom.registry is REGISTRY:  # the app's own server?

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -321,12 +322,14 @@ def test_one_agent_per_directory(tmp_path):
 
 
 def test_an_unusable_directory_or_poll_is_one_line_and_status_2(tmp_path):
-    """A ring directory under a file: one line naming it, status 2. ``--poll-ms nan`` (it
+    """A ring directory under a file, or a file (it said "File exists"): one line naming it,
+    status 2. ``--poll-ms nan`` (it
     spun), ``inf`` (a traceback), ``0`` and ``--dir ''`` (it read $MEMRA_OBS_AGENT or the
     default): a usage error naming the option as typed. ``--keep`` reports no ring removed."""
     (tmp_path / "f").write_text("")
     for args, said in (
         (["--dir", str(tmp_path / "f" / "sub")], "ring directory"),
+        (["--dir", str(tmp_path / "f")], "(--dir, MEMRA_OBS_AGENT): not a directory"),
         (["--dir", str(tmp_path), "--poll-ms", "nan"], "--poll-ms: 'nan' is not"),
         (["--dir", str(tmp_path), "--poll-ms", "inf"], "--poll-ms: 'inf' is not"),
         (["--dir", str(tmp_path), "--poll-ms", "0"], "--poll-ms: '0' is not a positive number"),
@@ -798,3 +801,58 @@ def test_the_agent_keeps_every_workers_sessions_open(tmp_path, caplog):
         reg.get_sample_value("memra_spec_rounds_total", {"family": "unknown", "worker": "w0"})
         is None
     )
+
+
+def test_records_the_writer_refused_are_not_said_as_a_lapped_ring(tmp_path, caplog):
+    """A session record too large for the ring (a 3,000-character label, given past the knob's
+    bound) was refused by the writer, unsaid, and the agent blamed a lapped ring: a slow agent
+    or MEMRA_OBS_RING_SLOTS too small. The writer's own count is said as refused."""
+    from memra_obs import diagnostics
+
+    diagnostics.reset()
+    obs, sink = observer(tmp_path, "w" * 3000)
+    with obs.session("glm5") as s:
+        rounds(s, 1)
+    sink.shutdown()
+    a = Agent(str(tmp_path), [Collect()])
+    with caplog.at_level("WARNING", logger="memra_obs"):
+        assert a.drain(5)
+    a.close()
+    said = [r.getMessage() for r in caplog.records if "ring" in r.getMessage()]
+    assert a.lost_total() == sink.refused == 1
+    assert not [m for m in said if "lapped" in m], said
+    assert [m for m in said if "ring refused 1 records" in m and "cannot hold" in m], said
+
+
+def test_the_agent_says_where_spans_go_and_how_many_arrived(tmp_path):
+    """``memra-obs agent``'s banner named only the ring directory and /metrics while it wrote
+    ./memra-obs-spans.jsonl or sent to OTEL_EXPORTER_OTLP_ENDPOINT, and with no collector
+    listening its done line said ``published=N lost=0`` with every span dropped. Now the banner
+    names where spans go and the done line adds the spans exported and dropped (as the demo's);
+    the fields both lines had stay first, as they were."""
+    spans = tmp_path / "s.jsonl"
+    dead = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "500",
+    }
+    for extra, where, done in (
+        ({"MEMRA_OBS_SPANS_FILE": str(spans)}, f"; spans -> {spans}", r"spans to file: (\d+) exp"),
+        (dead, "; spans -> http://127.0.0.1:1/", r"spans to otlp: 0 exported, (\d+) dropped"),
+    ):
+        obs, sink = observer(str(tmp_path / "r"), "w")
+        with obs.session("glm5") as s:
+            rounds(s, 1)
+        sink.shutdown()
+        env = {**os.environ, "MEMRA_OBS_METRICS_ADDR": "127.0.0.1:0", **extra}
+        env.pop("MEMRA_OBS_SINKS", None)
+        p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "agent", "--dir",
+                            str(tmp_path / "r"), "--once", "--priority", "normal"],
+                           capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+        banner, *_, end = p.stderr.splitlines()
+        assert p.returncode == 0 and re.fullmatch(
+            r"\[memra-obs agent\] publishing rings in \S+; /metrics on http://\S+" + re.escape(where)
+            + r".*", banner), p.stderr  # fmt: skip
+        n = re.fullmatch(r"\[memra-obs agent\] done: published=\d+ lost=0 rings_removed=1; "
+                         + done + ".*", end)  # fmt: skip
+        assert n and int(n[1]) > 0, p.stderr
+    assert spans.read_text().count('"spec.session"') == 1

@@ -374,3 +374,24 @@ def test_an_otlp_timeout_in_seconds_for_opentelemetry_python_is_said(caplog):
         "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT='10': 10 ms, the specification's unit "
         "(opentelemetry-python reads it as seconds: 10000 here for 10 s)",
     ]
+
+
+def test_a_worker_label_past_its_bound_is_refused_and_one_within_it_fits_the_ring():
+    """A 3,000-character ``MEMRA_OBS_WORKER`` (or ``configure(worker=...)``) made each session
+    record too large for the agent's ring: refused, unsaid, and no spec.session span. Now a
+    start-up ConfigError naming it, its length and the bound; a label at the bound fits the
+    largest session record (family and tags at their caps, every character 4 bytes)."""
+    from memra_obs.agent import format as F
+    from memra_obs.environment import MAX_WORKER
+    from memra_obs.timeline import SessionRecord
+
+    for env, arg, name in (({"MEMRA_OBS_WORKER": "w" * 3000}, None, "MEMRA_OBS_WORKER"),
+                           ({}, "w" * 3000, "argument worker")):  # fmt: skip
+        with pytest.raises(ConfigError, match=f"3000 bytes long .* at most {MAX_WORKER}") as e:
+            Settings.resolve(env, worker=arg)
+        assert str(e.value).startswith(name)
+    label = Settings.resolve({"MEMRA_OBS_WORKER": "é" * (MAX_WORKER // 2)}).worker
+    big = "\U0001f600"
+    rec = SessionRecord(1, big * 56, big * 64, big * 64, label, 1, 2, 3, 1 << 127, 1, 1, 2,
+                        True, "event", 1 << 127)  # fmt: skip
+    assert len(F.encode(rec, True)[1]) <= F.MAXSPAN * F.PAYLOAD

@@ -126,6 +126,27 @@ def test_the_cli_exits_2_with_one_line():
     assert f"127.0.0.1:{port}" in lines[0] and "MEMRA_OBS_METRICS_ADDR" in lines[0]
 
 
+def test_a_busy_port_for_the_agent_or_the_tail_is_not_answered_with_agent_mode(tmp_path):
+    """``memra-obs agent`` and ``memra-obs tail`` on a busy port were told "several workers on
+    one host: agent mode (MEMRA_OBS_AGENT) or one port per rank": the agent is agent mode. They
+    are told to set another port (or port 0); a worker keeps its hint (the test above)."""
+    s, port = busy_port()
+    (tmp_path / "w.err").write_text("")
+    env = {**os.environ, "MEMRA_OBS_METRICS_ADDR": f"127.0.0.1:{port}", "PYTHONPATH": str(ROOT)}
+    try:
+        for cmd in (
+            ["agent", "--dir", str(tmp_path / "r"), "--once"],
+            ["tail", str(tmp_path / "w.err")],
+        ):
+            p = subprocess.run([sys.executable, "-m", "memra_obs.cli", *cmd], env=env,
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+            assert "set MEMRA_OBS_METRICS_ADDR to another port, or port 0" in p.stderr
+            assert "agent mode" not in p.stderr and "per rank" not in p.stderr
+    finally:
+        s.close()
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_a_forked_child_of_a_serving_observer_says_it_once(monkeypatch):
     """A child forked from a process that serves /metrics (gunicorn --preload, multiprocessing

@@ -39,7 +39,7 @@ from ..environment import (
 from ..export import ExportWorker, RecordExporter
 from ..linewriter import stderr_writer
 from ..timeline import Record
-from ..wiring import build_exporters
+from ..wiring import build_exporters, delivered
 from .reader import RingStream
 from .ring import check_cpu, own_directory, ring_directory
 
@@ -92,6 +92,7 @@ class Agent:
         self.published = self._lost = self.dropped_rounds = 0
         self._retired: list[tuple[float, set[str]]] = []  # (when to forget, worker labels)
         self.rings_removed = self.rings_retired = 0  # retired: read to the end, worker gone
+        self.where: list[str] = []  #: where build_agent's exporters publish, for the banner
         self._lock_fd = _lock(directory)
 
     @property
@@ -114,11 +115,17 @@ class Agent:
         self.published, self._lost = self.published + d[0], self._lost + d[1]
         self.dropped_rounds += d[3]
         s.accounted = now
-        if d[1] > 0:  # (an agent publishing spans only has no /metrics to show the count)
+        if d[1] <= 0:  # (an agent publishing spans only has no /metrics to show the count)
+            return
+        later = 'and every later loss counted in memra_obs_dropped_total{signal="ring"}'
+        if s.overwritten:
             say_once(f"ring-lost:{s.worker}", f"agent: worker {s.worker!r}'s ring lapped the "
-                     f"agent: {d[1]} records lost, and every later loss counted in "
-                     'memra_obs_dropped_total{signal="ring"} (a stopped or slow agent, or '
-                     "MEMRA_OBS_RING_SLOTS too small)", "ring-lost")  # fmt: skip
+                     f"agent: {s.overwritten} records lost, {later} (a stopped or slow agent, "
+                     "or MEMRA_OBS_RING_SLOTS too small)", "ring-lost")  # fmt: skip
+        if s.last.refused:  # the writer's count: never overwritten, not the agent's pace
+            say_once(f"ring-refused:{s.worker}", f"agent: worker {s.worker!r}'s ring refused "
+                     f"{s.last.refused} records, {later}: records the ring format cannot hold, "
+                     "or writes its file refused (the worker says those)", "ring-lost")  # fmt: skip
 
     def _still_ours(self) -> bool:
         """The directory's lock file is the one this agent holds (or is taken again): a ring
@@ -396,6 +403,7 @@ def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None =
             c.shutdown(1.0)
         built.close()
         raise
+    agent.where = [w for w in built.where if not w.startswith(("/metrics on ", "metrics -> "))]
     if built.prom is not None:  # the instrument's own health, as in-process
         built.prom.watch("dropped", "ring", agent.lost_total)
         built.prom.watch("dropped", "rounds", lambda: agent.dropped_rounds)
@@ -451,10 +459,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # This thread only (Linux: per thread), after /metrics' and the senders' threads
         # started: an idle server thread made a scrape wait seconds on a busy host.
         set_priority(args.priority)
-        metrics = "" if server is None else f"; /metrics on {server.url}"
+        out = "" if server is None else f"; /metrics on {server.url}"
+        out += "".join(f"; {w}" for w in agent.where)  # spans and requests: where they go
         say = functools.partial(stderr_writer().write_lines, count=False)  # never raises: a
         # closed stderr stops no agent; its own lines are no lost legacy lines
-        say([f"[memra-obs agent] publishing rings in {agent.directory}{metrics}"])
+        say([f"[memra-obs agent] publishing rings in {agent.directory}{out}"])
         try:
             if args.once:
                 agent.drain()
@@ -465,7 +474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for close in closers:
                 close()
         say([f"[memra-obs agent] done: published={agent.published} lost={agent.lost_total()} "
-             f"rings_removed={agent.rings_removed}"])  # fmt: skip
+             f"rings_removed={agent.rings_removed}{delivered(agent.worker.exporters)}"])  # fmt: skip
         return 0
     except AgentBusy as exc:
         print(f"memra-obs agent: {exc}", file=sys.stderr)

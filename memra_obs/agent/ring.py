@@ -52,7 +52,10 @@ def ring_directory(value: str) -> str:
 def own_directory(directory: str) -> None:
     """Make ``directory`` (0700) if missing; a link, or one owned by neither this uid nor root
     (a k8s emptyDir mount), is a PermissionError: in /dev/shm another user could make it first."""
-    os.makedirs(directory, 0o700, exist_ok=True)
+    try:
+        os.makedirs(directory, 0o700, exist_ok=True)
+    except FileExistsError:  # a file there: makedirs said "File exists"
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", directory) from None
     st, uid = os.lstat(directory), os.geteuid()
     if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, uid):
         why = f"owned by uid {st.st_uid}" if stat.S_ISDIR(st.st_mode) else "a link"
