@@ -1030,6 +1030,26 @@ def test_an_unreadable_input_exits_2(tmp_path):
     assert p.returncode == 2 and "nope" in p.stderr and not (tmp_path / "r.html").exists()
 
 
+def test_a_requests_file_is_refused_as_one(tmp_path):
+    """The requests file given for a span file read as a log with no tagged line, rc 0: an
+    empty page."""
+    import memra_obs
+
+    obs = memra_obs.configure(requests_file=str(reqs := tmp_path / "r.jsonl"))
+    with obs.session("glm5") as s, s.burst(2) as b:
+        for _ in range(3):
+            b.begin_round(), b.end_draft(), b.end_verify(), b.end_accept(), b.end_rollback()
+            b.end_round(k=2, j=1)
+    obs.shutdown()
+    p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "report", str(reqs), "-o",
+                        str(tmp_path / "r.html")], capture_output=True, text=True, env=_env())  # fmt: skip
+    assert p.returncode == 2 and not (tmp_path / "r.html").exists()
+    assert (
+        p.stderr == f"memra-obs report: {reqs}: a requests file (MEMRA_OBS_REQUESTS_FILE's "
+        "records): the report reads a log or a span file\n"
+    )
+
+
 def test_workers_sharing_one_log_count_each_round_once(tmp_path):
     """Two one-session demo workers (trace level 1 + profile) in one log, each one's first
     line first: 2 workers' rounds, not a third session made of a profile whose phase line

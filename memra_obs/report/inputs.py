@@ -6,6 +6,7 @@ span cap have none: they get their burst's remainder spread evenly, k and j unkn
 
 from __future__ import annotations
 
+import errno
 import functools
 import gzip
 import itertools
@@ -113,6 +114,9 @@ def read(path: str, progress: Progress | None = None, max_families: int = 64) ->
             head.append(f.readline(MAX_LINE + 1))
         # The kind is the first non-blank line's, or the second's: `tail -c` cuts the first.
         kinds = [x.lstrip()[:1] == b"{" and b'"resourceSpans"' in x[:65536] for x in head]
+        if not any(kinds) and b'"num_spec_steps"' in head[0] and b'"phase_ms"' in head[0]:
+            raise OSError(errno.EINVAL, "a requests file (MEMRA_OBS_REQUESTS_FILE's records): "
+                          "the report reads a log or a span file")  # fmt: skip
         lines = _lines(f, head, run, progress)
         if any(kinds):
             run.kind = "spans"
