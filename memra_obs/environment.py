@@ -308,11 +308,6 @@ class Settings:
         values.setdefault("worker", utf8(env.get("RANK", "").strip() or str(os.getpid())))
         st = cls(**values, given=frozenset(k for k, v in overrides.items() if v is not None))
         _check_tls(st)
-        one = st.requests_file and os.path.realpath(st.requests_file) == os.path.realpath(
-            st.spans_file)  # fmt: skip
-        if one and "otel" in st.sinks:  # the report of it read no span of the mix
-            raise ConfigError(f"{st.named('requests_file')} and {st.named('spans_file')} name "
-                              f"one file ({st.requests_file!r}): give each its own")  # fmt: skip
         return st
 
 

@@ -104,19 +104,6 @@ def test_tls_files_must_be_a_pem_chain_and_its_key(pem):
         assert "MEMRA_OBS_METRICS_TLS_CERT" in str(e.value)
 
 
-def test_the_requests_file_and_the_span_file_must_be_two_files(tmp_path):
-    """One path for both was taken: the file mixed records and spans, and the report the demo
-    suggested for it read none of them. Without the otel sink no span file is written."""
-    same = {"MEMRA_OBS_SPANS_FILE": str(tmp_path / "x.jsonl"), "MEMRA_OBS_SINKS": "otel"}
-    for env, kw in (({**same, "MEMRA_OBS_REQUESTS_FILE": f"{tmp_path}/./x.jsonl"}, {}),
-                    (same, {"requests_file": str(tmp_path / "x.jsonl")})):  # fmt: skip
-        with pytest.raises(ConfigError, match="SPANS_FILE name one file") as e:
-            Settings.resolve(env, **kw)
-        assert ("argument requests_file" if kw else "MEMRA_OBS_REQUESTS_FILE") in str(e.value)
-    assert Settings.resolve({**same, "MEMRA_OBS_SINKS": "prometheus"},
-                            requests_file=str(tmp_path / "x.jsonl")).requests_file  # fmt: skip
-
-
 def test_an_encrypted_metrics_key_is_refused_never_prompted_for(pem, tmp_path):
     """On a terminal, an encrypted MEMRA_OBS_METRICS_TLS_KEY stopped every command at OpenSSL's
     "Enter PEM pass phrase:" (the check at start-up, then the server's own load)."""

@@ -886,6 +886,21 @@ def test_an_sdk_before_1_43_still_gives_spans_an_instance_id(monkeypatch):
     assert _resource(env).attributes["service.instance.id"] == "pod-a"
 
 
+def test_the_requests_file_and_the_span_file_must_be_two_files(tmp_path):
+    """One regular file for both was taken: it mixed records and spans, and the report the demo
+    suggested for it read none of them. A stream (/dev/stdout) may take both, and a requests
+    file beside spans sent elsewhere (OTLP, none, agent mode) is no span file's."""
+    x = str(tmp_path / "x.jsonl")
+    for req in (f"{tmp_path}/./x.jsonl", x):
+        with pytest.raises(ConfigError, match="SPANS_FILE name one file") as e:
+            build_span_exporter(Settings.resolve({"MEMRA_OBS_SPANS_FILE": x}, requests_file=req))
+        assert "argument requests_file and MEMRA_OBS_SPANS_FILE" in str(e.value)
+    for path, env in (("/dev/stdout", {}), (x, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}),
+                      (x, {"OTEL_TRACES_EXPORTER": "none"})):  # fmt: skip
+        ex = build_span_exporter(Settings(spans_file=path, requests_file=path), env=env)
+        assert ex is None or ex.shutdown(1) is None
+
+
 def test_a_spans_file_it_cannot_write_fails_at_start_up(tmp_path):
     """It used to start, then drop every span (said once at the first write): a missing
     directory, a directory (``new/`` too: it wrote a file ``new``), a file it may not create,

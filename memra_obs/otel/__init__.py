@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -89,7 +90,12 @@ def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> 
         return cls(attrs, SCOPE_NAME, __version__, schema_url=res.schema_url, renew_instance=renew)
 
     if name == "file":  # lines well under the Collector file receivers' 1 MiB line limit
-        path = settings.spans_file
+        path, req = settings.spans_file, settings.requests_file
+        one = req and os.path.realpath(req) == os.path.realpath(path)  # /dev/stdout: a link
+        if one and (not os.path.lexists(path) or stat.S_ISREG(os.lstat(path).st_mode)):
+            # one file of spans and records: the report of it read no span of the mix
+            raise ConfigError(f"{settings.named('requests_file')} and {settings.named('spans_file')} "
+                              f"name one file ({req!r}): give each its own")  # fmt: skip
         try:  # opened now: else every span is dropped, said once, at the first write
             if path.endswith(os.sep):  # abspath() would drop the slash and create a file
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
