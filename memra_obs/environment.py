@@ -196,8 +196,8 @@ def _nonblank(var: str, value: str) -> str:
 
 #: A worker label's most UTF-8 bytes: each session record carries it, through the agent's ring
 #: too, whose largest record (16 slots: 1,792 bytes) holds it beside the family and tags at
-#: their caps (56, 64, 64 characters of up to 4 bytes: 834 bytes with the rest). A file name
-#: (the tail's default label) always fits.
+#: their caps (56, 64, 64 characters of up to 4 bytes: 834 bytes with the rest). The tail cuts
+#: a file name (its default label) to it.
 MAX_WORKER = 512
 
 

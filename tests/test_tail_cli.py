@@ -215,6 +215,20 @@ def test_the_family_cap_is_the_knob_max_families():
     assert p.returncode == 2 and b"MEMRA_OBS_MAX_FAMILIES='0': expected 1..4096" in p.stderr
 
 
+def test_a_long_file_name_is_cut_to_a_worker_label(tmp_path):
+    """The file's name, the default label, is cut to MAX_WORKER bytes: 200 bytes of Latin-1
+    (604 as U+FFFD) were refused as "argument worker", a name nobody gave."""
+    from memra_obs.environment import MAX_WORKER
+
+    f = tmp_path.as_posix().encode() + b"/" + b"\xe9" * 200 + b".log"
+    with open(f, "wb") as out:
+        out.write(PHASE.encode() + b"\n")
+    p = _tail(os.fsdecode(f), data=b"")
+    assert p.returncode == 0, p.stderr
+    label = "\ufffd" * (MAX_WORKER // 3)
+    assert f"as worker {label!r}; ".encode() in p.stderr
+
+
 def test_an_empty_worker_label_is_refused_under_its_own_name():
     """``--worker ''`` or ``MEMRA_OBS_WORKER=''`` is refused naming it, as every knob (it was
     replaced by the file's name); a set label is taken, an unset one is the input's name."""

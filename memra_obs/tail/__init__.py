@@ -22,7 +22,15 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from ..environment import MEMRA_OBS_SINKS, MEMRA_OBS_WORKER, Settings, positive, stop_signals
+from ..environment import (
+    MAX_WORKER,
+    MEMRA_OBS_SINKS,
+    MEMRA_OBS_WORKER,
+    Settings,
+    positive,
+    stop_signals,
+    utf8,
+)
 from ..export import QueueSink
 from ..wiring import Exporters, build_exporters, sessions_sampled
 from .passthrough import Tail
@@ -75,7 +83,7 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
     # worker's own label when the tail shares its environment), the file's name / stdin.
     knobs: dict[str, Any] = {}
     if args.worker is not None or MEMRA_OBS_WORKER not in os.environ:
-        name = "stdin" if path == "-" else os.path.basename(path) or path
+        name = "stdin" if path == "-" else _file_label(path)
         knobs["worker"] = name if args.worker is None else args.worker
     if MEMRA_OBS_SINKS not in os.environ:
         knobs["sinks"] = "otel,prometheus"
@@ -127,6 +135,12 @@ def main(args: argparse.Namespace, rest: Sequence[str] = ()) -> int:
             f"({rows} from rows), {queue.dropped if queue is not None else 0} records dropped"
         )
     return 0
+
+
+def _file_label(path: str) -> str:
+    """The file's name as the default worker label, cut to MAX_WORKER bytes: a long name (in a
+    legacy encoding, 3 bytes a character) is no mistake of the user's to refuse."""
+    return utf8(os.path.basename(path) or path).encode()[:MAX_WORKER].decode(errors="ignore")
 
 
 def _source(opts: argparse.Namespace, on_wait: Callable[[str], None]) -> PipeSource | FollowSource:
