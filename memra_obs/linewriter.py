@@ -51,9 +51,10 @@ class AppendFile:
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
             try:
                 fd = os.open(self.path, flags, 0o644)
-            except OSError as exc:  # ENXIO said "No such device or address"
-                why = "a FIFO nobody reads (start its reader first)"
-                raise OSError(exc.errno, why) if exc.errno == errno.ENXIO else exc from None
+            except OSError as exc:  # ENXIO: "No such device or address" (a socket, no tty too)
+                if exc.errno == errno.ENXIO and stat.S_ISFIFO(os.stat(self.path).st_mode):
+                    raise OSError(exc.errno, "a FIFO nobody reads (start a reader)") from None
+                raise
             self._fds.append(fd)
             os.set_blocking(fd, True)
 

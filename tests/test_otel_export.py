@@ -906,18 +906,22 @@ def test_a_spans_file_it_cannot_write_fails_at_start_up(tmp_path):
     directory, a directory (``new/`` too: it wrote a file ``new``), a file it may not create,
     a FIFO nobody reads (it blocked start-up)."""
     os.mkfifo(tmp_path / "fifo")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "sock"))  # ENXIO too, but no FIFO
     for path, why in (
         (tmp_path / "nope" / "spans.jsonl", "No such file"),
         (tmp_path, "Is a directory"),
         (f"{tmp_path}/new/", "Is a directory"),
         ("/proc/spans.jsonl", "No such file"),
         (tmp_path / "fifo", "a FIFO nobody reads"),  # was "No such device or address"
+        (tmp_path / "sock", "No such device or address"),
     ):
         with pytest.raises(ConfigError, match=rf"MEMRA_OBS_SPANS_FILE=.*: {why}"):
             build_span_exporter(
                 Settings(spans_file=str(path)), env={"MEMRA_OBS_SPANS_FILE": str(path)}
             )
     assert not (tmp_path / "new").exists()
+    sock.close()
     ex = build_span_exporter(Settings(spans_file=str(tmp_path / "s.jsonl")), env={})
     assert ex is not None
     ex.shutdown(1)
