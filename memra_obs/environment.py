@@ -143,31 +143,26 @@ def positive(kind: type, top: float = math.inf, least: float = 0.0) -> Callable[
     return parse
 
 
-def _int_in(lo: int, hi: int) -> Callable[[str, str], int]:
+def _int_in(lo: int, hi: int, rule: str = "", ok: Callable[[int], bool] = lambda n: True
+            ) -> Callable[[str, str], int]:  # fmt: skip
+    """An integer lo..hi that ``ok`` takes; ``rule``: what a refusal says it expects."""
+
     def parse(var: str, value: str) -> int:
         n = _number(value, integer=True)
-        if n is None:
-            raise ConfigError(f"{var}={value!r}: expected an integer {lo}..{hi} (digits 0-9 only)")
-        if not lo <= n <= hi:
-            raise ConfigError(f"{var}={value!r}: expected {lo}..{hi}")
+        if n is None or not lo <= n <= hi or not ok(int(n)):
+            digits = " (digits 0-9 only)" * (n is None)
+            why = rule or f"{'an integer ' * (n is None)}{lo}..{hi}"
+            raise ConfigError(f"{var}={value!r}: expected {why}{digits}")
         return int(n)
 
     return parse
 
 
-def _ring_slots(var: str, value: str) -> int:
-    n = _int_in(64, 1 << 24)(var, value)
-    if n & (n - 1):
-        raise ConfigError(f"{var}={value!r}: expected a power of two (64, 128, ..., 65536, ...)")
-    return n
-
-
-def _rotate_at(var: str, value: str) -> int:
-    n = _int_in(0, 1 << 50)(var, value)
-    if 0 < n < 1 << 16:  # 64 meant MiB: each write rotated, one request kept, none counted lost
-        raise ConfigError(f"{var}={value!r}: expected 0 (never rotate) or bytes from 65536 "
-                          "(64 KiB; 64 MiB is 67108864)")  # fmt: skip
-    return n
+_ring_slots = _int_in(64, 1 << 24, "a power of two 64..16777216 (64, 128, ..., 65536, ...)",
+                      lambda n: not n & (n - 1))  # fmt: skip
+#: 64 meant MiB: each write rotated, one request kept, none counted lost
+_rotate_at = _int_in(0, 1 << 50, "0 (never rotate) or bytes from 65536 (64 KiB; 64 MiB is "
+                     "67108864)", lambda n: not 0 < n < 1 << 16)  # fmt: skip
 
 
 def _positive_ms(var: str, value: str) -> float:
@@ -177,15 +172,10 @@ def _positive_ms(var: str, value: str) -> float:
     return x
 
 
-def _advice_window(var: str, value: str) -> int:
-    """0, or enough rounds for advise() to answer: a window of fewer never publishes a gauge."""
-    n, least = _int_in(0, 1 << 20)(var, value), _ADVICE_MIN_ROUNDS
-    if 0 < n < least:
-        raise ConfigError(
-            f"{var}={value!r}: expected 0 (no advice gauges) or {least}..{1 << 20} "
-            f"(the advisor needs {least} rounds that drafted)"
-        )
-    return n
+#: 0, or enough rounds for advise() to answer: a window of fewer never publishes a gauge.
+_advice_window = _int_in(0, 1 << 20, f"0 (no advice gauges) or {_ADVICE_MIN_ROUNDS}..{1 << 20} "
+                         f"(the advisor needs {_ADVICE_MIN_ROUNDS} rounds that drafted)",
+                         lambda n: not 0 < n < _ADVICE_MIN_ROUNDS)  # fmt: skip
 
 
 def _nonblank(var: str, value: str) -> str:
