@@ -327,9 +327,11 @@ def test_an_unusable_directory_or_poll_is_one_line_and_status_2(tmp_path):
     spun), ``inf`` (a traceback), ``0`` and ``--dir ''`` (it read $MEMRA_OBS_AGENT or the
     default): a usage error naming the option as typed. ``--keep`` reports no ring removed."""
     (tmp_path / "f").write_text("")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
     for args, said in (
         (["--dir", str(tmp_path / "f" / "sub")], "ring directory"),
         (["--dir", str(tmp_path / "f")], "(--dir, MEMRA_OBS_AGENT): not a directory"),
+        (["--dir", str(tmp_path / "dangling")], "(--dir, MEMRA_OBS_AGENT): a link"),
         (["--dir", str(tmp_path), "--poll-ms", "nan"], "--poll-ms: 'nan' is not"),
         (["--dir", str(tmp_path), "--poll-ms", "inf"], "--poll-ms: 'inf' is not"),
         (["--dir", str(tmp_path), "--poll-ms", "0"], "--poll-ms: '0' is not a positive number"),

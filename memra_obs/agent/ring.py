@@ -54,8 +54,9 @@ def own_directory(directory: str) -> None:
     (a k8s emptyDir mount), is a PermissionError: in /dev/shm another user could make it first."""
     try:
         os.makedirs(directory, 0o700, exist_ok=True)
-    except FileExistsError:  # a file there: makedirs said "File exists"
-        raise NotADirectoryError(errno.ENOTDIR, "not a directory", directory) from None
+    except FileExistsError:  # a file or a dangling link there: makedirs said "File exists"
+        why = "a link" if os.path.islink(directory) else "not a directory"
+        raise NotADirectoryError(errno.ENOTDIR, why, directory) from None
     st, uid = os.lstat(directory), os.geteuid()
     if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, uid):
         why = f"owned by uid {st.st_uid}" if stat.S_ISDIR(st.st_mode) else "a link"
