@@ -161,8 +161,8 @@ def _int_in(lo: int, hi: int, rule: str = "", ok: Callable[[int], bool] = lambda
 _ring_slots = _int_in(64, 1 << 24, "a power of two 64..16777216 (64, 128, ..., 65536, ...)",
                       lambda n: not n & (n - 1))  # fmt: skip
 #: 64 meant MiB: each write rotated, one request kept, none counted lost
-_rotate_at = _int_in(0, 1 << 50, "0 (never rotate) or bytes from 65536 (64 KiB; 64 MiB is "
-                     "67108864)", lambda n: not 0 < n < 1 << 16)  # fmt: skip
+_rotate_at = _int_in(0, 1 << 50, f"0 (never rotate) or bytes 65536..{1 << 50} (64 KiB; 64 MiB "
+                     "is 67108864)", lambda n: not 0 < n < 1 << 16)  # fmt: skip
 
 
 def _positive_ms(var: str, value: str) -> float:

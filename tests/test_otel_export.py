@@ -891,9 +891,12 @@ def test_the_requests_file_and_the_span_file_must_be_two_files(tmp_path):
     suggested for it read none of them. A stream (/dev/stdout) may take both, and a requests
     file beside spans sent elsewhere (OTLP, none, agent mode) is no span file's."""
     x = str(tmp_path / "x.jsonl")
-    for req in (f"{tmp_path}/./x.jsonl", x):
+    (tmp_path / "lnk").symlink_to(x)  # a link to the requests file: still one file
+    for spans, req in ((x, f"{tmp_path}/./x.jsonl"), (x, x), (str(tmp_path / "lnk"), x)):
         with pytest.raises(ConfigError, match="SPANS_FILE name one file") as e:
-            build_span_exporter(Settings.resolve({"MEMRA_OBS_SPANS_FILE": x}, requests_file=req))
+            build_span_exporter(
+                Settings.resolve({"MEMRA_OBS_SPANS_FILE": spans}, requests_file=req)
+            )
         assert "argument requests_file and MEMRA_OBS_SPANS_FILE" in str(e.value)
     for path, env in (("/dev/stdout", {}), (x, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}),
                       (x, {"OTEL_TRACES_EXPORTER": "none"})):  # fmt: skip

@@ -1048,6 +1048,9 @@ def test_a_requests_file_is_refused_as_one(tmp_path):
         p.stderr == f"memra-obs report: {reqs}: a requests file (MEMRA_OBS_REQUESTS_FILE's "
         "records): the report reads a log or a span file\n"
     )
+    # a log whose first line is a record (requests_file=/dev/stderr beside the lines) is a log
+    (log := tmp_path / "w.log").write_text(reqs.read_text() + "\n".join(bench_report.worker_log(1)))
+    assert read(str(log)).rounds
 
 
 def test_workers_sharing_one_log_count_each_round_once(tmp_path):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -91,8 +90,9 @@ def _output(name: str, settings: Settings, env: Mapping[str, str], res: Any) -> 
 
     if name == "file":  # lines well under the Collector file receivers' 1 MiB line limit
         path, req = settings.spans_file, settings.requests_file
-        one = req and os.path.realpath(req) == os.path.realpath(path)  # /dev/stdout: a link
-        if one and (not os.path.lexists(path) or stat.S_ISREG(os.lstat(path).st_mode)):
+        one = req and os.path.realpath(req) == os.path.realpath(path)  # a link to it too
+        stream = os.path.abspath(path).startswith(("/dev/", "/proc/"))  # /dev/stdout for both
+        if one and not stream and (not os.path.exists(path) or os.path.isfile(path)):
             # one file of spans and records: the report of it read no span of the mix
             raise ConfigError(f"{settings.named('requests_file')} and {settings.named('spans_file')} "
                               f"name one file ({req!r}): give each its own")  # fmt: skip

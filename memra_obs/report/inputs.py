@@ -114,15 +114,16 @@ def read(path: str, progress: Progress | None = None, max_families: int = 64) ->
             head.append(f.readline(MAX_LINE + 1))
         # The kind is the first non-blank line's, or the second's: `tail -c` cuts the first.
         kinds = [x.lstrip()[:1] == b"{" and b'"resourceSpans"' in x[:65536] for x in head]
-        if not any(kinds) and b'"num_spec_steps"' in head[0] and b'"phase_ms"' in head[0]:
-            raise OSError(errno.EINVAL, "a requests file (MEMRA_OBS_REQUESTS_FILE's records): "
-                          "the report reads a log or a span file")  # fmt: skip
         lines = _lines(f, head, run, progress)
         if any(kinds):
             run.kind = "spans"
             _read_spans(lines, run)
         else:
             _read_log(lines, run, max_families)
+            record = b'"num_spec_steps"' in head[0] and b'"phase_ms"' in head[0]
+            if record and not (run.kinds or run.refused):  # (tagged lines beside it: a log)
+                raise OSError(errno.EINVAL, "a requests file (MEMRA_OBS_REQUESTS_FILE's "
+                              "records): the report reads a log or a span file")  # fmt: skip
     return run
 
 
