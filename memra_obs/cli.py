@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from . import flags
     from .demo import DemoConfig, SimDevice, gpu_workloads, install_stop_handlers, run_demo
-    from .wiring import build_observer
+    from .wiring import build_observer, span_outputs
 
     # The demo shows everything unless the environment says otherwise (os.environ unchanged).
     env = dict(os.environ)
@@ -170,18 +170,20 @@ def _demo(args: argparse.Namespace) -> int:
         obs.shutdown(10.0)
         for sig, handler in old.items():
             signal.signal(sig, handler)
-    _say(_done_line(stats, obs))
-    return 0
+    queue = getattr(obs, "queue", None)  # (the no-op observer's: none)
+    exporters = getattr(getattr(queue, "worker", None), "exporters", ())
+    _say(_done_line(stats, obs, exporters))
+    # A span output that got nothing (its receiver down throughout) fails the run: status 1.
+    return int(any(o.dropped and not o.exported for o in span_outputs(exporters)))
 
 
-def _done_line(stats: Any, obs: Any) -> str:
+def _done_line(stats: Any, obs: Any, exporters: Sequence[Any]) -> str:
     """The demo's closing line: its counts, and what was lost or delivered where (the banner
     that said where spans go scrolled away under the lines; after shutdown: all delivered)."""
     from .wiring import delivered
 
     acc = stats.accepted / stats.drafted if stats.drafted else 0.0
-    queue = getattr(obs, "queue", None)  # (the no-op observer's: none)
-    lost = getattr(queue, "dropped", 0)  # said: no /metrics is left
+    lost = getattr(getattr(obs, "queue", None), "dropped", 0)  # said: no /metrics is left
     spans = getattr(getattr(obs, "settings", None), "spans_file", "") or ""
     if not any(w.startswith("spans -> ") and os.path.abspath(spans) in w for w in obs.where):
         spans = ""
@@ -189,7 +191,7 @@ def _done_line(stats: Any, obs: Any) -> str:
         f"[memra-obs] demo done: sessions={stats.sessions} rounds={stats.rounds} "
         f"tokens={stats.tokens} accept={acc:.3f} (accepted / drafted)"
         + f"; {lost} records dropped (a full queue): spans and requests lack them" * bool(lost)
-        + delivered(getattr(getattr(queue, "worker", None), "exporters", ()))
+        + delivered(exporters)
         + f"; spans in {spans}: memra-obs report {shlex.quote(spans)}" * bool(spans)
     )
 

@@ -32,7 +32,14 @@ from .sinks.stderr import StderrSink
 if TYPE_CHECKING:
     from .agent.ring import RingSink
 
-__all__ = ["Exporters", "build_exporters", "build_observer", "delivered", "sessions_sampled"]
+__all__ = [
+    "Exporters",
+    "build_exporters",
+    "build_observer",
+    "delivered",
+    "sessions_sampled",
+    "span_outputs",
+]
 
 
 @dataclass
@@ -112,12 +119,18 @@ def build_exporters(
     return out
 
 
+def span_outputs(exporters: Sequence[Any]) -> list[Any]:
+    """The span outputs of ``exporters`` (each with ``name``, ``exported`` and ``dropped``)."""
+    return [o for x in exporters if getattr(x, "signal", "") == "spans" for o in x.outputs]
+
+
 def delivered(exporters: Sequence[Any]) -> str:
     """What each span output of ``exporters`` did, for a closing line (``; spans to NAME: N
     exported, M dropped``): a banner that said where spans go does not say they arrived."""
-    return "".join(f"; spans to {o.name}: {o.exported} exported, {o.dropped} dropped"
-                   for x in exporters if getattr(x, "signal", "") == "spans"
-                   for o in x.outputs)  # fmt: skip
+    return "".join(
+        f"; spans to {o.name}: {o.exported} exported, {o.dropped} dropped"
+        for o in span_outputs(exporters)
+    )
 
 
 def _say_unknown(env: Mapping[str, str] | None, st: Settings | None = None) -> None:

@@ -268,6 +268,23 @@ def test_the_closing_line_counts_each_outputs_spans(tmp_path):
     assert f"; spans to console: {written} exported, 0 dropped; " in done, done
 
 
+def test_a_demo_whose_spans_all_dropped_ends_1(tmp_path):
+    """A receiver down for the whole run (no collector on the endpoint): the closing line said
+    ``0 exported, N dropped`` and the demo ended 0, a smoke check that passed with nothing
+    delivered. Status 1 now; a span output that got its spans still ends 0 (the file, here)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMRA_", "OTEL_"))}
+    env.update(MEMRA_OBS_METRICS_ADDR="", MEMRA_OBS_SINKS="otel", OTEL_TRACES_EXPORTER="otlp",
+               OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:1", OTEL_EXPORTER_OTLP_TIMEOUT="300")  # fmt: skip
+    for exporter, status in (("otlp", 1), ("file", 0)):
+        env["OTEL_TRACES_EXPORTER"] = exporter
+        p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "demo", "--seed", "1",
+                            "--requests", "1", "--speed", "20"], cwd=tmp_path, env=env,
+                           stderr=subprocess.PIPE, text=True, timeout=60)  # fmt: skip
+        done = next(x for x in p.stderr.splitlines() if "demo done:" in x)
+        assert p.returncode == status, p.stderr
+        assert re.search(r"; spans to \w+: 0 exported, [1-9]" if status else " 0 dropped", done)
+
+
 def test_demo_arguments_are_bounded_and_its_stops_are_kept(tmp_path):
     """``--k 100000`` (refused by the loop: a demo that recorded nothing and could not be
     stopped) is a usage error, as is junk; ``--duration`` ends the request in flight after its

@@ -284,6 +284,20 @@ def test_a_signal_during_the_final_flush_waits_for_it(tmp_path):
     assert b"end of input: 50 lines" in err
 
 
+def test_follow_options_without_follow_are_refused(tmp_path):
+    """``--from-start`` and ``--poll`` only shape ``--follow``: without it the file is read once
+    whatever they say, so ``tail --poll 1 log`` (meaning to follow) is a usage error, not a
+    silent one-shot read; with ``--follow`` both are taken."""
+    log = tmp_path / "log"
+    log.write_bytes(b"")
+    for opts in (["--from-start"], ["--poll", "1"], ["--from-start", "--poll", "0.5"]):
+        p = _tail(str(log), *opts, data=b"")
+        assert p.returncode == 2 and b"Traceback" not in p.stderr, p.stderr
+        assert f"argument {opts[0]}: only with --follow".encode() in p.stderr, p.stderr
+    p = _tail(str(log), "--from-start", data=b"")
+    assert b"usage: memra-obs tail" in p.stderr
+
+
 def test_seconds_past_a_day_or_not_finite_are_refused():
     """``--linger inf`` (or 1e300, or --session-gap / --poll so) is a usage error, not a crash;
     so are 0 and other scripts' digits (float() reads them), for --max-bursts too."""

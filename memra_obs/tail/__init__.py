@@ -42,7 +42,7 @@ __all__ = ["Rebuilder", "Tail", "TailCollector", "TailStats", "main", "pump"]
 
 _SECONDS = positive(float, 86400)  # past a day (inf, 1e300): a typo, not a wait
 _OPTIONS: tuple[tuple[str, Any, Any, str, str], ...] = (
-    ("--poll", _SECONDS, 0.1, "S", "--follow: seconds between checks of a file at its end (default 0.1)"),
+    ("--poll", _SECONDS, None, "S", "--follow: seconds between checks of a file at its end (default 0.1)"),
     ("--linger", _SECONDS, 0.5, "S", "seconds a burst waits for its level-2 line, profile and rows (0.5)"),
     ("--session-gap", _SECONDS, 1.0, "S", "seconds without a line that end a session (default 1.0)"),
     ("--max-bursts", positive(int), 64, "N", "bursts per session when no [spec-prof] line marks requests (64)"),
@@ -66,6 +66,8 @@ def _check(rest: Sequence[str], ns: argparse.Namespace) -> None:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     if not ns.path:  # ("$LOG" unset) it was refused as an empty worker label
         p.error("argument FILE|-: must not be empty (- for standard input)")
+    if not ns.follow and (ns.from_start or ns.poll is not None):  # read once: meant --follow
+        p.error(f"argument {'--from-start' if ns.from_start else '--poll'}: only with --follow")
     if ns.worker is not None and not ns.worker.strip():  # never replaced by the file's name
         p.error("argument --worker: must not be empty (leave it out for the file's name)")
     with contextlib.suppress(OSError):  # `tail log 2>>log`: it read its own copy for ever
@@ -149,7 +151,7 @@ def _source(opts: argparse.Namespace, on_wait: Callable[[str], None]) -> PipeSou
         return GzipSource(0, "stdin", own=False) if _gzipped(0) else PipeSource(0, "stdin")
     if os.path.isdir(path):  # open() takes one; its reads would fail
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-    follow = partial(FollowSource, path, from_start=opts.from_start, poll_s=opts.poll,
+    follow = partial(FollowSource, path, from_start=opts.from_start, poll_s=opts.poll or 0.1,
                      on_wait=on_wait)  # fmt: skip
     if opts.follow and not os.path.exists(path):
         return follow()
