@@ -428,6 +428,22 @@ def test_records_after_the_ring_is_shut_are_said_once(tmp_path, caplog):
     assert len(said) == 1 and sink.path in said[0] and sink.written == 1
 
 
+def test_a_ring_directory_no_agent_has_read_is_said_once(tmp_path, caplog):
+    """``MEMRA_OBS_AGENT=/dev/shm/memra-ob`` (a typo of the agent's ``--dir``): the worker made
+    the directory and wrote its ring there, silently, for no agent to read. A directory without
+    the agent's lock file is said once, with the agent's command; one an agent held is not."""
+    fresh, served = str(tmp_path / "typo"), str(tmp_path / "served")
+    sinks = [RingSink.create(fresh, slots=64) for _ in range(2)]
+    said = [r.getMessage() for r in caplog.records if "no agent has read" in r.getMessage()]
+    assert len(said) == 1 and f"`memra-obs agent --dir {fresh}` runs" in said[0], said
+    os.makedirs(served)
+    open(os.path.join(served, ".agent.lock"), "w").close()  # what an agent leaves
+    sinks.append(RingSink.create(served, slots=64))
+    assert not [r for r in caplog.records if f"{served}: no agent" in r.getMessage()]
+    for sink in sinks:
+        sink.shutdown()
+
+
 def test_a_file_that_is_not_a_ring_is_refused(tmp_path):
     """Junk in the directory is a FormatError, not a crash."""
     p = tmp_path / "junk.ring"

@@ -109,6 +109,11 @@ class RingSink(Sink):
             sink = cls(directory, worker=worker, slots=slots)
         except OSError as exc:
             raise ConfigError(f"{MEMRA_OBS_AGENT}={directory!r}: no ring there ({exc})") from exc
+        if not os.path.exists(os.path.join(directory, ".agent.lock")):  # a typo, or none yet
+            say_once(f"ring-unread:{directory}", f"{MEMRA_OBS_AGENT}={directory}: no agent has "
+                     f"read this directory yet; records wait in the ring ({slots} slots, then "
+                     f"the oldest are overwritten) until `memra-obs agent --dir {directory}` "
+                     "runs (check both names for a typo)")  # fmt: skip
         kind = fs_type(directory)
         if kind and kind not in ("tmpfs", "ramfs", "hugetlbfs"):
             say_once(f"ring-fs:{directory}", f"{MEMRA_OBS_AGENT}={directory} is on {kind}, not in "
