@@ -560,6 +560,22 @@ def test_ranks_sharing_a_pipe_with_a_slow_reader_never_tear_a_line():
     assert not torn and len(lines) == ranks * bursts * 64, torn[:2]
 
 
+def test_a_line_cut_short_with_the_next_line_glued_on_reads_as_that_line():
+    """A worker killed mid-line, the next one appending its first line right behind it (``2>>``):
+    the whole line at the end was refused with the cut one, and the lines after it went
+    unplaced (a phase line's 6 rounds counted 0). It reads now as behind any prefix; a cut line
+    alone, or glued to another cut one, is still refused. (Cut inside its tag, ``[gl[glm5-phase]
+    ...`` reads as a log of before read: a tag with a bracket, family ``gl[glm5``.)"""
+    lines = GOLDEN.read_text().splitlines()
+    for cut in lines:
+        for line in lines:
+            want = parse_line(line)
+            for n in (cut.index("]") + 1, len(cut) // 2, len(cut) - 1):
+                assert parse_line(cut[:n] + line) == want, cut[:n] + line
+            with pytest.raises(LegacyParseError):
+                parse_line(cut[: len(cut) // 2] + line[: len(line) // 2])
+
+
 def test_a_phase_line_cut_inside_its_last_figure_is_refused():
     """The seed prints exactly {:.2}/{:.3} decimals: ``total=41.9`` of ``total=41.947`` (a line
     cut short) was read as another value."""

@@ -183,10 +183,17 @@ def parse_line(line: str) -> LegacyLine | None:
             g = v.groups("0.000")
             return VerifyLine(tag, int(g[0]), int(g[1]), *_durations(line, g[2:], VERIFY))
         raise LegacyParseError(line, "tagged rounds= line of no known shape", PHASE)
-    except LegacyParseError:
-        raise
-    except ValueError as exc:  # a record (or int()) refused a parsed value
-        raise LegacyParseError(line, str(exc), _claimed(text)) from None
+    except ValueError as exc:  # (LegacyParseError too) a record (or int()) refused a value
+        err = exc if isinstance(exc, LegacyParseError) else LegacyParseError(line, str(exc), _claimed(text))  # fmt: skip
+    # A line cut short (its worker killed mid-write) with the next worker's first line glued on
+    # (`2>>`): the whole line at its end counts, as behind any other prefix.
+    if (m := _WRAPPED(text, 1)) is not None:
+        try:
+            if (rec := parse_line(text[m.start() :])) is not None:
+                return rec
+        except LegacyParseError:
+            pass
+    raise err
 
 
 def _behind_prefix(line: str, rest: str) -> LegacyLine | None:
