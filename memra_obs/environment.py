@@ -160,9 +160,10 @@ def _int_in(lo: int, hi: int, rule: str = "", ok: Callable[[int], bool] = lambda
 
 _ring_slots = _int_in(64, 1 << 24, "a power of two 64..16777216 (64, 128, ..., 65536, ...)",
                       lambda n: not n & (n - 1))  # fmt: skip
-#: 64 meant MiB: each write rotated, one request kept, none counted lost
-_rotate_at = _int_in(0, 1 << 50, f"0 (never rotate) or bytes 65536..{1 << 50} (64 KiB; 64 MiB "
-                     "is 67108864)", lambda n: not 0 < n < 1 << 16)  # fmt: skip
+#: 64 meant MiB: each write rotated, one request kept, none counted lost. A request (a line)
+#: is up to ~0.3 MiB (sealed past 256 KiB), so a file within a smaller limit cannot be kept.
+_rotate_at = _int_in(0, 1 << 50, f"0 (never rotate) or bytes 1048576..{1 << 50} (1 MiB; 64 MiB "
+                     "is 67108864)", lambda n: not 0 < n < 1 << 20)  # fmt: skip
 
 
 def _positive_ms(var: str, value: str) -> float:

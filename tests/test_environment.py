@@ -40,7 +40,7 @@ def pem(tmp_path):
         ("MEMRA_OBS_QUEUE_SIZE", "١٠٢٤", "digits 0-9 only"),
         ("MEMRA_OBS_ROUND_SPANS", "+5", "digits 0-9 only"),
         ("MEMRA_OBS_REQUESTS_DETAIL", "true", "expected an integer 0..1 "),  # its range said
-        ("MEMRA_OBS_SPANS_FILE_MAX_BYTES", "64MiB", "bytes 65536..1125899906842624 .*digits 0-9"),
+        ("MEMRA_OBS_SPANS_FILE_MAX_BYTES", "64MiB", "bytes 1048576..1125899906842624 .*digits 0-9"),
         ("MEMRA_OBS_RING_SLOTS", "64k", "a power of two 64..16777216 .* .digits 0-9 only"),
         ("MEMRA_OBS_ADVICE_WINDOW", "2k", "expected 0 .no advice gauges. or 32.*digits 0-9 only"),
         ("MEMRA_OBS_MAX_DEVICES", "0", "expected 1..4096"),

@@ -470,25 +470,26 @@ def test_span_file_rotates_at_its_limit_keeping_one_previous_file(tmp_path):
     twice the limit; every line in both is a whole OTLP-JSON request; the newest spans are
     in FILE."""
     path = tmp_path / "spans.jsonl"
-    limit = 65_536
+    limit = 1 << 20  # the least: requests sealed past 256 KiB (a busy worker's) fit in it
     st = Settings.resolve({"MEMRA_OBS_SPANS_FILE_MAX_BYTES": str(limit)}, spans_file=str(path))
     obs, _q, ex = make(
         {}, prof=False, spans_file=str(path), spans_file_max_bytes=st.spans_file_max_bytes
     )
-    for _ in range(40):
+    for i in range(240):
         run_session(obs, prof=False)
-        obs.flush(5)
+        if i % 40 == 39:  # 1,320 spans a flush: requests sealed by size
+            obs.flush(5)
     last = obs.session("glm5")
     last.end()
     obs.shutdown(5)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spans.jsonl", "spans.jsonl.1"]
     old = tmp_path / "spans.jsonl.1"
     longest = max(map(len, old.read_bytes().splitlines(True) + path.read_bytes().splitlines(True)))
-    assert longest < limit // 2  # at least two lines a file: the bound below says something
+    assert 200_000 < longest < limit // 2  # sealed past 256 KiB; two lines a file at least
     # FILE.1 was full: the line that rotated it would not fit
     assert path.stat().st_size <= limit and limit - longest < old.stat().st_size <= limit
     kept = _spans_in(old) + _spans_in(path)
-    assert 0 < len(kept) < ex.exported_spans == 40 * SPANS + 1  # older files rotated away
+    assert 0 < len(kept) < ex.exported_spans == 240 * SPANS + 1  # older files rotated away
     assert _spans_in(path)[-1]["name"] == "spec.session"
 
 
@@ -582,7 +583,8 @@ def test_span_file_limit_knob(tmp_path):
     from memra_obs.wiring import build_exporters
 
     assert Settings.resolve({}).spans_file_max_bytes == 64 << 20
-    for bad in ("lots", "-1", "1.5", "64", "65535"):  # 64 meant MiB: one request kept
+    # 64 meant MiB: one request kept; below 1 MiB one request (up to ~0.3 MiB) passes the limit
+    for bad in ("lots", "-1", "1.5", "64", "65536", "1048575"):
         with pytest.raises(ConfigError, match="MEMRA_OBS_SPANS_FILE_MAX_BYTES"):
             Settings.resolve({"MEMRA_OBS_SPANS_FILE_MAX_BYTES": bad})
     path = tmp_path / "s.jsonl"
