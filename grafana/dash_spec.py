@@ -19,6 +19,7 @@ from dash_common import (
     heatmap_panel,
     mean,
     quantile,
+    rate,
     ratio,
     stat_panel,
     sum_rate,
@@ -234,13 +235,22 @@ def phases(ids: Ids) -> Section:
             ids,
             "Verify sub-split (level 2)",
             "Mean seconds per round of the verify parts (MEMRA_SPEC_TRACE=2). Nested, not additive: "
-            "kda_scan is part of kda and ffn part of rest; kda + mla + rest = verify.",
+            "kda_scan is part of kda and ffn part of rest; kda + mla + rest = verify (the verify "
+            "of the workers and families that split it: a level-1 one's rounds are not here).",
             [
                 target(mean(v, ("part",)), "{{part}}"),
-                target(mean(h, sel=f'{SPEC}, phase="verify"'), "verify (total)"),
+                target(ratio(split_verify(h, "_sum"), split_verify(h, "_count")), "verify (total)"),
             ],
         ),
     ]
+
+
+def split_verify(h: str, part: str) -> str:
+    """The verify phase's rate over the series whose verify is split (level 2): a worker or
+    family at level 1 among those selected would put rounds in the total and not the parts."""
+    verify = rate(h + part, SPEC + ', phase="verify"')
+    split = rate("memra_spec_verify_split_seconds_count", SPEC + ', part="rest"')
+    return f"sum({verify} and ignoring(phase, part) {split} > 0)"
 
 
 def per_round_mean(hist: str, by: tuple[str, ...]) -> str:

@@ -93,6 +93,7 @@ DASHBOARD_PANELS_TESTED = (
     "Mean phase time per round",
     "Round p99",
     "Round wall p99 by worker",
+    "Verify sub-split (level 2)",  # a level-1 worker beside a level-2 one: no verify of its own
 )
 #: Grafana's variables as a user leaves them (All), and the range and rate interval (4 scrape
 #: intervals of 1m) those tests use.
