@@ -876,6 +876,47 @@ def test_a_link_another_user_planted_in_a_sticky_directory_is_not_followed(tmp_p
     assert victim.read_text() == "page" and link.is_symlink()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's file needs root (chown)")
+def test_a_link_planted_after_the_checks_takes_no_page_and_no_mode_is_another_users(
+    tmp_path, monkeypatch
+):
+    """A link another user plants at a new output name between the checks and the write (a
+    race a loop wins in a few tries): the page went through ``realpath`` into the victim's file
+    (status 0, ``wrote``), the kernel's ``fs.protected_symlinks`` never asked. Now the rename is
+    onto the name as given: the planted link is replaced, the victim intact. A file another
+    user left there at 0666 no longer gives the page its mode (they could append a script)."""
+    import tempfile
+
+    from memra_obs.report import main as report_main
+
+    (tmp := tmp_path / "tmp").mkdir()
+    tmp.chmod(0o1777)
+    (victim := tmp_path / "victim").write_text("theirs")
+    out, real = tmp / "r.html", tempfile.mkstemp
+
+    def plant_then_make(**kw):  # the attacker's move, after every check
+        out.symlink_to(victim)
+        os.lchown(out, 65534, 65534)
+        return real(**kw)
+
+    monkeypatch.setattr(report_main.tempfile, "mkstemp", plant_then_make)
+    report_main._write(str(out), "page")
+    assert victim.read_text() == "theirs" and not out.is_symlink() and out.read_text() == "page"
+    monkeypatch.undo()
+    out.unlink()
+    out.write_text("theirs")
+    os.chown(out, 65534, 65534)
+    out.chmod(0o666)
+    report_main._write(str(out), "page")
+    assert out.read_text() == "page" and out.stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def test_the_page_goes_through_no_planted_temp_link_and_keeps_the_outputs_mode(tmp_path):
     """The page goes to a fresh temporary (O_EXCL, a random name): a link planted at the old
     guessable ``<out>.tmp<pid>`` took the page into its target (and became the output). A

@@ -160,37 +160,38 @@ def _planted(path: str) -> str | None:
 
 
 def _write(path: str, page: str) -> None:
-    """A file (or a link to one) is replaced whole, never left half written; anything else (a
-    pipe, ``/dev/stdout``) is written as it is (a link is never replaced by a file); a link
-    another user planted in /tmp is not followed (:func:`_planted`)."""
+    """A file is replaced whole, never left half written: renamed onto the name as given (a
+    rename follows no link there, so one planted after the checks replaces only itself); a link
+    (the user's own: :func:`_planted`), a pipe or ``/dev/stdout`` is written through, so the
+    kernel's ``fs.protected_symlinks`` checks it, and a link is never replaced by a file."""
     if planted := _planted(path):
         why = f"{planted} is another user's link in a sticky directory"
         raise PermissionError(errno.EACCES, why)
     fd = _descriptor(path)
     try:
-        regular = fd is None and stat.S_ISREG(os.stat(path).st_mode)
+        st: os.stat_result | None = os.lstat(path)
     except FileNotFoundError:
-        regular = True
-    if not regular:
+        st = None
+    if fd is not None or (st is not None and not stat.S_ISREG(st.st_mode)):
         if sys.stdout is not None:  # None: started with it closed (`>&-`)
             sys.stdout.flush()
         with open(path if fd is None else fd, "w", encoding="utf-8", closefd=fd is None) as f:
             f.write(page)
         return
-    real = os.path.realpath(path)
+    target = os.path.abspath(path)
     # O_EXCL under a random name: a link planted at a guessable one would take the page
-    tfd, tmp = tempfile.mkstemp(dir=os.path.dirname(real), prefix=f".{os.path.basename(real)}.")
+    tfd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.")
     try:
         with open(tfd, "w", encoding="utf-8") as f:
-            try:  # the report it replaces keeps its mode; a new one gets a new file's
-                mode = os.stat(real).st_mode & 0o777
-            except FileNotFoundError:
+            if st is not None and st.st_uid == os.geteuid():  # the report it replaces: its mode
+                mode = st.st_mode & 0o777  # (not another user's 0666 left at the name)
+            else:
                 mask = os.umask(0o022)  # the umask: only setting one reads it
                 os.umask(mask)
                 mode = 0o666 & ~mask
             os.fchmod(f.fileno(), mode)
             f.write(page)
-        os.replace(tmp, real)
+        os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
