@@ -11,11 +11,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import threading
 
 from .linewriter import forked_set, stderr_writer
 
-__all__ = ["LOGGER_NAME", "MAX_SAID", "PREFIX", "forked_set", "logger", "reset", "say_once"]
+__all__ = [
+    "LOGGER_NAME",
+    "MAX_SAID",
+    "PREFIX",
+    "forked_set",
+    "logger",
+    "printable",
+    "reset",
+    "say_once",
+]
 
 LOGGER_NAME = "memra_obs"
 PREFIX = "[memra-obs] "  #: in front of a message the fallback writes to stderr
@@ -62,6 +72,17 @@ def _unlock_in_child() -> None:  # a thread saying something at fork() held it
 os.register_at_fork(after_in_child=_unlock_in_child)
 
 
+#: What a terminal acts on (ESC, BEL, NUL, a newline) or no UTF-8 carries (an undecodable
+#: byte of a file name): a collector's message, a file name and a log's tag reach stderr and
+#: figures as text, never as a forged line, a cleared screen or a broken SVG.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` with each such character spelled as its escape (``\\x1b``, ``\\n``)."""
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 def say_once(key: str, msg: str, kind: str = "") -> None:
     """Say ``msg`` the first time ``key`` comes up in this process; never raises. A key is
     spent only when the logger takes warnings (a disabled logger says it once re-enabled).
@@ -85,7 +106,7 @@ def say_once(key: str, msg: str, kind: str = "") -> None:
                                        "now on (a call misused with a new name each time, as "
                                        "lap(f'step_{i}'), or observers replaced over and over)")  # fmt: skip
                 _said.add(key)
-            logger.warning(msg, extra={"memra_key": key})
+            logger.warning(printable(msg), extra={"memra_key": key})
     except Exception:
         pass
 

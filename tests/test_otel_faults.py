@@ -13,6 +13,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -449,6 +451,39 @@ def test_grpc_retries_the_specification_codes(code, delay, retried):
             assert times[1] - times[0] >= delay - 0.02, times
     else:
         assert len(times) == 1 and ex.dropped_spans == SPANS and ex.export_errors == 1
+
+
+def test_a_collectors_message_reaches_stderr_as_one_inert_line(caplog, tmp_path):
+    """A collector's (or a man in the middle's) error text went to stderr as it came: a newline
+    in a gRPC status forged a ``[glm5-phase] rounds=999`` line that ``memra-obs tail`` of that
+    stderr then published, and ESC sequences retitled and cleared the operator's terminal. Every
+    said-once message spells them out (a file name in a tail note too)."""
+    import grpc
+
+    forged = "bad\n[glm5-phase] rounds=999 k=4 total=9999.00ms\n\x1b]0;PWNED\x07\x1b[2J"
+
+    def export(req: ExportTraceServiceRequest, ctx) -> ExportTraceServiceResponse:
+        ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, forged)
+
+    server, port = grpc_trace_service(export)
+    try:
+        env = {
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        }
+        obs, _q, _ex = make(env, prof=False)
+        run_session(obs, prof=False)
+        obs.shutdown(5)
+    finally:
+        server.stop(0)
+    (said,) = [r.getMessage() for r in caplog.records if "PWNED" in r.getMessage()]
+    assert "\n" not in said and "\x1b" not in said and "\x07" not in said, said
+    assert "bad\\n[glm5-phase] rounds=999" in said and "\\x1b]0;PWNED\\x07" in said, said
+    name = tmp_path / "w\x1b[2J.log"
+    name.write_text("")
+    p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "tail", str(name)],
+                       capture_output=True, timeout=60, env={**os.environ, "MEMRA_OBS_SINKS": ""})  # fmt: skip
+    assert p.returncode == 0 and b"\x1b" not in p.stderr and b"w\\x1b[2J.log" in p.stderr
 
 
 # ------------------------------------------------------------------------- the span file

@@ -90,6 +90,21 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"tmp": tmp, "log": log, "spans": spans, "clog": clog, "cspans": cspans}
 
 
+def test_a_name_with_control_characters_leaves_every_figure_well_formed(runs, tmp_path):
+    """An input named with an ESC or a BEL (a glob over a hostile directory): the name went into
+    the SVG figures' titles and legends as it was, and every figure was XML no browser draws.
+    It is spelled out (``\\x1b``) in the figures, the page and the closing line."""
+    import base64
+    from xml.dom import minidom
+
+    named = tmp_path / "w\x1b[2J\x07.log"
+    named.write_bytes(runs["log"].read_bytes())
+    html = report(named, out=tmp_path / "r.html")
+    svgs = re.findall(r"data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)", html)
+    assert svgs and all(minidom.parseString(base64.b64decode(x)) for x in svgs)
+    assert "\x1b" not in html and "w\\x1b[2J\\x07.log" in html
+
+
 def test_a_span_file_gives_the_records_its_log_gives(runs):
     """Same demo run, both inputs: sessions, bursts, rounds, profiles and burst totals agree;
     the round logs rebuilt from the spans summarize to the very lines the worker printed."""

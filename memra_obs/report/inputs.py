@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from .. import records
+from ..diagnostics import printable
 from ..environment import utf8
 from ..legacy import (
     KIND,
@@ -105,7 +106,10 @@ def read(path: str, progress: Progress | None = None, max_families: int = 64) ->
     """Read one input (``-``: standard input); a log's families past ``max_families`` are
     refused, as the tail refuses them. Raises OSError when it cannot be opened."""
     with open(0 if path == "-" else path, "rb", closefd=path != "-") as raw:
-        run, gz = Run("stdin" if path == "-" else utf8(path)), raw.peek(2)[:2] == GZIP_MAGIC
+        run, gz = (
+            Run("stdin" if path == "-" else printable(utf8(path))),
+            raw.peek(2)[:2] == GZIP_MAGIC,
+        )
         f: Any = gzip.open(raw) if gz else raw  # noqa: SIM115  (a banked log, compressed)
         run.size = 0 if path == "-" or gz else os.fstat(raw.fileno()).st_size
         head = [f.readline(MAX_LINE + 1).removeprefix(b"\xef\xbb\xbf")]  # (a BOM)

@@ -18,6 +18,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from ..diagnostics import printable
+
 LARGE = 8 << 20  # inputs this large (or of unknown size: a pipe) get a progress bar
 
 
@@ -109,13 +111,18 @@ def main(args: argparse.Namespace) -> int:
         if ab is not None:
             what += f"; flagged: {', '.join(r.metric for r in ab if r.flagged) or 'nothing'}"
         mb = len(page.encode()) / 1e6
-        print(f"memra-obs report: wrote {args.output} ({mb:.2f} MB): {what}", file=sys.stderr)
+        _say(f"wrote {args.output} ({mb:.2f} MB): {what}")
     return 0
 
 
 def _error(message: str) -> int:
-    print(f"memra-obs report: {message}", file=sys.stderr)
+    _say(message)
     return 2
+
+
+def _say(message: str) -> None:
+    """One line on stderr; a file name's ESC or newline spelled out (``printable``)."""
+    print(f"memra-obs report: {printable(message)}", file=sys.stderr)
 
 
 def _summary(label: str, run: Any) -> str:

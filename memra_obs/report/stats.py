@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..analysis import AcceptanceEstimate, Advice, advise, estimate_acceptance
+from ..diagnostics import printable
 from ..records import SpecRoundsLog
 from ..tail.rebuild import UNKNOWN_FAMILY
 from ..timeline import PHASES, RoundRecord
@@ -51,7 +52,7 @@ class View:
     (k >= 0), the others carry their burst's per-round means."""
 
     def __init__(self, label: str, run: Run) -> None:
-        self.label, self.run = label, run
+        self.label, self.run = printable(label), run  # ESC in a name broke the SVG figures
         rs = run.rounds.runs
         t = np.fromiter(chain.from_iterable(r.t_ns_mono for r in rs), np.int64).reshape(-1, 6)
         self.phase_ms, self.wall_ms = np.diff(t, axis=1) / 1e6, (t[:, 5] - t[:, 0]) / 1e6

@@ -11,6 +11,7 @@ import select
 from collections.abc import Callable
 from typing import BinaryIO
 
+from ..diagnostics import printable
 from ..legacy import KIND, PHASE, CriJoin, FirstTokenLine, LegacyParseError, RoundsLine, parse_line
 from ..timeline import Record
 from .rebuild import FAMILY_CAP, Rebuilder
@@ -52,7 +53,9 @@ class Tail:
         self.lost_lines += bytes(rest).count(b"\n")  # a line counts once: by its newline
 
     def note(self, text: str) -> None:
-        """One line of the tail's own on the output, between passed-through lines."""
+        """One line of the tail's own on the output, between passed-through lines (a file
+        name's ESC or newline spelled out: :func:`~memra_obs.diagnostics.printable`)."""
+        text = printable(text)
         if self._note_to is not None:
             self._note_to(text)
             return
