@@ -574,6 +574,11 @@ def test_a_line_cut_short_with_the_next_line_glued_on_reads_as_that_line():
                 assert parse_line(cut[:n] + line) == want, cut[:n] + line
             with pytest.raises(LegacyParseError):
                 parse_line(cut[: len(cut) // 2] + line[: len(line) // 2])
+    for line in ("[a] rounds=x" * 50_000, "2026-12-07 " + "[a] rounds=x" * 50_000):
+        try:  # once, not once a tag: past Python's recursion limit, and quadratic
+            parse_line(line)
+        except LegacyParseError:
+            pass
 
 
 def test_a_phase_line_cut_inside_its_last_figure_is_refused():

@@ -897,9 +897,12 @@ def test_a_link_planted_after_the_checks_takes_no_page_and_no_mode_is_another_us
 ):
     """A link another user plants at a new output name between the checks and the write (a
     race a loop wins in a few tries): the page went through ``realpath`` into the victim's file
-    (status 0, ``wrote``), the kernel's ``fs.protected_symlinks`` never asked. Now the rename is
-    onto the name as given: the planted link is replaced, the victim intact. A file another
-    user left there at 0666 no longer gives the page its mode (they could append a script)."""
+    (status 0, ``wrote``), the kernel's ``fs.protected_symlinks`` never asked. Now the page is
+    renamed onto the name as given, never a resolved one: a link planted up to the rename is
+    replaced, the victim intact (planted before the name is read, a link is written through and
+    the kernel decides). ``sub/..`` after a linked ``sub`` is where the kernel goes, not
+    ``abspath``'s ``.`` (where an input could be). A file another user left there at 0666 no
+    longer gives the page its mode (they could append a script)."""
     import tempfile
 
     from memra_obs.report import main as report_main
@@ -918,6 +921,11 @@ def test_a_link_planted_after_the_checks_takes_no_page_and_no_mode_is_another_us
     report_main._write(str(out), "page")
     assert victim.read_text() == "theirs" and not out.is_symlink() and out.read_text() == "page"
     monkeypatch.undo()
+    (deep := tmp_path / "x" / "y").mkdir(parents=True)
+    (sub := tmp_path / "sub").symlink_to(deep)  # "sub/.." is x, as the kernel reads it
+    report_main._write(str(tmp_path / "sub" / ".." / "p.html"), "page")
+    assert (tmp_path / "x" / "p.html").read_text() == "page" and sub.is_symlink()
+    assert not (tmp_path / "p.html").exists()  # abspath's reading: an input could be there
     out.unlink()
     out.write_text("theirs")
     os.chown(out, 65534, 65534)

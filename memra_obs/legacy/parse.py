@@ -134,7 +134,7 @@ def taggable(t: str, room: int = MAX_TAG) -> str:
     return ("x" + t if t.startswith(RESERVED) else t)[:room]
 
 
-def parse_line(line: str) -> LegacyLine | None:
+def parse_line(line: str, _glued: bool = False) -> LegacyLine | None:
     """A record for a legacy line, ``None`` for anyone else's line; :class:`LegacyParseError`
     for a line with a legacy tag or shape that is malformed or truncated."""
     if line[:1] != "[":  # the common case for other programs' lines: one slice, one search
@@ -186,10 +186,11 @@ def parse_line(line: str) -> LegacyLine | None:
     except ValueError as exc:  # (LegacyParseError too) a record (or int()) refused a value
         err = exc if isinstance(exc, LegacyParseError) else LegacyParseError(line, str(exc), _claimed(text))  # fmt: skip
     # A line cut short (its worker killed mid-write) with the next worker's first line glued on
-    # (`2>>`): the whole line at its end counts, as behind any other prefix.
-    if (m := _WRAPPED(text, 1)) is not None:
+    # (`2>>`): the whole line at its end counts, as behind any other prefix. Once: a line of
+    # thousands of tags is one search, not one a tag (a recursion past Python's limit).
+    if not _glued and (m := _WRAPPED(text, 1)) is not None:
         try:
-            if (rec := parse_line(text[m.start() :])) is not None:
+            if (rec := parse_line(text[m.start() :], True)) is not None:
                 return rec
         except LegacyParseError:
             pass

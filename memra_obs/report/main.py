@@ -185,9 +185,11 @@ def _write(path: str, page: str) -> None:
         with open(path if fd is None else fd, "w", encoding="utf-8", closefd=fd is None) as f:
             f.write(page)
         return
-    target = os.path.abspath(path)
-    # O_EXCL under a random name: a link planted at a guessable one would take the page
-    tfd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.")
+    # O_EXCL under a random name: a link planted at a guessable one would take the page. The
+    # name as given, resolved by the kernel ("sub/.." after a linked sub is not abspath's ".").
+    tfd, tmp = tempfile.mkstemp(
+        dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}."
+    )
     try:
         with open(tfd, "w", encoding="utf-8") as f:
             if st is not None and st.st_uid == os.geteuid():  # the report it replaces: its mode
@@ -198,7 +200,7 @@ def _write(path: str, page: str) -> None:
                 mode = 0o666 & ~mask
             os.fchmod(f.fileno(), mode)
             f.write(page)
-        os.replace(tmp, target)
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
