@@ -284,7 +284,7 @@ def spec_decode_record(
         "num_draft_tokens": drafted,
         "num_spec_tokens": len(hist) - 1,
     }
-    if detailed:
+    if detailed and steps:  # as vLLM's to_dict: no step, no lists
         out["per_step_accepted"] = [j for _, j in steps]
         out["per_step_drafted"] = [k for k, _ in steps]
     return out
