@@ -308,13 +308,20 @@ def test_session_end_frees_state_and_other_records_are_ignored(reg):
     assert ex.export_errors == 0
 
 
-def test_a_bad_record_is_counted_not_raised(reg):
-    """A record the exporter cannot use bumps export_errors (signal="metrics") and the batch goes on."""
+def test_a_bad_record_is_counted_not_raised(reg, caplog):
+    """A record the exporter cannot use bumps export_errors (signal="metrics") and the batch
+    goes on; so does a round with j outside 0..k. Each is said once: the ExportErrors alert
+    sends the on-call to stderr, which said nothing of either."""
     ex = PrometheusExporter(reg)
     bad = RoundRecord(1, 0, 0, (1, 2, 3), 4, 2, 0, 0, None)  # type: ignore[arg-type]
     ex.export([session(), bad, rnd(1, 1, (1, 1, 0, 0, 0))])
     assert ex.export_errors == 1
     assert val(reg, "memra_spec_rounds_total", family="glm5") == 1
+    ex.export([rnd(1, 2, (1, 1, 0, 0, 0))._replace(k=2, j=3)] * 2)
+    assert ex.export_errors == 3
+    said = [r.getMessage() for r in caplog.records if 'signal="metrics"' in r.getMessage()]
+    assert len(said) == 2 and "could not take a RoundRecord" in said[0], said
+    assert "'glm5' accepted j=3 of k=2" in said[1], said
 
 
 def test_self_metrics_read_the_queue_and_its_exporters(reg):

@@ -113,8 +113,11 @@ class PrometheusExporter:
                 if handle is not None:
                     try:
                         handle(rec)
-                    except Exception:
+                    except Exception as exc:  # (the ExportErrors alert sends one here)
                         self.export_errors += 1
+                        say_once(f"prom-record:{type(rec).__name__}", f"/metrics could not "
+                                 f"take a {type(rec).__name__} ({exc!r}); counted in "
+                                 'memra_obs_export_errors_total{signal="metrics"}')  # fmt: skip
         self.tick()
 
     def tick(self) -> None:
@@ -259,6 +262,9 @@ class PrometheusExporter:
             L.add(r, k, j, n)
         elif k >= 0:  # j outside 0..k, which no loop counts: kept from the advisor's window
             self.export_errors += 1  # (its every refit would fail and freeze the gauges)
+            say_once("prom-j", f"a round of {L.lv[-1]!r} accepted j={j} of k={k} drafted (j "
+                     "outside 0..k): kept from acceptance and the advice, counted in "
+                     'memra_obs_export_errors_total{signal="metrics"}')  # fmt: skip
         if split_ns is not None:
             kda, scan, mla, ffn = split_ns
             sp = L.split or L.bind_split()
