@@ -185,16 +185,21 @@ def parse_line(line: str, _glued: bool = False) -> LegacyLine | None:
         raise LegacyParseError(line, "tagged rounds= line of no known shape", PHASE)
     except ValueError as exc:  # (LegacyParseError too) a record (or int()) refused a value
         err = exc if isinstance(exc, LegacyParseError) else LegacyParseError(line, str(exc), _claimed(text))  # fmt: skip
-    # A line cut short (its worker killed mid-write) with the next worker's first line glued on
-    # (`2>>`): the whole line at its end counts, as behind any other prefix. Once: a line of
-    # thousands of tags is one search, not one a tag (a recursion past Python's limit).
-    if not _glued and (m := _WRAPPED(text, 1)) is not None:
-        try:
-            if (rec := parse_line(text[m.start() :], True)) is not None:
-                return rec
-        except LegacyParseError:
-            pass
+    if not _glued and (rec := _glued_on(text)) is not None:
+        return rec
     raise err
+
+
+def _glued_on(text: str) -> LegacyLine | None:
+    """A line cut short (its worker killed mid-write) with the next worker's first line glued
+    on (``2>>``): the whole line at its end, as behind any other prefix. Looked for once: a line
+    of thousands of tags is one search, not one a tag (a recursion past Python's limit)."""
+    if (m := _WRAPPED(text, 1)) is None:
+        return None
+    try:
+        return parse_line(text[m.start() :], True)
+    except LegacyParseError:
+        return None
 
 
 def _behind_prefix(line: str, rest: str) -> LegacyLine | None:
