@@ -116,7 +116,7 @@ class PrometheusExporter:
                     except Exception as exc:  # (the ExportErrors alert sends one here)
                         self.export_errors += 1
                         say_once(f"prom-record:{type(rec).__name__}", f"/metrics could not "
-                                 f"take a {type(rec).__name__} ({exc!r}); counted in "
+                                 f"take a {type(rec).__name__} ({type(exc).__name__}); counted in "
                                  'memra_obs_export_errors_total{signal="metrics"}')  # fmt: skip
         self.tick()
 
