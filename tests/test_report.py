@@ -263,6 +263,28 @@ def test_ab_resamples_sessions_so_two_small_runs_of_one_configuration_are_not_fl
     assert [r.metric for r in rows if r.flagged] == ["wall", "verify"]
 
 
+def test_ab_rows_hold_together_at_95_percent(tmp_path, monkeypatch):
+    """Six rows, each its own 95% CI: a reviewer's 200 splits of one run into 12 sessions
+    against 12 flagged some row in 18% of them, where the page said 95%. Each row's interval is
+    now at 1 - 0.05 / rows (Bonferroni), the resamples raised for those tails, and the page says
+    the CIs cover sessions, not runs."""
+    from memra_obs.report import stats
+
+    levels: list[float] = []
+    real = stats.bootstrap
+
+    def spy(*args, **kw):
+        levels.append(args[4] if len(args) > 4 else kw["level"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(stats, "bootstrap", spy)
+    rows = _ab_rows(tmp_path, 12, {"seed": 1000}, {"seed": 2000, "verify_scale": 1.1})
+    assert len(levels) == len(rows) == 6 and set(levels) == {1 - 0.05 / 6}
+    assert [r.metric for r in rows if r.flagged] == ["wall", "verify"]
+    assert stats.N_BOOT >= 4000 and "hold together at 95%" in stats.AB_METHOD
+    assert "not runs" in stats.AB_METHOD
+
+
 def test_ab_of_a_handful_of_sessions_says_too_few_and_faster_is_not_red(tmp_path):
     """Three sessions a run (~200 rounds) were flagged "B faster by 3.6%" on no evidence: fewer
     than 6 sessions a run is never flagged and says so. A faster B was as red as a slower one."""
