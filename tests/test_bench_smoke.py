@@ -3,6 +3,7 @@ and time what their goals state."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -38,7 +39,8 @@ def test_bench_observer_flushes_each_tail_run_before_the_next(monkeypatch, capsy
     monkeypatch.setattr(bench_observer.Naive, "flush", naive_flush)
     bench_observer.main(["--rounds", "64", "--tail-rounds", "20", "--repeats", "1"])
     out = capsys.readouterr().out
-    assert "p99 +" in out and "(b) all sinks on" in out, out
+    # the sign is the machine's: 20 rounds under CI load once read -3.5 ms (b) against no telemetry
+    assert re.search(r"\(b\) all sinks on .* p99 [+-]\d+\.\d{3} vs none", out), out
     at = [i for i, e in enumerate(events) if e == "tail"]
     assert len(at) == 5, events  # no telemetry, (c), (b), (b+prof), (d)
     for start, end in zip(at[1:], [*at[2:], len(events)], strict=True):
