@@ -282,7 +282,10 @@ def test_a_concurrent_reader_never_sees_a_torn_record(tmp_path):
         last = key
     assert len(got) + reader.lost == n
     assert reader.read == len(got)  # a damaged record would have raised FormatError
-    assert len(got) > n // 50  # it did read along, not just the last lap
+    # It did read along, not just the last lap: the ring holds 128 records, so more than two
+    # laps' worth were read while the writer ran (tens of thousands even with both processes
+    # on one busy core; a fixed share of n was up to the scheduler).
+    assert len(got) > 2 * 128
 
 
 def test_cursor_persists_and_a_new_reader_resumes(tmp_path):

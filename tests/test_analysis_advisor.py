@@ -303,14 +303,18 @@ def test_window_cost_does_not_grow_with_its_size():
             w.advice()
         return add, (time.perf_counter() - t0) / 20
 
-    # Best of 3 for each figure (min() of the pairs kept the add's best run and whatever its
-    # advice took: one 100 ms stall of a busy CI host read as a 12x slower advice()).
-    small = tuple(map(min, zip(*(cost(256) for _ in range(3)), strict=True)))
-    big = tuple(map(min, zip(*(cost(16384) for _ in range(3)), strict=True)))
+    # Best of 5 for each figure (min() of the pairs kept the add's best run and whatever its
+    # advice took: one 100 ms stall of a busy CI host read as a 12x slower advice()), the two
+    # sizes taken in turn, so that a busy spell of the host slows runs of both.
+    pairs = [(cost(256), cost(16384)) for _ in range(5)]
+    small = tuple(map(min, zip(*(a for a, _ in pairs), strict=True)))
+    big = tuple(map(min, zip(*(b for _, b in pairs), strict=True)))
     print(
         f"\nadd {small[0] * 1e6:.1f}/{big[0] * 1e6:.1f} us, advice {small[1] * 1e3:.2f}/{big[1] * 1e3:.2f} ms"
     )
-    assert big[0] < 3 * small[0] and big[1] < 3 * small[1]
+    # 64x the rounds held: O(1) measures ~1x; a re-scan as rounds leave, or an advice() over
+    # every round held (advise() itself), ~30-40x. 10x is far from both.
+    assert big[0] < 10 * small[0] and big[1] < 10 * small[1]
     w, stop, errors = AdviceWindow(1024), threading.Event(), []
 
     def scrape() -> None:

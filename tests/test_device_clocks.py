@@ -492,11 +492,33 @@ def test_burst_type_is_plain_without_range_hooks() -> None:
         assert type(s.burst(4)) is Burst
 
 
-def test_prof_clock_laps_drain_both_streams_and_return_the_ms_between_them() -> None:
+def test_prof_clock_laps_drain_both_streams_and_return_the_ms_between_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The seed's ``ProfClock`` (README: used directly): ``start(e, eh)`` and every ``lap()``
     drain both streams, so queued device work lands in the lap that queued it; a lap is the
     ms since the previous one, and a lap may name other streams."""
-    e, eh, other = SimStream(), SimStream(), SimStream()
+    from memra_obs import clock as clock_mod
+
+    # The streams' work runs on a stepped clock (a read: 1 µs of host time), a drain moving it
+    # to the work's end: laps are exact (30 ms, then 15 ms; ms since the start: 45), and no
+    # stalled host stretches the second past the first.
+    t = [10**12]
+
+    def now() -> int:
+        t[0] += 1_000
+        return t[0]
+
+    class Stepped(SimStream):
+        def enqueue(self, ms: float) -> None:
+            self.busy_until_ns = max(self.busy_until_ns, t[0]) + int(ms * MS)
+
+        def synchronize(self) -> None:
+            self.syncs += 1
+            t[0] = max(t[0], self.busy_until_ns)
+
+    monkeypatch.setattr(clock_mod, "now_ns", now)
+    e, eh, other = Stepped(), Stepped(), Stepped()
     p = ProfClock.start(e, eh)
     assert (e.syncs, eh.syncs) == (1, 1)
     e.enqueue(20.0)

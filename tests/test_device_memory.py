@@ -334,21 +334,21 @@ def test_warm_pays_nvml_start_up_once_ahead_of_the_first_snapshot() -> None:
     """Issue 13: NVML's start-up (~50 ms on a real host; 200 ms here) is paid in warm(), off
     the first-token profile, once; the first snapshot then only reads (main: no warm(), the
     first snapshot paid it inside the profile)."""
-    import time
-
-    loads = []
+    # The start-up's 200 ms are on a stepped clock, not the host's: the snapshot's time is
+    # what it paid of the start-up (0 or 0.2 s), whatever a loaded CI host stalls.
+    clock, loads = [0.0], []
 
     def slow_nvml() -> Any:
         loads.append(1)
-        time.sleep(0.2)
+        clock[0] += 0.2
         return FakeNvml(CARDS)
 
     m = FreeMemory(nvml=slow_nvml, cuda=lambda: FakeCuda(CUDA_BUS[:2]), report=lambda k, s: None)
     m.warm()
     m.warm()
-    t0 = time.perf_counter()
+    t0 = clock[0]
     assert m.snapshot() == [(0, 1000), (1, 2000)]
-    assert time.perf_counter() - t0 < 0.1 and loads == [1]
+    assert clock[0] - t0 < 0.1 and loads == [1]
     assert m.snapshot() == [(0, 1000), (1, 2000)] and loads == [1]
 
 
@@ -362,21 +362,26 @@ def test_module_warm_runs_on_a_thread_and_the_first_snapshot_waits_for_it(
 
     from memra_obs.device import memory
 
-    started, loads = threading.Event(), []
+    started, release, loads = threading.Event(), threading.Event(), []
 
     def slow_nvml() -> Any:
         loads.append(1)
         started.set()
-        time.sleep(0.2)
+        release.wait(10)  # NVML starting until the test lets it end
         return FakeNvml(CARDS)
 
     fm = FreeMemory(nvml=slow_nvml, cuda=lambda: FakeCuda(CUDA_BUS[:1]), report=lambda k, s: None)
     monkeypatch.setattr(memory, "_default", fm)
     t0 = time.perf_counter()
     memory.warm()
-    assert time.perf_counter() - t0 < 0.1
+    # A warm() on the caller's thread waits out release.wait(10); the bound leaves a loaded
+    # host seconds to schedule the new thread (Thread.start() waits for that).
+    assert time.perf_counter() - t0 < 5.0
     assert started.wait(5.0)
+    ends = threading.Timer(0.3, release.set)  # the snapshot below comes meanwhile
+    ends.start()
     assert memory.free_mb_snapshot() == [(0, 1000)] and loads == [1]
+    ends.join(5)
 
 
 def test_warm_imports_pynvml_on_the_callers_thread() -> None:
@@ -440,14 +445,23 @@ def test_a_child_forked_while_nvml_warms_up_takes_its_snapshots(
     assert in_child(child) == b"([(0, 1000)], 2)"  # the parent's start, and the child's own
     assert memory.free_mb_snapshot() == [(0, 1000)] and loads == [1]
     # an nvmlInit stuck past FORK_WAIT_S holds no fork: that child records no free memory
-    fm2 = FreeMemory(nvml=lambda: time.sleep(1.0), cuda=lambda: None, report=lambda k, s: None)
+    hung, unhang = threading.Event(), threading.Event()
+
+    def hung_nvml() -> None:
+        hung.set()
+        unhang.wait(20)  # stuck until the test ends: a fork that waits for it waits 20 s
+
+    fm2 = FreeMemory(nvml=hung_nvml, cuda=lambda: None, report=lambda k, s: None)
     monkeypatch.setattr(memory, "_default", fm2)
     monkeypatch.setattr(memory, "FORK_WAIT_S", 0.05)
     memory.warm()
-    time.sleep(0.05)
+    assert hung.wait(5.0)  # the warm-up thread holds the lock, inside nvmlInit
     t0 = time.monotonic()
-    assert in_child(lambda: repr(memory.free_mb_snapshot()).encode()) == b"[]"
-    assert time.monotonic() - t0 < 0.9
+    try:
+        assert in_child(lambda: repr(memory.free_mb_snapshot()).encode()) == b"[]"
+        assert time.monotonic() - t0 < 5.0  # a fork, a child's snapshot: not the 20 s hang
+    finally:
+        unhang.set()
 
 
 class ForkedNvml(FakeNvml):
@@ -654,26 +668,31 @@ def test_a_hung_nvml_start_holds_a_snapshot_once_and_forks_once(monkeypatch) -> 
 
     from memra_obs.device import memory
 
-    release, said = threading.Event(), []
-    fm = FreeMemory(nvml=lambda: release.wait(10) and FakeNvml(CARDS),
-                    cuda=lambda: FakeCuda(CUDA_BUS[:1]), report=lambda k, s: said.append(s))  # fmt: skip
-    monkeypatch.setattr(memory, "FORK_WAIT_S", 0.2)
+    release, inside, said = threading.Event(), threading.Event(), []
+
+    def hung_nvml() -> Any:
+        inside.set()
+        return release.wait(30) and FakeNvml(CARDS)
+
+    fm = FreeMemory(nvml=hung_nvml, cuda=lambda: FakeCuda(CUDA_BUS[:1]),
+                    report=lambda k, s: said.append(s))  # fmt: skip
+    # One wait is 1.0 s, two are 2.0 s (a wait as long as the hang: 30 s): 0.9 s either side
+    # for a stalled host.
+    monkeypatch.setattr(memory, "FORK_WAIT_S", 1.0)
     monkeypatch.setattr(memory, "_default", fm)
-    threading.Thread(target=fm.warm, daemon=True).start()
-    time.sleep(0.05)
+    warming = threading.Thread(target=fm.warm, daemon=True)
+    warming.start()
+    assert inside.wait(10)  # the warm-up holds the lock, inside nvmlInit
     t0 = time.monotonic()
     assert fm.snapshot() == [] and fm.snapshot() == []
-    assert 0.15 < time.monotonic() - t0 < 0.35  # one wait, not two
-    assert len(set(said)) == 1 and "did not start within 0.2 s" in said[0]  # (said once)
+    assert 0.9 < time.monotonic() - t0 < 1.9  # one wait, not two
+    assert len(set(said)) == 1 and "did not start within 1 s" in said[0]  # (said once)
     t0 = time.monotonic()
     memory._before_fork()
     memory._after_fork()
-    assert time.monotonic() - t0 < 0.1
+    assert time.monotonic() - t0 < 0.5  # no wait: a fork that waited again would take 1.0 s
     release.set()
-    for _ in range(100):
-        if fm.snapshot():
-            break
-        time.sleep(0.02)
+    warming.join(10)  # the start ended: the lock is free
     assert fm.snapshot() == [(0, 1000)] and not fm.stuck
     fm.stuck = True  # a parent's wait that outlived a fork's: not the child's (NVML anew there)
     monkeypatch.setattr(memory, "_restart", lambda fm: fm._lock.release())

@@ -336,6 +336,7 @@ def test_records_put_while_the_exporters_shut_down_are_counted_dropped():
     """A record the loop hands over while shutdown waits on the exporters is never exported:
     it is counted in ``dropped`` (it used to stay in the queue, neither sent nor counted)."""
     exported: list = []
+    entered, release = threading.Event(), threading.Event()
 
     class SlowShutdown:
         def export(self, batch):
@@ -345,14 +346,16 @@ def test_records_put_while_the_exporters_shut_down_are_counted_dropped():
             return True
 
         def shutdown(self, timeout_s=5.0):
-            time.sleep(0.5)
+            entered.set()
+            release.wait(10)  # until the records below are in: they come while it waits
 
     q = QueueSink([SlowShutdown()], pause_s=0, stretch_ms=0)
     t = threading.Thread(target=q.shutdown, args=(5.0,))
     t.start()
-    time.sleep(0.2)
+    assert entered.wait(10), "shutdown never reached the exporter's shutdown"
     for _ in range(10):
         q.on_round(None)  # type: ignore[arg-type]
+    release.set()
     t.join(10)
     assert (len(exported), q.dropped, len(q)) == (0, 10, 0)
 

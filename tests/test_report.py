@@ -171,11 +171,31 @@ def test_the_page_table_matches_the_tails_metrics(runs):
     k = keys(report(runs["log"], out=runs["tmp"] / "tail.html"))
     data = runs["log"].read_bytes()
     err = runs["tmp"] / "tail.err"
+    # What the scrape must show: the page's counts. Polled until all of them are there (the
+    # last burst settles after its linger); a count that is wrong stays wrong, and the asserts
+    # below name it.
+    want = {
+        ("memra_obs_tail_lines_total", ()): data.count(b"\n"),
+        ("memra_spec_rounds_total", ()): int(k["rounds"][0]),
+        ("memra_obs_tail_rounds_total", (("source", "row"),)): int(k["rounds_own"][0]),
+        ("memra_obs_tail_rounds_total", (("source", "burst_mean"),)): int(k["rounds_means"][0]),
+        ("memra_spec_drafted_tokens_total", ()): int(k["drafted"][0]),
+        ("memra_spec_accepted_tokens_total", ()): int(k["accepted"][0]),
+        ("memra_spec_verify_seq_rows_total", ()): int(k["seq_rows"][0]),
+        ("memra_spec_first_token_seconds_count", ()): int(k["ttft_n"][0]),
+        ("memra_obs_tail_sessions_total", ()): int(k["sessions"][0]),
+        ("memra_obs_tail_orphan_lines_total", ()): int(k["unplaced"][0]),
+    }
+    for kind in ("phase", "verify", "prof", "prof_rounds", "prof_summary"):
+        want["memra_obs_tail_lines_total", (("kind", kind),)] = int(k[f"lines_{kind}"][0])
+    # --linger and --session-gap well past a stall of this test's writes into the pipe (one
+    # split a burst or a session): the input is one backlog, written at once, whose bursts and
+    # sessions each line settles; only the last burst waits out its linger.
     with open(err, "wb") as ferr:
         env = _env(MEMRA_OBS_SINKS="prometheus", MEMRA_OBS_METRICS_ADDR="127.0.0.1:0")
         tail = subprocess.Popen(
-            [sys.executable, "-m", "memra_obs.cli", "tail", "-", "--worker", "w", "--linger", "0.1",
-             "--session-gap", "0.2"], stdin=subprocess.PIPE, stderr=ferr, env=env)  # fmt: skip
+            [sys.executable, "-m", "memra_obs.cli", "tail", "-", "--worker", "w", "--linger", "2",
+             "--session-gap", "5"], stdin=subprocess.PIPE, stderr=ferr, env=env)  # fmt: skip
         try:
             assert tail.stdin is not None
             tail.stdin.write(data)
@@ -186,15 +206,10 @@ def test_the_page_table_matches_the_tails_metrics(runs):
                 m = re.search(rb"/metrics on (\S+)", err.read_bytes())
                 if m:
                     text = urllib.request.urlopen(m.group(1).decode(), timeout=5).read().decode()
-                    lines = _sample_sum(text, "memra_obs_tail_lines_total")
-                    done = _sample_sum(text, "memra_obs_tail_sessions_total") == int(
-                        k["sessions"][0]
-                    )
-                    if lines == data.count(b"\n") and done:
+                    got = {key: _sample_sum(text, key[0], **dict(key[1])) for key in want}
+                    if got == want:
                         break
                 time.sleep(0.3)
-            time.sleep(0.5)  # the last burst's linger and session gap
-            text = urllib.request.urlopen(m.group(1).decode(), timeout=5).read().decode()  # type: ignore[union-attr]
         finally:
             tail.stdin.close()  # type: ignore[union-attr]
             tail.wait(30)

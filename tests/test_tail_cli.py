@@ -271,15 +271,34 @@ def test_a_signal_during_the_final_flush_waits_for_it(tmp_path):
     with socket.socket() as hole:  # accepts (the kernel's backlog) and never answers
         hole.bind(("127.0.0.1", 0))
         hole.listen(8)
-        env = {**_env(), "MEMRA_OBS_SINKS": "otel", "OTEL_EXPORTER_OTLP_TIMEOUT": "3000",
+        env = {**_env(), "MEMRA_OBS_SINKS": "otel", "OTEL_EXPORTER_OTLP_TIMEOUT": "4000",
                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{hole.getsockname()[1]}"}  # fmt: skip
         p = subprocess.Popen([sys.executable, "-m", "memra_obs.cli", "tail", str(log)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)  # fmt: skip
         assert p.stderr is not None
         assert b"reading" in p.stderr.readline()
-        time.sleep(1.0)  # the 50 lines are read in ms; the flush waits up to 3 s
+        # The tail passes each chunk's lines on to stderr as it reads them: the 50th there, all
+        # were read (a fixed sleep assumed it). Parsing them and reading the file's end take ms,
+        # then the flush waits up to 4 s on the hole: the signal comes 0.5 s in.
+        err_lines: list[bytes] = []
+        all_read = threading.Event()
+
+        def drain() -> None:
+            passed = 0
+            for line in p.stderr:  # type: ignore[union-attr]
+                err_lines.append(line)
+                passed += line.startswith(b"[glm5-phase] ")
+                if passed == 50:
+                    all_read.set()
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        assert all_read.wait(30), b"".join(err_lines)
+        time.sleep(0.5)
         p.send_signal(signal.SIGTERM)
-        err = p.communicate(timeout=30)[1]
+        p.wait(30)
+        reader.join(30)
+        err = b"".join(err_lines)
     assert p.returncode == 0, err
     assert b"end of input: 50 lines" in err
 

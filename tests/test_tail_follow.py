@@ -88,7 +88,12 @@ def test_follow_survives_rename_and_copytruncate(tmp_path: Path):
     parts = [lines[:per], lines[per : 2 * per], lines[2 * per :]]
     records: list[Any] = []
     out = _Out()
-    tail = Tail(Rebuilder("w", linger_ns=50_000_000), records.extend, out=out, notes=lambda s: None)
+    # A linger far past any stall of the writes below or of the reader (at 50 ms, one on a busy
+    # host could settle a burst before its rows came: orphans): the next line or close() at the
+    # end settles each burst here.
+    tail = Tail(
+        Rebuilder("w", linger_ns=5_000_000_000), records.extend, out=out, notes=lambda s: None
+    )
     src = FollowSource(str(path), from_start=True, poll_s=0.01)
     stop = threading.Event()
 

@@ -81,8 +81,15 @@ def test_exemplar_trace_ids_lead_to_their_round_in_jaeger(
         return ex if len({e["labels"]["trace_id"] for e in ex}) >= 3 else []
 
     wait_for("round exemplars in Prometheus", enough, 60, 1.0)
-    prom_up = prom.query(f'up{{job="memra-{mode}"}}')
-    assert prom_up and prom_up[0]["value"][1] == "1", prom_up
+
+    def scraped_up() -> bool:
+        # Polled: one scrape slower than its timeout (the 1 s interval) on a busy host reads
+        # up == 0 until the next one; a /metrics that never answers stays 0 for all 30 s.
+        prom_up = prom.query(f'up{{job="memra-{mode}"}}')
+        assert prom_up and prom_up[0]["value"][1] == "1", prom_up
+        return True
+
+    wait_for(f"up == 1 for job memra-{mode}", scraped_up, 30, 0.5)
     # Workers first (SIGINT: the demo's Ctrl-C path ends the requests in flight and
     # flushes), then the agent (SIGTERM: reads the rings to their end, flushes).
     for p in children:

@@ -9,6 +9,7 @@ import os
 import signal
 import statistics
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -28,12 +29,20 @@ from peerlib import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 WINDOW_S = 8.0  # each of before / during the outage / after
-#: How far a window's median round wall (~4.6 ms at --speed 1) may move. Every round is drawn
-#: from one distribution; the demo alone gives four windows within 2% (4.30-4.40 ms), but
-#: beside Jaeger on the shared 2 cores one window in four has been 20-25% off, faster as often
-#: as slower and outage or not. A loop that waited on its exporter would move it by far more:
-#: a stalled send waits for the 2 s timeout, i.e. hundreds of rounds' worth.
-TOLERANCE = 0.35
+#: How far a window's median round wall (~4.6 ms at --speed 1) may move: up to this factor
+#: either way. Every round is drawn from one distribution; the demo alone gives four windows
+#: within 2% (4.30-4.40 ms), but beside Jaeger on the shared 2 cores one window in four has
+#: been 20-25% off, faster as often as slower and outage or not, and a loaded CI host moves
+#: it more. This catches a loop slowed throughout; a loop that stops now and then keeps its
+#: median (one held at each session's end until its spans were sent: unmoved): MAX_GAP_S.
+FACTOR = 2.0
+#: The longest time without a burst's line during the outage. Lines come every ~30 ms (a burst
+#: of 6 rounds), ~0.3 s apart at most across a session's set-up (the longest prime of this
+#: seed's first 500 sessions); 0.2 s at most measured, with 6 busy processes on the 2 cores. A
+#: loop that waited on its exporter stops for a whole send: 2 s (the OTLP timeout) against a
+#: hung Jaeger, 1-2 s of retries of a refused connection against a stopped one, each time it
+#: sends (3-5 s measured, a loop held at each session's end).
+MAX_GAP_S = 1.0
 
 
 class LineClock:
@@ -62,6 +71,11 @@ class LineClock:
         xs = [v for t, v in self.per_round_ms if t0 <= t < t1]
         assert len(xs) >= 20, f"only {len(xs)} bursts in a window"
         return statistics.median(xs), len(xs)
+
+    def longest_gap(self, t0: float, t1: float) -> float:
+        """The longest stretch of [t0, t1) in which no burst's line came (as polled: ~50 ms)."""
+        ts = [t0, *(t for t, _ in self.per_round_ms if t0 <= t < t1), t1]
+        return max(b - a for a, b in pairwise(ts))
 
 
 def sleep_polling(clock: LineClock, seconds: float) -> None:
@@ -111,7 +125,14 @@ def test_jaeger_outage_mid_run(
     sleep_polling(clock, 1.0)  # past start-up
     t_before = time.monotonic()
     sleep_polling(clock, WINDOW_S)
-    assert losses() == (0.0, 0.0), "losses before any outage"
+    # No losses with Jaeger up, but for one failed send at most: Jaeger on a busy 2-core host
+    # may let one pass the 2 s timeout (its spans counted dropped with it). Sends go out several
+    # times a second, so a sender that fails as a rule fails many times in this window; and no
+    # drop without a failed send (a full queue, a rejection).
+    errors_before, dropped_before = losses()
+    assert errors_before <= 1 and (dropped_before > 0) == (errors_before > 0), (
+        f"losses before any outage: errors {errors_before}, dropped {dropped_before}"
+    )
 
     assert jaeger.proc is not None
     pid = jaeger.proc.pid
@@ -173,14 +194,22 @@ def test_jaeger_outage_mid_run(
     before, n0 = clock.median(t_before, t_down)
     during, n1 = clock.median(t_down, t_up)
     after, n2 = clock.median(t_after, t_end)
+    gaps = [clock.longest_gap(*w) for w in ((t_before, t_down), (t_down, t_up), (t_after, t_end))]
     detail = (
         f"median ms/round before {before:.3f} ({n0} bursts), during {during:.3f} ({n1}), "
-        f"after {after:.3f} ({n2})"
+        f"after {after:.3f} ({n2}); longest gaps between lines "
+        + ", ".join(f"{g:.2f}" for g in gaps)
+        + " s"
     )
-    assert abs(during - before) <= TOLERANCE * before, detail
-    assert abs(after - before) <= TOLERANCE * before, detail
+    # The loop did not wait on the exporter while Jaeger was away: no stop of a send's length.
+    assert gaps[1] < MAX_GAP_S, detail
+    assert before / FACTOR <= during <= before * FACTOR, detail
+    assert before / FACTOR <= after <= before * FACTOR, detail
     # Losses: every failed send is an export error and its spans are counted as dropped.
-    assert errors_down >= 1 and dropped_down >= 1, (errors_down, dropped_down)
+    assert errors_down > errors_before and dropped_down > dropped_before, (
+        (errors_before, dropped_before),
+        (errors_down, dropped_down),
+    )
     # Once Jaeger is back nothing more is lost.
     assert (errors_end, dropped_end) == (errors_after, dropped_after), (
         f"still losing spans after the restart: errors {errors_after} -> {errors_end}, "
