@@ -694,9 +694,11 @@ def test_shutdown_counts_the_records_a_stuck_exporter_call_still_holds():
     while q.worker.held == 0 and time.monotonic() < deadline:
         time.sleep(0.005)
     t0 = time.monotonic()
-    q.shutdown(0.2)
-    assert time.monotonic() - t0 < 4.0  # 0.2 s and a loaded host's stalls; not the 30 s
-    release.set()
+    try:
+        q.shutdown(0.2)
+        assert time.monotonic() - t0 < 4.0  # 0.2 s and a loaded host's stalls; not the 30 s
+    finally:
+        release.set()
     q.worker._thread.join(5)
     assert ex.got == 0 and q.dropped == 9
 

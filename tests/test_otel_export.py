@@ -1316,14 +1316,17 @@ def test_an_abort_on_a_kept_alive_connection_is_not_a_resend():
     from memra_obs.otel.transport import Retry
 
     got: list[float] = []
+    gate = threading.Event()
 
     class Slow(_Ok):
         def arrived(self) -> None:
             got.append(time.monotonic())
             if len(got) > 1:  # the collector turns slow after its first answer
-                time.sleep(30)
+                gate.wait(30)
 
-    with _sender_to(Slow) as sender:
+    with contextlib.ExitStack() as stack:
+        sender = stack.enter_context(_sender_to(Slow))
+        stack.callback(gate.set)  # first out: its handler thread goes with the test, not 30 s on
         assert sender.send(b"", 5.0) == (0, "")
         out: list[object] = []
         t = threading.Thread(target=lambda: out.append(_attempt(sender, 30.0)))

@@ -9,7 +9,6 @@ import os
 import signal
 import statistics
 import time
-from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -53,6 +52,9 @@ class LineClock:
         self.pos = 0
         self.buf = b""
         self.per_round_ms: list[tuple[float, float]] = []
+        #: (time, bursts read) of every poll: a poll that read none proves the demo wrote none
+        #: since the poll before it; a poll that came late (a stalled test process) proves nothing.
+        self.polls: list[tuple[float, int]] = []
 
     def poll(self) -> None:
         with open(self.log, "rb") as f:
@@ -61,11 +63,12 @@ class LineClock:
         self.pos += len(data)
         self.buf += data
         *lines, self.buf = self.buf.split(b"\n")
-        now = time.monotonic()
+        now, n = time.monotonic(), len(self.per_round_ms)
         for ln in lines:
             m = PHASE_LINE.match(ln.decode(errors="replace"))
             if m and m["tag"] == "glm5-phase":
                 self.per_round_ms.append((now, float(m["total"]) / int(m["rounds"])))
+        self.polls.append((now, len(self.per_round_ms) - n))
 
     def median(self, t0: float, t1: float) -> tuple[float, int]:
         xs = [v for t, v in self.per_round_ms if t0 <= t < t1]
@@ -73,9 +76,16 @@ class LineClock:
         return statistics.median(xs), len(xs)
 
     def longest_gap(self, t0: float, t1: float) -> float:
-        """The longest stretch of [t0, t1) in which no burst's line came (as polled: ~50 ms)."""
-        ts = [t0, *(t for t, _ in self.per_round_ms if t0 <= t < t1), t1]
-        return max(b - a for a, b in pairwise(ts))
+        """The longest stretch in [t0, t1) the polls prove no burst's line came in: from a poll
+        that read some to the last of the empty polls after it (polled every ~50 ms)."""
+        longest, since = 0.0, t0
+        for t, n in self.polls:
+            if t0 <= t < t1:
+                if n:
+                    since = t
+                else:
+                    longest = max(longest, t - since)
+        return longest
 
 
 def sleep_polling(clock: LineClock, seconds: float) -> None:
