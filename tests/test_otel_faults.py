@@ -483,6 +483,21 @@ def _grpc_collector(script: list[tuple[str, float | None]]):
     return server, port, times
 
 
+def _one_grpc_session(server, port: int):
+    """One session's spans over gRPC to ``server`` on ``port``, shut down in 5 s; its exporter."""
+    try:
+        env = {
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        }
+        obs, _q, ex = make(env, prof=False)
+        run_session(obs, prof=False)
+        obs.shutdown(5)
+    finally:
+        server.stop(0)
+    return ex
+
+
 @pytest.mark.parametrize(
     ("code", "delay", "retried"),
     [
@@ -499,16 +514,7 @@ def test_grpc_retries_the_specification_codes(code, delay, retried):
     """gRPC: the specification's retryable codes are retried, RESOURCE_EXHAUSTED only with
     RetryInfo (whose delay is honored); the others drop the request at once."""
     server, port, times = _grpc_collector([(code, delay)])
-    try:
-        env = {
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
-        }
-        obs, _q, ex = make(env, prof=False)
-        run_session(obs, prof=False)
-        obs.shutdown(5)
-    finally:
-        server.stop(0)
+    ex = _one_grpc_session(server, port)
     if retried:
         assert len(times) == 2 and ex.exported_spans == SPANS and ex.dropped_spans == 0
         if delay is not None:
@@ -529,17 +535,7 @@ def test_a_collectors_message_reaches_stderr_as_one_inert_line(caplog, tmp_path)
     def export(req: ExportTraceServiceRequest, ctx) -> ExportTraceServiceResponse:
         ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, forged)
 
-    server, port = grpc_trace_service(export)
-    try:
-        env = {
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
-        }
-        obs, _q, _ex = make(env, prof=False)
-        run_session(obs, prof=False)
-        obs.shutdown(5)
-    finally:
-        server.stop(0)
+    _one_grpc_session(*grpc_trace_service(export))
     (said,) = [r.getMessage() for r in caplog.records if "PWNED" in r.getMessage()]
     assert "\n" not in said and "\x1b" not in said and "\x07" not in said, said
     assert "bad\\n[glm5-phase] rounds=999" in said and "\\x1b]0;PWNED\\x07" in said, said
