@@ -18,10 +18,12 @@ import time
 import urllib.parse
 import urllib.request
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import polling
 import pytest
 
 from memra_obs.agent.format import KIND_SESSION
@@ -53,20 +55,8 @@ class Collect:
         pass
 
 
-def wait_for(
-    what: str, cond: Callable[[], Any], timeout_s: float = 60.0, every: float = 0.05
-) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            v = cond()
-        except Exception:
-            v = None
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(every)
+#: The conditions read logs and files that may not be there yet (None[1], next() of nothing).
+wait_for = partial(polling.wait_for, timeout_s=60.0, tolerate=(Exception,))
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -460,7 +450,7 @@ def test_prometheus_scrapes_the_agent_and_exemplars_name_exported_traces(tmp_pat
         got = {r["metric"].get("worker"): float(r["value"][1]) for r in res}
         return got == {w: float(t[1]) for w, t in totals.items()}
 
-    wait_for("Prometheus to hold every worker's rounds", scraped, timeout_s=60, every=0.5)
+    wait_for("Prometheus to hold every worker's rounds", scraped, timeout_s=60, every_s=0.5)
 
     def balanced() -> bool:  # read + lost == written, per worker, in PromQL (README, "Agent mode")
         res = _api(base, "query", query=IDENTITY)["result"]
@@ -468,7 +458,7 @@ def test_prometheus_scrapes_the_agent_and_exemplars_name_exported_traces(tmp_pat
             float(r["value"][1]) == 0 for r in res
         )
 
-    wait_for("records + lost - written == 0 for every worker", balanced, timeout_s=30, every=0.5)
+    wait_for("records + lost - written == 0 for every worker", balanced, timeout_s=30, every_s=0.5)
     agent.send_signal(signal.SIGTERM)
     assert agent.wait(30) == 0
     trace_ids = {s["traceId"] for s in _spans(spans)}

@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from polling import wait_for
 
 from memra_obs.legacy import FirstTokenLine, PhaseLine, VerifyLine, parse_line
 
@@ -94,18 +95,16 @@ def test_demo_publishes_lines_metrics_and_spans(tmp_path):
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        body = ""
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline and "memra_spec_rounds_total{" not in body:
-            time.sleep(0.5)
-            try:
-                req = urllib.request.Request(
-                    f"http://127.0.0.1:{port}/metrics",
-                    headers={"Accept": "application/openmetrics-text; version=1.0.0"},
-                )
-                body = urllib.request.urlopen(req, timeout=5).read().decode()
-            except OSError:
-                continue
+
+        def scraped() -> str:  # the exposition once it has rounds, else "" (not yet)
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/metrics",
+                headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+            )
+            body = urllib.request.urlopen(req, timeout=5).read().decode()
+            return body if "memra_spec_rounds_total{" in body else ""
+
+        body = wait_for("rounds on the demo's /metrics", scraped, 40.0, 0.5)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from polling import wait_for
 
 CMD = [sys.executable, "-m", "memra_obs.cli"]
 
@@ -29,10 +30,9 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def _wait_for(path: Path, text: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in (path.read_text() if path.exists() else ""):
-        assert time.monotonic() < deadline, f"no {text!r} in {path}"
-        time.sleep(0.05)
+    wait_for(
+        f"{text!r} in {path}", lambda: text in (path.read_text() if path.exists() else ""), timeout
+    )
 
 
 def _hangup_default() -> None:

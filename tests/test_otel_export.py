@@ -27,6 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.sdk.trace import TracerProvider
+from polling import wait_for
 
 from memra_obs.environment import ConfigError, Settings
 from memra_obs.export import QueueSink
@@ -386,10 +387,8 @@ def test_closed_port_costs_the_loop_nothing_and_counts_every_drop(receiver):
         us["dead"].append(loop_us_per_round(dead))
     t_live, t_dead = min(us["live"]), min(us["dead"])
     assert t_dead < t_live * 3 + 3.0, us
-    deadline = time.monotonic() + 30  # every record in the exporter's hands: all its spans count
-    while len(dead_q):
-        assert time.monotonic() < deadline, "the dead exporter's queue never drained"
-        time.sleep(0.01)
+    # every record in the exporter's hands: all its spans count
+    wait_for("the dead exporter's queue to drain", lambda: not len(dead_q), every_s=0.01)
     t0 = time.monotonic()
     dead.shutdown(2.0)
     # ~2 s. Unbounded, a request retrying the closed port holds shutdown for the 10 s export
@@ -1331,10 +1330,8 @@ def test_an_abort_on_a_kept_alive_connection_is_not_a_resend():
         out: list[object] = []
         t = threading.Thread(target=lambda: out.append(_attempt(sender, 30.0)))
         t.start()
-        deadline = time.monotonic() + 30
-        while len(got) < 2:  # at the receiver: in flight, waiting for its answer
-            assert time.monotonic() < deadline, "the request never reached the receiver"
-            time.sleep(0.01)
+        # at the receiver: in flight, waiting for its answer
+        wait_for("the request at the receiver", lambda: len(got) >= 2, every_s=0.01)
         sender.abort()
         # The abort ends the send at once; one sent again waits out the slow answer (30 s,
         # the send's own timeout too): 10 s is slack for a loaded machine, a third of that.

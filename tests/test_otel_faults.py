@@ -26,6 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from polling import wait_for
 from test_otel_export import Receiver, closed_port, grpc_trace_service, make, run_session
 
 from memra_obs import diagnostics
@@ -45,15 +46,6 @@ def session_records() -> list:
     keep = RecordingSink(wants_trace_ids=True)
     run_session(Observer([keep], level=1, prof=False), prof=False)
     return list(keep.records)
-
-
-def wait_for(cond: Callable[[], object], timeout: float = 30.0) -> None:
-    """Poll ``cond`` until true; the deadline is generous (a loaded CI machine), never a bound
-    that a test's promise rests on."""
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "timed out waiting"
-        time.sleep(0.005)
 
 
 class Scripted:
@@ -172,7 +164,7 @@ def test_shutdown_accounts_for_the_request_in_flight_within_its_timeout(collecto
         ex = build_span_exporter(Settings(), env={"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url})
         ex.export(session_records())
         ex.tick()
-        wait_for(busy)
+        wait_for("the request in flight", busy)
         t0 = time.monotonic()
         ex.shutdown(1.0)
         took = time.monotonic() - t0
@@ -195,7 +187,7 @@ def test_observer_shutdown_keeps_its_timeout_with_a_silent_collector(monkeypatch
         obs, _q, ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url}, prof=False)
         run_session(obs, prof=False)
         run_session(obs, prof=False)
-        wait_for(lambda: rx.got)
+        wait_for("a request at the collector", lambda: rx.got)
         deadlines: list[float] = []
         real = ExporterSet.shutdown
 
@@ -285,7 +277,7 @@ def test_backoff_is_jittered_exponential_within_the_overall_deadline(monkeypatch
             prof=False,
         )
         run_session(obs, prof=False)
-        wait_for(lambda: ex.dropped_spans)
+        wait_for("spans counted dropped", lambda: ex.dropped_spans)
         obs.shutdown(1)
     finally:
         rx.close()
@@ -358,7 +350,7 @@ def test_a_collector_back_from_an_outage_has_the_spans_within_about_a_second(mon
     rx, late = late_receiver(port)
     back = time.monotonic()
     try:
-        wait_for(lambda: len(rx.spans) == SPANS, timeout=10.0)
+        wait_for("the spans at the collector back", lambda: len(rx.spans) == SPANS, 10.0)
         took = time.monotonic() - back
     finally:
         obs.shutdown(5)
@@ -446,9 +438,9 @@ def test_an_answer_that_streams_on_does_not_hold_the_exporter():
     obs, _q, ex = make({"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url}, prof=False)
     try:
         run_session(obs, prof=False)
-        wait_for(lambda: ex.exported_spans == SPANS)
+        wait_for("the first session exported", lambda: ex.exported_spans == SPANS)
         run_session(obs, prof=False)
-        wait_for(lambda: ex.exported_spans == 2 * SPANS)
+        wait_for("the second session exported", lambda: ex.exported_spans == 2 * SPANS)
         assert rx.requests == 2 and ex.dropped_spans == 0
     finally:
         obs.shutdown(2)
@@ -720,7 +712,7 @@ def test_a_forked_child_sends_its_own_spans():
         assert got == f"1 {one} 0".encode()  # the child counted only its own session
         run_session(obs, prof=False)
         assert q.flush(5.0) and ex.flush(5.0)
-        wait_for(lambda: rx.spans == 3 * one)
+        wait_for("three sessions at the collector", lambda: rx.spans == 3 * one)
         assert ex.exported_spans == 2 * one and ex.dropped_spans == 0
     finally:
         q.shutdown(2.0)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import wait_for
 from prometheus_client import CollectorRegistry
 
 from memra_obs.clock import now_ns
@@ -131,21 +132,6 @@ def scalar(base: str, q: str) -> float | None:
     return float(res[0]["value"][1]) if res else None
 
 
-def wait_for(what: str, cond, timeout_s: float = 40.0, log: Path | None = None) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = cond()
-            if last:
-                return last
-        except OSError as exc:  # not listening yet
-            last = exc
-        time.sleep(0.25)
-    tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
-    pytest.fail(f"timed out waiting for {what} (last: {last!r})\n{tail}")
-
-
 @pytest.fixture
 def worker() -> Iterator[dict[str, Any]]:
     pytest.importorskip("memra_obs.otel.spans")
@@ -193,7 +179,8 @@ def prometheus(tmp_path: Path, worker: dict[str, Any]) -> Iterator[str]:
         wait_for(
             "Prometheus to be ready",
             lambda: urllib.request.urlopen(base + "/-/ready", timeout=2).status == 200,
-            log=log,
+            40.0,
+            detail=lambda: log.read_text()[-3000:] if log.exists() else "",
         )
         yield base
     finally:
@@ -243,8 +230,9 @@ def test_prometheus_scrapes_quantiles_counters_and_exemplars(worker, prometheus)
     wait_for(
         f"{total} rounds in Prometheus",
         lambda: scalar(base, "sum(memra_spec_rounds_total)") == total,
+        40.0,
     )
-    wait_for("the target to be up", lambda: scalar(base, 'up{job="memra"}') == 1)
+    wait_for("the target to be up", lambda: scalar(base, 'up{job="memra"}') == 1, 40.0)
 
     per_family = ROUNDS * 2
     for fam in ("glm5", "qwen3"):
@@ -311,6 +299,7 @@ def test_prometheus_scrapes_quantiles_counters_and_exemplars(worker, prometheus)
     wait_for(
         "two samples of every series (a rate's least)",
         lambda: scalar(base, "min(count_over_time(memra_spec_rounds_total[5m]))") >= 2,
+        40.0,
     )
     bad, empty = [], []
     for n, block in enumerate(readme_promql()):

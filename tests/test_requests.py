@@ -14,6 +14,7 @@ import sys
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from polling import wait_for
 from prometheus_client import CollectorRegistry
 
 from memra_obs.agent.main import build_agent
@@ -568,10 +569,7 @@ def test_a_requests_file_that_blocks_holds_back_neither_metrics_nor_shutdown(tmp
             obs.flush(0.3)  # (times out: the requests file's append is stuck for good)
             # Polled (a busy host's worker may take longer than the flush's 0.3 s): a worker
             # held by the blocked append never gets there.
-            deadline = time.monotonic() + 10
-            while published() != n and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert published() == n
+            wait_for(f"{n} requests published", lambda n=n: published() == n, 10.0, 0.01)
         t0 = time.monotonic()
         obs.shutdown(0.3)
         # ~0.3 s here; a shutdown that took a part's default timeout (5 s) instead, or waited

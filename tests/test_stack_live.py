@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from polling import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))
@@ -65,21 +66,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _wait(what: str, ok, timeout_s: float, every_s: float = 0.25):
-    """Poll ``ok()`` until it returns something truthy; fail naming ``what`` after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            got = ok()
-            if got:
-                return got
-        except (OSError, urllib.error.URLError, ValueError) as exc:
-            last = exc
-        time.sleep(every_s)
-    pytest.fail(f"timed out after {timeout_s}s waiting for {what} (last error: {last})")
 
 
 class Stack:
@@ -143,7 +129,7 @@ class Stack:
                     MEMRA_OBS_SPANS_FILE_MAX_BYTES="0",  # every exemplar's trace stays on disk
                 )
             )
-        _wait("the demo's /metrics", lambda: self._get(f"{self.metrics_url}/metrics"), 30)
+        wait_for("the demo's /metrics", lambda: self._get(f"{self.metrics_url}/metrics"), 30)
 
         config = {
             "global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": f"{SCRAPE_S}s"},
@@ -168,7 +154,7 @@ class Stack:
             stdout=subprocess.DEVNULL,
             stderr=self._logs[-1],
         )
-        _wait("Prometheus to be ready", lambda: self._get(f"{self.prom_url}/-/ready"), 30)
+        wait_for("Prometheus to be ready", lambda: self._get(f"{self.prom_url}/-/ready"), 30)
         self.t0 = time.time()
 
     @staticmethod
@@ -378,7 +364,7 @@ def test_every_dashboard_expression_returns_data(stack: Stack):
     for path in DASHBOARDS:
         # The variables first (a panel query is only as good as the values it is given).
         for all_values in (True, False):
-            variables = _wait(
+            variables = wait_for(
                 f"{path.name}'s variables to list values",
                 lambda path=path, a=all_values: resolve_variables(stack, path, a),
                 CONVERGE_S,
@@ -406,7 +392,7 @@ def test_share_panels_are_shares(stack: Stack):
     value, not the stacked axis): the phase shares of round wall add up to 1, with every
     variable on "All" (several processes, two families)."""
     path = ROOT / "grafana" / "dashboards" / "memra-spec.json"
-    variables = _wait("the variables to list values", lambda: resolve_variables(stack, path, True),
+    variables = wait_for("the variables to list values", lambda: resolve_variables(stack, path, True),
                       CONVERGE_S, every_s=1)  # fmt: skip
     (t,) = (t for b, title, t in dashboard_targets() if title == "Phase share of round wall")
 
@@ -481,7 +467,9 @@ def test_round_histogram_exemplars_carry_trace_ids(stack: Stack):
         )
         return [e for s in data for e in s["exemplars"]]
 
-    found = _wait("exemplars on memra_spec_round_seconds_bucket", exemplars, CONVERGE_S, every_s=1)
+    found = wait_for(
+        "exemplars on memra_spec_round_seconds_bucket", exemplars, CONVERGE_S, every_s=1
+    )
     for e in found:
         assert re.fullmatch(r"[0-9a-f]{32}", e["labels"].get("trace_id", "")), e
 

@@ -12,6 +12,7 @@ import urllib.request
 from typing import Any
 
 import pytest
+from polling import wait_for
 from prometheus_client import CollectorRegistry
 
 from memra_obs.demo import DemoConfig, SimDevice, run_demo
@@ -142,13 +143,6 @@ class _Pump:
         self._t.join(DEADLINE_S)
 
 
-def _wait(cond: Any, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def _metric(url: str, name: str, **labels: str) -> float | None:
     with urllib.request.urlopen(url, timeout=5) as r:
         text = r.read().decode()
@@ -198,13 +192,14 @@ def test_demo_stderr_piped_through_the_cli(tmp_path):
         assert tail.stdin is not None
         tail.stdin.write(demo.stderr)
         tail.stdin.flush()
-        _wait(lambda: b"/metrics on " in err.data, "the tail's start line")
+        wait_for("the tail's start line", lambda: b"/metrics on " in err.data, DEADLINE_S)
         url = re.search(rb"/metrics on (\S+)", bytes(err.data)).group(1).decode()  # type: ignore[union-attr]
-        _wait(
+        wait_for(
+            f"{rounds} rounds on the tail's /metrics",
             lambda: (
                 _metric(url, "memra_spec_rounds_total", worker="demo0", family="glm5") == rounds
             ),
-            f"{rounds} rounds on the tail's /metrics",
+            DEADLINE_S,
         )
         assert _metric(url, "memra_spec_first_token_seconds_count", worker="demo0") == sessions
         assert _metric(url, "memra_obs_tail_sessions_total", worker="demo0") == sessions

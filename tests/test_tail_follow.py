@@ -12,11 +12,11 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import wait_for
 
 from memra_obs.tail import Rebuilder, Tail, pump
 from memra_obs.tail.source import FollowSource
@@ -52,14 +52,6 @@ def worker_lines(n_sessions: int, rounds: int = 14) -> list[str]:
                         done += 1
                     b.end()
         return cap.lines
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 class _Out:
@@ -112,17 +104,17 @@ def test_follow_survives_rename_and_copytruncate(tmp_path: Path):
                 f.write(blob[i : i + 777])
                 f.flush()
         written.extend(blob)
-        wait_for(lambda: tail.stats.bytes >= len(written), f"{len(written)} bytes read")
+        wait_for(f"{len(written)} bytes read", lambda: tail.stats.bytes >= len(written), DEADLINE_S)
 
     try:
         write(parts[0])
         os.rename(path, tmp_path / "worker.err.1")  # logrotate's create mode
         path.write_bytes(b"")
         write(parts[1])
-        wait_for(lambda: tail.stats.rotations["rename"] == 1, "the rename rotation")
+        wait_for("the rename rotation", lambda: tail.stats.rotations["rename"] == 1, DEADLINE_S)
         shutil.copyfile(path, tmp_path / "worker.err.2")  # copytruncate
         os.truncate(path, 0)
-        wait_for(lambda: tail.stats.rotations["truncate"] == 1, "the truncate rotation")
+        wait_for("the truncate rotation", lambda: tail.stats.rotations["truncate"] == 1, DEADLINE_S)
         write(parts[2])
     finally:
         stop.set()
@@ -195,25 +187,25 @@ def test_cli_follows_a_rotating_file_and_serves_metrics(tmp_path: Path):
     )  # type: ignore[union-attr]
     pump.start()
     try:
-        wait_for(lambda: b"/metrics on " in err.data, "the start line")
+        wait_for("the start line", lambda: b"/metrics on " in err.data, DEADLINE_S)
         url = re.search(rb"/metrics on (\S+)", bytes(err.data)).group(1).decode()  # type: ignore[union-attr]
         lines = worker_lines(3)
         blob1 = ("\n".join(lines[:40]) + "\n").encode()
         blob2 = ("\n".join(lines[40:]) + "\n").encode()
         with open(path, "ab") as f:
             f.write(blob1)
-        wait_for(lambda: blob1 in err.data, "the first lines passed through")
+        wait_for("the first lines passed through", lambda: blob1 in err.data, DEADLINE_S)
         os.rename(path, tmp_path / "rank0.err.1")
         with open(path, "ab") as f:
             f.write(blob2)
-        wait_for(lambda: blob2 in err.data, "the lines after rotation")
+        wait_for("the lines after rotation", lambda: blob2 in err.data, DEADLINE_S)
 
         def rounds() -> float | None:
             return _sample(
                 _scrape(url), "memra_spec_rounds_total", worker="rank0.err", family="glm5"
             )
 
-        wait_for(lambda: rounds() == 3 * 14, "42 rounds on /metrics")
+        wait_for("42 rounds on /metrics", lambda: rounds() == 3 * 14, DEADLINE_S)
         text = _scrape(url)
         assert (
             _sample(text, "memra_obs_tail_rotations_total", worker="rank0.err", style="rename") == 1
@@ -255,12 +247,12 @@ def test_follow_ends_a_partial_line_at_rotation_and_waits_out_what_is_no_file(tm
     try:
         first = b"one\n[spec-prof-rounds] row=3 wall_ms=0.6"
         path.write_bytes(first)
-        wait_for(lambda: tail.stats.bytes == len(first), "the partial line read")
+        wait_for("the partial line read", lambda: tail.stats.bytes == len(first), DEADLINE_S)
         os.truncate(path, 0)
-        wait_for(lambda: tail.stats.rotations["truncate"] == 1, "the truncate rotation")
+        wait_for("the truncate rotation", lambda: tail.stats.rotations["truncate"] == 1, DEADLINE_S)
         with open(path, "ab") as f:
             f.write(b"two\n")
-        wait_for(lambda: tail.stats.bytes == len(first) + 4, "the next line")
+        wait_for("the next line", lambda: tail.stats.bytes == len(first) + 4, DEADLINE_S)
         put = {"dir": os.mkdir, "fifo": os.mkfifo, "sock": _bound, "loop": _loop}
         for odd, said in (("dir", "not a regular file"), ("fifo", "not a regular file"),
                           ("sock", "No such device or address; waiting until it can be read"),
@@ -268,14 +260,22 @@ def test_follow_ends_a_partial_line_at_rotation_and_waits_out_what_is_no_file(tm
             os.rename(path, tmp_path / f"worker.err.{odd}")
             put[odd](path)  # sock: a file it cannot open (waited out unsaid); loop: nor stat
             if said is not None:
-                wait_for(lambda said=said: sum(said in n for n in notes) == 1, f"the {odd} said")
+                wait_for(
+                    f"the {odd} said",
+                    lambda said=said: sum(said in n for n in notes) == 1,
+                    DEADLINE_S,
+                )
             time.sleep(0.1)  # (the loop: os.stat's ELOOP ended the tail)
             assert said is None or sum(said in n for n in notes) == 1  # said once
             assert reader.is_alive()
             (os.rmdir if odd == "dir" else os.unlink)(path)
             notes.clear()
             path.write_bytes(f"after {odd}\n".encode())
-            wait_for(lambda odd=odd: out.data.endswith(f"after {odd}\n".encode()), f"after {odd}")
+            wait_for(
+                f"after {odd}",
+                lambda odd=odd: out.data.endswith(f"after {odd}\n".encode()),
+                DEADLINE_S,
+            )
     finally:
         stop.set()
         reader.join(DEADLINE_S)

@@ -20,10 +20,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -58,23 +60,6 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def wait_for(what: str, cond: Callable[[], Any], timeout_s: float, every_s: float = 0.2) -> Any:
-    """Poll ``cond()`` until it returns something truthy; fail naming ``what`` (and the last
-    exception ``cond`` raised, if any) after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    last: BaseException | None = None
-    while True:
-        try:
-            got = cond()
-            if got:
-                return got
-        except (OSError, ValueError, KeyError, AssertionError) as exc:
-            last = exc
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}: {last!r}")
-        time.sleep(every_s)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
