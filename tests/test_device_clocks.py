@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 import pytest
+from stepped import SteppedStream, SteppingClock
 
 from memra_obs.burst import SETTLE_ROUNDS
 from memra_obs.clock import ProfClock, SyncClock
@@ -503,29 +504,16 @@ def test_prof_clock_laps_drain_both_streams_and_return_the_ms_between_them(
     # The streams' work runs on a stepped clock (a read: 1 µs of host time), a drain moving it
     # to the work's end: laps are exact (30 ms, then 15 ms, not the 45 ms since the
     # start), and no stalled host stretches one.
-    t = [10**12]
-
-    def now() -> int:
-        t[0] += 1_000
-        return t[0]
-
-    class Stepped(SimStream):
-        def enqueue(self, ms: float) -> None:
-            self.busy_until_ns = max(self.busy_until_ns, t[0]) + int(ms * MS)
-
-        def synchronize(self) -> None:
-            self.syncs += 1
-            t[0] = max(t[0], self.busy_until_ns)
-
-    monkeypatch.setattr(clock_mod, "now_ns", now)
-    e, eh, other = Stepped(), Stepped(), Stepped()
+    c = SteppingClock()
+    monkeypatch.setattr(clock_mod, "now_ns", c)
+    e, eh, other = SteppedStream(c), SteppedStream(c), SteppedStream(c)
     p = ProfClock.start(e, eh)
     assert (e.syncs, eh.syncs) == (1, 1)
-    e.enqueue(20.0)
-    eh.enqueue(30.0)
+    e.enqueue(0.020)
+    eh.enqueue(0.030)
     first = p.lap()
     assert (e.syncs, eh.syncs) == (2, 2) and first == pytest.approx(30.0, abs=0.01)
-    other.enqueue(15.0)
+    other.enqueue(0.015)
     second = p.lap(other)
     assert second == pytest.approx(15.0, abs=0.01) and (other.syncs, e.syncs, eh.syncs) == (1, 2, 3)
 

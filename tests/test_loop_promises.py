@@ -14,6 +14,7 @@ import time
 
 import pytest
 from forked import in_child
+from stepped import SteppedStream, SteppingClock
 
 import memra_obs
 from memra_obs.demo import SimStream
@@ -40,36 +41,6 @@ def one_round(b, k=4, j=2, **kw):
     b.end_accept()
     b.end_rollback()
     b.end_round(k=k, j=j, **kw)
-
-
-class SteppingClock:
-    """The observer's ``now_ns``, stepped: a read is 1 µs of host time, ``advance(s)`` the time
-    a sleep (or a snapshot) takes. A bucket holds exactly what the code put in it: a stalled
-    CI host moves no stamp."""
-
-    def __init__(self) -> None:
-        self.t = 10**12
-
-    def __call__(self) -> int:
-        self.t += 1_000
-        return self.t
-
-    def advance(self, s: float) -> None:
-        self.t += int(s * 1e9)
-
-
-class SteppedStream:
-    """demo.SimStream on a :class:`SteppingClock`: queued work runs back to back from when it is
-    queued; ``synchronize`` moves the clock to the end of it."""
-
-    def __init__(self, clock: SteppingClock) -> None:
-        self.clock, self.busy_until = clock, 0
-
-    def enqueue(self, s: float) -> None:
-        self.busy_until = max(self.busy_until, self.clock.t) + int(s * 1e9)
-
-    def synchronize(self) -> None:
-        self.clock.t = max(self.clock.t, self.busy_until)
 
 
 @pytest.fixture
