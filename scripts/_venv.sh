@@ -30,6 +30,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
   spec="."
   [ -n "${EXTRAS:-}" ] && spec=".[${EXTRAS}]"
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e "$spec"
+  # setuptools' note on every editable install of a flat layout ("be careful with folders in
+  # your working directory with the same name as your package", 10 lines) was a fresh clone's
+  # first output; pip's own warnings and every other one still show.
+  PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation" \
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e "$spec"
   echo "$want" > "$stamp"
 fi

@@ -81,6 +81,43 @@ def test_the_scripts_remake_a_venv_whose_making_failed(tmp_path: Path) -> None:
     assert not (tmp_path / ".venv").exists()  # the next run makes it whole
 
 
+def test_the_scripts_first_install_shows_no_setuptools_editable_note(tmp_path: Path) -> None:
+    """A fresh clone's first `scripts/demo.sh` printed setuptools' 10-line "Editable
+    installation ... be careful with folders in your working directory" note (pip re-emits a
+    build backend's warnings); it is filtered where pip's build runs, and any other warning of
+    that build, a user's own filter too, still shows."""
+    (tmp_path / "scripts").mkdir()
+    for f in ("scripts/_venv.sh", "pyproject.toml"):
+        (tmp_path / f).write_bytes((ROOT / f).read_bytes())
+    build = tmp_path / "build.py"  # setuptools' build in pip's subprocess: inherited filters
+    build.write_text(
+        "import warnings\n"
+        "warnings.warn('Editable installation.\\n!!\\nPlease be careful', UserWarning)\n"
+        "warnings.warn('Retrying after connection broken', UserWarning)\n"
+        "warnings.warn('a filter of the user', UserWarning)\n"
+    )
+    venv_bin = tmp_path / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").write_text(  # pip: --version works, an install (-e) runs the build
+        f"""#!/bin/sh
+if [ "$1" = -m ] && [ "$2" = pip ]; then
+  case "$*" in *" -e "*) exec {sys.executable} {build};; esac
+  exit 0
+fi
+exec {sys.executable} "$@"
+"""
+    )
+    (venv_bin / "python").chmod(0o755)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore:a filter of the user", "EXTRAS": ""}
+    p = subprocess.run(["bash", "-c", "source scripts/_venv.sh"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "Editable installation" not in p.stderr and "careful" not in p.stderr
+    assert "Retrying after connection broken" in p.stderr
+    assert "a filter of the user" not in p.stderr
+    assert (tmp_path / ".venv" / ".memra-obs-installed-core").is_file()
+
+
 def test_demo_publishes_lines_metrics_and_spans(tmp_path):
     """Embedded defaults: stderr lines that parse, /metrics with exemplars, OTLP-JSON spans."""
     import signal
