@@ -105,14 +105,15 @@ def test_proto_spans_decode_to_what_was_encoded(spans_):
 
 
 def _json_to_proto(line: bytes) -> ExportTraceServiceRequest:
-    """OTLP/JSON carries ids as hex; protobuf's JSON mapping wants base64. Convert, parse."""
+    """OTLP/JSON carries ids as hex; protobuf's JSON mapping wants base64. Convert, parse. The
+    URL-safe alphabet: protobuf decodes with it, and Python 3.15 warns it will drop "+" and "/"."""
     doc = json.loads(line)
     for rs in doc["resourceSpans"]:
         for ss in rs["scopeSpans"]:
             for sp in ss["spans"]:
                 for k in ("traceId", "spanId", "parentSpanId"):
                     if k in sp:
-                        sp[k] = base64.b64encode(bytes.fromhex(sp[k])).decode()
+                        sp[k] = base64.urlsafe_b64encode(bytes.fromhex(sp[k])).decode()
     return json_format.Parse(json.dumps(doc), ExportTraceServiceRequest())
 
 
