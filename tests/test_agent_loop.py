@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -313,21 +314,38 @@ def test_finished_rings_waiting_on_an_exporter_that_cannot_deliver_are_capped(tm
 
 
 def test_one_agent_per_directory(tmp_path):
-    """A second agent on the same directory is refused until the first one closes."""
+    """A second agent on the same directory is refused until the first one closes; a second
+    `memra-obs agent` is told so, not that the first one's /metrics port is in use."""
     a = Agent(str(tmp_path), [])
     with pytest.raises(AgentBusy):
         Agent(str(tmp_path), [])
     a.close()
     Agent(str(tmp_path), []).close()
+    env = {"MEMRA_OBS_SINKS": "prometheus", "MEMRA_OBS_METRICS_ADDR": "127.0.0.1:0"}
+    first, closers, server = build_agent(str(tmp_path), env=env)
+    env["MEMRA_OBS_METRICS_ADDR"] = f"127.0.0.1:{server.port}"
+    with pytest.raises(AgentBusy):
+        build_agent(str(tmp_path), env=env)
+    first.close()
+    for close in closers:
+        close()
 
 
 def test_an_unusable_directory_or_poll_is_one_line_and_status_2(tmp_path):
     """A ring directory under a file, or a file (it said "File exists"): one line naming it,
     status 2. ``--poll-ms nan`` (it
     spun), ``inf`` (a traceback), ``0`` and ``--dir ''`` (it read $MEMRA_OBS_AGENT or the
-    default): a usage error naming the option as typed. ``--keep`` reports no ring removed."""
+    default): a usage error naming the option as typed. ``--keep`` reports no ring removed.
+    The directory is said first, before a port is bound or a span file made (it said "address
+    already in use" with /metrics' port taken, and left an empty span file where it ran)."""
     (tmp_path / "f").write_text("")
     (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    taken = socket.socket()  # /metrics' port, held (a demo running beside the agent)
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    held = {**os.environ, "MEMRA_OBS_METRICS_ADDR": f"127.0.0.1:{taken.getsockname()[1]}"}
+    held.pop("MEMRA_OBS_SPANS_FILE", None)
+    (tmp_path / "cwd").mkdir()
     for args, said in (
         (["--dir", str(tmp_path / "f" / "sub")], "ring directory"),
         (["--dir", str(tmp_path / "f")], "(--dir, MEMRA_OBS_AGENT): not a directory"),
@@ -338,9 +356,12 @@ def test_an_unusable_directory_or_poll_is_one_line_and_status_2(tmp_path):
         (["--dir", " "], "--dir: must not be empty"),
     ):
         p = subprocess.run([sys.executable, "-m", "memra_obs.cli", "agent", *args],
-                           capture_output=True, text=True, timeout=60)  # fmt: skip
+                           capture_output=True, text=True, timeout=60, env=held,
+                           cwd=tmp_path / "cwd")  # fmt: skip
         assert p.returncode == 2 and "Traceback" not in p.stderr and said in p.stderr, p.stderr
         assert p.stderr.count("\n") == 1 or p.stderr.startswith("usage: memra-obs agent")
+        assert os.listdir(tmp_path / "cwd") == []  # no span file
+    taken.close()
     obs, sink = observer(str(tmp_path / "r"), "w")
     with obs.session("glm5") as s:
         rounds(s, 1)

@@ -70,7 +70,7 @@ class Agent:
 
     def __init__(self, directory: str, exporters: Sequence[RecordExporter], *,
                  batch_slots: int = 4096, poll_s: float = 0.02, cleanup: bool = True,
-                 forget_s: float = FORGET_S) -> None:  # fmt: skip
+                 forget_s: float = FORGET_S, lock_fd: int | None = None) -> None:  # fmt: skip
         self.directory, self.batch_slots = directory, batch_slots
         self.poll_s, self.cleanup, self.forget_s = poll_s, cleanup, forget_s
         # Its thread never starts: each pass is one batch, driven by step().
@@ -93,7 +93,7 @@ class Agent:
         self._retired: list[tuple[float, set[str]]] = []  # (when to forget, worker labels)
         self.rings_removed = self.rings_retired = 0  # retired: read to the end, worker gone
         self.where: list[str] = []  #: where build_agent's exporters publish, for the banner
-        self._lock_fd = _lock(directory)
+        self._lock_fd = _lock(directory) if lock_fd is None else lock_fd  # build_agent's
 
     @property
     def rings(self) -> int:
@@ -385,10 +385,16 @@ def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None =
     knobs = {} if MEMRA_OBS_SINKS in env else {"sinks": "otel,prometheus"}  # set "": none
     st = Settings.resolve(env, **knobs)
     directory = ring_directory(directory or st.agent or default_directory())
+    # First: a bad directory, or another agent's, is said before a port is bound or a file made.
+    lock_fd = _lock(directory)
     unread = registry is None  # a registry of its own, read only through /metrics
     registry = CollectorRegistry() if registry is None else registry
-    built = build_exporters(st, worker_label=True, registry=registry, env=env,
-                            open_sessions=OPEN_SESSIONS)  # fmt: skip
+    try:
+        built = build_exporters(st, worker_label=True, registry=registry, env=env,
+                                open_sessions=OPEN_SESSIONS)  # fmt: skip
+    except BaseException:
+        os.close(lock_fd)
+        raise
     read = [x for x in built.all if not (x is built.prom and unread and built.server is None)]
     try:
         if not (read or exporters):  # it would read the rings, remove them, and publish nothing
@@ -397,8 +403,9 @@ def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None =
                               "on /metrics; OTEL_* may have turned spans off, "
                               f"{MEMRA_OBS_METRICS_ADDR}= serves no /metrics); the rings are left "
                               "as they are")  # fmt: skip
-        agent = Agent(directory, [*exporters, *built.all], **agent_kw)
+        agent = Agent(directory, [*exporters, *built.all], lock_fd=lock_fd, **agent_kw)
     except BaseException:
+        os.close(lock_fd)
         for c in built.all:
             c.shutdown(1.0)
         built.close()
