@@ -38,6 +38,13 @@ def test_readme_starts_with_the_two_commands():
     assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
 
 
+def _scripts_in(tmp_path: Path) -> None:
+    """A checkout's scripts/demo.sh, scripts/_venv.sh and pyproject.toml, copied to ``tmp_path``."""
+    (tmp_path / "scripts").mkdir()
+    for f in ("scripts/_venv.sh", "scripts/demo.sh", "pyproject.toml"):
+        (tmp_path / f).write_bytes((ROOT / f).read_bytes())
+
+
 def test_the_scripts_remake_a_venv_an_older_python_made(tmp_path: Path) -> None:
     """A .venv left by a Python < 3.10 (`python3` was 3.9 on the first try) is made again, not
     reused forever with pip's "requires a different Python"; a `$PYTHON` < 3.10 is refused in
@@ -45,9 +52,7 @@ def test_the_scripts_remake_a_venv_an_older_python_made(tmp_path: Path) -> None:
     old = tmp_path / "python3.9"
     old.write_text('#!/bin/sh\n[ "$1" = -V ] && { echo "Python 3.9.18"; exit 0; }\nexit 1\n')
     old.chmod(0o755)
-    (tmp_path / "scripts").mkdir()
-    for f in ("scripts/_venv.sh", "scripts/demo.sh", "pyproject.toml"):
-        (tmp_path / f).write_bytes((ROOT / f).read_bytes())
+    _scripts_in(tmp_path)
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     (tmp_path / ".venv" / "bin" / "python").symlink_to(old)
     env = {**os.environ, "PYTHON": str(old)}
@@ -68,9 +73,7 @@ def test_the_scripts_remake_a_venv_whose_making_failed(tmp_path: Path) -> None:
     no_venv = tmp_path / "python3"  # a Python whose venv module fails, as Debian's does
     no_venv.write_text(f'#!/bin/sh\n[ "$1" = -m ] && exit 1\nexec {sys.executable} "$@"\n')
     no_venv.chmod(0o755)
-    (tmp_path / "scripts").mkdir()
-    for f in ("scripts/_venv.sh", "scripts/demo.sh", "pyproject.toml"):
-        (tmp_path / f).write_bytes((ROOT / f).read_bytes())
+    _scripts_in(tmp_path)
     env = {**os.environ, "PYTHON": str(no_venv)}
     p = subprocess.run(
         ["bash", "scripts/demo.sh"], cwd=tmp_path, env=env, capture_output=True, text=True
@@ -86,9 +89,7 @@ def test_the_scripts_first_install_shows_no_setuptools_editable_note(tmp_path: P
     installation ... be careful with folders in your working directory" note (pip re-emits a
     build backend's warnings); it is filtered where pip's build runs, and any other warning of
     that build, a user's own filter too, still shows."""
-    (tmp_path / "scripts").mkdir()
-    for f in ("scripts/_venv.sh", "pyproject.toml"):
-        (tmp_path / f).write_bytes((ROOT / f).read_bytes())
+    _scripts_in(tmp_path)
     build = tmp_path / "build.py"  # setuptools' build in pip's subprocess: inherited filters
     build.write_text(
         "import warnings\n"
