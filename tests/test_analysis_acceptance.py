@@ -113,8 +113,9 @@ def test_fully_censored_rounds():
 
 def test_inconsistent_counts_are_refused():
     """j > k (or j < 0 with k known) is contradictory data: ValueError, never a clamp."""
-    with pytest.raises(ValueError, match="refused"):
-        estimate_acceptance([Round(2, 3)])
+    for contradictory in (Round(2, 3), Round(0, 1)):
+        with pytest.raises(ValueError, match="refused"):
+            estimate_acceptance([contradictory])
     with pytest.raises(ValueError, match="refused"):
         position_counts([Round(2, -1)])
 

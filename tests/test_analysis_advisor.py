@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import threading
 import time
 from collections import deque
@@ -14,7 +15,7 @@ from analysis_sim import COSTS, CURVES, Round, draw_j, rounds, true_tokens_per_s
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memra_obs.analysis import MIN_ROUNDS, AdviceWindow, Kept, Ring, advise, fit_costs
+from memra_obs.analysis import MIN_ROUNDS, AdviceWindow, Kept, Ring, advise, fit_costs, z_of
 
 
 def uniform(lo: int, hi: int):
@@ -28,9 +29,12 @@ def gated(k: int, gate: float = 0.1):
 
 def test_cost_fit_recovers_the_model_with_nominal_intervals():
     """k varying 1..10: the verify slope per row and the verify cost at one row (the plain
-    step) are recovered, and their 95% intervals cover the truth at about the nominal rate."""
+    step) are recovered, and their 95% intervals cover the truth at about the nominal rate.
+    Their widths are the estimates' own spread: an interval many times too wide covered as
+    often (a residual variance scaled by df^2 passed the coverage alone)."""
     c = COSTS["launch-bound"]
     seeds, hit_b, hit_v1, hit_d1 = 100, 0, 0, 0
+    spread: dict[str, tuple[list[float], list[float]]] = {x: ([], []) for x in ("b", "d1", "v1")}
     rng = random.Random(2)
     for _ in range(seeds):
         m = fit_costs(rounds(CURVES["flat"], 300, rng, uniform(1, 10), c), clock="event")
@@ -39,11 +43,18 @@ def test_cost_fit_recovers_the_model_with_nominal_intervals():
         v1 = m.verify_ns(1)
         half = 1.96 * math.sqrt(m.var_verify * m.leverage(0, 0))
         hit_v1 += abs(v1 - (c["a"] + c["b"])) <= half
+        b, d1 = m.verify_per_row_ns, m.draft_per_token_ns
+        for x, value, h in (("b", b.value, b.hi - b.value), ("d1", d1.value, d1.hi - d1.value),
+                            ("v1", v1, half)):  # fmt: skip
+            spread[x][0].append(value)
+            spread[x][1].append(h / 1.96)
     assert m.identifiable and m.assumption == "" and m.clock == "event" and m.rounds == 300
     assert m.accept_ns.value == pytest.approx(c["acc"], rel=0.02)
     tol = 3.5 * math.sqrt(0.95 * 0.05 / seeds)
     for hits in (hit_b, hit_v1, hit_d1):
         assert abs(hits / seeds - 0.95) <= tol, (hit_b, hit_v1, hit_d1)
+    for x, (values, ses) in spread.items():  # the mean standard error over the estimates' sd
+        assert 0.75 < statistics.fmean(ses) / statistics.stdev(values) < 1.3, x
     assert m.round_ns(4) == pytest.approx(
         c["d0"] + 4 * c["d1"] + c["a"] + 5 * c["b"] + c["acc"] + c["rb"] + c["mt"], rel=0.02
     )
@@ -137,6 +148,24 @@ def test_speedup_from_the_verify_fit_or_a_measured_plain_step():
     assert m.estimated_speedup.lo < m.estimated_speedup.value < m.estimated_speedup.hi
 
 
+def test_the_speedup_interval_is_as_wide_as_the_estimates_spread():
+    """Over 100 runs of 300 rounds, the speedup's 95% interval (from the verify fit, with its
+    covariance with the round's) covers the truth at about the nominal rate and its width, in
+    log space, is the estimates' own spread: one run's cover held for an interval of [0, inf)
+    (a variance scaled by t^4), and with the covariance's sign flipped it was 1.25x too wide."""
+    alpha, c = CURVES["decaying"], COSTS["compute-bound"]
+    rng, hits, logs, ses = random.Random(9), 0, [], []
+    for _ in range(100):
+        a = advise(rounds(alpha, 300, rng, uniform(1, 10), c))
+        assert a is not None
+        s, plain = a.estimated_speedup, c["a"] + c["b"]
+        hits += s.lo <= true_tokens_per_s(alpha, c, a.recommended_k) * plain / 1e9 <= s.hi
+        logs.append(math.log(s.value))
+        ses.append(math.log(s.hi / s.lo) / 2 / 1.96)
+    assert abs(hits / 100 - 0.95) <= 3.5 * math.sqrt(0.95 * 0.05 / 100), hits
+    assert 0.8 < statistics.fmean(ses) / statistics.stdev(logs) < 1.15
+
+
 def test_advice_fields():
     """The curve spans 1..max_k and its argmax is the recommended k; current k is the window's
     mean k and the measured throughput is its tokens over its round time."""
@@ -198,6 +227,28 @@ def test_a_verify_step_over_the_ks_seen_does_not_advise_plain_decoding():
     assert a.estimated_speedup.value > 1.2 and a.plain_step_ns >= 2_000_000
 
 
+def test_a_draft_fitted_with_a_negative_fixed_part_goes_through_zero():
+    """A drafter that costs k steps and nothing more (d0 = 0): noise puts the fitted fixed part
+    below 0 in some runs. The line then goes through 0: its slope is the through-0 least
+    squares fit, its interval from the fit's residual variance, the fixed part [0, 0, upper
+    limit of the fitted one], and the notes say so."""
+    rs = rounds(
+        CURVES["flat"], 200, random.Random(3), uniform(1, 8), dict(COSTS["launch-bound"], d0=0.0)
+    )
+    m = fit_costs(rs, clock="event")
+    ks, draft = [r.k for r in rs], [r.ph[0] for r in rs]
+    fit = statistics.linear_regression(ks, draft)
+    assert fit.intercept < 0 and "draft fixed part fitted negative" in m.assumption
+    n, kk = len(ks), sum(k * k for k in ks)
+    var = sum((d - fit.intercept - fit.slope * k) ** 2 for k, d in zip(ks, draft, strict=True))
+    var /= n - 2
+    slope, z = sum(k * d for k, d in zip(ks, draft, strict=True)) / kk, z_of(0.95)
+    half = z * math.sqrt(var / kk)
+    assert tuple(m.draft_per_token_ns) == pytest.approx((slope, slope - half, slope + half))
+    hi0 = fit.intercept + z * math.sqrt(var * kk / (n * kk - sum(ks) ** 2))
+    assert tuple(m.draft_fixed_ns) == pytest.approx((0.0, 0.0, hi0))
+
+
 def test_constant_k_draft_line_is_through_zero_exactly_without_a_note():
     """k never varies: the draft line is through 0 by construction. Float rounding made its
     fixed part -1e-12 in ~4 % of fits, and the model then noted a negative fixed part."""
@@ -215,11 +266,14 @@ def test_too_little_data_gives_no_advice():
     c = COSTS["launch-bound"]
     few = rounds(CURVES["flat"], MIN_ROUNDS - 1, random.Random(1), uniform(1, 4), c)
     assert advise([]) is None
+    assert advise([Round(-1, -1)] * 100) is None  # not one known round to sum
     assert advise(few) is None
     assert advise(few + [Round(-1, -1)] * 100 + [Round(0, 0, (1, 5, 1, 1, 1))] * 100) is None
     assert advise(few + few[:1]) is not None
-    # rounds that took no time (a clock never started): no advice, not billions of tokens/s
+    # rounds that took no time (a clock never started): no advice, not billions of tokens/s,
+    # whether or not a plain step was measured
     assert advise([Round(r.k, r.j) for r in few + few[:1]]) is None
+    assert advise([Round(r.k, r.j) for r in few + few[:1]], plain_step_ns=1e6) is None
 
 
 def test_rounds_whose_verify_took_no_time_give_no_speedup_of_0():
@@ -249,7 +303,8 @@ def test_fully_accepting_loop_recommends_the_bound():
 
 
 def test_bad_arguments_are_refused():
-    """An unknown clock or level, j > k, and a window smaller than MIN_ROUNDS are errors."""
+    """An unknown clock or level (a level of 0 or 1 too: no interval), j > k, and a window
+    smaller than MIN_ROUNDS are errors; a window of MIN_ROUNDS is not."""
     rs = rounds(CURVES["flat"], 50, random.Random(1), uniform(1, 4), COSTS["launch-bound"])
     with pytest.raises(ValueError, match="clock"):
         advise(rs, clock="wall")
@@ -257,12 +312,14 @@ def test_bad_arguments_are_refused():
         fit_costs(rs, clock="gpu")
     with pytest.raises(ValueError, match="clock"):
         AdviceWindow(clock="cuda")
-    with pytest.raises(ValueError, match="level"):
-        advise(rs, level=95)
+    for level in (95, 0.0, 1.0):
+        with pytest.raises(ValueError, match="level"):
+            advise(rs, level=level)
     with pytest.raises(ValueError, match="refused"):
         advise([*rs, Round(2, 3, (1, 1, 1, 1, 1))])
     with pytest.raises(ValueError, match="MIN_ROUNDS"):
         AdviceWindow(size=8)
+    assert len(AdviceWindow(size=MIN_ROUNDS)) == 0
     with pytest.raises(ValueError, match="at least 3"):
         fit_costs(rs[:2], clock="event")
 
@@ -270,19 +327,21 @@ def test_bad_arguments_are_refused():
 def test_window_equals_advice_over_its_last_rounds():
     """After many rounds, the window's advice is exactly advise() over the last `size` rounds
     with known counts: sums leave the window as exactly as they entered. Unknown rounds are
-    ignored; j > k is refused and counted, never raised (the window runs on an exporter)."""
+    ignored; j > k is refused and counted, never raised (the window runs on an exporter).
+    Rounds that drafted nothing (k = 0: a gate's plain steps) are known counts in both."""
     c = COSTS["cheap-draft"]
-    rs = rounds(CURVES["decaying"], 3000, random.Random(8), uniform(1, 9), c)
+    rs = rounds(CURVES["decaying"], 3000, random.Random(8), uniform(0, 9), c)
     w = AdviceWindow(500, max_k=12, clock="event")
     fed = []
     for i, r in enumerate(rs):
         if i % 50 == 0:
             assert not w.add(Round(-1, -1)) and not w.add(Round(3, 4, r.ph))
+            assert not w.add(Round(0, 1, r.ph))  # accepted a draft it never drafted
         assert w.add(r)
         fed.append(r)
         if i in (100, 2999):
             assert w.advice() == advise(fed[-500:], max_k=12)
-    assert len(w) == 500 and w.refused == 60
+    assert len(w) == 500 and w.refused == 120
 
 
 def test_window_cost_does_not_grow_with_its_size():
@@ -357,10 +416,11 @@ def test_advice_window_checks_every_option_at_construction(opts: dict[str, objec
 
 
 def test_a_plain_step_that_is_not_a_positive_time_is_refused() -> None:
-    """-1 gave a negative speedup outside its own interval."""
+    """-1 gave a negative speedup outside its own interval (0: a speedup of 0)."""
     rs = rounds(CURVES["flat"], 64, random.Random(1), uniform(1, 4), COSTS["cheap-draft"])
-    with pytest.raises(ValueError, match="plain_step_ns"):
-        advise(rs, clock="host", plain_step_ns=-1.0)
+    for plain in (-1.0, 0.0):
+        with pytest.raises(ValueError, match="plain_step_ns"):
+            advise(rs, clock="host", plain_step_ns=plain)
 
 
 def test_a_slope_fitted_negative_is_clamped_to_zero():

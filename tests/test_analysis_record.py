@@ -50,7 +50,7 @@ def test_detailed_and_aiperf_invariants():
 def test_no_steps_and_bad_bounds():
     """No drafting round: vLLM's empty values, and no per-step lists (vLLM's ``to_dict`` adds
     them only when there are steps; they were ``[]``); a configured k below a round's k is an
-    error."""
+    error, one equal to it is not."""
     assert spec_decode_record([Round(0, 0), Round(-1, -1)], detailed=True) == {
         "mean_acceptance_length": 1.0,
         "draft_acceptance_rate": 0.0,
@@ -62,5 +62,7 @@ def test_no_steps_and_bad_bounds():
     }
     with pytest.raises(ValueError, match="num_spec_tokens"):
         spec_decode_record([Round(5, 1)], num_spec_tokens=4)
+    at_k = spec_decode_record([Round(4, 1)], num_spec_tokens=4)  # the configured k is a bound
+    assert at_k["num_spec_tokens"] == 4 and at_k["acceptance_histogram"] == [0, 1, 0, 0, 0]
     with pytest.raises(ValueError, match="refused"):
         spec_decode_record([Round(2, 3)])

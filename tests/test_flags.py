@@ -59,6 +59,14 @@ def test_level_is_read_once_per_process(monkeypatch, capsys):
     assert capsys.readouterr().err.count("overrides") == 1
 
 
+@pytest.mark.parametrize(("value", "on"), [("0", False), ("1", True), ("2", True), ("x", False)])
+def test_trace_is_on_from_level_1(monkeypatch, value, on):
+    """``spec_trace_on()`` is the seed's ``level >= 1``: level 1 alone turns phase lines on."""
+    monkeypatch.setenv("MEMRA_SPEC_TRACE", value)
+    monkeypatch.delenv("MEMRA_GLM5_SPEC_TRACE", raising=False)
+    assert flags.spec_trace_on() is on
+
+
 def test_the_override_line_with_no_stderr_never_raises(monkeypatch):
     """A daemon started with ``2>&-`` has ``sys.stderr`` None: the override line raised
     AttributeError out of the first ``get_observer()`` (the seed's eprintln! ignores it)."""

@@ -395,12 +395,13 @@ def test_a_forked_child_counts_only_its_own_rounds(reg):
 
 def test_a_new_exporter_takes_over_the_registry(reg):
     """A new exporter on the registry takes the names over from the old one, and the old
-    one's shutdown leaves them with the new."""
+    one's shutdown (or unregister) leaves them with the new."""
     old = PrometheusExporter(reg)
     old.export([session(), rnd(1, 0, (1, 1, 0, 0, 0))])
     new = PrometheusExporter(reg)
     assert val(reg, "memra_spec_rounds_total", family="glm5") is None
     old.shutdown()  # must not unregister the new one
+    old.unregister()  # nor forget that the new one owns the names
     new.export([session(), rnd(1, 0, (1, 1, 0, 0, 0)), rnd(1, 1, (1, 1, 0, 0, 0))])
     assert val(reg, "memra_spec_rounds_total", family="glm5") == 2
     new.shutdown()
