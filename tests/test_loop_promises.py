@@ -153,7 +153,9 @@ def test_a_rounds_log_row_rest_is_its_rollback_and_maintenance():
         with s, s.burst(4) as b:
             one_round(b)
     (row,) = next(iter(cap.sink.of(ProfRowsRecord))).rows
-    assert (row.wall_ms, row.draft_ms, row.rest_ms) == pytest.approx((0.005, 0.001, 0.002))
+    assert (row.wall_ms, row.draft_ms, row.verify_ms, row.accept_ms, row.rest_ms) == pytest.approx(
+        (0.005, 0.001, 0.001, 0.001, 0.002)
+    )
 
 
 def test_counts_left_out_are_said_after_counts_out_of_range(caplog):

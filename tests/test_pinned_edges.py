@@ -253,7 +253,13 @@ def test_first_burst_span_kept_when_empty_and_a_bucket_past_it_is_not_its_child(
 
 
 def test_an_earlier_agents_draft_length_is_the_session_spans_num_spec_tokens():
-    prior = PriorRecord(1, (4,), (2,), (0, 0, 0, 0, 0), 6, None)
-    out = _spans(_session(), prior, SessionEndRecord(1, 2000, 1, 1, 3, ""))
+    """And its rounds' counts and phase times are the request's too (memra.spec.request.*)."""
+    prior = PriorRecord(
+        1, (4, 3), (2, 3), (1_000_000, 5_000_000, 200_000, 100_000, 50_000), 6, None
+    )
+    out = _spans(_session(), prior, SessionEndRecord(1, 2000, 2, 1, 7, ""))
     (sess,) = [sp for sp in out if sp[NAME] == "spec.session"]
-    assert dict(sess[ATTRS])["memra.spec.request.num_spec_tokens"] == 6
+    got = {k.removeprefix("memra.spec.request."): v for k, v in sess[ATTRS]}
+    assert got["num_spec_tokens"] == 6
+    assert (got["num_draft_tokens"], got["num_accepted_draft_tokens"]) == (7, 5)
+    assert (got["draft_ms"], got["verify_ms"], got["maint_ms"]) == (1.0, 5.0, 0.05)

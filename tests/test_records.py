@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from memra_obs import SPEC_PROF_ROUNDS
 from memra_obs.records import (
+    FIRST_TOKEN_MS_FIELDS,
     U64_MAX,
     SeqRows,
     SpecFirstTokenProf,
@@ -83,6 +84,20 @@ def test_first_token_prof_unknown_field_is_an_error():
     """A misspelt field is not silently created."""
     with pytest.raises(AttributeError, match="prime_msec"):
         SpecFirstTokenProf().prime_msec = 1.0  # type: ignore[attr-defined]
+
+
+def test_first_token_total_is_creation_plus_the_first_burst_each_once():
+    """``total_ms()``: the creation buckets, the first burst and ``unattributed_ms``, each added
+    once; the round-1 buckets and the prime's splits sit inside them and are left out (a bucket
+    subtracted passed: the loops' totals hold ~0 in the small ones)."""
+    parts = ("cache_alloc_ms", "sink_alloc_ms", "prime_ms", "capture_ms", "anchor_ms",
+             "draft_alloc_ms", "first_burst_ms", "unattributed_ms")  # fmt: skip
+    inside = [f for f in FIRST_TOKEN_MS_FIELDS if f not in parts]
+    assert len(inside) == 11
+    prof = SpecFirstTokenProf(
+        **{f: 2.0**i for i, f in enumerate(parts)}, **dict.fromkeys(inside, 1e3)
+    )
+    assert prof.total_ms() == 255.0
 
 
 def test_round_prof_keeps_the_seeds_storage():
