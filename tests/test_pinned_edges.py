@@ -253,7 +253,8 @@ def test_first_burst_span_kept_when_empty_and_a_bucket_past_it_is_not_its_child(
 
 
 def test_an_earlier_agents_draft_length_is_the_session_spans_num_spec_tokens():
-    """And its rounds' counts and phase times are the request's too (memra.spec.request.*)."""
+    """And its rounds' counts and phase times are the request's too (memra.spec.request.*); the
+    session span ends where its end record says."""
     prior = PriorRecord(
         1, (4, 3), (2, 3), (1_000_000, 5_000_000, 200_000, 100_000, 50_000), 6, None
     )
@@ -263,3 +264,4 @@ def test_an_earlier_agents_draft_length_is_the_session_spans_num_spec_tokens():
     assert got["num_spec_tokens"] == 6
     assert (got["num_draft_tokens"], got["num_accepted_draft_tokens"]) == (7, 5)
     assert (got["draft_ms"], got["verify_ms"], got["maint_ms"]) == (1.0, 5.0, 0.05)
+    assert (sess[START], sess[END]) == (10**18 + 1000, 10**18 + 2000)
