@@ -77,6 +77,7 @@ def test_tree_parentage_and_timestamps_follow_the_records():
     (sess_rec,) = keep.of(SessionRecord)
     by_id = {sp[SID]: sp for sp in spans}
     assert len(by_id) == len(spans)  # unique ids
+    assert all(0 < sp[SID] < 2**64 for sp in spans)  # OTLP's 8 bytes, never 0
     assert {sp[TID] for sp in spans} == {sess_rec.trace_id}
     (session,) = [sp for sp in spans if sp[NAME] == "spec.session"]
     assert session[SID] == sess_rec.span_id and session[PID] == 0
