@@ -1273,12 +1273,14 @@ def test_a_family_its_own_lines_could_not_carry_is_said_and_made_taggable(caplog
     from memra_obs.legacy import parse_line
 
     with capture(level=2) as cap:
-        for fam, tag in (("a b", None), ("x]", None), ("t\tab", None), ("ok", "my tag")):
+        fams = (("a b", None), ("x]", None), ("t\tab", None), ("ok", "my tag"), ("spec-prof", None))
+        for fam, tag in fams:
             with cap.observer.session(fam, tag=tag) as s, s.burst(4) as b:
                 one_round(b)
-    assert [x.family for x in cap.sessions] == ["a_b", "x_", "t_ab", "ok"]
+    assert [x.family for x in cap.sessions] == ["a_b", "x_", "t_ab", "ok", "xspec-prof"]
     tags = [parse_line(x).tag for x in cap.lines if x.startswith("[")]  # every line parses
     assert {"a_b-phase", "x_-phase", "t_ab-phase", "my_tag", "ok-phase-v"} <= set(tags)
+    assert "xspec-prof-phase" in tags  # a phase line under [spec-prof...] is refused as its own
     assert caplog.text.count("Observer.session(family='a b'): a legacy tag holds") == 1
     assert caplog.text.count("Observer.session(tag='my tag'): a legacy tag holds") == 1
 
