@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import struct
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,7 @@ from memra_obs.records import (
     SpecRoundProf,
     SpecRoundsLog,
     VerifySplit,
+    f32,
 )
 
 GOLDEN = Path(__file__).parent / "data" / "legacy_lines.txt"
@@ -175,10 +175,6 @@ def test_rounds_lines_round_trip_every_field(rs, start):
         assert format_line(rec) == line
 
 
-def _f32(x: float) -> float:
-    return struct.unpack("<f", struct.pack("<f", x))[0]
-
-
 @given(f32s)
 @example(42.37168502807617)  # 8 digits read back: 9 would too, and are not the shortest
 @example(0.5)
@@ -186,9 +182,9 @@ def test_rounds_ms_values_are_the_shortest_decimal_that_reads_back(x):
     """README: a row's ms values are the shortest decimal that reads back to the same f32."""
     line = prof_rounds_lines([SpecRoundProf(wall_ms=x)])[0]
     text = line.split(" wall_ms=")[1].split(" ")[0]
-    assert _f32(float(text)) == x
+    assert f32(float(text)) == x
     digits = len(text.replace(".", "").strip("0"))
-    assert not any(_f32(float(f"{x:.{d}g}")) == x for d in range(1, digits)), text
+    assert not any(f32(float(f"{x:.{d}g}")) == x for d in range(1, digits)), text
 
 
 @given(st.lists(rows, max_size=70))
