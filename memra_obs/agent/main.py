@@ -39,7 +39,7 @@ from ..environment import (
 from ..export import ExportWorker, RecordExporter
 from ..linewriter import stderr_writer
 from ..timeline import Record
-from ..wiring import build_exporters, delivered
+from ..wiring import Exporters, build_exporters, delivered
 from .reader import RingStream
 from .ring import check_cpu, own_directory, ring_directory
 
@@ -389,14 +389,11 @@ def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None =
     lock_fd = _lock(directory)
     unread = registry is None  # a registry of its own, read only through /metrics
     registry = CollectorRegistry() if registry is None else registry
+    built: Exporters | None = None
     try:
         built = build_exporters(st, worker_label=True, registry=registry, env=env,
                                 open_sessions=OPEN_SESSIONS)  # fmt: skip
-    except BaseException:
-        os.close(lock_fd)
-        raise
-    read = [x for x in built.all if not (x is built.prom and unread and built.server is None)]
-    try:
+        read = [x for x in built.all if not (x is built.prom and unread and built.server is None)]
         if not (read or exporters):  # it would read the rings, remove them, and publish nothing
             raise ConfigError(f"{MEMRA_OBS_SINKS}={','.join(sorted(st.sinks)) or '(none)'}: "
                               "nothing for the agent to publish (it publishes otel, and prometheus "
@@ -406,9 +403,10 @@ def build_agent(directory: str | None = None, *, env: Mapping[str, str] | None =
         agent = Agent(directory, [*exporters, *built.all], lock_fd=lock_fd, **agent_kw)
     except BaseException:
         os.close(lock_fd)
-        for c in built.all:
-            c.shutdown(1.0)
-        built.close()
+        if built is not None:
+            for c in built.all:
+                c.shutdown(1.0)
+            built.close()
         raise
     agent.where = [w for w in built.where if not w.startswith(("/metrics on ", "metrics -> "))]
     if built.prom is not None:  # the instrument's own health, as in-process
