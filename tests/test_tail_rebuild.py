@@ -136,6 +136,7 @@ def test_profiled_stream_rebuilds_sessions_bursts_and_exact_rows(fake_clock):
             True,
             "w",
         )
+        assert 0 < s.trace_id < 1 << 128 and 0 < s.span_id < 1 << 64 and s.parent_span_id == 0
         wr, hr = of(want, RoundRecord), of(have, RoundRecord)
         for w, h in zip(wr, hr, strict=True):
             assert (h.index, h.burst) == (w.index, w.burst)
@@ -171,11 +172,52 @@ def test_profiled_stream_rebuilds_sessions_bursts_and_exact_rows(fake_clock):
             assert d - c == pytest.approx(b - a, abs=2), name
         (ew,), (eh,) = of(want, SessionEndRecord), of(have, SessionEndRecord)
         assert (eh.rounds, eh.bursts) == (ew.rounds, ew.bursts)
+        assert eh.end_ns_mono == of(have, BurstRecord)[-1].end_ns_mono, "ends with its last burst"
         if ew.rounds <= 64:  # every round has its row: the session's tokens are exact
             assert eh.tokens == ew.tokens
+    # Rounds with their row's values: each session's first 64; the rest are their bursts' means
+    # (memra_obs_tail_rounds_total{source="row"|"burst_mean"}, the end line's "from rows").
+    rb = tail.rebuilder
+    assert (rb.rounds_from_rows, rb.rounds_from_means, rb.sessions) == (10 + 64 + 64 + 1, 36, 4)
+    ids = [(s.trace_id, s.span_id) for s in of(got, SessionRecord)]
+    assert len({t for t, _ in ids}) == len({sp for _, sp in ids}) == 4, "each session its own"
 
 
 _PUBLISHED = (SessionRecord, RoundRecord, BurstRecord, FirstTokenRecord, SessionEndRecord)
+
+
+def test_the_first_bursts_commit_hook_and_verify_split_come_back(fake_clock):
+    """The profile's ``first_burst_hook_ms`` is the first burst's hook time (the later bursts'
+    no line prints: 0); each of the level-2 line's four per-round means, x the burst's rounds,
+    is the burst's split to the 0.0005 ms a round its print rounds to."""
+    with capture(level=2, prof=True, memory=lambda: [(0, 1)], verify_split=VerifySplit()) as cap:
+        obs = cap.observer
+        with obs.session("glm5") as s:
+            s.lap("prime")
+            for n in (5, 3):
+                b = s.burst(4)
+                for i in range(n):
+                    b.begin_round()
+                    b.end_draft()
+                    obs.verify_split.add(kda=300_000 + i, kda_scan=41_000, mla=520_000, ffn=77_000)
+                    b.end_verify()
+                    b.end_accept()
+                    b.end_rollback()
+                    b.end_round(k=4, j=2, ctx=100 + i, seq_rows=0)
+                    with b.hook():
+                        pass
+                b.end()
+    want, (got, tail) = of(cap.records, BurstRecord), rebuild(cap.lines)
+    assert tail.stats.total_orphans == 0, tail.notes
+    (fw,), (fh,) = of(cap.records, FirstTokenRecord), of(got, FirstTokenRecord)
+    names = [name for name, _, _ in fh.intervals]
+    assert names == [name for name, _, _ in fw.intervals] and "draft_prime" not in names
+    have = of(got, BurstRecord)
+    assert want[0].hook_ns > 0 and have[0].hook_ns == pytest.approx(want[0].hook_ns, abs=2)
+    assert want[1].hook_ns > 0 and have[1].hook_ns == 0
+    for w, h, n in zip(want, have, (5, 3), strict=True):
+        assert h.split_ns == pytest.approx(w.split_ns, abs=500 * n)
+        assert h.split_ns[1:] == (41_000 * n, 520_000 * n, 77_000 * n)
 
 
 def test_timestamps_are_laid_out_in_order_and_end_at_arrival():
@@ -318,6 +360,9 @@ def test_family_of_tags():
     assert family_of("glm5-phase") == "glm5"
     assert family_of("dspark-phase") == "dspark"
     assert family_of("mtp") == "mtp"
+    assert family_of("eagle3-draft") == "eagle3-draft"  # long, without the suffix
+    assert family_of("x-phase") == "x"  # the shortest a family can be
+    assert family_of("-phase") == "-phase"  # the suffix alone names no family: its own
     assert family_of("") == "unknown"
 
 
@@ -388,7 +433,8 @@ def test_a_profile_after_its_burst_was_laid_out_does_not_count_its_rounds_twice(
     ]
     for gap_s, unplaced in ((0.0, 0), (0.6, 1 + 6)):  # the profile and its six rows
         out: list[Any] = []
-        tail = Tail(Rebuilder("w"), out.extend, out=None, notes=lambda _: None)
+        notes: list[str] = []
+        tail = Tail(Rebuilder("w"), out.extend, out=None, notes=notes.append)
         t0 = 10**15
         tail.feed(("\n".join(lines[:2]) + "\n").encode(), t0)
         tail.tick(t0 + int(gap_s * 1e9))
@@ -396,6 +442,8 @@ def test_a_profile_after_its_burst_was_laid_out_does_not_count_its_rounds_twice(
         tail.close(t0 + int(gap_s * 1e9) + 1)
         assert len(of(out, RoundRecord)) == 6 and len(of(out, BurstRecord)) == 1, gap_s
         assert tail.stats.total_orphans == unplaced
+        late = [n for n in notes if "[spec-prof] after its first burst was laid out" in n]
+        assert len(late) == (unplaced > 0), notes  # said as what it is, not as a lost line
 
 
 def test_notes_never_land_inside_a_line():
@@ -509,7 +557,7 @@ def test_sessions_laid_back_to_back_never_overlap_in_epoch_time():
     back-to-back sessions overlap once mapped to epoch; a wall-clock step is taken up."""
     jitter, step = itertools.cycle([0, -250, 300]), [0]
     rb = Rebuilder("w", max_bursts=1, epoch_ns=lambda: 10**18 + next(jitter) + step[0],
-                   mono_ns=lambda: 0)  # fmt: skip
+                   mono_ns=lambda: 7 * 10**12)  # fmt: skip
     for _ in range(4):  # a backlog: four bursts, a session each, laid back to back
         rb.feed(parse_line(_PHASE), 10**15)
     rb.close()
@@ -521,7 +569,77 @@ def test_sessions_laid_back_to_back_never_overlap_in_epoch_time():
     rb.feed(parse_line(_PHASE), 10**15 + 1)
     rb.close()
     (s,) = of(rb.take(), SessionRecord)
-    assert abs(s.anchor_ns_epoch - s.anchor_ns_mono - (10**18 + 5 * 10**9)) < 1000
+    assert s.anchor_ns_mono == 7 * 10**12  # the pair as read: epoch - mono is the offset
+    assert abs(s.anchor_ns_epoch - s.anchor_ns_mono - (10**18 + 5 * 10**9 - 7 * 10**12)) < 1000
+
+
+def test_a_burst_settles_after_linger_ns_idle_and_its_session_after_the_gap():
+    """``tick``: the burst of a line is laid out once ``linger_ns`` passed without another
+    line (not a ns before), its session ends ``session_gap_ns`` after its last line; a tick
+    with nothing open publishes nothing."""
+    rb, t = Rebuilder("w", linger_ns=500, session_gap_ns=2_000), 10**15
+    rb.tick(t)
+    assert rb.take() == []
+    rb.feed(parse_line(_PHASE), t)
+    rb.tick(t + 499)
+    assert rb.take() == []
+    rb.tick(t + 500)
+    assert [type(r) for r in rb.take()] == [SessionRecord, RoundRecord, BurstRecord]
+    rb.tick(t + 1_999)
+    assert rb.take() == []
+    rb.tick(t + 2_000)
+    (end,) = rb.take()
+    assert type(end) is SessionEndRecord and (end.rounds, end.bursts) == (3, 1)
+    rb.tick(t + 10**12)
+    assert rb.take() == []
+    # A session its summary closed waits linger_ns for the [spec-advice] line after it.
+    with capture(level=1, prof=True, memory=lambda: [(0, 1)]) as cap:
+        drive(cap.observer, [3])
+    for line in cap.lines:
+        if not line.startswith("[spec-advice]"):
+            rb.feed(parse_line(line), t)
+    assert SessionEndRecord not in [type(r) for r in rb.take()]
+    rb.tick(t + 499)
+    assert rb.take() == []
+    rb.tick(t + 500)
+    assert [type(r) for r in rb.take()] == [SessionEndRecord]
+
+
+def test_profiled_sessions_in_a_backlog_follow_one_another_with_their_creation(fake_clock):
+    """Read at once (a finished log), profiled sessions are laid back to back: each one's
+    creation and unattributed time lie before its first burst and after the previous
+    session's end, as the loop ran them."""
+    with capture(level=1, prof=True, memory=lambda: [(0, 1)]) as cap:
+        drive(cap.observer, [7, 7, 7])
+    got, tail = rebuild(cap.lines)
+    starts, ends = of(got, SessionRecord), of(got, SessionEndRecord)
+    assert len(starts) == len(ends) == 3 and tail.notes == []
+    for f, s in zip(of(got, FirstTokenRecord), starts, strict=True):
+        assert f.intervals[0][1] > s.start_ns_mono  # the unattributed time first
+    for e, s in zip(ends[:-1], starts[1:], strict=True):
+        assert e.end_ns_mono <= s.start_ns_mono
+
+
+def test_otel_traces_sampler_decides_each_rebuilt_sessions_ids():
+    """The tail makes its sessions' trace ids, so it applies OTEL_TRACES_SAMPLER as a loop
+    does: a session sampled out has trace and span id 0 (no spans), its records still flow."""
+    from memra_obs.wiring import sessions_sampled
+
+    def ids(env: dict[str, str]) -> list[tuple[int, int]]:
+        rb = Rebuilder("w", max_bursts=1, sampled=sessions_sampled(env), rng=random.Random(3))
+        for _ in range(40):
+            rb.feed(parse_line(_PHASE), 10**15)
+        rb.close()
+        got = rb.take()
+        assert len(of(got, RoundRecord)) == 40 * 3
+        return [(s.trace_id, s.span_id) for s in of(got, SessionRecord)]
+
+    assert ids({"OTEL_TRACES_SAMPLER": "always_off"}) == [(0, 0)] * 40
+    assert all(t and sp for t, sp in ids({}))
+    half = ids({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"})
+    kept = [t for t, sp in half if t and sp]
+    assert 5 < len(kept) < 35 and half.count((0, 0)) == 40 - len(kept)
+    assert all(t & ((1 << 64) - 1) < 1 << 63 for t in kept), "the ratio sampler's own rule"
 
 
 # ----------------------------------------------------------------------- unknown counts
@@ -581,6 +699,80 @@ def test_a_sessions_advice_line_reaches_its_end_record_as_in_the_worker(fake_clo
     SpanBuilder(round_spans=0).add(out, spans)
     advised = [dict(sp[6]) for sp in spans if sp[0] == "spec.session"]
     assert len(advised) == 4 and all("memra.spec.advice.recommended_k" in a for a in advised)
+
+
+def test_a_bursts_phase_totals_are_the_middle_of_where_its_two_roundings_agree():
+    """A phase line prints each total to 0.01 ms and each per-round mean to 0.001 ms: the truth
+    lies within 5 µs of the one and within 0.5 µs x rounds of the other's x rounds. The burst
+    total is the middle of the two intervals' overlap, never negative; where they miss each
+    other (no rounding explains both), the per-round value alone."""
+
+    def phases(n: int, totals: str, means: str) -> tuple[int, ...]:
+        d, v, a, r, m = totals.split()
+        pd, pv, pa, pr, pm = means.split()
+        line = (f"[glm5-phase] rounds={n} k=4 total=1.00ms | draft={d} verify={v} accept={a} "
+                f"roll={r} maint={m} | per-round ms: draft={pd} verify={pv} accept={pa} "
+                f"roll={pr} maint={pm} total=0.100")  # fmt: skip
+        got, tail = rebuild([line])
+        assert tail.stats.total_malformed == 0, tail.notes
+        (b,) = of(got, BurstRecord)
+        return b.phases.draft, b.phases.verify, b.phases.accept, b.phases.roll, b.phases.maint
+
+    # 100 rounds: the total's ±5 µs lies inside the means' ±50 µs: the total's value.
+    # 0.00 and 0.000: [0, 5 µs]. 12.00 against 100 x 0.100: they miss; the means' 10 ms.
+    got = phases(100, "10.04 5.00 12.00 0.00 1.00", "0.100 0.050 0.100 0.000 0.010")
+    assert got == (10_040_000, 5_000_000, 10_000_000, 2_500, 1_000_000)
+    # 2 rounds: the means' ±1 µs lies inside the total's ±5 µs: the means' value.
+    assert phases(2, "1.00 1.01 0.10 0.10 0.10", "0.501 0.504 0.050 0.050 0.050")[:2] == (
+        1_002_000,
+        1_008_000,
+    )
+    # 20 rounds: 4.01 ± 0.005 and 20 x 0.200 ± 0.01 overlap on [4.005, 4.010] ms.
+    assert phases(20, "4.01 1.00 1.00 1.00 1.00", "0.200 0.050 0.050 0.050 0.050")[0] == 4_007_500
+
+
+_SEVEN = ("[glm5-phase] rounds=7 k=4 total=8.08ms | draft=1.01 verify=5.03 accept=0.52 roll=0.81 "
+          "maint=0.71 | per-round ms: draft=0.144 verify=0.719 accept=0.074 roll=0.116 "
+          "maint=0.101 total=1.154")  # fmt: skip
+
+
+def test_rounds_without_rows_share_their_bursts_totals_to_the_ns():
+    """Rounds known only by their line's means split each phase's total as evenly as whole ns
+    allow: they differ by at most 1 ns, and each phase sums back to the burst's exactly."""
+    got, tail = rebuild([_SEVEN])
+    (b,) = of(got, BurstRecord)
+    rounds = of(got, RoundRecord)
+    assert tail.notes == [] and len(rounds) == 7
+    assert len([r for r in got if type(r) is RoundRecord]) <= 6  # runs of equal rounds
+    totals = (b.phases.draft, b.phases.verify, b.phases.accept, b.phases.roll, b.phases.maint)
+    for i, total in enumerate(totals):
+        each = [r.phase_ns()[i] for r in rounds]
+        assert sum(each) == total and max(each) - min(each) <= 1, (i, each)
+    assert rounds[-1].t_ns_mono[5] == b.end_ns_mono
+
+
+def test_a_rows_rest_is_split_by_its_lines_rollback_to_maintenance_ratio():
+    """A row prints rollback and maintenance as one ``rest_ms``; where rows do not cover the
+    burst, the line's rollback : maintenance totals split it."""
+    row = ("[spec-prof-rounds] row=0 wall_ms=1.2 draft_ms=0.1 verify_ms=0.7 accept_ms=0.1 "
+           "rest_ms=0.3 k=4 j=2 ctx=10 seq_rows=0")  # fmt: skip
+    got, tail = rebuild([_SEVEN, row])
+    assert tail.notes == []
+    (b,) = of(got, BurstRecord)
+    r0 = of(got, RoundRecord)[0]
+    share = b.phases.roll / (b.phases.roll + b.phases.maint)
+    assert r0.phase_ns()[:3] == (100_000, 700_000, 100_000)
+    assert r0.phase_ns()[3] == round(300_000 * share) and sum(r0.phase_ns()[3:]) == 300_000
+
+
+def test_an_advice_line_with_no_session_is_ignored(fake_clock):
+    """A [spec-advice] line whose session is not in the stream (a log cut after its summary)
+    places nothing and reports nothing."""
+    with capture(level=1, prof=True, memory=lambda: [(0, 1)]) as cap:
+        drive(cap.observer, [40])
+    advice = next(x for x in cap.lines if x.startswith("[spec-advice]"))
+    got, tail = rebuild([advice])
+    assert got == [] and tail.notes == [] and tail.stats.total_orphans == 0
 
 
 def test_a_run_of_equal_rounds_expands_to_rounds_back_to_back():
