@@ -295,6 +295,9 @@ def test_profile_only_stream_takes_bursts_from_rows(fake_clock):
     assert tail.stats.total_orphans == 0, tail.notes
     ends = of(got, SessionEndRecord)
     assert [e.rounds for e in ends] == [13, 8]
+    # The profile's burst, then the rows past it as one burst (no phase line splits them).
+    assert [e.bursts for e in ends] == [2, 2]
+    assert [f.prof for f in of(got, FirstTokenRecord)] == [f.prof for f in cap.first_tokens]
     assert all(s.family == "unknown" and s.level == 0 for s in of(got, SessionRecord))
     want = [r for r in cap.rounds]
     for w, h in zip(want, of(got, RoundRecord), strict=True):
@@ -618,6 +621,24 @@ def test_profiled_sessions_in_a_backlog_follow_one_another_with_their_creation(f
         assert f.intervals[0][1] > s.start_ns_mono  # the unattributed time first
     for e, s in zip(ends[:-1], starts[1:], strict=True):
         assert e.end_ns_mono <= s.start_ns_mono
+
+
+def test_a_pause_past_the_gap_starts_a_session_unless_a_profile_marks_them(fake_clock):
+    """Without the profile, a burst arriving more than ``session_gap_ns`` after the stream's
+    last line starts a new session; with it, a session lasts from its [spec-prof] to its
+    summary however long the request paused between bursts."""
+    rb, t = Rebuilder("w", session_gap_ns=10**9), 10**15
+    for dt in (0, 5 * 10**8, 4 * 10**9, 45 * 10**8):  # a pause of 3.5 s after the second
+        rb.feed(parse_line(_PHASE), t + dt)
+    rb.close()
+    assert [e.bursts for e in of(rb.take(), SessionEndRecord)] == [2, 2]
+    with capture(level=1, prof=True, memory=lambda: [(0, 1)]) as cap:
+        drive(cap.observer, [12, 12])  # two bursts a session
+    rb = Rebuilder("w", session_gap_ns=10**9)
+    for i, line in enumerate(cap.lines):  # 2 s between lines
+        rb.feed(parse_line(line), t + i * 2 * 10**9)
+    rb.close()
+    assert [(e.rounds, e.bursts) for e in of(rb.take(), SessionEndRecord)] == [(12, 2), (12, 2)]
 
 
 def test_otel_traces_sampler_decides_each_rebuilt_sessions_ids():
