@@ -396,6 +396,30 @@ def test_a_burst_no_loop_drafts_or_after_the_end_records_nothing(caplog, k):
         assert caplog.text.count(said) == 1, said
 
 
+def test_a_round_open_at_end_is_dropped_and_counted_and_rounds_after_it_are_not():
+    """``end()`` with a round open (from ``begin_round`` on) drops that round and counts it in
+    memra_obs_dropped_total{signal="rounds"}; boundaries after ``end()`` are ignored, not
+    counted. ``b.rounds`` and ``b.k`` read 0 on the no-op burst as on a fresh real one."""
+    from memra_obs.burst import NoOpBurst
+
+    with capture(level=1) as cap, cap.observer.session("glm5") as s:
+        obs = cap.observer
+        b = s.burst(4)
+        one_round(b)
+        b.end()
+        assert (b.rounds, b.k, obs.dropped_rounds) == (1, 4, 0)
+        one_round(b)  # after its end: ignored
+        assert (b.rounds, obs.dropped_rounds) == (1, 0)
+        for steps in (0, 1, 4):  # end() right after begin_round, end_draft, end_rollback
+            b = s.burst(4)
+            b.begin_round()
+            for end in (b.end_draft, b.end_verify, b.end_accept, b.end_rollback)[:steps]:
+                end()
+            b.end()
+        assert obs.dropped_rounds == 3 and len(cap.rounds) == 1
+    assert (NoOpBurst().rounds, NoOpBurst().k) == (0, 0)
+
+
 def test_accumulators_take_float_ns_and_refuse_negatives_without_raising(caplog):
     """``VERIFY_SPLIT.add(kda=dt * 1e9)`` (a float) is rounded; a negative or a string is said
     once and ignored: they raised TypeError into the loop, or wrapped to 2**64 - 5."""
