@@ -313,7 +313,7 @@ class Burst:
             if self._t and not self._clock.immediate:  # only dropped rounds' marks
                 self._forget()
             return 0
-        last = 0
+        last = done = 0
         try:
             settled = self._clock.settle(self._t)
         except Exception as exc:
@@ -322,10 +322,11 @@ class Burst:
         try:
             for r0, k, j, ctx, seq, split in self._pending:
                 self._finish_round(settled[r0 : r0 + 6], k, j, ctx, seq, split)
+                done += 1
             last = settled[-1]
-        except Exception as exc:
+        except Exception as exc:  # the rounds before the failing one are out: not dropped
             say_once("finish", f"finishing rounds failed ({exc!r}); those rounds are dropped")
-            self._obs.dropped_rounds += len(self._pending)
+            self._obs.dropped_rounds += len(self._pending) - done
         self._pending.clear()
         self._t = []
         return last

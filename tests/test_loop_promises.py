@@ -508,6 +508,27 @@ def test_a_clock_that_fails_to_settle_keeps_its_rounds_host_stamps(caplog):
     assert caplog.text.count("clock settle failed (RuntimeError('device lost'))") == 1
 
 
+def test_a_clock_that_settles_too_few_stamps_drops_its_rounds_counted_and_said(caplog):
+    """A deferred clock whose settle returns fewer stamps than it was given (a clock of the
+    loop's own, broken): the rounds it cannot finish are dropped, counted in
+    memra_obs_dropped_total{signal="rounds"} and said once; the rounds before them and the
+    burst are published (they were counted as dropped too)."""
+    from memra_obs.timeline import BurstRecord
+
+    class Short(_FakeEventClock):
+        def settle(self, stamps):
+            return super().settle(stamps)[:-1]
+
+    keep = RecordingSink()
+    obs = Observer([keep], level=0, prof=False, clock=Short)
+    with obs.session("glm5") as s, s.burst(4) as b:
+        for _ in range(3):
+            one_round(b)
+    assert obs.dropped_rounds == 1 and [r.index for r in keep.of(RoundRecord)] == [0, 1]
+    assert len(keep.of(BurstRecord)) == 1
+    assert caplog.text.count("finishing rounds failed") == 1
+
+
 def test_a_failing_clock_never_raises_into_a_loop_that_drops_its_rounds():
     """Forgetting the marks of dropped rounds asks the clock too (settle of none): a clock
     whose settle raises raised into the loop at the 1,535th dropped round, and a burst whose
