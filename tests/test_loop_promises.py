@@ -508,6 +508,25 @@ def test_a_clock_that_fails_to_settle_keeps_its_rounds_host_stamps(caplog):
     assert caplog.text.count("clock settle failed (RuntimeError('device lost'))") == 1
 
 
+def test_a_full_round_log_is_summarized_at_the_burst_that_fills_it():
+    """At 64 rounds the log is full: ``[spec-prof-summary]`` (and ``[spec-advice]``) print
+    after the burst that filled it, while the session goes on, not at its end."""
+    with capture(level=1, prof=True, memory=lambda: [(0, 1)]) as cap:
+        s = cap.observer.session("glm5")
+        for _ in range(12):
+            with s.burst(4) as b:
+                for _ in range(6):
+                    one_round(b)
+        tags = [x.split(" ", 1)[0] for x in cap.lines if not x.startswith("[spec-prof-rounds]")]
+        assert tags.count("[spec-prof-summary]") == 1 and len(cap.summaries) == 1
+        i = tags.index("[spec-prof-summary]")
+        assert tags[i - 1 : i + 3] == ["[glm5-phase]", "[spec-prof-summary]", "[spec-advice]",
+                                       "[glm5-phase]"]  # fmt: skip
+        assert tags[:i].count("[glm5-phase]") == 11  # the burst that reached 66 rounds
+        s.end()
+    assert len(cap.summaries) == 1  # not again at the end
+
+
 def test_a_clock_that_settles_too_few_stamps_drops_its_rounds_counted_and_said(caplog):
     """A deferred clock whose settle returns fewer stamps than it was given (a clock of the
     loop's own, broken): the rounds it cannot finish are dropped, counted in
