@@ -399,7 +399,7 @@ def test_a_burst_no_loop_drafts_or_after_the_end_records_nothing(caplog, k):
 def test_a_round_open_at_end_is_dropped_and_counted_and_rounds_after_it_are_not():
     """``end()`` with a round open (from ``begin_round`` on) drops that round and counts it in
     memra_obs_dropped_total{signal="rounds"}; boundaries after ``end()`` are ignored, not
-    counted. ``b.rounds`` and ``b.k`` read 0 on the no-op burst as on a fresh real one."""
+    counted. The no-op burst's ``rounds`` and ``k`` read 0 (a real one's: its rounds, its k)."""
     from memra_obs.burst import NoOpBurst
 
     with capture(level=1) as cap, cap.observer.session("glm5") as s:
